@@ -1,0 +1,51 @@
+# One entry point for users, CI and developers. `make test` works on a fresh Debian machine:
+# it installs the Debian packages the tests need (prometheus, alertmanager, node-exporter)
+# when missing, builds .venv pinned by constraints.txt and runs the whole suite.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+APT_PKGS := prometheus prometheus-alertmanager prometheus-node-exporter
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: test venv debs demo run bench lint fmt golden dashboards dashboards-check alerts-test stack clean
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml constraints.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+# Installs only what is missing, so a machine that has them makes no network call.
+debs:
+	@missing=""; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
+	command -v prometheus-node-exporter >/dev/null 2>&1 || missing="$$missing prometheus-node-exporter"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+test: venv debs
+	$(BIN)/ruff check exporter tests bench dashboards
+	$(BIN)/python -m pytest
+
+demo: venv
+	$(BIN)/llm-exporter demo
+
+bench: venv debs
+	$(BIN)/python -m bench
+
+lint: venv
+	$(BIN)/ruff check exporter tests bench dashboards
+
+fmt: venv
+	$(BIN)/ruff check --fix exporter tests bench dashboards
+
+golden: venv
+	$(BIN)/python -m pytest --update-golden
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

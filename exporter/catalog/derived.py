@@ -1,0 +1,3 @@
+"""derived families; filled in by the derived source."""
+
+FAMILIES: tuple = ()

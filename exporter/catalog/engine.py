@@ -1,0 +1,78 @@
+"""The normalized engine schema: one family per concept, whatever the engine calls it.
+
+Histograms keep the engine's native bucket bounds, converted to seconds. Labels: `target`
+(the configured target name), `engine` (detected kind), `model` where the engine gives one,
+`rank` where the engine runs data-parallel ranks (bounded)."""
+
+from exporter.catalog.base import family
+
+T = ("target", "engine", "model", "rank")
+HISTOGRAM_HELP = " Native bucket bounds of the engine, converted to seconds."
+
+FAMILIES = (
+    family("llm_engine_up", "gauge", "bool",
+           "1 when the engine target's /metrics was scraped and parsed, 0 otherwise.",
+           ("target", "engine"), "engine"),
+    family("llm_engine_info", "gauge", "info",
+           "Always 1; labels name the detected engine kind and the alias set that matched.",
+           ("target", "engine", "flavor"), "engine"),
+    family("llm_time_to_first_token_seconds", "histogram", "seconds",
+           "Time from request arrival to the first output token." + HISTOGRAM_HELP, T, "engine"),
+    family("llm_inter_token_latency_seconds", "histogram", "seconds",
+           "Time between consecutive output tokens (ITL/TBT) of a request." + HISTOGRAM_HELP, T, "engine"),
+    family("llm_time_per_output_token_seconds", "histogram", "seconds",
+           "Mean time per output token of each finished request (TPOT)." + HISTOGRAM_HELP, T, "engine"),
+    family("llm_e2e_request_latency_seconds", "histogram", "seconds",
+           "End-to-end request latency." + HISTOGRAM_HELP, T, "engine"),
+    family("llm_request_queue_time_seconds", "histogram", "seconds",
+           "Time a request waited in the engine's queue before being scheduled." + HISTOGRAM_HELP, T, "engine"),
+    family("llm_request_prefill_time_seconds", "histogram", "seconds",
+           "Time a request spent in prefill (prompt processing)." + HISTOGRAM_HELP, T, "engine"),
+    family("llm_request_decode_time_seconds", "histogram", "seconds",
+           "Time a request spent in decode (generating tokens)." + HISTOGRAM_HELP, T, "engine"),
+    family("llm_request_inference_time_seconds", "histogram", "seconds",
+           "Time from scheduling to the last token (prefill + decode)." + HISTOGRAM_HELP, T, "engine"),
+    family("llm_request_prompt_tokens", "histogram", "tokens",
+           "Prompt length of finished requests, in tokens.", T, "engine"),
+    family("llm_request_generation_tokens", "histogram", "tokens",
+           "Output length of finished requests, in tokens.", T, "engine"),
+    family("llm_prompt_tokens_total", "counter", "tokens",
+           "Prompt (prefill) tokens processed.", T, "engine"),
+    family("llm_generation_tokens_total", "counter", "tokens",
+           "Output (decode) tokens generated.", T, "engine"),
+    family("llm_prefill_seconds_total", "counter", "seconds",
+           "Cumulative engine time spent processing prompts, for engines that give time counters "
+           "instead of histograms (llama.cpp).", T, "engine"),
+    family("llm_decode_seconds_total", "counter", "seconds",
+           "Cumulative engine time spent generating tokens, for engines that give time counters "
+           "instead of histograms (llama.cpp).", T, "engine"),
+    family("llm_request_duration_seconds_total", "counter", "seconds",
+           "Cumulative end-to-end request time, for engines that give only a time counter (Triton, in "
+           "microseconds natively).", T, "engine"),
+    family("llm_request_queue_seconds_total", "counter", "seconds",
+           "Cumulative queue time, for engines that give only a time counter (Triton).", T, "engine"),
+    family("llm_requests_total", "counter", "requests",
+           "Requests received or completed, for engines that count them without a finish reason.",
+           T, "engine"),
+    family("llm_requests_finished_total", "counter", "requests",
+           "Finished requests by reason (stop, length, abort, error, other).", T + ("reason",), "engine"),
+    family("llm_preemptions_total", "counter", "preemptions",
+           "Sequences preempted (vLLM) or retracted (SGLang) because the KV cache ran out.", T, "engine"),
+    family("llm_prefix_cache_queries_total", "counter", "tokens",
+           "Prompt tokens looked up in the prefix cache.", T, "engine"),
+    family("llm_prefix_cache_hits_total", "counter", "tokens",
+           "Prompt tokens found in the prefix cache.", T, "engine"),
+    family("llm_prefix_cache_hit_ratio", "gauge", "ratio",
+           "Prefix cache hit rate as the engine reports it (a gauge; engines without hit/query counters).",
+           T, "engine"),
+    family("llm_requests_running", "gauge", "requests",
+           "Requests in the running batch.", T, "engine"),
+    family("llm_requests_waiting", "gauge", "requests",
+           "Requests waiting to be scheduled.", T, "engine"),
+    family("llm_kv_cache_usage_ratio", "gauge", "ratio",
+           "Fraction of the KV cache in use (0..1).", T, "engine"),
+    family("llm_kv_cache_capacity_tokens", "gauge", "tokens",
+           "KV cache capacity in tokens (blocks x block size).", T, "engine"),
+    family("llm_kv_cache_block_size_tokens", "gauge", "tokens",
+           "Tokens per KV cache block.", T, "engine"),
+)

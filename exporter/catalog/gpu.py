@@ -1,0 +1,3 @@
+"""gpu families; filled in by the gpu source."""
+
+FAMILIES: tuple = ()

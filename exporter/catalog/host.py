@@ -1,0 +1,3 @@
+"""host families; filled in by the host source."""
+
+FAMILIES: tuple = ()

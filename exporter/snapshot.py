@@ -1,0 +1,88 @@
+"""The immutable records every stage reads: sources -> Snapshot -> derive -> expose.
+
+Health sits beside the data (nvidia_gpu_exporter's collect.Snapshot), never inferred from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+Labels = tuple[tuple[str, str], ...]
+"""Label pairs sorted by name; a tuple so samples are hashable and cheap to compare."""
+
+
+def labels_of(**pairs: str) -> Labels:
+    return tuple(sorted(pairs.items()))
+
+
+def make_labels(pairs: Mapping[str, str] | Iterable[tuple[str, str]]) -> Labels:
+    items = pairs.items() if isinstance(pairs, Mapping) else pairs
+    return tuple(sorted(items))
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One exported sample. `name` is the full sample name (`..._bucket`, `..._total`)."""
+
+    name: str
+    labels: Labels
+    value: float
+
+    def label(self, key: str, default: str = "") -> str:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return default
+
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class SourceResult:
+    """What one source produced in one cycle, with its health.
+
+    `attrs` carries small facts that are not samples but that later stages need
+    (an engine's detected kind, the model name, GPU product names); values are strings.
+    """
+
+    source: str
+    ok: bool
+    duration_s: float
+    finished_at: float
+    samples: tuple[Sample, ...] = ()
+    error_reason: str = ""
+    error_message: str = ""
+    attrs: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One consistent view of every source, taken in one collection cycle."""
+
+    taken_at: float
+    results: Mapping[str, SourceResult]
+    derived: tuple[Sample, ...] = ()
+
+    def result(self, source: str) -> SourceResult | None:
+        return self.results.get(source)
+
+    def samples(self, name: str | None = None, *, include_derived: bool = False) -> Iterator[Sample]:
+        """Samples of every healthy source (a failed source's series are dropped)."""
+        for result in self.results.values():
+            if not result.ok:
+                continue
+            for sample in result.samples:
+                if name is None or sample.name == name:
+                    yield sample
+        if include_derived:
+            for sample in self.derived:
+                if name is None or sample.name == name:
+                    yield sample
+
+    def values(self, name: str, **match: str) -> list[Sample]:
+        """Samples named `name` whose labels include every `match` pair."""
+        wanted = match.items()
+        return [s for s in self.samples(name) if all(s.label(k) == v for k, v in wanted)]

@@ -1,0 +1,39 @@
+"""The contract between a source and the collection loop."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from exporter.snapshot import Sample
+
+
+class SourceError(Exception):
+    """A failure the source understood. `reason` is a short bounded code used as a label value
+    (`timeout`, `connection`, `http_status`, `parse`, `too_large`, `nvml_init`, ...)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class SourceData:
+    """What `Source.collect` returns on success."""
+
+    samples: tuple[Sample, ...]
+    attrs: Mapping[str, str] = field(default_factory=dict)
+
+
+class Source(Protocol):
+    """A source is collected once per cycle. `collect` must not block the event loop:
+    blocking work (NVML, /proc reads) goes through `asyncio.to_thread`.
+    Raise SourceError for understood failures; anything else is caught and counted too."""
+
+    name: str
+
+    async def collect(self) -> SourceData: ...
+
+    async def close(self) -> None: ...
