@@ -1,3 +1,60 @@
-"""host families; filled in by the host source."""
+"""Host families: CPU, load, memory, NUMA, PSI, the GPUs' PCIe links from sysfs, and the engine
+process. Provided by exporter/sources/host.py from /proc and /sys (docs/host.md)."""
 
-FAMILIES: tuple = ()
+from exporter.catalog.base import family
+
+FAMILIES = (
+    family("llm_host_cpu_busy_ratio", "gauge", "ratio",
+           "Share of the last cycle each CPU was busy (not idle or iowait; steal counts as busy), from "
+           "/proc/stat deltas; cpu=\"all\" is the whole host. Absent on the first cycle.",
+           ("cpu",), "host"),
+    family("llm_host_load1", "gauge", "tasks",
+           "1-minute load average from /proc/loadavg (runnable plus uninterruptible tasks).", (), "host"),
+    family("llm_host_load5", "gauge", "tasks",
+           "5-minute load average from /proc/loadavg.", (), "host"),
+    family("llm_host_load15", "gauge", "tasks",
+           "15-minute load average from /proc/loadavg.", (), "host"),
+    family("llm_host_memory_total_bytes", "gauge", "bytes",
+           "Usable RAM (MemTotal in /proc/meminfo).", (), "host"),
+    family("llm_host_memory_available_bytes", "gauge", "bytes",
+           "RAM available to new allocations without swapping (MemAvailable in /proc/meminfo).", (), "host"),
+    family("llm_host_numa_memory_total_bytes", "gauge", "bytes",
+           "RAM of each NUMA node (sysfs node*/meminfo MemTotal).", ("node",), "host"),
+    family("llm_host_numa_memory_free_bytes", "gauge", "bytes",
+           "Free RAM of each NUMA node (sysfs node*/meminfo MemFree; page cache counts as used).",
+           ("node",), "host"),
+    family("llm_host_pressure_waiting_ratio", "gauge", "ratio",
+           "PSI \"some\": share of wall time in which at least one task waited for the resource, averaged "
+           "by the kernel over the window. Absent where the kernel has no /proc/pressure.",
+           ("resource", "window"), "host"),
+    family("llm_host_pressure_waiting_seconds_total", "counter", "seconds",
+           "PSI \"some\" total: cumulative time at least one task waited for the resource.",
+           ("resource",), "host"),
+    family("llm_host_gpu_pcie_link_speed_gts", "gauge", "GT/s",
+           "PCIe link speed of each NVIDIA GPU's PCI device in GT/s from sysfs (state=current|max; "
+           "8 = Gen3, 16 = Gen4, 32 = Gen5). Idle GPUs lower the current speed to save power.",
+           ("pci", "state"), "host"),
+    family("llm_host_gpu_pcie_link_width", "gauge", "lanes",
+           "PCIe link width of each NVIDIA GPU's PCI device from sysfs (state=current|max); current "
+           "below max means the link trained down.", ("pci", "state"), "host"),
+    family("llm_host_gpu_numa_node", "gauge", "node",
+           "NUMA node the GPU's PCI device is attached to (sysfs numa_node); absent when the firmware "
+           "gives none.", ("pci",), "host"),
+    family("llm_engine_process_found", "gauge", "bool",
+           "1 when the configured engine process (pid file, port or name) was found this cycle, else 0. "
+           "Absent when no selector is configured.", (), "host"),
+    family("llm_engine_process_cpu_seconds_total", "counter", "seconds",
+           "User plus system CPU time of the engine process and, by default, its child processes "
+           "(a child that exits takes its share with it, which rate() reads as a reset).", (), "host"),
+    family("llm_engine_process_busiest_thread_cpu_ratio", "gauge", "ratio",
+           "CPU share of the engine's busiest thread over the last cycle (0..1); ~1 means one thread "
+           "(tokenizer, scheduler, HTTP loop) is saturated whatever the other cores do.", (), "host"),
+    family("llm_engine_process_threads", "gauge", "threads",
+           "Threads of the engine process (and its children by default).", (), "host"),
+    family("llm_engine_process_resident_memory_bytes", "gauge", "bytes",
+           "Resident set size of the engine process (and its children by default; shared pages count "
+           "once per process).", (), "host"),
+    family("llm_engine_numa_mismatch", "gauge", "bool",
+           "1 when the engine process is pinned (Cpus_allowed_list) to CPUs outside the NUMA node(s) of "
+           "the GPUs it uses, 0 when not (or unpinned). Absent when the topology is unknown.", (), "host"),
+)

@@ -33,6 +33,9 @@ class Source(Protocol):
     Raise SourceError for understood failures; anything else is caught and counted too."""
 
     name: str
+    attrs: Mapping[str, str]
+    """Stable facts about the source (an engine target's name and kind), reported even when a
+    collection fails, so `llm_engine_up 0` still names its target."""
 
     async def collect(self) -> SourceData: ...
 

@@ -1,0 +1,126 @@
+"""Assemble sources, collector and server from a Config and run them until stopped.
+
+`serve` is the one entry point for the CLI and for tests that run the exporter in-process
+(nvidia_gpu_exporter's app.Run)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from collections.abc import Sequence
+
+import uvicorn
+
+from exporter.collect import Collector
+from exporter.config import Config, ConfigError
+from exporter.server import create_app
+from exporter.sources.base import Source
+from exporter.sources.engines.scrape import EngineSource
+
+log = logging.getLogger("llm_exporter")
+
+
+def build_sources(config: Config, *, gpu_source: Source | None = None) -> list[Source]:
+    """Engine targets, then the host and GPU sources the config asks for."""
+    sources: list[Source] = [
+        EngineSource(t, max_payload_bytes=config.max_payload_bytes, max_series=config.max_series_per_target)
+        for t in config.engines
+    ]
+    host = _host_source(config) if config.host_enabled else None
+    if host is not None:
+        sources.append(host)
+    gpu = gpu_source if gpu_source is not None else _gpu_source(config, host)
+    if gpu is not None:
+        sources.append(gpu)
+    return sources
+
+
+def _host_source(config: Config) -> Source:
+    from exporter.sources.host import HostOptions, HostSource
+
+    return HostSource(HostOptions(
+        proc_root=config.proc_root,
+        sys_root=config.sys_root,
+        engine_port=config.engine_port,
+        engine_pidfile=config.engine_pidfile,
+        engine_process_name=config.engine_process_name,
+    ))
+
+
+def _gpu_source(config: Config, host: Source | None) -> Source | None:
+    if config.gpu_backend == "none":
+        return None
+    if config.gpu_backend == "sim":
+        if not config.sim_url:
+            raise ConfigError("gpu_backend", "sim", "needs sim_url (the twin's URL) outside `llm-exporter demo`")
+        from exporter.sources.gpu.sim import SimGpuSource
+
+        return SimGpuSource(url=config.sim_url)
+    from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
+
+    engine_pids = getattr(host, "engine_pids", None)
+    return NvmlSource(NvmlOptions(required=config.gpu_backend == "nvml", engine_pids=engine_pids))
+
+
+def bind_listener(config: Config) -> socket.socket:
+    """Bind before anything starts so a port in use is a config error (exit 2), not a crash later."""
+    family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.listen_host, config.listen_port))
+    except OSError as error:
+        sock.close()
+        raise ConfigError("listen", config.listen, error.strerror or str(error)) from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def make_collector(config: Config, sources: Sequence[Source]) -> Collector:
+    timeouts = {s.name: s.target.timeout_s for s in sources if isinstance(s, EngineSource)}
+    return Collector(sources, interval_s=config.interval_s, timeouts=timeouts, derive=_derive_fn(config))
+
+
+def _derive_fn(config: Config):
+    try:
+        from exporter.derive import build_deriver
+    except ImportError:
+        return lambda snapshot, previous: ()
+    return build_deriver(config)
+
+
+async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
+                stop: asyncio.Event | None = None) -> None:
+    """Run the collection loop and the HTTP server until `stop` is set or SIGINT/SIGTERM."""
+    stop = stop or asyncio.Event()
+    collector = make_collector(config, sources)
+    app = create_app(collector, max_concurrent_scrapes=config.max_concurrent_scrapes)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                           limit_concurrency=256, timeout_keep_alive=30, h11_max_incomplete_event_size=16384))
+    server.install_signal_handlers = lambda: None  # we own the signals
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass  # not the main thread (tests): `stop` is set by the caller instead
+    collect_task = asyncio.create_task(collector.run_forever(), name="collect")
+    server_task = asyncio.create_task(server.serve(sockets=[sock]), name="http")
+    log.info("listening on %s, %d source(s), interval %gs", config.listen, len(sources), config.interval_s)
+    stop_task = asyncio.create_task(stop.wait())
+    await asyncio.wait({collect_task, server_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    collect_task.cancel()
+    for task in (collect_task, server_task):
+        try:
+            await asyncio.wait_for(task, timeout=5)
+        except (asyncio.CancelledError, TimeoutError):
+            pass
+    stop_task.cancel()
+    await collector.close()
+    for task in (collect_task, server_task):
+        if task.done() and not task.cancelled() and task.exception():
+            raise task.exception()

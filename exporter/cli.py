@@ -1,0 +1,85 @@
+"""Command line: `llm-exporter run | demo | doctor`. main() calls run(argv, env), which tests call too."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from exporter import __version__
+from exporter.config import GPU_BACKENDS, ConfigError, load_config
+
+EXIT_CONFIG = 2
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config file (env LLM_EXPORTER_CONFIG)")
+    parser.add_argument("--engine", dest="engines", action="append", metavar="URL[,kind=K][,name=N][,timeout=T]",
+                        help="engine /metrics URL to scrape; repeat for several targets (env LLM_EXPORTER_ENGINES)")
+    parser.add_argument("--listen", help="HOST:PORT to serve on (default 0.0.0.0:9480; env LLM_EXPORTER_LISTEN)")
+    parser.add_argument("--interval", help="collection interval, e.g. 1s or 500ms (default 1s)")
+    parser.add_argument("--engine-timeout", dest="engine_timeout", help="per-target scrape timeout (default 0.8s)")
+    parser.add_argument("--max-payload-bytes", dest="max_payload_bytes", help="engine payload cap (default 8 MiB)")
+    parser.add_argument("--gpu-backend", dest="gpu_backend", choices=GPU_BACKENDS, help="GPU source (default auto)")
+    parser.add_argument("--sim-url", dest="sim_url", help="twin URL for --gpu-backend sim")
+    parser.add_argument("--no-host", dest="host_enabled", action="store_const", const=False,
+                        help="disable the host source")
+    parser.add_argument("--proc-root", dest="proc_root", help="procfs mount point (default /proc)")
+    parser.add_argument("--sys-root", dest="sys_root", help="sysfs mount point (default /sys)")
+    parser.add_argument("--engine-port", dest="engine_port", help="find the engine process by its listening port")
+    parser.add_argument("--engine-pidfile", dest="engine_pidfile", help="find the engine process by pid file")
+    parser.add_argument("--engine-process-name", dest="engine_process_name",
+                        help="find the engine process by name (regex on comm/cmdline)")
+    parser.add_argument("--log-level", dest="log_level", help="debug, info, warning or error (default info)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llm-exporter", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"llm-exporter {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="scrape engines, GPUs and the host; serve /metrics")
+    _add_run_flags(run_parser)
+    return parser
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)r",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from exporter.app import bind_listener, build_sources, serve
+
+    flags = {k: v for k, v in vars(args).items() if k != "command"}
+    try:
+        config = load_config(flags, env)
+        setup_logging(config.log_level)
+        sources = build_sources(config)
+        sock = bind_listener(config)
+    except ConfigError as error:
+        print(f"llm-exporter: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    asyncio.run(serve(config, sources, sock))
+    return 0
+
+
+def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    if args.command == "run":
+        return command_run(args, env)
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:], os.environ))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""The collection loop: gather every source concurrently into one immutable Snapshot, derive,
+render once, and swap the result in. /metrics only ever reads the latest finished result.
+
+A source that overruns its timeout is reported as failed for that cycle. Its call is not
+cancelled (a blocking NVML call in a thread cannot be), but no second call is started while it is
+still running, so a hung driver costs one thread, never a pile of them (nvidia_gpu_exporter's
+Cached source)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from exporter import __version__
+from exporter.expose import render
+from exporter.snapshot import Sample, Snapshot, SourceResult, labels_of
+from exporter.sources.base import Source, SourceData, SourceError
+
+log = logging.getLogger("llm_exporter.collect")
+
+DeriveFn = Callable[[Snapshot, "Snapshot | None"], tuple[Sample, ...]]
+
+
+@dataclass(slots=True)
+class SourceHealth:
+    """Mutable per-source bookkeeping, owned by the Collector only."""
+
+    last_success_ts: float | None = None
+    errors: dict[str, int] = field(default_factory=dict)
+    last_state: str = ""  # "ok" or the last error reason, for one log line per change
+    in_flight: asyncio.Task | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A finished cycle: the snapshot and its rendered exposition."""
+
+    snapshot: Snapshot
+    text: bytes
+    samples: tuple[Sample, ...]
+    _openmetrics: list = field(default_factory=list)
+
+    def openmetrics(self) -> bytes:
+        # Rendered on first request only; most scrapers ask for the text format.
+        if not self._openmetrics:
+            self._openmetrics.append(render(self.samples, openmetrics=True))
+        return self._openmetrics[0]
+
+
+def _no_derive(snapshot: Snapshot, previous: Snapshot | None) -> tuple[Sample, ...]:
+    return ()
+
+
+class Collector:
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        *,
+        interval_s: float,
+        timeouts: dict[str, float] | None = None,
+        derive: DeriveFn = _no_derive,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        names = [s.name for s in sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate source names: {names}")
+        self.sources = tuple(sources)
+        self.interval_s = interval_s
+        self.timeouts = {s.name: (timeouts or {}).get(s.name, interval_s) for s in sources}
+        self.derive = derive
+        self.clock = clock
+        self.health = {s.name: SourceHealth() for s in sources}
+        self.latest: Published | None = None
+        self.cycles = 0
+        self.scrapes_rejected = 0
+        self._ready = asyncio.Event()
+        self._last_cycle_s = 0.0
+
+    @property
+    def ready(self) -> bool:
+        return self.latest is not None
+
+    async def wait_ready(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _collect_source(self, source: Source) -> SourceResult:
+        health = self.health[source.name]
+        started = time.perf_counter()
+        attrs = dict(getattr(source, "attrs", {}) or {})
+        if health.in_flight is not None and not health.in_flight.done():
+            return self._failed(source.name, attrs, 0.0, "busy", "previous collection still running")
+        task = asyncio.ensure_future(source.collect())
+        health.in_flight = task
+        timeout = self.timeouts[source.name]
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        duration = time.perf_counter() - started
+        if not done:
+            task.add_done_callback(_consume_result)
+            return self._failed(source.name, attrs, duration, "timeout", f"no answer within {timeout:g}s")
+        health.in_flight = None
+        try:
+            data: SourceData = task.result()
+        except SourceError as error:
+            return self._failed(source.name, attrs, duration, error.reason, error.message)
+        except Exception as error:  # noqa: BLE001 - a source bug must not break the cycle
+            log.debug("source %s raised", source.name, exc_info=True)
+            return self._failed(source.name, attrs, duration, "exception", f"{type(error).__name__}: {error}")
+        attrs.update(data.attrs)
+        now = self.clock()
+        health.last_success_ts = now
+        self._log_state(source.name, "ok", "")
+        return SourceResult(source.name, True, duration, now, tuple(data.samples),
+                            attrs=MappingProxyType(attrs))
+
+    def _failed(self, name: str, attrs: dict, duration: float, reason: str, message: str) -> SourceResult:
+        health = self.health[name]
+        health.errors[reason] = health.errors.get(reason, 0) + 1
+        self._log_state(name, reason, message)
+        return SourceResult(name, False, duration, self.clock(), (), reason, message,
+                            MappingProxyType(attrs))
+
+    def _log_state(self, name: str, state: str, message: str) -> None:
+        health = self.health[name]
+        if state == health.last_state:
+            return
+        previous, health.last_state = health.last_state, state
+        if state == "ok":
+            if previous:
+                log.info("source %s recovered", name)
+        else:
+            log.warning("source %s failing: %s: %s", name, state, message)
+
+    async def collect_once(self) -> Published:
+        started = time.perf_counter()
+        results = await asyncio.gather(*(self._collect_source(s) for s in self.sources))
+        snapshot = Snapshot(self.clock(), MappingProxyType({r.source: r for r in results}))
+        previous = self.latest.snapshot if self.latest else None
+        derived = self._derive(snapshot, previous)
+        snapshot = Snapshot(snapshot.taken_at, snapshot.results, derived)
+        self.cycles += 1
+        samples = (*snapshot.samples(include_derived=True), *self.self_health(snapshot))
+        published = Published(snapshot, render(samples), tuple(samples))
+        self.latest = published
+        self._last_cycle_s = time.perf_counter() - started
+        self._ready.set()
+        return published
+
+    def _derive(self, snapshot: Snapshot, previous: Snapshot | None) -> tuple[Sample, ...]:
+        try:
+            return tuple(self.derive(snapshot, previous))
+        except Exception:  # noqa: BLE001 - derive isolates its own families; this is the last guard
+            log.exception("derive failed; serving source samples only")
+            return ()
+
+    def self_health(self, snapshot: Snapshot) -> list[Sample]:
+        out = [
+            Sample("llm_exporter_build_info", labels_of(version=__version__, python=platform.python_version()), 1.0),
+            Sample("llm_exporter_collections_total", (), float(self.cycles)),
+            Sample("llm_exporter_cycle_duration_seconds", (), self._last_cycle_s),
+            Sample("llm_exporter_scrapes_rejected_total", (), float(self.scrapes_rejected)),
+        ]
+        for name, result in snapshot.results.items():
+            source = labels_of(source=name)
+            health = self.health[name]
+            out.append(Sample("llm_exporter_source_up", source, 1.0 if result.ok else 0.0))
+            out.append(Sample("llm_exporter_collect_duration_seconds", source, result.duration_s))
+            if health.last_success_ts is not None:
+                out.append(Sample("llm_exporter_last_success_timestamp_seconds", source, health.last_success_ts))
+            for reason, count in sorted(health.errors.items()):
+                out.append(Sample("llm_exporter_collect_errors_total", labels_of(source=name, reason=reason),
+                                  float(count)))
+            out.extend(_engine_up(result))
+        return out
+
+    async def run_forever(self) -> None:
+        """Cycles start on a fixed grid; a slow cycle skips ticks instead of bunching up."""
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time()
+        while True:
+            await self.collect_once()
+            next_tick += self.interval_s
+            now = loop.time()
+            if next_tick < now:
+                next_tick = now + self.interval_s - ((now - next_tick) % self.interval_s)
+            await asyncio.sleep(next_tick - now)
+
+    async def close(self) -> None:
+        for source in self.sources:
+            try:
+                await source.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                log.debug("closing %s failed", source.name, exc_info=True)
+
+
+def _engine_up(result: SourceResult) -> list[Sample]:
+    """`llm_engine_up{target,engine}` for engine sources, 0 on failure (with the last known kind)."""
+    if result.attrs.get("kind") != "engine":
+        return []
+    labels = labels_of(target=result.attrs.get("target", result.source),
+                       engine=result.attrs.get("engine", "unknown"))
+    return [Sample("llm_engine_up", labels, 1.0 if result.ok else 0.0)]
+
+
+def _consume_result(task: asyncio.Task) -> None:
+    # A late result is discarded; retrieving the exception keeps asyncio from logging it.
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,132 @@
+"""The HTTP face: /metrics, /healthz, /readyz, /api/v1/snapshot.
+
+Every handler only reads the Collector's latest finished result; none waits on a source.
+/metrics concurrency is capped with an immediate 503 so a scrape storm cannot starve the loop."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fastapi import FastAPI, Response
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from exporter import __version__
+from exporter.collect import Collector
+from exporter.expose import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
+
+
+def _wants_openmetrics(accept: str) -> bool:
+    return "application/openmetrics-text" in accept
+
+
+def _json_number(value: float) -> float | str:
+    return value if math.isfinite(value) else str(value)
+
+
+def snapshot_json(collector: Collector) -> dict[str, Any]:
+    published = collector.latest
+    if published is None:
+        return {"ready": False, "sources": {}}
+    snapshot = published.snapshot
+    sources = {}
+    for name, result in snapshot.results.items():
+        health = collector.health[name]
+        sources[name] = {
+            "ok": result.ok,
+            "error_reason": result.error_reason or None,
+            "error": result.error_message or None,
+            "duration_seconds": round(result.duration_s, 6),
+            "last_success": health.last_success_ts,
+            "errors_total": dict(health.errors),
+            "attrs": dict(result.attrs),
+            "samples": [
+                {"name": s.name, "labels": dict(s.labels), "value": _json_number(s.value)} for s in result.samples
+            ],
+        }
+    return {
+        "ready": True,
+        "version": __version__,
+        "taken_at": snapshot.taken_at,
+        "sources": sources,
+        "derived": [{"name": s.name, "labels": dict(s.labels), "value": _json_number(s.value)}
+                    for s in snapshot.derived],
+    }
+
+
+class MetricsEndpoint:
+    """Serves /metrics as plain ASGI in front of FastAPI: the hot path is one dict lookup and a
+    send of bytes rendered at collection time. The in-flight count covers the whole response,
+    and everything runs on the event loop, so the counter needs no lock."""
+
+    def __init__(self, app: Any, collector: Collector, max_concurrent: int) -> None:
+        self.app = app
+        self.collector = collector
+        self.max_concurrent = max_concurrent
+        self.in_flight = 0
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/metrics":
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.max_concurrent:
+            self.collector.scrapes_rejected += 1
+            await _send(send, 503, b"too many concurrent scrapes\n", b"text/plain")
+            return
+        self.in_flight += 1
+        try:
+            await self._serve(scope, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _serve(self, scope: dict, send: Any) -> None:
+        if scope.get("method") not in ("GET", "HEAD"):
+            await _send(send, 405, b"method not allowed\n", b"text/plain")
+            return
+        published = self.collector.latest
+        if published is None:
+            await _send(send, 503, b"no collection finished yet\n", b"text/plain")
+            return
+        accept = b""
+        for key, value in scope.get("headers", ()):
+            if key == b"accept":
+                accept = value
+        if _wants_openmetrics(accept.decode("latin-1")):
+            body, content_type = published.openmetrics(), OPENMETRICS_CONTENT_TYPE.encode()
+        else:
+            body, content_type = published.text, TEXT_CONTENT_TYPE.encode()
+        await _send(send, 200, b"" if scope.get("method") == "HEAD" else body, content_type, len(body))
+
+
+async def _send(send: Any, status: int, body: bytes, content_type: bytes, length: int | None = None) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body) if length is None else length).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(collector: Collector, *, max_concurrent_scrapes: int = 4) -> MetricsEndpoint:
+    app = FastAPI(title="llm-exporter", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return Response("ok\n", media_type="text/plain")
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        if collector.ready:
+            return Response("ready\n", media_type="text/plain")
+        return Response("not ready: no collection finished yet\n", status_code=503, media_type="text/plain")
+
+    @app.get("/api/v1/snapshot")
+    async def snapshot() -> JSONResponse:
+        return JSONResponse(snapshot_json(collector))
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(
+            "<!doctype html><title>llm-exporter</title><h1>llm-exporter</h1>"
+            '<ul><li><a href="/metrics">/metrics</a></li><li><a href="/api/v1/snapshot">/api/v1/snapshot</a></li>'
+            '<li><a href="/healthz">/healthz</a></li><li><a href="/readyz">/readyz</a></li></ul>'
+        )
+
+    return MetricsEndpoint(app, collector, max_concurrent_scrapes)

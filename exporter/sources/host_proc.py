@@ -1,0 +1,221 @@
+"""Pure parsers for the /proc files the host source reads, plus one tolerant file reader.
+
+Every parser takes the file's text and returns plain records, so the unit tests call them on
+strings (node_exporter's `parseLoad` pattern). None of them touch the filesystem.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# Fields of a /proc/stat cpu line, in kernel order. guest and guest_nice are already counted in
+# user and nice, so they are left out of the totals (counting them twice would lower idle).
+_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+_IDLE_FIELDS = frozenset({"idle", "iowait"})
+
+
+def read_text(path: str) -> str | None:
+    """The file's text, or None when it is absent or unreadable (a vanished pid, no PSI, no
+    permission). Callers omit the series instead of inventing a value."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ProcessLookupError):
+        return None
+    except OSError:
+        # /proc files of a dying task can fail with ESRCH or EIO mid-read.
+        return None
+
+
+def read_link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def list_dir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class CpuTicks:
+    """Cumulative clock ticks of one CPU line: busy (everything but idle and iowait) and total."""
+
+    busy: int
+    total: int
+
+
+def parse_stat_cpus(text: str) -> dict[str, CpuTicks]:
+    """/proc/stat -> {"all": ..., "0": ..., "1": ...}. Offline CPUs have no line and are absent."""
+    cpus: dict[str, CpuTicks] = {}
+    for line in text.splitlines():
+        if not line.startswith("cpu"):
+            continue
+        parts = line.split()
+        name = parts[0][3:] or "all"
+        values = [int(v) for v in parts[1 : 1 + len(_STAT_FIELDS)]]
+        total = sum(values)
+        idle = sum(v for f, v in zip(_STAT_FIELDS, values, strict=False) if f in _IDLE_FIELDS)
+        cpus[name] = CpuTicks(busy=total - idle, total=total)
+    return cpus
+
+
+def busy_ratios(previous: dict[str, CpuTicks], current: dict[str, CpuTicks]) -> dict[str, float]:
+    """Busy fraction of each CPU between two /proc/stat reads. A CPU missing from either read,
+    with no ticks elapsed, or whose counters went backwards (hotplug) is left out."""
+    ratios: dict[str, float] = {}
+    for cpu, now in current.items():
+        before = previous.get(cpu)
+        if before is None:
+            continue
+        d_total = now.total - before.total
+        d_busy = now.busy - before.busy
+        if d_total <= 0 or d_busy < 0:
+            continue
+        ratios[cpu] = min(1.0, d_busy / d_total)
+    return ratios
+
+
+def parse_loadavg(text: str) -> tuple[float, float, float]:
+    parts = text.split()
+    return float(parts[0]), float(parts[1]), float(parts[2])
+
+
+def parse_uptime(text: str) -> float:
+    return float(text.split()[0])
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo or a sysfs node*/meminfo ("Node 0 MemFree: 123 kB") -> {key: bytes}."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        if not sep:
+            continue
+        key = key.split()[-1]  # drops the "Node N" prefix of the per-node files
+        fields = rest.split()
+        if not fields:
+            continue
+        value = int(fields[0])
+        if len(fields) > 1 and fields[1] == "kB":
+            value *= 1024
+        out[key] = value
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    """The "some" line of a /proc/pressure file: share of wall time in which at least one task
+    was stalled on the resource, as ratios, and the cumulative stall time in seconds."""
+
+    avg10: float
+    avg60: float
+    avg300: float
+    total_seconds: float
+
+
+def parse_pressure(text: str) -> Pressure | None:
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts or parts[0] != "some":
+            continue
+        fields = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+        return Pressure(
+            avg10=float(fields["avg10"]) / 100.0,
+            avg60=float(fields["avg60"]) / 100.0,
+            avg300=float(fields["avg300"]) / 100.0,
+            total_seconds=int(fields["total"]) / 1e6,  # microseconds in the kernel
+        )
+    return None
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """Kernel cpulist format ("0-3,8-11", "0,2,4-6", empty) -> set of CPU numbers."""
+    cpus: set[int] = set()
+    for chunk in text.strip().split(","):
+        chunk = chunk.strip()
+        if not chunk:
+            continue
+        lo, sep, hi = chunk.partition("-")
+        if sep:
+            cpus.update(range(int(lo), int(hi) + 1))
+        else:
+            cpus.add(int(lo))
+    return frozenset(cpus)
+
+
+@dataclass(frozen=True, slots=True)
+class PidStat:
+    """The fields of /proc/PID/stat (or task/TID/stat) the host source uses; times in ticks."""
+
+    comm: str
+    ppid: int
+    utime: int
+    stime: int
+    starttime: int
+
+
+def parse_pid_stat(text: str) -> PidStat:
+    # comm sits in parentheses and may itself contain spaces and ')', so split at the last one.
+    head, _, tail = text.rpartition(")")
+    comm = head.partition("(")[2]
+    fields = tail.split()
+    # fields[0] is field 3 (state) of proc(5); utime is field 14, stime 15, starttime 22.
+    return PidStat(
+        comm=comm,
+        ppid=int(fields[1]),
+        utime=int(fields[11]),
+        stime=int(fields[12]),
+        starttime=int(fields[19]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PidStatus:
+    threads: int | None
+    rss_bytes: int | None
+    cpus_allowed: frozenset[int] | None
+
+
+def parse_pid_status(text: str) -> PidStatus:
+    threads = rss = None
+    allowed = None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "Threads":
+            threads = int(value)
+        elif key == "VmRSS":
+            rss = int(value.split()[0]) * 1024
+        elif key == "Cpus_allowed_list":
+            allowed = parse_cpulist(value)
+    # Kernel threads and zombies have no VmRSS line: that is "unknown", not zero.
+    return PidStatus(threads=threads, rss_bytes=rss, cpus_allowed=allowed)
+
+
+_TCP_LISTEN = "0A"
+
+
+def parse_listening_inodes(text: str, port: int) -> set[int]:
+    """Socket inodes listening on `port` in a /proc/net/tcp or tcp6 table (any local address)."""
+    inodes: set[int] = set()
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 10 or parts[3] != _TCP_LISTEN:
+            continue
+        local_port = int(parts[1].rpartition(":")[2], 16)
+        inode = int(parts[9])
+        if local_port == port and inode:
+            inodes.add(inode)
+    return inodes
+
+
+def socket_inode(link_target: str) -> int | None:
+    """"socket:[12345]" (an fd's readlink) -> 12345."""
+    if link_target.startswith("socket:[") and link_target.endswith("]"):
+        return int(link_target[8:-1])
+    return None

@@ -1,0 +1,259 @@
+"""Finding the engine process (pid file, listening port, or name) and reading its process tree
+from /proc: CPU ticks per process and per thread, threads, RSS, CPU affinity.
+
+Everything here takes `proc_root` so tests run on fixture trees; the pure parts (choosing a
+root among candidates, thread ratios, the NUMA verdict) take plain values.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from exporter.sources.host_pci import NumaNode
+from exporter.sources.host_proc import (
+    PidStat,
+    PidStatus,
+    list_dir,
+    parse_listening_inodes,
+    parse_pid_stat,
+    parse_pid_status,
+    read_link,
+    read_text,
+    socket_inode,
+)
+
+# Lets a config say "any known engine" without listing names; not applied unless configured.
+KNOWN_ENGINE_PATTERN = (
+    r"vllm|sglang|text-generation-launcher|text-generation-router|llama-server|tritonserver|lmdeploy"
+)
+
+ThreadKey = tuple[int, int]
+"""(tid, starttime): a tid can be reused by a new thread, the pair cannot."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessId:
+    """A pid plus its start time in ticks since boot, which tells a restarted engine that got a
+    recycled pid apart from the one found earlier."""
+
+    pid: int
+    starttime: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessScan:
+    """One process read in one cycle."""
+
+    pid: int
+    stat: PidStat
+    status: PidStatus | None
+    thread_ticks: dict[ThreadKey, int]
+    children: tuple[int, ...] | None  # None: the kernel has no task/*/children files
+
+
+def pids(proc_root: str) -> list[int]:
+    return [int(e) for e in list_dir(proc_root) if e.isdigit()]
+
+
+def read_stat(proc_root: str, pid: int) -> PidStat | None:
+    text = read_text(os.path.join(proc_root, str(pid), "stat"))
+    if text is None:
+        return None
+    try:
+        return parse_pid_stat(text)
+    except (ValueError, IndexError):
+        return None
+
+
+def identity(proc_root: str, pid: int) -> ProcessId | None:
+    stat = read_stat(proc_root, pid)
+    return ProcessId(pid, stat.starttime) if stat is not None else None
+
+
+def choose_root(candidates: dict[int, PidStat]) -> int | None:
+    """Among matching processes, the one whose parent does not match too (uvicorn workers and
+    multiprocessing children inherit the socket and the command line), oldest first."""
+    if not candidates:
+        return None
+    roots = [pid for pid, st in candidates.items() if st.ppid not in candidates] or list(candidates)
+    return min(roots, key=lambda pid: (candidates[pid].starttime, pid))
+
+
+def find_by_pidfile(proc_root: str, pidfile: str) -> int | None:
+    text = read_text(pidfile)
+    if text is None:
+        return None
+    try:
+        pid = int(text.split()[0])
+    except (ValueError, IndexError):
+        return None
+    return pid if read_stat(proc_root, pid) is not None else None
+
+
+def listening_inodes(proc_root: str, port: int) -> set[int]:
+    inodes: set[int] = set()
+    for table in ("tcp", "tcp6"):
+        text = read_text(os.path.join(proc_root, "net", table))
+        if text is not None:
+            inodes |= parse_listening_inodes(text, port)
+    return inodes
+
+
+def find_by_port(proc_root: str, port: int) -> int | None:
+    """The process holding a socket that listens on `port`. Reading another user's fd links needs
+    the same uid or CAP_SYS_PTRACE; processes we may not look into are skipped."""
+    inodes = listening_inodes(proc_root, port)
+    if not inodes:
+        return None
+    candidates: dict[int, PidStat] = {}
+    for pid in pids(proc_root):
+        fd_dir = os.path.join(proc_root, str(pid), "fd")
+        for fd in list_dir(fd_dir):
+            target = read_link(os.path.join(fd_dir, fd))
+            if target is not None and socket_inode(target) in inodes:
+                stat = read_stat(proc_root, pid)
+                if stat is not None:
+                    candidates[pid] = stat
+                break
+    return choose_root(candidates)
+
+
+def find_by_name(proc_root: str, pattern: re.Pattern[str], exclude: Iterable[int] = ()) -> int | None:
+    """The root of the processes whose comm or command line matches `pattern` (re.search, so a
+    plain substring works). `exclude` keeps the exporter itself out: its own command line may
+    carry the pattern as an argument."""
+    skip = set(exclude)
+    candidates: dict[int, PidStat] = {}
+    for pid in pids(proc_root):
+        if pid in skip:
+            continue
+        stat = read_stat(proc_root, pid)
+        if stat is None:
+            continue
+        cmdline = read_text(os.path.join(proc_root, str(pid), "cmdline")) or ""
+        if pattern.search(stat.comm) or pattern.search(cmdline.replace("\0", " ").strip()):
+            candidates[pid] = stat
+    return choose_root(candidates)
+
+
+def scan_process(proc_root: str, pid: int, max_threads: int) -> ProcessScan | None:
+    base = os.path.join(proc_root, str(pid))
+    stat = read_stat(proc_root, pid)
+    if stat is None:
+        return None
+    status_text = read_text(os.path.join(base, "status"))
+    status = parse_pid_status(status_text) if status_text is not None else None
+    ticks: dict[ThreadKey, int] = {}
+    children: list[int] = []
+    children_supported = True
+    task_dir = os.path.join(base, "task")
+    for tid_name in sorted(list_dir(task_dir))[:max_threads]:
+        if not tid_name.isdigit():
+            continue
+        tstat_text = read_text(os.path.join(task_dir, tid_name, "stat"))
+        if tstat_text is not None:
+            try:
+                tstat = parse_pid_stat(tstat_text)
+            except (ValueError, IndexError):
+                tstat = None
+            if tstat is not None:
+                ticks[(int(tid_name), tstat.starttime)] = tstat.utime + tstat.stime
+        # task/TID/children needs CONFIG_PROC_CHILDREN; without it the caller scans ppids.
+        kids = read_text(os.path.join(task_dir, tid_name, "children"))
+        if kids is None:
+            children_supported = False
+        else:
+            children.extend(int(k) for k in kids.split())
+    return ProcessScan(
+        pid=pid,
+        stat=stat,
+        status=status,
+        thread_ticks=ticks,
+        children=tuple(children) if children_supported else None,
+    )
+
+
+def children_by_ppid(proc_root: str) -> dict[int, list[int]]:
+    """Fallback for kernels without task/*/children: one pass over every /proc/PID/stat."""
+    tree: dict[int, list[int]] = {}
+    for pid in pids(proc_root):
+        stat = read_stat(proc_root, pid)
+        if stat is not None:
+            tree.setdefault(stat.ppid, []).append(pid)
+    return tree
+
+
+def scan_tree(proc_root: str, root: int, max_processes: int, max_threads: int) -> list[ProcessScan]:
+    """The root and its descendants (breadth first, at most max_processes), each scanned once."""
+    scans: list[ProcessScan] = []
+    queue = [root]
+    seen: set[int] = set()
+    by_ppid: dict[int, list[int]] | None = None
+    while queue and len(scans) < max_processes:
+        pid = queue.pop(0)
+        if pid in seen:
+            continue
+        seen.add(pid)
+        scan = scan_process(proc_root, pid, max_threads)
+        if scan is None:
+            continue
+        scans.append(scan)
+        kids = scan.children
+        if kids is None:
+            if by_ppid is None:
+                by_ppid = children_by_ppid(proc_root)
+            kids = tuple(by_ppid.get(pid, ()))
+        queue.extend(sorted(kids))
+    return scans
+
+
+def busiest_thread_ratio(
+    previous: dict[ThreadKey, int], current: dict[ThreadKey, int], elapsed_s: float, clk_tck: int
+) -> float | None:
+    """Largest CPU share (0..1) of any thread seen in both reads; None when nothing to compare.
+    A tokenizer or scheduler thread pinned at one core shows as ~1.0 however many cores the
+    whole process uses."""
+    if elapsed_s <= 0:
+        return None
+    best: float | None = None
+    for key, ticks in current.items():
+        before = previous.get(key)
+        if before is None or ticks < before:
+            continue
+        ratio = (ticks - before) / clk_tck / elapsed_s
+        best = ratio if best is None else max(best, ratio)
+    # Tick accounting and the 10 ms resolution of /proc/uptime can overshoot a little.
+    return min(best, 1.0) if best is not None else None
+
+
+def numa_mismatch(
+    cpus_allowed: frozenset[int] | None,
+    online: frozenset[int] | None,
+    nodes: tuple[NumaNode, ...],
+    gpu_nodes: Iterable[int],
+) -> bool | None:
+    """Is the process pinned to CPUs outside the NUMA node(s) of its GPUs?
+
+    True when its affinity is narrower than the online CPUs and includes CPUs of a node that
+    holds none of its GPUs. An unpinned process is not a mismatch (the scheduler may still
+    place it well). One NUMA node: never. None when the answer is unknown (no affinity, no node
+    CPU lists, or no GPU with a known node).
+    """
+    node_cpus = {n.node: n.cpus for n in nodes if n.cpus is not None}
+    if cpus_allowed is None or not node_cpus:
+        return None
+    if len(node_cpus) == 1:
+        return False
+    online_cpus = online if online is not None else frozenset().union(*node_cpus.values())
+    effective = cpus_allowed & online_cpus
+    if not effective:
+        return None
+    if online_cpus <= cpus_allowed:
+        return False
+    gpu_cpus = frozenset().union(*(node_cpus[n] for n in set(gpu_nodes) if n in node_cpus))
+    if not gpu_cpus:
+        return None
+    return not effective <= gpu_cpus
