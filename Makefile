@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 APT_PKGS := prometheus prometheus-alertmanager prometheus-node-exporter
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test venv debs demo run bench lint fmt golden dashboards dashboards-check alerts-test stack clean
+.PHONY: test venv debs demo run bench lint fmt golden docs dashboards dashboards-check alerts-test stack clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
@@ -46,6 +46,9 @@ fmt: venv
 
 golden: venv
 	$(BIN)/python -m pytest --update-golden
+
+docs: venv
+	$(BIN)/python -m exporter.catalog
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

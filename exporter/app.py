@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -103,10 +104,9 @@ async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
     server.install_signal_handlers = lambda: None  # we own the signals
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        try:
+        # Outside the main thread (tests) this fails; the caller sets `stop` instead.
+        with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass  # not the main thread (tests): `stop` is set by the caller instead
     collect_task = asyncio.create_task(collector.run_forever(), name="collect")
     server_task = asyncio.create_task(server.serve(sockets=[sock]), name="http")
     log.info("listening on %s, %d source(s), interval %gs", config.listen, len(sources), config.interval_s)
@@ -115,10 +115,8 @@ async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
     server.should_exit = True
     collect_task.cancel()
     for task in (collect_task, server_task):
-        try:
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
             await asyncio.wait_for(task, timeout=5)
-        except (asyncio.CancelledError, TimeoutError):
-            pass
     stop_task.cancel()
     await collector.close()
     for task in (collect_task, server_task):

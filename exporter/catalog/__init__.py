@@ -5,33 +5,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from exporter.catalog import self_health
+from exporter.catalog import derived, engine, gpu, host, self_health
 from exporter.catalog.base import Family
 
 AREAS: tuple[tuple[str, tuple[Family, ...]], ...] = (
+    ("Engine (normalized)", engine.FAMILIES),
+    ("GPU", gpu.FAMILIES),
+    ("Host", host.FAMILIES),
+    ("Derived", derived.FAMILIES),
     ("Exporter self-health", self_health.FAMILIES),
 )
 
 
-def _load_optional_areas() -> tuple[tuple[str, tuple[Family, ...]], ...]:
-    # Areas are registered here explicitly (no import side effects elsewhere).
-    from exporter.catalog import engine, gpu, host, derived  # noqa: F401
-
-    return (
-        ("Engine (normalized)", engine.FAMILIES),
-        ("GPU", gpu.FAMILIES),
-        ("Host", host.FAMILIES),
-        ("Derived", derived.FAMILIES),
-    )
-
-
 def all_areas() -> tuple[tuple[str, tuple[Family, ...]], ...]:
-    return _load_optional_areas() + AREAS
+    return AREAS
 
 
 def _index() -> Mapping[str, Family]:
     by_name: dict[str, Family] = {}
-    for _, families in all_areas():
+    for _, families in AREAS:
         for fam in families:
             if fam.name in by_name:
                 raise ValueError(f"family {fam.name} defined twice")

@@ -223,7 +223,7 @@ def busiest_thread_ratio(
         before = previous.get(key)
         if before is None or ticks < before:
             continue
-        ratio = (ticks - before) / clk_tck / elapsed_s
+        ratio = (ticks - before) / (clk_tck * elapsed_s)
         best = ratio if best is None else max(best, ratio)
     # Tick accounting and the 10 ms resolution of /proc/uptime can overshoot a little.
     return min(best, 1.0) if best is not None else None

@@ -1,0 +1,55 @@
+"""Rates and reset-safe totals from NVML's cumulative counters.
+
+Rates come from two readings of a counter taken in consecutive cycles, so no cycle has to sleep
+(nvmlDeviceGetPcieThroughput samples for 20 ms inside the call; this never does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+
+class CounterRates:
+    """Per-key rate of change of a cumulative counter between the last two readings."""
+
+    def __init__(self) -> None:
+        self._last: dict[Hashable, tuple[float, float]] = {}
+
+    def update(self, key: Hashable, value: float, t: float, wrap: float | None = None) -> float | None:
+        """Record `value` read at time `t` (seconds) and return the rate since the previous reading.
+
+        None on the first reading, when no time passed, and when the counter went down: with `wrap`
+        (a 32-bit counter) a drop is taken as one wrap-around; without it, as a reset (driver
+        reload), after which the next reading gives a rate again."""
+        last = self._last.get(key)
+        if last is not None and t <= last[1]:
+            # Same or older timestamp: NVML served a cached value. Keep the older point so the
+            # next rate spans the full interval.
+            return None
+        self._last[key] = (value, t)
+        if last is None:
+            return None
+        delta = value - last[0]
+        if delta < 0:
+            if wrap is None:
+                return None
+            delta += wrap
+        return delta / (t - last[1])
+
+    def forget(self, key: Hashable) -> None:
+        self._last.pop(key, None)
+
+
+class ResetSafeTotals:
+    """Keeps a counter monotonic across resets of its source (the energy counter restarts at 0
+    when the driver reloads): on a drop, the last value before it is added to an offset."""
+
+    def __init__(self) -> None:
+        self._state: dict[Hashable, tuple[float, float]] = {}
+
+    def update(self, key: Hashable, raw: float) -> float:
+        last_raw, offset = self._state.get(key, (raw, 0.0))
+        if raw < last_raw:
+            offset += last_raw
+        self._state[key] = (raw, offset)
+        return offset + raw

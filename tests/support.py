@@ -1,0 +1,75 @@
+"""Real servers on loopback for tests: a programmable fake engine and helpers to run the exporter."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class EngineBehaviour:
+    """What the fake engine answers; tests change it while the server runs."""
+
+    body: bytes = b""
+    status: int = 200
+    content_type: str = "text/plain; version=0.0.4"
+    delay_s: float = 0.0
+    requests: int = 0
+    headers_seen: list[dict[str, str]] = field(default_factory=list)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    behaviour: EngineBehaviour
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        behaviour = self.server.behaviour  # type: ignore[attr-defined]
+        behaviour.requests += 1
+        behaviour.headers_seen.append(dict(self.headers))
+        if behaviour.delay_s:
+            time.sleep(behaviour.delay_s)
+        body = behaviour.body
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.send_response(behaviour.status)
+            self.send_header("Content-Type", behaviour.content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@contextlib.contextmanager
+def fake_engine(body: bytes = b"", **kwargs: object) -> Iterator[tuple[str, EngineBehaviour]]:
+    """Serve `body` on http://127.0.0.1:PORT/metrics from a thread; yields (url, behaviour)."""
+    behaviour = EngineBehaviour(body=body, **kwargs)  # type: ignore[arg-type]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    server.behaviour = behaviour  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics", behaviour
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

@@ -1,0 +1,186 @@
+"""The collection loop: snapshots, self-health, failed sources dropped, hung sources bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from exporter.collect import Collector
+from exporter.snapshot import Sample, labels_of
+from exporter.sources.base import SourceData, SourceError
+
+
+class ScriptedSource:
+    """A source whose next outcome the test sets: samples, a SourceError, a crash or a hang."""
+
+    def __init__(self, name: str, value: float = 1.0) -> None:
+        self.name = name
+        self.attrs: dict[str, str] = {}
+        self.value = value
+        self.fail: Exception | None = None
+        self.hang: asyncio.Event | None = None
+        self.calls = 0
+
+    async def collect(self) -> SourceData:
+        self.calls += 1
+        if self.hang is not None:
+            await self.hang.wait()
+        if self.fail is not None:
+            raise self.fail
+        return SourceData((Sample("llm_requests_running", labels_of(target=self.name), self.value),))
+
+    async def close(self) -> None:
+        return
+
+
+def _values(published, name):
+    return {s.labels: s.value for s in published.samples if s.name == name}
+
+
+def test_snapshot_holds_every_source_and_self_health():
+    async def scenario():
+        a, b = ScriptedSource("a", 3), ScriptedSource("b", 5)
+        collector = Collector([a, b], interval_s=1.0, clock=lambda: 1000.0)
+        published = await collector.collect_once()
+        running = _values(published, "llm_requests_running")
+        assert running == {labels_of(target="a"): 3, labels_of(target="b"): 5}
+        up = _values(published, "llm_exporter_source_up")
+        assert up == {labels_of(source="a"): 1.0, labels_of(source="b"): 1.0}
+        assert _values(published, "llm_exporter_last_success_timestamp_seconds")[labels_of(source="a")] == 1000.0
+        assert b"llm_requests_running{target=\"a\"} 3.0" in published.text
+    asyncio.run(scenario())
+
+
+def test_failed_source_series_are_dropped_not_served_stale():
+    async def scenario():
+        good, bad = ScriptedSource("good"), ScriptedSource("bad", 7)
+        collector = Collector([good, bad], interval_s=1.0)
+        await collector.collect_once()
+        bad.fail = SourceError("connection", "refused")
+        published = await collector.collect_once()
+        assert labels_of(target="bad") not in _values(published, "llm_requests_running")
+        assert labels_of(target="good") in _values(published, "llm_requests_running")
+        assert _values(published, "llm_exporter_source_up")[labels_of(source="bad")] == 0.0
+        errors = _values(published, "llm_exporter_collect_errors_total")
+        assert errors == {labels_of(source="bad", reason="connection"): 1.0}
+        # The success timestamp stays at the last success instead of vanishing or going to 0.
+        assert labels_of(source="bad") in _values(published, "llm_exporter_last_success_timestamp_seconds")
+    asyncio.run(scenario())
+
+
+def test_success_timestamp_absent_before_first_success():
+    async def scenario():
+        source = ScriptedSource("s")
+        source.fail = SourceError("timeout", "slow")
+        published = await Collector([source], interval_s=1.0).collect_once()
+        assert _values(published, "llm_exporter_last_success_timestamp_seconds") == {}
+    asyncio.run(scenario())
+
+
+def test_a_crashing_source_is_counted_and_others_survive():
+    async def scenario():
+        ok, broken = ScriptedSource("ok"), ScriptedSource("broken")
+        broken.fail = ZeroDivisionError("bug")
+        published = await Collector([ok, broken], interval_s=1.0).collect_once()
+        assert _values(published, "llm_exporter_collect_errors_total") == {
+            labels_of(source="broken", reason="exception"): 1.0}
+        assert labels_of(target="ok") in _values(published, "llm_requests_running")
+    asyncio.run(scenario())
+
+
+def test_hung_source_times_out_and_is_not_called_again_while_running():
+    async def scenario():
+        fast, hung = ScriptedSource("fast"), ScriptedSource("hung")
+        hung.hang = asyncio.Event()
+        collector = Collector([fast, hung], interval_s=1.0, timeouts={"hung": 0.05})
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        first = await collector.collect_once()
+        second = await collector.collect_once()
+        elapsed = loop.time() - started
+        assert elapsed < 1.0  # two cycles bounded by the 50 ms timeout, not by the hang
+        assert hung.calls == 1  # the second cycle did not start another call
+        errors = _values(second, "llm_exporter_collect_errors_total")
+        assert errors[labels_of(source="hung", reason="timeout")] == 1.0
+        assert errors[labels_of(source="hung", reason="busy")] == 1.0
+        assert labels_of(target="fast") in _values(first, "llm_requests_running")
+        hung.hang.set()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        third = await collector.collect_once()
+        assert hung.calls == 2
+        assert _values(third, "llm_exporter_source_up")[labels_of(source="hung")] == 1.0
+    asyncio.run(scenario())
+
+
+def test_blocking_thread_source_cannot_pile_up_threads():
+    release = threading.Event()
+
+    class ThreadSource(ScriptedSource):
+        async def collect(self) -> SourceData:
+            self.calls += 1
+            await asyncio.to_thread(release.wait, 5)
+            return await super().collect()
+
+    async def scenario():
+        source = ThreadSource("nvml")
+        collector = Collector([source], interval_s=1.0, timeouts={"nvml": 0.02})
+        for _ in range(5):
+            await collector.collect_once()
+        assert source.calls == 1
+        release.set()
+    asyncio.run(scenario())
+
+
+def test_one_log_line_per_state_change(caplog: pytest.LogCaptureFixture):
+    async def scenario():
+        source = ScriptedSource("flappy")
+        collector = Collector([source], interval_s=1.0)
+        source.fail = SourceError("connection", "refused")
+        for _ in range(3):
+            await collector.collect_once()
+        source.fail = None
+        for _ in range(3):
+            await collector.collect_once()
+    caplog.set_level("INFO", logger="llm_exporter.collect")
+    asyncio.run(scenario())
+    messages = [r.getMessage() for r in caplog.records if r.name == "llm_exporter.collect"]
+    assert messages == ["source flappy failing: connection: refused", "source flappy recovered"]
+
+
+def test_derive_failure_keeps_source_samples():
+    def broken_derive(snapshot, previous):
+        raise RuntimeError("bad formula")
+
+    async def scenario():
+        published = await Collector([ScriptedSource("a")], interval_s=1.0, derive=broken_derive).collect_once()
+        assert labels_of(target="a") in _values(published, "llm_requests_running")
+    asyncio.run(scenario())
+
+
+def test_derive_sees_previous_snapshot():
+    seen = []
+
+    def derive(snapshot, previous):
+        seen.append(previous)
+        return (Sample("llm_requests_waiting", labels_of(target="derived"), 1.0),)
+
+    async def scenario():
+        collector = Collector([ScriptedSource("a")], interval_s=1.0, derive=derive)
+        first = await collector.collect_once()
+        second = await collector.collect_once()
+        assert seen[0] is None and seen[1] is first.snapshot
+        assert _values(second, "llm_requests_waiting") == {labels_of(target="derived"): 1.0}
+    asyncio.run(scenario())
+
+
+def test_openmetrics_rendering_ends_with_eof():
+    async def scenario():
+        published = await Collector([ScriptedSource("a")], interval_s=1.0).collect_once()
+        body = published.openmetrics()
+        assert body.endswith(b"# EOF\n")
+        assert b"# TYPE llm_exporter_collections counter" in body
+        assert published.openmetrics() is body  # rendered once
+    asyncio.run(scenario())

@@ -1,0 +1,104 @@
+"""Configuration precedence and validation: a bad value exits 2 with one line naming it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from exporter.config import ConfigError, load_config, parse_duration, redact_url
+
+
+def test_defaults():
+    config = load_config({}, {})
+    assert (config.listen_host, config.listen_port, config.interval_s) == ("0.0.0.0", 9480, 1.0)
+    assert config.gpu_backend == "auto" and config.engines == ()
+
+
+def test_precedence_flag_over_env_over_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("listen: 127.0.0.1:9001\ninterval: 5s\ngpu_backend: none\n"
+                    "engines:\n  - url: http://10.0.0.1:8000\n    kind: vllm\n    name: a\n")
+    config = load_config({"config": str(path), "listen": "127.0.0.1:9003"},
+                         {"LLM_EXPORTER_LISTEN": "127.0.0.1:9002", "LLM_EXPORTER_INTERVAL": "2s"})
+    assert config.listen_port == 9003  # flag
+    assert config.interval_s == 2.0  # env over file
+    assert config.gpu_backend == "none"  # file
+    assert config.engines[0].url == "http://10.0.0.1:8000/metrics"
+    assert (config.engines[0].kind, config.engines[0].name) == ("vllm", "a")
+
+
+def test_engine_flag_syntax_and_env_list():
+    config = load_config({"engines": ["http://h:8000/metrics,kind=sglang,name=s1,timeout=300ms"]}, {})
+    target = config.engines[0]
+    assert (target.kind, target.name, target.timeout_s) == ("sglang", "s1", 0.3)
+    env_config = load_config({}, {"LLM_EXPORTER_ENGINES": "http://a:1 http://b:2/prom,kind=tgi"})
+    assert [t.name for t in env_config.engines] == ["a:1", "b:2"]
+    assert env_config.engines[1].url == "http://b:2/prom"
+
+
+@pytest.mark.parametrize("flags, field", [
+    ({"engines": ["ftp://x/metrics"]}, "engine"),
+    ({"engines": ["http://x:8000,kind=ollama"]}, "engine.kind"),
+    ({"engines": ["http://x:8000,colour=red"]}, "engine"),
+    ({"engines": ["http://a:1,name=x", "http://b:1,name=x"]}, "engine.name"),
+    ({"interval": "fast"}, "interval"),
+    ({"interval": "0s"}, "interval"),
+    ({"listen": "nowhere"}, "listen"),
+    ({"listen": "0.0.0.0:99999"}, "listen"),
+    ({"gpu_backend": "cuda"}, "gpu_backend"),
+    ({"max_payload_bytes": "12"}, "max_payload_bytes"),
+    ({"log_level": "loud"}, "log_level"),
+])
+def test_bad_values_name_the_field(flags, field):
+    with pytest.raises(ConfigError) as caught:
+        load_config(flags, {})
+    assert caught.value.field == field
+
+
+def test_bad_yaml_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("listen: [unclosed\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config({"config": str(path)}, {})
+    assert caught.value.field == "config"
+
+
+def test_parse_duration_units():
+    assert parse_duration("500ms", "x") == 0.5
+    assert parse_duration("1m", "x") == 60.0
+    assert parse_duration(2, "x") == 2.0
+
+
+def test_redact_url_drops_credentials():
+    assert redact_url("http://user:secret@h:8000/metrics") == "http://h:8000/metrics"
+    assert redact_url("http://h/metrics") == "http://h/metrics"
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "exporter.cli", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "--engine", "http://x:8000,kind=nope"], "engine.kind='nope'"),
+    (["run", "--interval", "-1"], "interval='-1'"),
+    (["run", "--engine", "not a url"], "invalid engine="),
+])
+def test_cli_exits_2_with_one_line(args, needle):
+    result = _run_cli(*args, "--gpu-backend", "none", "--no-host")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+
+
+def test_cli_port_in_use_exits_2():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        result = _run_cli("run", "--listen", f"127.0.0.1:{port}", "--gpu-backend", "none", "--no-host")
+    assert result.returncode == 2
+    assert f"invalid listen='127.0.0.1:{port}'" in result.stderr

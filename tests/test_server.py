@@ -1,0 +1,73 @@
+"""The HTTP server over a real socket: formats, readiness, the scrape cap, the JSON snapshot."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collect import Collector
+from exporter.config import Config
+from exporter.server import MetricsEndpoint, create_app
+from tests.exporter_process import running_exporter
+from tests.test_collect import ScriptedSource
+
+CONFIG = Config(listen_host="127.0.0.1", listen_port=0, interval_s=0.2, gpu_backend="none", host_enabled=False)
+
+
+def test_metrics_text_and_openmetrics_and_json():
+    with running_exporter(CONFIG, [ScriptedSource("a", 4)]) as base:
+        text = httpx.get(base + "/metrics", timeout=5)
+        assert text.status_code == 200
+        assert text.headers["content-type"].startswith("text/plain; version=0.0.4")
+        names = {s.name for f in text_string_to_metric_families(text.text) for s in f.samples}
+        assert {"llm_requests_running", "llm_exporter_source_up", "llm_exporter_collections_total"} <= names
+
+        om = httpx.get(base + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}, timeout=5)
+        assert om.headers["content-type"].startswith("application/openmetrics-text")
+        om_names = {s.name for f in parse_openmetrics(om.text) for s in f.samples}
+        assert "llm_exporter_collections_total" in om_names
+
+        snapshot = httpx.get(base + "/api/v1/snapshot", timeout=5).json()
+        assert snapshot["ready"] is True
+        assert snapshot["sources"]["a"]["ok"] is True
+        assert snapshot["sources"]["a"]["samples"][0]["value"] == 4
+        assert httpx.get(base + "/healthz", timeout=5).text == "ok\n"
+        assert httpx.post(base + "/metrics", timeout=5).status_code == 405
+
+
+def test_readyz_is_503_before_first_collection_and_metrics_too():
+    collector = Collector([ScriptedSource("a")], interval_s=1.0)
+    endpoint = create_app(collector)
+    transport = httpx.ASGITransport(app=endpoint)
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            assert (await client.get("/readyz")).status_code == 503
+            assert (await client.get("/metrics")).status_code == 503
+            await collector.collect_once()
+            assert (await client.get("/readyz")).status_code == 200
+            assert (await client.get("/metrics")).status_code == 200
+    asyncio.run(scenario())
+
+
+def test_scrape_cap_answers_503_fast_and_counts_it():
+    collector = Collector([ScriptedSource("a")], interval_s=1.0)
+    endpoint: MetricsEndpoint = create_app(collector, max_concurrent_scrapes=1)
+
+    async def scenario():
+        await collector.collect_once()
+        endpoint.in_flight = 1  # one scrape is being answered
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await endpoint({"type": "http", "path": "/metrics", "method": "GET", "headers": []}, None, send)
+        assert sent[0]["status"] == 503
+        assert collector.scrapes_rejected == 1
+        published = await collector.collect_once()
+        assert b"llm_exporter_scrapes_rejected_total 1.0" in published.text
+    asyncio.run(scenario())
