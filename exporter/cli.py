@@ -33,6 +33,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-pidfile", dest="engine_pidfile", help="find the engine process by pid file")
     parser.add_argument("--engine-process-name", dest="engine_process_name",
                         help="find the engine process by name (regex on comm/cmdline)")
+    parser.add_argument("--model", help="model shape: a built-in name (e.g. llama-3.1-70b) or a config.json path")
+    parser.add_argument("--tensor-parallel", dest="tensor_parallel", help="GPUs per engine replica")
+    parser.add_argument("--gpu-price-per-hour", dest="gpu_price_per_hour", help="price of one GPU-hour")
+    parser.add_argument("--slo-ttft", dest="slo_ttft", help="TTFT SLO threshold (default 2.5s)")
+    parser.add_argument("--slo-tbt", dest="slo_tbt", help="time-between-tokens SLO threshold (default 100ms)")
+    parser.add_argument("--quantile-window", dest="quantile_window", help="sliding window for tails (default 5m)")
     parser.add_argument("--log-level", dest="log_level", help="debug, info, warning or error (default info)")
 
 

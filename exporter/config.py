@@ -60,6 +60,13 @@ class Config:
     engine_process_name: str | None = None
     max_concurrent_scrapes: int = 4
     log_level: str = "info"
+    # Derivation settings (exporter/derive/): the model shape turns token rates into bytes and FLOPs.
+    model: str | None = None  # a built-in shape name or a path to a Hugging Face config.json
+    tensor_parallel: int | None = None  # GPUs one engine replica spans; default: all GPUs seen
+    gpu_price_per_hour: float | None = None  # for llm_cost_per_million_tokens; omitted when unset
+    slo_ttft_s: float = 2.5
+    slo_tbt_s: float = 0.1
+    quantile_window_s: float = 300.0
     extra: Mapping[str, Any] = field(default_factory=dict)  # settings of later stages (derive)
 
     @property
@@ -258,11 +265,37 @@ def build_config(settings: Mapping[str, Any]) -> Config:
             values[key] = str(flat[key])
     if "host_enabled" in flat:
         values["host_enabled"] = _as_bool(flat["host_enabled"], "host_enabled")
+    values.update(_derive_settings(flat))
     level = str(flat.get("log_level", "info")).lower()
     if level not in ("debug", "info", "warning", "error"):
         raise ConfigError("log_level", level, "expected debug, info, warning or error")
     values["log_level"] = level
     return Config(**values)
+
+
+def _as_float(value: object, field_name: str, low: float, high: float) -> float:
+    try:
+        number = float(str(value))
+    except ValueError:
+        raise ConfigError(field_name, value, "expected a number") from None
+    if not low <= number <= high:
+        raise ConfigError(field_name, value, f"must be between {low:g} and {high:g}")
+    return number
+
+
+def _derive_settings(flat: Mapping[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if flat.get("model") not in (None, ""):
+        values["model"] = str(flat["model"])
+    if flat.get("tensor_parallel") not in (None, ""):
+        values["tensor_parallel"] = _as_int(flat["tensor_parallel"], "tensor_parallel", 1, 64)
+    if flat.get("gpu_price_per_hour") not in (None, ""):
+        values["gpu_price_per_hour"] = _as_float(flat["gpu_price_per_hour"], "gpu_price_per_hour", 0.0, 1e4)
+    for key in ("slo_ttft", "slo_tbt", "quantile_window"):
+        raw = flat.get(key, flat.get(key + "_s"))
+        if raw not in (None, ""):
+            values[key + "_s"] = parse_duration(raw, key)
+    return values
 
 
 def load_config(flags: Mapping[str, Any], env: Mapping[str, str], config_path: str | None = None) -> Config:
