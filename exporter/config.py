@@ -195,7 +195,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     return settings
 
 
-_FIELDS = {f.name for f in dataclasses.fields(Config)} | {"listen", "interval", "engine_timeout"}
+_FIELDS = {f.name for f in dataclasses.fields(Config)} | {
+    "listen", "interval", "engine_timeout", "slo_ttft", "slo_tbt", "quantile_window"}
 
 
 def _as_int(value: object, field_name: str, low: int, high: int) -> int:

@@ -153,6 +153,28 @@ def test_vanished_threads_leave_the_state(tmp_path: pathlib.Path) -> None:
     assert value(second, "llm_engine_process_busiest_thread_cpu_ratio") == pytest.approx(0.7)
 
 
+def test_process_tree_is_walked_again_only_when_due(tmp_path: pathlib.Path) -> None:
+    fx = Fixture("dual_socket_ok", tmp_path)
+    now = [0.0]
+    source = HostSource(fx.options(engine_port=8000, search_interval_s=10.0), clock=lambda: now[0])
+    source.collect_sync()
+    # A tensor-parallel worker starts: it shows once the tree is walked again, not before.
+    shutil.copytree(fx.proc / "4250", fx.proc / "4260", symlinks=True)
+    (fx.proc / "4242" / "task" / "4242" / "children").write_text("4250 4260 ")
+    now[0] = 5.0
+    source.collect_sync()
+    assert source.engine_pids() == frozenset({4242, 4250})
+    now[0] = 11.0
+    source.collect_sync()
+    assert source.engine_pids() == frozenset({4242, 4250, 4260})
+    # A worker that exits drops out at once.
+    shutil.rmtree(fx.proc / "4250")
+    now[0] = 12.0
+    data = source.collect_sync()
+    assert source.engine_pids() == frozenset({4242, 4260})
+    assert value(data, "llm_engine_process_threads") == 5
+
+
 def test_children_excluded_when_configured(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
     source = HostSource(fx.options(engine_port=8000, engine_include_children=False))

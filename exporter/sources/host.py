@@ -49,6 +49,7 @@ from exporter.sources.host_process import (
     find_by_port,
     identity,
     numa_mismatch,
+    rescan_tree,
     scan_tree,
 )
 
@@ -131,6 +132,8 @@ class HostSource:
         self._prev_threads: dict[ThreadKey, int] = {}
         self._prev_uptime: float | None = None
         self._engine_pids: frozenset[int] = frozenset()
+        self._tree: tuple[int, ...] = ()  # root first, then descendants breadth first
+        self._next_tree_refresh = float("-inf")
 
     @property
     def options(self) -> HostOptions:
@@ -300,11 +303,7 @@ class HostSource:
         if not self._opts.has_engine_selector:
             return []
         root = self._locate_engine()
-        scans = (
-            scan_tree(self._opts.proc_root, root, self._opts.max_processes, self._opts.max_threads)
-            if root is not None
-            else []
-        )
+        scans = self._scan_engine_tree(root) if root is not None else []
         self._presence.note("engine process", bool(scans))
         self._engine_pids = frozenset(s.pid for s in scans)
         if not scans:
@@ -324,6 +323,22 @@ class HostSource:
         if mismatch is not None:
             out.append(_sample("llm_engine_numa_mismatch", int(mismatch)))
         return out
+
+    def _scan_engine_tree(self, root: int) -> list[ProcessScan]:
+        # Walking the tree reads one children file per thread, which doubles the cost of a cycle;
+        # the tree changes rarely (workers start with the engine), so it is walked again only
+        # every search interval, for a new root, or when a known process went away.
+        opts = self._opts
+        now = self._clock()
+        if self._tree and self._tree[0] == root and now < self._next_tree_refresh:
+            scans, intact = rescan_tree(opts.proc_root, self._tree, opts.max_threads)
+            if not intact:
+                self._next_tree_refresh = float("-inf")
+            return scans
+        scans = scan_tree(opts.proc_root, root, opts.max_processes, opts.max_threads)
+        self._tree = tuple(s.pid for s in scans)
+        self._next_tree_refresh = now + opts.search_interval_s
+        return scans
 
     @staticmethod
     def _sum_status(scans: list[ProcessScan]) -> list[Sample]:

@@ -13,19 +13,29 @@ from dataclasses import dataclass
 # user and nice, so they are left out of the totals (counting them twice would lower idle).
 _STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 _IDLE_FIELDS = frozenset({"idle", "iowait"})
+_READ_CHUNK = 1 << 16
 
 
 def read_text(path: str) -> str | None:
     """The file's text, or None when it is absent or unreadable (a vanished pid, no PSI, no
-    permission). Callers omit the series instead of inventing a value."""
+    permission). Callers omit the series instead of inventing a value.
+
+    os.open/os.read rather than open(): a cycle reads a few hundred small files and the buffered
+    text layer costs about twice as much per file."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except (FileNotFoundError, NotADirectoryError, PermissionError, ProcessLookupError):
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
         return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, _READ_CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks).decode("utf-8", errors="replace")
     except OSError:
         # /proc files of a dying task can fail with ESRCH or EIO mid-read.
         return None
+    finally:
+        os.close(fd)
 
 
 def read_link(path: str) -> str | None:

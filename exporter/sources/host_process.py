@@ -139,7 +139,9 @@ def find_by_name(proc_root: str, pattern: re.Pattern[str], exclude: Iterable[int
     return choose_root(candidates)
 
 
-def scan_process(proc_root: str, pid: int, max_threads: int) -> ProcessScan | None:
+def scan_process(proc_root: str, pid: int, max_threads: int, children: bool = True) -> ProcessScan | None:
+    """Stat, status and per-thread ticks of one process; with `children`, also the pids it
+    forked (one more file per thread, so callers refresh the tree only now and then)."""
     base = os.path.join(proc_root, str(pid))
     stat = read_stat(proc_root, pid)
     if stat is None:
@@ -147,8 +149,8 @@ def scan_process(proc_root: str, pid: int, max_threads: int) -> ProcessScan | No
     status_text = read_text(os.path.join(base, "status"))
     status = parse_pid_status(status_text) if status_text is not None else None
     ticks: dict[ThreadKey, int] = {}
-    children: list[int] = []
-    children_supported = True
+    kids: list[int] = []
+    kids_supported = children
     task_dir = os.path.join(base, "task")
     for tid_name in sorted(list_dir(task_dir))[:max_threads]:
         if not tid_name.isdigit():
@@ -161,18 +163,20 @@ def scan_process(proc_root: str, pid: int, max_threads: int) -> ProcessScan | No
                 tstat = None
             if tstat is not None:
                 ticks[(int(tid_name), tstat.starttime)] = tstat.utime + tstat.stime
+        if not kids_supported:
+            continue
         # task/TID/children needs CONFIG_PROC_CHILDREN; without it the caller scans ppids.
-        kids = read_text(os.path.join(task_dir, tid_name, "children"))
-        if kids is None:
-            children_supported = False
+        text = read_text(os.path.join(task_dir, tid_name, "children"))
+        if text is None:
+            kids_supported = False
         else:
-            children.extend(int(k) for k in kids.split())
+            kids.extend(int(k) for k in text.split())
     return ProcessScan(
         pid=pid,
         stat=stat,
         status=status,
         thread_ticks=ticks,
-        children=tuple(children) if children_supported else None,
+        children=tuple(kids) if kids_supported else None,
     )
 
 
@@ -208,6 +212,21 @@ def scan_tree(proc_root: str, root: int, max_processes: int, max_threads: int) -
             kids = tuple(by_ppid.get(pid, ()))
         queue.extend(sorted(kids))
     return scans
+
+
+def rescan_tree(proc_root: str, tree: tuple[int, ...], max_threads: int) -> tuple[list[ProcessScan], bool]:
+    """Scans the pids of a tree found earlier, without reading children files. Returns the scans
+    and whether the tree is still intact (no process gone, no pid reused outside the tree)."""
+    scans: list[ProcessScan] = []
+    members = set(tree)
+    intact = True
+    for i, pid in enumerate(tree):
+        scan = scan_process(proc_root, pid, max_threads, children=False)
+        if scan is None or (i > 0 and scan.stat.ppid not in members):
+            intact = False
+            continue
+        scans.append(scan)
+    return scans, intact
 
 
 def busiest_thread_ratio(

@@ -85,6 +85,6 @@ class OnceLog:
         self._logger.log(level, message, *args)
         return True
 
-    def forget(self, prefix: str) -> None:
-        """Allow keys starting with `prefix` to log again (a state that ended and may return)."""
-        self._seen = {k for k in self._seen if k[0] != prefix}
+    def forget_key(self, key: tuple[str, ...]) -> None:
+        """Let `key` log again: the state it reported ended and may come back."""
+        self._seen.discard(key)
