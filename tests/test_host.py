@@ -148,7 +148,7 @@ def test_vanished_threads_leave_the_state(tmp_path: pathlib.Path) -> None:
     fx.advance()
     shutil.rmtree(fx.proc / "4242" / "task" / "4243")
     second = source.collect_sync()
-    assert {tid for tid, _ in source._prev_threads} == {4242, 4244, 4250, 4251}
+    assert source.engine.tracked_threads == {4242, 4244, 4250, 4251}
     # Without the tokenizer the EngineCore main thread is the busiest: 350 of 500 ticks.
     assert value(second, "llm_engine_process_busiest_thread_cpu_ratio") == pytest.approx(0.7)
 
@@ -266,7 +266,7 @@ def test_engine_found_by_name_picks_the_root(tmp_path: pathlib.Path) -> None:
     source = HostSource(fx.options(engine_process_name="(?i)vllm"))
     source.collect_sync()
     assert source.engine_pids() == frozenset({4242, 4250})
-    assert source._engine is not None and source._engine.pid == 4242
+    assert source.engine.root_pid == 4242
 
 
 def test_pid_reuse_triggers_a_new_search(tmp_path: pathlib.Path) -> None:
@@ -473,6 +473,8 @@ def test_numa_mismatch_single_node_and_no_numa() -> None:
     one = (NumaNode(0, ALL, None, None),)
     assert numa_mismatch(frozenset({1}), ALL, one, []) is False
     assert numa_mismatch(frozenset({1}), ALL, (), [0]) is None
+    half_known = (NODES[0], NumaNode(1, None, None, None))
+    assert numa_mismatch(frozenset({5}), ALL, half_known, [0]) is None
 
 
 # --- this machine ----------------------------------------------------------------------------
@@ -496,6 +498,40 @@ def test_real_proc_and_sys(tmp_path: pathlib.Path) -> None:
     assert value(second, "llm_engine_process_resident_memory_bytes") > 0
     assert 0.0 <= value(second, "llm_engine_process_busiest_thread_cpu_ratio") <= 1.0
     assert render(second.samples)  # renders without error
+
+
+def test_real_port_lookup_finds_this_process() -> None:
+    import socket
+
+    from exporter.sources.host_process import find_by_port
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert find_by_port("/proc", port) == os.getpid()
+    assert find_by_port("/proc", port) is None  # closed: nothing listens any more
+
+
+def test_name_search_never_finds_the_exporter_itself() -> None:
+    from exporter.sources.host_process import find_by_name, self_and_parent
+
+    assert os.getpid() in self_and_parent("/proc")
+    assert self_and_parent(str(FIXTURES / "dual_socket_ok" / "proc")) == ()  # no `self` link there
+    # This test process's command line matches its own name; it must not be picked.
+    own_comm = pathlib.Path(f"/proc/{os.getpid()}/comm").read_text().strip()
+    assert find_by_name("/proc", re.compile(re.escape(own_comm)), exclude=self_and_parent("/proc")) != os.getpid()
+
+
+def test_unparsable_file_is_omitted_not_fatal(tmp_path: pathlib.Path) -> None:
+    fx = Fixture("dual_socket_ok", tmp_path)
+    (fx.proc / "loadavg").write_text("garbage\n")
+    (fx.root / "sys/devices/system/node/node1/cpulist").write_text("x-y\n")
+    data = HostSource(fx.options()).collect_sync()
+    assert "llm_host_load1" not in names(data)
+    assert "llm_host_memory_total_bytes" in names(data)
+    # Node 1's CPUs are unknown now, so the NUMA verdict is "unknown", not a guess.
+    assert "llm_engine_numa_mismatch" not in names(data)
 
 
 def test_samples_are_plain_samples(tmp_path: pathlib.Path) -> None:

@@ -4,7 +4,9 @@ nodes themselves (CPUs, memory). Parsers are pure; the readers only join paths u
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from exporter.sources.host_proc import list_dir, parse_cpulist, parse_meminfo, read_text
 
@@ -13,6 +15,7 @@ NVIDIA_VENDOR = "0x10de"
 # (datacenter cards: A100, H100, H200, L4). Audio functions (0x0403) and NVSwitch bridges
 # (0x0680) share the vendor id and are skipped.
 GPU_CLASS_PREFIXES = ("0x0300", "0x0302")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +115,12 @@ def read_numa_nodes(sys_root: str) -> tuple[NumaNode, ...]:
         if not entry.startswith("node") or not entry[4:].isdigit():
             continue
         path = os.path.join(base, entry)
-        cpulist = read_text(os.path.join(path, "cpulist"))
-        meminfo_text = read_text(os.path.join(path, "meminfo"))
-        meminfo = parse_meminfo(meminfo_text) if meminfo_text is not None else {}
+        cpulist = _parsed(parse_cpulist, read_text(os.path.join(path, "cpulist")))
+        meminfo = _parsed(parse_meminfo, read_text(os.path.join(path, "meminfo"))) or {}
         nodes.append(
             NumaNode(
                 node=int(entry[4:]),
-                cpus=parse_cpulist(cpulist) if cpulist is not None else None,
+                cpus=cpulist,
                 total_bytes=meminfo.get("MemTotal"),
                 free_bytes=meminfo.get("MemFree"),
             )
@@ -127,5 +129,14 @@ def read_numa_nodes(sys_root: str) -> tuple[NumaNode, ...]:
 
 
 def read_online_cpus(sys_root: str) -> frozenset[int] | None:
-    text = read_text(os.path.join(sys_root, "devices", "system", "cpu", "online"))
-    return parse_cpulist(text) if text is not None else None
+    return _parsed(parse_cpulist, read_text(os.path.join(sys_root, "devices", "system", "cpu", "online")))
+
+
+def _parsed(parser: Callable[[str], T], text: str | None) -> T | None:
+    """parser(text), or None when the file was absent or did not parse (unknown, not zero)."""
+    if text is None:
+        return None
+    try:
+        return parser(text)
+    except (ValueError, IndexError):
+        return None

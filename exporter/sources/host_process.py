@@ -73,6 +73,19 @@ def identity(proc_root: str, pid: int) -> ProcessId | None:
     return ProcessId(pid, stat.starttime) if stat is not None else None
 
 
+def self_and_parent(proc_root: str) -> tuple[int, ...]:
+    """This exporter's pid and its parent's as `proc_root` sees them (through its `self` link, so
+    it holds in another pid namespace and is empty for a fixture tree). The exporter's command
+    line, or the shell that started it, may carry the engine name as an argument."""
+    target = read_link(os.path.join(proc_root, "self"))
+    if target is None or not target.isdigit():
+        return ()
+    pid = int(target)
+    stat = read_stat(proc_root, pid)
+    # Pid 1 is a container's init: never skip it, it may well be the engine.
+    return (pid, stat.ppid) if stat is not None and stat.ppid > 1 else (pid,)
+
+
 def choose_root(candidates: dict[int, PidStat]) -> int | None:
     """Among matching processes, the one whose parent does not match too (uvicorn workers and
     multiprocessing children inherit the socket and the command line), oldest first."""
@@ -147,7 +160,10 @@ def scan_process(proc_root: str, pid: int, max_threads: int, children: bool = Tr
     if stat is None:
         return None
     status_text = read_text(os.path.join(base, "status"))
-    status = parse_pid_status(status_text) if status_text is not None else None
+    try:
+        status = parse_pid_status(status_text) if status_text is not None else None
+    except (ValueError, IndexError):
+        status = None
     ticks: dict[ThreadKey, int] = {}
     kids: list[int] = []
     kids_supported = children
@@ -258,12 +274,12 @@ def numa_mismatch(
 
     True when its affinity is narrower than the online CPUs and includes CPUs of a node that
     holds none of its GPUs. An unpinned process is not a mismatch (the scheduler may still
-    place it well). One NUMA node: never. None when the answer is unknown (no affinity, no node
-    CPU lists, or no GPU with a known node).
+    place it well). One NUMA node: never. None when the answer is unknown (no affinity, a node
+    without a CPU list, or no GPU with a known node).
     """
-    node_cpus = {n.node: n.cpus for n in nodes if n.cpus is not None}
-    if cpus_allowed is None or not node_cpus:
+    if cpus_allowed is None or not nodes or any(n.cpus is None for n in nodes):
         return None
+    node_cpus = {n.node: n.cpus for n in nodes if n.cpus is not None}
     if len(node_cpus) == 1:
         return False
     online_cpus = online if online is not None else frozenset().union(*node_cpus.values())

@@ -1,0 +1,170 @@
+"""The engine process part of the host source: which process is the engine, its tree, and the
+state its rates need between cycles (per-thread ticks, the previous uptime)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+
+from exporter.snapshot import Sample
+from exporter.sources.host_common import HostOptions, PresenceLog, sample
+from exporter.sources.host_pci import NumaNode, PciLink, read_online_cpus
+from exporter.sources.host_process import (
+    ProcessId,
+    ProcessScan,
+    ThreadKey,
+    busiest_thread_ratio,
+    find_by_name,
+    find_by_pidfile,
+    find_by_port,
+    identity,
+    numa_mismatch,
+    rescan_tree,
+    scan_tree,
+    self_and_parent,
+)
+
+
+class EngineTracker:
+    """Finds the engine process once and follows it across cycles (pid plus start time, so a
+    recycled pid is not mistaken for it); searches again, rate limited, when it is gone."""
+
+    def __init__(self, opts: HostOptions, clock: Callable[[], float], presence: PresenceLog) -> None:
+        self._opts = opts
+        self._clock = clock
+        self._presence = presence
+        self._clk_tck = os.sysconf("SC_CLK_TCK")
+        self._name_re = re.compile(opts.engine_process_name) if opts.engine_process_name else None
+        self._current: ProcessId | None = None
+        self._next_search = float("-inf")
+        self._tree: tuple[int, ...] = ()  # root first, then descendants breadth first
+        self._next_tree_refresh = float("-inf")
+        # Only the threads of the last read are kept, so threads that ended drop out.
+        self._prev_threads: dict[ThreadKey, int] = {}
+        self._prev_uptime: float | None = None
+        self._pids: frozenset[int] = frozenset()
+
+    @property
+    def pids(self) -> frozenset[int]:
+        return self._pids
+
+    @property
+    def root_pid(self) -> int | None:
+        return self._current.pid if self._current is not None else None
+
+    @property
+    def tracked_threads(self) -> frozenset[int]:
+        return frozenset(tid for tid, _ in self._prev_threads)
+
+    def samples(
+        self, nodes: tuple[NumaNode, ...], links: tuple[PciLink, ...], uptime: float | None
+    ) -> list[Sample]:
+        root = self._locate()
+        scans = self._scan_tree(root) if root is not None else []
+        self._presence.note("engine process", bool(scans))
+        self._pids = frozenset(s.pid for s in scans)
+        if not scans:
+            self._prev_threads, self._prev_uptime = {}, None
+            return [sample("llm_engine_process_found", 0)]
+        counted = scans if self._opts.engine_include_children else scans[:1]
+        out = [
+            sample("llm_engine_process_found", 1),
+            sample(
+                "llm_engine_process_cpu_seconds_total",
+                sum(s.stat.utime + s.stat.stime for s in counted) / self._clk_tck,
+            ),
+            *_sum_status(counted),
+            *self._busiest_thread(counted, uptime),
+        ]
+        mismatch = self._numa_mismatch(scans[0], nodes, links)
+        if mismatch is not None:
+            out.append(sample("llm_engine_numa_mismatch", int(mismatch)))
+        return out
+
+    def _locate(self) -> int | None:
+        opts = self._opts
+        if opts.engine_pidfile:
+            # Re-read every cycle: it is one small file and a restarted engine rewrites it.
+            return self._adopt(find_by_pidfile(opts.proc_root, opts.engine_pidfile))
+        if self._current is not None:
+            if identity(opts.proc_root, self._current.pid) == self._current:
+                return self._current.pid
+            self._adopt(None)
+            self._next_search = float("-inf")  # it just went away: look again now
+        now = self._clock()
+        if now < self._next_search:
+            return None
+        # Searching walks every process (and, by port, every fd), so it is rate limited.
+        self._next_search = now + opts.search_interval_s
+        if opts.engine_port is not None:
+            pid = find_by_port(opts.proc_root, opts.engine_port)
+        elif self._name_re is not None:
+            pid = find_by_name(opts.proc_root, self._name_re, exclude=self_and_parent(opts.proc_root))
+        else:
+            pid = None
+        return self._adopt(pid)
+
+    def _adopt(self, pid: int | None) -> int | None:
+        found = identity(self._opts.proc_root, pid) if pid is not None else None
+        if found != self._current:
+            self._prev_threads = {}  # another process: its threads share nothing with the old one
+            self._prev_uptime = None
+            self._tree = ()
+        self._current = found
+        return found.pid if found is not None else None
+
+    def _scan_tree(self, root: int) -> list[ProcessScan]:
+        # Walking the tree reads one children file per thread, which doubles the cost of a cycle;
+        # the tree changes rarely (workers start with the engine), so it is walked again only
+        # every search interval, for a new root, or when a known process went away.
+        opts = self._opts
+        now = self._clock()
+        if self._tree and self._tree[0] == root and now < self._next_tree_refresh:
+            scans, intact = rescan_tree(opts.proc_root, self._tree, opts.max_threads)
+            if not intact:
+                self._next_tree_refresh = float("-inf")
+            return scans
+        scans = scan_tree(opts.proc_root, root, opts.max_processes, opts.max_threads)
+        self._tree = tuple(s.pid for s in scans)
+        self._next_tree_refresh = now + opts.search_interval_s
+        return scans
+
+    def _busiest_thread(self, scans: list[ProcessScan], uptime: float | None) -> list[Sample]:
+        current: dict[ThreadKey, int] = {}
+        for s in scans:
+            current.update(s.thread_ticks)
+        # /proc/uptime is the kernel's own clock for the same tick accounting, and fixture trees
+        # can set it.
+        ratio = None
+        if uptime is not None and self._prev_uptime is not None:
+            ratio = busiest_thread_ratio(self._prev_threads, current, uptime - self._prev_uptime, self._clk_tck)
+        self._prev_threads, self._prev_uptime = current, uptime
+        return [sample("llm_engine_process_busiest_thread_cpu_ratio", ratio)] if ratio is not None else []
+
+    def _numa_mismatch(
+        self, root: ProcessScan, nodes: tuple[NumaNode, ...], links: tuple[PciLink, ...]
+    ) -> bool | None:
+        # The root process's affinity decides: engines that pin at all pin the main process, and
+        # children inherit it unless they set their own.
+        wanted = self._opts.engine_gpu_pci_addresses
+        gpu_nodes = [
+            link.numa_node
+            for link in links
+            if link.numa_node is not None and (wanted is None or link.address in wanted)
+        ]
+        allowed = root.status.cpus_allowed if root.status else None
+        return numa_mismatch(allowed, read_online_cpus(self._opts.sys_root), nodes, gpu_nodes)
+
+
+def _sum_status(scans: list[ProcessScan]) -> list[Sample]:
+    # A sum over part of the tree would understate; omit the family unless every process gave
+    # the field.
+    out = []
+    threads = [s.status.threads if s.status else None for s in scans]
+    if None not in threads:
+        out.append(sample("llm_engine_process_threads", sum(t for t in threads if t is not None)))
+    rss = [s.status.rss_bytes if s.status else None for s in scans]
+    if None not in rss:
+        out.append(sample("llm_engine_process_resident_memory_bytes", sum(r for r in rss if r is not None)))
+    return out
