@@ -10,6 +10,7 @@ import contextlib
 import logging
 import signal
 import socket
+import urllib.parse
 from collections.abc import Sequence
 
 import uvicorn
@@ -44,10 +45,22 @@ def _host_source(config: Config) -> Source:
     return HostSource(HostOptions(
         proc_root=config.proc_root,
         sys_root=config.sys_root,
-        engine_port=config.engine_port,
+        engine_port=_engine_port(config),
         engine_pidfile=config.engine_pidfile,
         engine_process_name=config.engine_process_name,
     ))
+
+
+def _engine_port(config: Config) -> int | None:
+    """As a sidecar the engine usually listens on loopback in the same pod: when no selector is
+    configured, find the engine process by the port of the first loopback target."""
+    if config.engine_port or config.engine_pidfile or config.engine_process_name:
+        return config.engine_port
+    for target in config.engines:
+        parts = urllib.parse.urlsplit(target.url)
+        if parts.hostname in ("127.0.0.1", "localhost", "::1"):
+            return parts.port or (443 if parts.scheme == "https" else 80)
+    return None
 
 
 def _gpu_source(config: Config, host: Source | None) -> Source | None:
@@ -61,7 +74,9 @@ def _gpu_source(config: Config, host: Source | None) -> Source | None:
         return SimGpuSource(url=config.sim_url)
     from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
 
-    engine_pids = getattr(host, "engine_pids", None)
+    # Without an engine selector the host source finds no pids; NVML then sums all processes.
+    selected = _engine_port(config) or config.engine_pidfile or config.engine_process_name
+    engine_pids = getattr(host, "engine_pids", None) if selected else None
     return NvmlSource(NvmlOptions(required=config.gpu_backend == "nvml", engine_pids=engine_pids))
 
 

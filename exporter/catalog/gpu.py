@@ -12,7 +12,7 @@ G = ("gpu", "uuid", "name")
 FAMILIES = (
     family("llm_gpu_up", "gauge", "bool",
            "1 when the GPU was read through NVML this cycle, 0 when it is lost or unreadable "
-           "(its other series are then absent).", G, "nvml"),
+           "(its other NVML series are then absent; XID counts, kept by the exporter, stay).", G, "nvml"),
     family("llm_gpu_info", "gauge", "info",
            "Always 1; labels carry the driver and CUDA driver versions, the PCI bus id and the MIG "
            "mode (enabled, disabled, unsupported).",

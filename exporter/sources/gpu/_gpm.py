@@ -20,22 +20,22 @@ class GpmMetric:
     constant: str  # pynvml constant name
     fallback_id: int  # its value, for bindings too old to name it
     family: str
-    scale: float  # NVML unit -> base unit
+    percent: bool  # NVML gives 0..100 (divided to a 0..1 ratio); else MiB/s (multiplied to bytes/s)
 
 
 RATIO_METRICS = (
-    GpmMetric("NVML_GPM_METRIC_DRAM_BW_UTIL", 10, "llm_gpu_dram_bandwidth_utilization_ratio", 0.01),
-    GpmMetric("NVML_GPM_METRIC_SM_UTIL", 2, "llm_gpu_sm_active_ratio", 0.01),
-    GpmMetric("NVML_GPM_METRIC_SM_OCCUPANCY", 3, "llm_gpu_sm_occupancy_ratio", 0.01),
-    GpmMetric("NVML_GPM_METRIC_ANY_TENSOR_UTIL", 5, "llm_gpu_tensor_active_ratio", 0.01),
+    GpmMetric("NVML_GPM_METRIC_DRAM_BW_UTIL", 10, "llm_gpu_dram_bandwidth_utilization_ratio", True),
+    GpmMetric("NVML_GPM_METRIC_SM_UTIL", 2, "llm_gpu_sm_active_ratio", True),
+    GpmMetric("NVML_GPM_METRIC_SM_OCCUPANCY", 3, "llm_gpu_sm_occupancy_ratio", True),
+    GpmMetric("NVML_GPM_METRIC_ANY_TENSOR_UTIL", 5, "llm_gpu_tensor_active_ratio", True),
 )
 PCIE_METRICS = (  # MiB/s in NVML
-    GpmMetric("NVML_GPM_METRIC_PCIE_TX_PER_SEC", 20, "llm_gpu_pcie_tx_bytes_per_second", MIB),
-    GpmMetric("NVML_GPM_METRIC_PCIE_RX_PER_SEC", 21, "llm_gpu_pcie_rx_bytes_per_second", MIB),
+    GpmMetric("NVML_GPM_METRIC_PCIE_TX_PER_SEC", 20, "llm_gpu_pcie_tx_bytes_per_second", False),
+    GpmMetric("NVML_GPM_METRIC_PCIE_RX_PER_SEC", 21, "llm_gpu_pcie_rx_bytes_per_second", False),
 )
 NVLINK_METRICS = (
-    GpmMetric("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", 61, "llm_gpu_nvlink_tx_bytes_per_second", MIB),
-    GpmMetric("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", 60, "llm_gpu_nvlink_rx_bytes_per_second", MIB),
+    GpmMetric("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", 61, "llm_gpu_nvlink_tx_bytes_per_second", False),
+    GpmMetric("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", 60, "llm_gpu_nvlink_rx_bytes_per_second", False),
 )
 
 
@@ -98,7 +98,8 @@ class GpmSampler:
         for i, metric in enumerate(self._metrics):
             entry = request.metrics[i]
             if entry.nvmlReturn == 0:
-                values[metric.family] = float(entry.value) * metric.scale
+                value = float(entry.value)
+                values[metric.family] = value / 100.0 if metric.percent else value * MIB
             else:
                 failed[metric.family] = int(entry.nvmlReturn)
         return GpmResult(values, failed)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from exporter.sources.gpu._errors import TIMEOUT, Kind, OnceLog, classify, describe, error_code
+from exporter.sources.gpu._errors import TIMEOUT, OnceLog, classify, describe, error_code
 
 XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
 _ERROR_BACKOFF_S = (1.0, 30.0)
