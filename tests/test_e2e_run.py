@@ -1,0 +1,106 @@
+"""`llm-exporter run` as a subprocess against real HTTP engine servers on loopback."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import catalog
+from tests.support import fake_engine, free_port, wait_until
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "engines"
+
+
+@contextmanager
+def exporter_process(*args: str) -> Iterator[str]:
+    port = free_port()
+    command = [sys.executable, "-m", "exporter.cli", "run", "--listen", f"127.0.0.1:{port}",
+               "--interval", "200ms", "--gpu-backend", "none", *args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        ready = wait_until(lambda: _status(base + "/readyz") == 200, timeout=20)
+        assert ready, f"exporter never became ready: {process.stderr.read() if process.poll() is not None else ''}"
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        assert process.returncode in (0, -15), process.stderr.read()
+
+
+def _status(url: str) -> int:
+    try:
+        return httpx.get(url, timeout=1).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def _scrape(base: str) -> dict[str, list]:
+    text = httpx.get(base + "/metrics", timeout=5).text
+    samples: dict[str, list] = {}
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+def test_run_scrapes_three_engine_formats_into_one_schema():
+    bodies = {
+        "vllm": (FIXTURES / "vllm-v0.11__documented.prom").read_bytes(),
+        "sglang": (FIXTURES / "sglang-v0.4-production_metrics_docs.prom").read_bytes(),
+        "llama": (FIXTURES / "llamacpp-server_cuda_2026-opencode_session_log.prom").read_bytes(),
+    }
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(fake_engine(body))[0] for name, body in bodies.items()}
+        args = [a for name, url in urls.items() for a in ("--engine", f"{url},name={name}")]
+        base = stack.enter_context(exporter_process(*args, "--no-host"))
+        assert wait_until(lambda: len(_scrape(base).get("llm_engine_up", [])) == 3, timeout=10)
+        samples = _scrape(base)
+
+    up = {(s.labels["target"], s.labels["engine"]): s.value for s in samples["llm_engine_up"]}
+    assert up == {("vllm", "vllm"): 1.0, ("sglang", "sglang"): 1.0, ("llama", "llamacpp"): 1.0}
+    # Every exported name belongs to the catalogue (the schema is the contract).
+    for name in samples:
+        assert catalog.family_of(name) or catalog.family_of(name.removesuffix("_created")), name
+    ttft_targets = {s.labels["target"] for s in samples["llm_time_to_first_token_seconds_bucket"]}
+    assert ttft_targets == {"vllm", "sglang"}  # llama.cpp has no TTFT histogram: omitted, not zero
+    gen = {s.labels["target"]: s.value for s in samples["llm_generation_tokens_total"]}
+    assert set(gen) == {"vllm", "sglang", "llama"}
+    sources = {s.labels["source"]: s.value for s in samples["llm_exporter_source_up"]}
+    assert sources == {"engine:vllm": 1.0, "engine:sglang": 1.0, "engine:llama": 1.0}
+
+
+def test_hanging_target_does_not_slow_metrics():
+    body = (FIXTURES / "vllm-v0.7-aibrix_runtime_docs.prom").read_bytes()
+    with fake_engine(body) as (good_url, _), fake_engine(body, delay_s=30) as (hung_url, _):
+        with exporter_process("--engine", f"{good_url},name=good", "--engine", f"{hung_url},name=hung,timeout=150ms",
+                              "--no-host") as base:
+            assert wait_until(lambda: any(
+                s.labels.get("source") == "engine:hung" and s.labels.get("reason") == "timeout"
+                for s in _scrape(base).get("llm_exporter_collect_errors_total", [])), timeout=10)
+            durations = []
+            with httpx.Client(timeout=5) as client:
+                for _ in range(20):
+                    started = time.perf_counter()
+                    assert client.get(base + "/metrics").status_code == 200
+                    durations.append(time.perf_counter() - started)
+            samples = _scrape(base)
+    durations.sort()
+    # /metrics never waits on a source: even the slowest of 20 scrapes is far below the hang.
+    assert durations[-1] < 1.0, durations
+    up = {s.labels["target"]: s.value for s in samples["llm_engine_up"]}
+    assert up == {"good": 1.0, "hung": 0.0}
+    assert any(s.labels["target"] == "good" for s in samples["llm_requests_running"])
+    assert not any(s.labels["target"] == "hung" for s in samples["llm_requests_running"])
