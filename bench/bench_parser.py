@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.sources.engines.exposition import LabelCache, parse
 
 MIN_PAYLOAD_BYTES = 200 * 1024
-REPEATS = 7
+ROUNDS = 9
 
 _TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
          20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
@@ -84,17 +84,9 @@ def vllm_v1_payload(engines: int = 4) -> str:
     return generate_latest(registry).decode()
 
 
-def _best_seconds(function, repeats: int = REPEATS) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        gc.collect()
-        start = time.perf_counter()
-        function()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def measure(payload: str, repeats: int = REPEATS) -> dict[str, float]:
+def measure(payload: str, rounds: int = ROUNDS) -> dict[str, float]:
+    """Best-of-`rounds` seconds for each parser. The three are timed in turn within each round, so
+    a noisy neighbour slows them alike instead of skewing the ratio."""
     megabytes = len(payload.encode()) / 1e6
 
     def reference() -> int:
@@ -109,18 +101,23 @@ def measure(payload: str, repeats: int = REPEATS) -> dict[str, float]:
     def ours_warm() -> int:
         return len(parse(payload, label_cache=warm).samples)
 
-    counts = {reference(), ours_cold(), ours_warm()}
+    contenders = {"reference": reference, "cold": ours_cold, "warm": ours_warm}
+    counts = {function() for function in contenders.values()}
     if len(counts) != 1:
         raise AssertionError(f"parsers disagree on the sample count: {counts}")
-    reference_s = _best_seconds(reference, max(3, repeats // 2))
-    cold_s = _best_seconds(ours_cold, repeats)
-    warm_s = _best_seconds(ours_warm, repeats)
+    best = dict.fromkeys(contenders, float("inf"))
+    for _ in range(rounds):
+        for key, function in contenders.items():
+            gc.collect()
+            start = time.perf_counter()
+            function()
+            best[key] = min(best[key], time.perf_counter() - start)
     return {
         "kb": len(payload.encode()) / 1024,
         "samples": counts.pop(),
-        "reference_mb_s": megabytes / reference_s,
-        "cold_mb_s": megabytes / cold_s,
-        "warm_mb_s": megabytes / warm_s,
+        "reference_mb_s": megabytes / best["reference"],
+        "cold_mb_s": megabytes / best["cold"],
+        "warm_mb_s": megabytes / best["warm"],
     }
 
 

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="scrape engines, GPUs and the host; serve /metrics")
     _add_run_flags(run_parser)
+    from exporter import doctor
+
+    doctor.add_parser(commands)
     return parser
 
 
@@ -80,6 +83,10 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
     args = build_parser().parse_args(list(argv))
     if args.command == "run":
         return command_run(args, env)
+    if args.command == "doctor":
+        from exporter.doctor import command_doctor
+
+        return command_doctor(args, env)
     raise AssertionError(f"unhandled command {args.command}")
 
 

@@ -1,4 +1,4 @@
-"""The HTTP face: /metrics, /healthz, /readyz, /api/v1/snapshot.
+"""The HTTP face: /metrics, /healthz, /readyz, /api/v1/snapshot, /api/v1/diagnosis and the status page at /.
 
 Every handler only reads the Collector's latest finished result; none waits on a source.
 /metrics concurrency is capped with an immediate 503 so a scrape storm cannot starve the loop."""
@@ -52,6 +52,15 @@ def snapshot_json(collector: Collector) -> dict[str, Any]:
         "derived": [{"name": s.name, "labels": dict(s.labels), "value": _json_number(s.value)}
                     for s in snapshot.derived],
     }
+
+
+def diagnosis_json(collector: Collector) -> dict[str, Any]:
+    """The deriver's verdicts (exporter/derive), or why there are none."""
+    diagnose = getattr(collector.derive, "diagnosis", None)
+    if diagnose is None:
+        return {"ready": False, "status": "unknown", "targets": {}, "unreachable": [],
+                "notes": ["derivations are not enabled in this exporter"]}
+    return diagnose()
 
 
 class MetricsEndpoint:
@@ -121,12 +130,15 @@ def create_app(collector: Collector, *, max_concurrent_scrapes: int = 4) -> Metr
     async def snapshot() -> JSONResponse:
         return JSONResponse(snapshot_json(collector))
 
+    @app.get("/api/v1/diagnosis")
+    async def diagnosis() -> JSONResponse:
+        return JSONResponse(diagnosis_json(collector))
+
     @app.get("/", response_class=HTMLResponse)
     async def index() -> HTMLResponse:
-        return HTMLResponse(
-            "<!doctype html><title>llm-exporter</title><h1>llm-exporter</h1>"
-            '<ul><li><a href="/metrics">/metrics</a></li><li><a href="/api/v1/snapshot">/api/v1/snapshot</a></li>'
-            '<li><a href="/healthz">/healthz</a></li><li><a href="/readyz">/readyz</a></li></ul>'
-        )
+        from exporter.status_page import render as render_status
+
+        refresh = max(2, min(60, round(collector.interval_s * 5)))
+        return HTMLResponse(render_status(diagnosis_json(collector), refresh_s=refresh, version=__version__))
 
     return MetricsEndpoint(app, collector, max_concurrent_scrapes)

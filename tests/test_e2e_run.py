@@ -84,19 +84,21 @@ def test_run_scrapes_three_engine_formats_into_one_schema():
 
 def test_hanging_target_does_not_slow_metrics():
     body = (FIXTURES / "vllm-v0.7-aibrix_runtime_docs.prom").read_bytes()
-    with fake_engine(body) as (good_url, _), fake_engine(body, delay_s=30) as (hung_url, _):
-        with exporter_process("--engine", f"{good_url},name=good", "--engine", f"{hung_url},name=hung,timeout=150ms",
-                              "--no-host") as base:
-            assert wait_until(lambda: any(
-                s.labels.get("source") == "engine:hung" and s.labels.get("reason") == "timeout"
-                for s in _scrape(base).get("llm_exporter_collect_errors_total", [])), timeout=10)
-            durations = []
-            with httpx.Client(timeout=5) as client:
-                for _ in range(20):
-                    started = time.perf_counter()
-                    assert client.get(base + "/metrics").status_code == 200
-                    durations.append(time.perf_counter() - started)
-            samples = _scrape(base)
+    with ExitStack() as stack:
+        good_url, _ = stack.enter_context(fake_engine(body))
+        hung_url, _ = stack.enter_context(fake_engine(body, delay_s=30))
+        base = stack.enter_context(exporter_process(
+            "--engine", f"{good_url},name=good", "--engine", f"{hung_url},name=hung,timeout=150ms", "--no-host"))
+        assert wait_until(lambda: any(
+            s.labels.get("source") == "engine:hung" and s.labels.get("reason") == "timeout"
+            for s in _scrape(base).get("llm_exporter_collect_errors_total", [])), timeout=10)
+        durations = []
+        with httpx.Client(timeout=5) as client:
+            for _ in range(20):
+                started = time.perf_counter()
+                assert client.get(base + "/metrics").status_code == 200
+                durations.append(time.perf_counter() - started)
+        samples = _scrape(base)
     durations.sort()
     # /metrics never waits on a source: even the slowest of 20 scrapes is far below the hang.
     assert durations[-1] < 1.0, durations

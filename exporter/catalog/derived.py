@@ -8,61 +8,78 @@ RESOURCES = ("idle", "compute", "memory_bandwidth", "kv_capacity", "host_cpu", "
 
 FAMILIES = (
     family("llm_prefill_tokens_per_second", "gauge", "tokens/s",
-           "Prompt tokens processed per second (rate of llm_prompt_tokens_total over the last cycles; "
-           "counter resets from an engine restart are not counted as negative spikes).", TM, "derived"),
+           "Prompt tokens processed per second: increase of llm_prompt_tokens_total over a short window "
+           "(default max(15 s, 5 intervals)) / its length. A counter reset (engine restart) is read as a "
+           "restart from zero, as PromQL rate() does: never negative, never above what was counted.", TM, "derived"),
     family("llm_decode_tokens_per_second", "gauge", "tokens/s",
-           "Output tokens generated per second (rate of llm_generation_tokens_total).", TM, "derived"),
+           "Output tokens generated per second: windowed rate of llm_generation_tokens_total, reset-safe as above.", TM, "derived"),
     family("llm_phase_time_ratio", "gauge", "ratio",
-           "Share of engine time spent in each phase (prefill or decode), where the engine reports "
-           "prefill/decode time.", TM + ("phase",), "derived"),
+           "Share of engine time in each phase: increase of prefill time / (prefill + decode time), from "
+           "llm_prefill_seconds_total/llm_decode_seconds_total, else the _sum of the per-request "
+           "prefill/decode time histograms (which weight decode by batch size). Absent when the engine "
+           "reports neither.", TM + ("phase",), "derived"),
     family("llm_mean_batch_size", "gauge", "sequences",
-           "Mean number of running sequences over the last cycles.", TM, "derived"),
+           "Mean of llm_requests_running over the rate window.", TM, "derived"),
     family("llm_decode_steps_per_second", "gauge", "steps/s",
-           "Decode steps per second: decode tokens/s divided by the mean batch size.", TM, "derived"),
+           "Decode steps per second = decode tokens/s / max(1, mean batch size): each step emits one "
+           "token per running sequence.", TM, "derived"),
     family("llm_kv_cache_bytes_per_token", "gauge", "bytes",
-           "KV cache bytes per token: 2 x layers x kv_heads x head_dim x bytes per element.", TM, "derived"),
+           "KV cache bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per KV element, "
+           "from the model shape (--model, else the engine's model name when it is a built-in shape); "
+           "absent when the shape is unknown.", TM, "derived"),
     family("llm_kv_cache_used_tokens", "gauge", "tokens",
-           "KV cache in use, in tokens: usage ratio x capacity.", TM, "derived"),
+           "KV cache in use, in tokens = sum over ranks of llm_kv_cache_usage_ratio x "
+           "llm_kv_cache_capacity_tokens.", TM, "derived"),
     family("llm_kv_cache_used_bytes", "gauge", "bytes",
-           "KV cache in use, in bytes: used tokens x bytes per token.", TM, "derived"),
+           "KV cache in use, in bytes = used tokens x bytes per token.", TM, "derived"),
     family("llm_kv_cache_capacity_bytes", "gauge", "bytes",
-           "KV cache capacity in bytes: capacity tokens x bytes per token.", TM, "derived"),
+           "KV cache capacity in bytes = llm_kv_cache_capacity_tokens x bytes per token.", TM, "derived"),
     family("llm_kv_cache_headroom_sequences", "gauge", "sequences",
-           "How many more sequences of the current mean context length fit in the free KV cache.",
+           "Sequences of the current mean context that still fit = floor((capacity - used tokens) / mean "
+           "context), mean context = used tokens / running sequences (with none running: mean prompt + "
+           "output tokens of the requests finished in the window).",
            TM, "derived"),
     family("llm_hbm_bandwidth_bytes_per_second", "gauge", "bytes/s",
-           "Achieved HBM bandwidth per GPU: modelled from decode steps/s and model shape (source=model) "
-           "or measured by GPM (source=gpm).", ("target", "gpu", "source"), "derived"),
+           "Achieved HBM bandwidth per GPU. source=model: decode steps/s x (weight bytes read per step + "
+           "KV used tokens x KV bytes per token) / tensor-parallel GPUs. source=gpm: "
+           "llm_gpu_dram_bandwidth_utilization_ratio x the card's peak bandwidth (exporter/specs/gpus.py).", ("target", "gpu", "source"), "derived"),
     family("llm_hbm_bandwidth_efficiency_ratio", "gauge", "ratio",
-           "Achieved HBM bandwidth over the card's peak, modelled (source=model) and measured "
-           "(source=gpm); the gap between them is what the model does not explain.",
+           "Achieved HBM bandwidth / the card's peak: source=model from the formula above, source=gpm the "
+           "GPM DRAM_BW_UTIL ratio itself; the gap between them is what the model does not explain "
+           "(prefill traffic, activations, other processes).",
            ("target", "gpu", "source"), "derived"),
     family("llm_prefill_mfu_ratio", "gauge", "ratio",
-           "Prefill model FLOPs utilization: 2 x active params x prefill tokens/s over the GPUs' peak "
-           "dense FLOPS.", TM, "derived"),
+           "Prefill model FLOPs utilization = 2 x active params x prefill tokens/s / (GPUs x peak dense "
+           "FLOPS; FP8 peak for 8-bit weights on cards with FP8, else BF16).", TM, "derived"),
     family("llm_energy_joules_per_token", "gauge", "joules",
-           "GPU energy per generated token: rate of llm_gpu_energy_joules_total over decode tokens/s.",
+           "GPU energy per generated token = sum over the target's GPUs of the rate of "
+           "llm_gpu_energy_joules_total (else llm_gpu_power_watts) / decode tokens/s; absent while "
+           "nothing is generated.",
            TM, "derived"),
     family("llm_cost_per_million_tokens", "gauge", "currency",
-           "Cost of one million generated tokens at the configured price per GPU-hour.", TM, "derived"),
+           "Cost of one million generated tokens = price per GPU-hour x GPUs / 3600 / decode tokens/s x "
+           "1e6; absent without --gpu-price-per-hour.", TM, "derived"),
     family("llm_ttft_window_seconds", "gauge", "seconds",
-           "Time-to-first-token quantiles over the sliding window, from histogram bucket deltas.",
+           "Time-to-first-token quantiles (0.5, 0.95, 0.99) over the sliding window (--quantile-window, "
+           "default 5m): current cumulative buckets minus a checkpoint one window old, interpolated "
+           "as PromQL histogram_quantile() does.",
            TM + ("quantile",), "derived"),
     family("llm_tbt_window_seconds", "gauge", "seconds",
-           "Time-between-tokens (inter-token latency) quantiles over the sliding window.",
+           "Time-between-tokens (inter-token latency) quantiles over the sliding window, as above.",
            TM + ("quantile",), "derived"),
     family("llm_e2e_window_seconds", "gauge", "seconds",
-           "End-to-end latency quantiles over the sliding window.", TM + ("quantile",), "derived"),
+           "End-to-end request latency quantiles over the sliding window, as above.", TM + ("quantile",), "derived"),
     family("llm_ttft_slo_attainment_ratio", "gauge", "ratio",
-           "Share of requests in the window whose TTFT is within the SLO threshold; `le` is the bucket "
-           "bound actually used (the closest at or below the threshold).", TM + ("le",), "derived"),
+           "Share of requests in the window with TTFT <= le = window count of bucket le / window total, "
+           "where le is the largest bucket bound at or below --slo-ttft (so it never flatters).", TM + ("le",), "derived"),
     family("llm_tbt_slo_attainment_ratio", "gauge", "ratio",
-           "Share of inter-token gaps in the window within the SLO threshold; `le` as above.",
+           "Share of inter-token gaps in the window <= le, le the largest bucket bound at or below "
+           "--slo-tbt.",
            TM + ("le",), "derived"),
     family("llm_bottleneck", "gauge", "bool",
-           "The bottleneck verdict: 1 for the resource that limits the target now, 0 for the others. "
-           "Resources: " + ", ".join(RESOURCES) + ".", ("target", "resource"), "derived"),
+           "The bottleneck verdict (docs/diagnosis.md): 1 for the resource that limits the target now, 0 "
+           "for the others; absent on the first cycle and for unreachable targets. Resources: " + ", ".join(RESOURCES) + ".", ("target", "resource"), "derived"),
     family("llm_bottleneck_score", "gauge", "ratio",
-           "How strongly the evidence points at each resource (0..1); the verdict follows the "
-           "diagnosis order with hysteresis.", ("target", "resource"), "derived"),
+           "How strongly the evidence points at each resource (0..1; formulas in docs/diagnosis.md); the "
+           "verdict follows the diagnosis order with hysteresis.", ("target", "resource"), "derived"),
 )

@@ -75,4 +75,18 @@ FAMILIES = (
            "KV cache capacity in tokens (blocks x block size).", T, "engine"),
     family("llm_kv_cache_block_size_tokens", "gauge", "tokens",
            "Tokens per KV cache block.", T, "engine"),
+    # Added with the per-engine alias tables (exporter/sources/engines/): families some engines
+    # offer that the core schema lacked.
+    family("llm_requests_running_max", "gauge", "requests",
+           "Configured maximum of concurrently running requests (NIM num_request_max, Triton "
+           "request_type=max, trtllm-serve max_num_active_requests).", T, "engine"),
+    family("llm_iteration_tokens", "histogram", "tokens",
+           "Tokens (prefill + decode) processed per engine step: the batch shape (vLLM "
+           "iteration_tokens_total).", T, "engine"),
+    family("llm_batch_prefill_time_seconds", "histogram", "seconds",
+           "Duration of one engine step that runs a prefill batch (TGI batch inference, "
+           "method=prefill)." + HISTOGRAM_HELP, T, "engine"),
+    family("llm_batch_decode_time_seconds", "histogram", "seconds",
+           "Duration of one decode step over the running batch (TGI batch inference, "
+           "method=decode)." + HISTOGRAM_HELP, T, "engine"),
 )
