@@ -1,0 +1,135 @@
+"""docs/engines.md, generated from the alias tables so the doc cannot drift from the code.
+
+    python -m exporter.sources.engines.coverage > docs/engines.md
+
+tests/test_engines_normalize.py fails when the committed file differs from this output.
+"""
+
+from __future__ import annotations
+
+from exporter.sources.engines.normalize import (
+    ABSENT_MODELS,
+    DETECTION_ORDER,
+    KINDS,
+    MAX_RANK,
+    REASONS,
+    SPECS,
+    coverage_table,
+)
+from exporter.sources.engines.table import Alias, EngineSpec, Product, Term
+
+INTRO = f"""# Engine formats: what maps to what
+
+Generated from `exporter/sources/engines/*.py` by `python -m exporter.sources.engines.coverage`;
+do not edit by hand. The normalized families are documented in docs/metrics.md.
+
+## How a page is normalized
+
+1. **Detection** (`detect_kind`): a few substring checks on the raw page, in this order:
+   {", ".join(f"`{kind}`" for kind in DETECTION_ORDER)}. A marker starting with a newline must
+   begin a line (or follow `# TYPE `). LMDeploy and NIM reuse vLLM's names and trtllm-serve's
+   first release NIM's, so the more specific engines are tried first. A configured `kind` skips
+   detection. Per target, the last detected kind is tried first and kept when a page momentarily
+   shows no known name (with a note). A page that matches nothing is a parse error when it is not
+   an exposition at all (HTML error page) and an unknown engine otherwise.
+2. **Filtering**: only the sample names in the engine's table are parsed; everything else
+   (including `*_created` samples, `process_*`, `python_*`, `http_*`) is counted in
+   `unmapped_samples` and dropped before its labels are read.
+3. **Labels**: every series gets `target` and `engine`; `model` when the engine names its model
+   (values {", ".join(f'`"{v}"`' for v in sorted(ABSENT_MODELS))} mean "no model"; a series without
+   a model label, such as vLLM's `cache_config_info`, gets the page's model); `rank` for a
+   data-parallel rank (a decimal below {MAX_RANK}, anything else becomes `other`); `reason` on
+   `llm_requests_finished_total` ({", ".join(sorted(REASONS))}, anything else `other`); `le` on
+   buckets. Every other engine label is dropped.
+4. **Units**: a `scale` converts to base units; for a histogram it applies to the `le` bounds and
+   to `_sum`, never to bucket counts or `_count`. Bounds are re-formatted the way Prometheus 3
+   normalizes them (`0.001`, `2.5`, `1.0`, `+Inf`), computed in decimal so 250 ms is exactly `0.25`.
+   Native bucket bounds are kept, never re-bucketed: they differ by engine and version.
+5. **Merging**: series that coincide after step 3 are merged. Counters and histogram parts are
+   summed: they are partitions of one count (Triton model versions, TGI error kinds, per-process
+   copies in multiprocess mode). Gauges take the maximum: coinciding gauges are copies of one state,
+   and for a usage ratio the fullest copy is the one that limits.
+6. **Priority**: when several engine names feed one family on the same page (a deprecated name
+   still emitted beside its replacement), only the highest-priority one is used, never both.
+7. **Nothing invented**: a family the engine lacks has no series (never a zero). NaN/±Inf values and
+   "not available" sentinels are dropped with a note; a histogram without its `+Inf` bucket or
+   `_count` is dropped whole; a computed value (capacity = blocks × block size) needs every factor.
+   `max_series` bounds the output; whole histogram series are dropped past it and counted in
+   `dropped_series`.
+
+## Coverage
+
+✔: the engine feeds the family (natively or computed, see below); –: no series.
+
+"""
+
+
+def _where(where: tuple[str, str] | None) -> str:
+    return f'{{{where[0]}="{where[1]}"}}' if where else ""
+
+
+def _alias_row(source: str, alias: Alias) -> str:
+    conversion = f"× {alias.scale:g}" if alias.scale != 1.0 else ""
+    if alias.type == "histogram" and alias.scale != 1.0:
+        conversion += " (`le`, `_sum`)"
+    extra = [f"reason `{alias.reason}` when unlabelled"] if alias.reason else []
+    if alias.minimum is not None and not alias.note:
+        extra.append(f"values < {alias.minimum:g} dropped")
+    note = "; ".join(([alias.note] if alias.note else []) + extra)
+    return (f"| `{source}{_where(alias.where)}` | `{alias.family}` | {alias.type} | {conversion} | "
+            f"{alias.priority or ''} | {note} |")
+
+
+def _term(term: Term) -> str:
+    text = f"`{term.source}{_where(term.where)}`" + (f" label `{term.label}`" if term.label else "")
+    return ("÷ " if term.divide else "") + text
+
+
+def _product_row(product: Product) -> str:
+    formula = " × ".join(_term(term) for term in product.terms).replace(" × ÷ ", " ÷ ")
+    return f"| `{product.family}` | {formula} | {product.priority or ''} | {product.note} |"
+
+
+def _engine_section(spec: EngineSpec) -> list[str]:
+    lines = [f"## {spec.title} (`{spec.kind}`)", ""]
+    markers = " or ".join(" and ".join(f"`{m.lstrip(chr(10))}`" + (" at a line start" if m.startswith("\n") else "")
+                                       for m in marker) for marker in spec.markers)
+    lines.append(f"- Detected by: {markers}.")
+    by_flavor: dict[str, list[str]] = {}
+    for marker, flavor in spec.flavors:
+        by_flavor.setdefault(flavor, []).append(f"`{marker.lstrip(chr(10))}`")
+    flavors = [f"`{flavor}` when the page contains " + " or ".join(found) for flavor, found in by_flavor.items()]
+    if flavors:
+        lines.append("- Flavor: " + "; ".join(flavors + [f"`{spec.default_flavor}` otherwise"]) + ".")
+    else:
+        lines.append(f"- Flavor: `{spec.default_flavor}`.")
+    if spec.labels:
+        mapping = ", ".join(f"`{source}` → `{target}`" for source, target in spec.labels.items())
+        lines.append(f"- Labels: {mapping}; all others dropped.")
+    else:
+        lines.append("- Labels: none mapped (the engine has no model or rank label).")
+    if spec.keep_only:
+        kept = ", ".join(f'`{label}="{value}"`' for label, value in spec.keep_only.items())
+        lines.append(f"- Only series with {kept} (or without those labels) are read.")
+    lines += ["", "| Engine name | Normalized family | Type | Conversion | Priority | Notes |",
+              "|---|---|---|---|---|---|"]
+    lines += [_alias_row(source, alias) for source, alias in spec.alias_items()]
+    if spec.products:
+        lines += ["", "Computed:", "", "| Normalized family | From | Priority | Notes |", "|---|---|---|---|"]
+        lines += [_product_row(product) for product in spec.products]
+    if spec.notes:
+        lines += ["", "Quirks and gaps:", ""]
+        lines += [f"- {note}" for note in spec.notes]
+    lines.append("")
+    return lines
+
+
+def engines_markdown() -> str:
+    lines = [INTRO + coverage_table()]
+    for kind in KINDS:
+        lines += _engine_section(SPECS[kind])
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":
+    print(engines_markdown(), end="")

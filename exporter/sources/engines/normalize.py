@@ -1,0 +1,687 @@
+"""Engine exposition -> the normalized `llm_*` schema (exporter/catalog/engine.py).
+
+The per-engine modules are data (table.py explains the vocabulary); this module interprets them:
+
+1. detect the engine kind with a few substring checks on the raw page (no parsing);
+2. parse only the sample names the kind's table maps (the parser drops the rest before touching
+   their labels, and `_created` samples are never in a table);
+3. map labels: the engine's model label -> `model`, its data-parallel rank -> `rank` (bounded),
+   its finish reason -> `reason` (bounded), `le` kept and reformatted; every other label is dropped;
+4. convert units (a histogram's `le` bounds and `_sum`, never its counts);
+5. merge series that coincide after the label mapping: counters and histogram parts are summed
+   (they are partitions of one count, e.g. Triton model versions or TGI error kinds), gauges take
+   the maximum (they are copies of one state, e.g. per-process copies, and for usage ratios the
+   fullest copy is the one that limits);
+6. per normalized family keep only the highest-priority alias present (old/new name dedupe);
+7. drop incomplete histograms and non-finite values with a note, and bound the series count.
+
+Nothing is invented: a family the engine lacks has no series, never a zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from types import MappingProxyType
+
+from prometheus_client.utils import floatToGoString
+
+from exporter.catalog import engine as engine_catalog
+from exporter.snapshot import Labels, Sample
+from exporter.sources.engines import llamacpp, lmdeploy, nim, sglang, tgi, triton, trtllm, vllm
+from exporter.sources.engines.exposition import ExpositionError, LabelCache, parse
+from exporter.sources.engines.table import Alias, EngineSpec, Product, Where
+
+__all__ = [
+    "KINDS",
+    "SPECS",
+    "ExpositionError",
+    "NormalizedScrape",
+    "NormalizerState",
+    "UnknownEngineError",
+    "coverage_table",
+    "detect_kind",
+    "normalize",
+]
+
+SPECS: Mapping[str, EngineSpec] = MappingProxyType({
+    spec.kind: spec
+    for spec in (vllm.SPEC, sglang.SPEC, tgi.SPEC, llamacpp.SPEC, triton.SPEC, trtllm.SPEC, lmdeploy.SPEC,
+                 nim.SPEC)
+})
+KINDS: tuple[str, ...] = tuple(SPECS)
+"""Valid engine kinds (config validation uses this)."""
+
+# Most specific first: LMDeploy and NIM reuse vLLM's names; the unprefixed trtllm-serve names are
+# NIM's too (trtllm-serve adds an `engine_type` label). A NIM that also shows its backend's `vllm:`
+# series is read as vLLM, which has more families.
+DETECTION_ORDER: tuple[str, ...] = ("triton", "lmdeploy", "sglang", "llamacpp", "tgi", "trtllm", "vllm", "nim")
+
+FINISHED = "llm_requests_finished_total"
+REASONS = frozenset({"stop", "length", "abort", "error"})
+"""Finish reasons kept as is; anything else becomes `other`."""
+MAX_RANK = 1024
+"""Ranks are decimal indexes below this; anything else becomes `other` (a bounded label)."""
+ABSENT_MODELS = frozenset({"", "undefined", "None"})
+"""Model label values that mean "no model" (trtllm-serve's first release printed `undefined`)."""
+MAX_NOTES = 16
+MAX_MAPPED_LABEL_SETS = 20_000
+MAX_LE_FORMATS = 4_096
+_HISTOGRAM_PARTS = ("_bucket", "_sum", "_count")
+
+
+class UnknownEngineError(ValueError):
+    """The page matches no known engine (and no kind was configured)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled tables: built once at import from the immutable engine specs.
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """How one engine sample name feeds one normalized sample name."""
+
+    index: int  # position in _Compiled.route_list: the per-route label cache of NormalizerState
+    slot: tuple[str, int]  # (family, priority): where candidates are collected
+    name: str  # normalized sample name (family + part)
+    part: str  # "", "_bucket", "_sum" or "_count"
+    summed: bool  # counters and histogram parts add up on merge; gauges take the max
+    scale: float
+    scaled: bool  # the value itself is converted (not for bucket counts or `_count`)
+    where: Where | None
+    reason: str | None
+    minimum: float | None
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class _TermRoute:
+    product: int
+    term: int
+    where: Where | None
+    label: str | None
+    summed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Needle:
+    """A detection marker: any of `anywhere` occurs, or the page starts with `prefix`."""
+
+    anywhere: tuple[str, ...]
+    prefix: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    spec: EngineSpec
+    route_count: int
+    keep: frozenset[str]
+    routes: Mapping[str, tuple[_Route, ...]]
+    terms: Mapping[str, tuple[_TermRoute, ...]]
+    markers: tuple[tuple[_Needle, ...], ...]
+    types: Mapping[str, str]
+
+
+def _alias_routes(source: str, alias: Alias, first_index: int) -> list[tuple[str, _Route]]:
+    parts = _HISTOGRAM_PARTS if alias.type == "histogram" else ("",)
+    routes = []
+    for offset, part in enumerate(parts):
+        routes.append((source + part, _Route(
+            index=first_index + offset, slot=(alias.family, alias.priority), name=alias.family + part, part=part,
+            summed=alias.type != "gauge", scale=alias.scale, scaled=part in ("", "_sum"),
+            where=alias.where, reason=alias.reason, minimum=alias.minimum, source=source,
+        )))
+    return routes
+
+
+def _needle(marker: str) -> _Needle:
+    if marker.startswith("\n"):
+        bare = marker[1:]
+        return _Needle((marker, "# TYPE " + bare), bare)
+    return _Needle((marker,), None)
+
+
+def _compile(spec: EngineSpec) -> _Compiled:
+    families = {fam.name: fam.type for fam in engine_catalog.FAMILIES}
+    routes: dict[str, list[_Route]] = {}
+    types: dict[str, str] = {}
+    count = 0
+    for source, alias in spec.alias_items():
+        if families.get(alias.family) != alias.type:
+            raise ValueError(f"{spec.kind}: {source} -> {alias.family} ({alias.type}) not in the catalogue")
+        types[alias.family] = alias.type
+        for sample_name, route in _alias_routes(source, alias, count):
+            routes.setdefault(sample_name, []).append(route)
+            count += 1
+    terms: dict[str, list[_TermRoute]] = {}
+    for index, product in enumerate(spec.products):
+        if families.get(product.family) != product.type or product.type == "histogram":
+            raise ValueError(f"{spec.kind}: product {product.family} ({product.type}) not in the catalogue")
+        types[product.family] = product.type
+        for position, term in enumerate(product.terms):
+            summed = product.type == "counter" and term.label is None
+            terms.setdefault(term.source, []).append(
+                _TermRoute(index, position, term.where, term.label, summed))
+    return _Compiled(
+        spec=spec,
+        route_count=count,
+        keep=frozenset(routes) | frozenset(terms),
+        routes=MappingProxyType({k: tuple(v) for k, v in routes.items()}),
+        terms=MappingProxyType({k: tuple(v) for k, v in terms.items()}),
+        markers=tuple(tuple(_needle(m) for m in marker) for marker in spec.markers),
+        types=MappingProxyType(types),
+    )
+
+
+_COMPILED: Mapping[str, _Compiled] = MappingProxyType({kind: _compile(spec) for kind, spec in SPECS.items()})
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+
+
+@dataclass(frozen=True, slots=True)
+class NormalizedScrape:
+    kind: str
+    flavor: str
+    """The alias set that matched, e.g. vllm-v1, vllm-v0, sglang, triton-trtllm, trtllm-serve."""
+    model: str
+    """The engine's model name ("" when the engine gives none)."""
+    samples: tuple[Sample, ...]
+    unmapped_samples: int
+    """Engine samples with no place in the schema (including `_created` samples)."""
+    dropped_series: int
+    """Normalized samples cut by `max_series`."""
+    notes: tuple[str, ...]
+    """What was dropped or assumed on this page, one line each (bounded)."""
+
+
+class NormalizerState:
+    """Per-target memory kept across cycles: the parser's label cache, what each engine label set
+    becomes under each alias (so a label set seen last cycle costs one dict lookup), and the last
+    detected kind (checked first, so detection costs one or two substring scans once a target is
+    known, and a page that momentarily lacks its markers keeps its kind). Every cache is bounded and
+    simply cleared when full."""
+
+    __slots__ = ("_entries", "_entries_for", "_entry_count", "_le", "label_cache", "last_kind")
+
+    def __init__(self) -> None:
+        self.label_cache = LabelCache()
+        self.last_kind: str | None = None
+        self._entries: list[dict[Labels, object]] = []
+        self._entries_for: tuple[str, str] | None = None
+        self._entry_count = 0
+        self._le: dict[tuple[str, float], str | None] = {}
+
+    def route_entries(self, kind: str, target: str, route_count: int) -> list[dict[Labels, object]]:
+        """One dict per route of `kind`: engine labels -> mapped entry (see _Run._entry)."""
+        if self._entries_for != (kind, target) or self._entry_count >= MAX_MAPPED_LABEL_SETS:
+            self._entries = [{} for _ in range(route_count)]
+            self._entries_for = (kind, target)
+            self._entry_count = 0
+        return self._entries
+
+    def counted(self, added: int) -> None:
+        self._entry_count += added
+
+    def format_le(self, raw: str, scale: float) -> str | None:
+        key = (raw, scale)
+        formatted = self._le.get(key, "")
+        if formatted == "":
+            if len(self._le) >= MAX_LE_FORMATS:
+                self._le.clear()
+            formatted = self._le[key] = _format_le(raw, scale)
+        return formatted
+
+
+def detect_kind(text: str) -> str | None:
+    """The engine kind of an exposition, from cheap substring checks; None when unknown."""
+    for kind in DETECTION_ORDER:
+        if _matches(text, _COMPILED[kind].markers):
+            return kind
+    return None
+
+
+def normalize(
+    text: str,
+    *,
+    target: str,
+    kind: str | None = None,
+    state: NormalizerState | None = None,
+    max_series: int = 10_000,
+) -> NormalizedScrape:
+    """Normalize one engine page. Raises ExpositionError for an invalid payload and
+    UnknownEngineError when `kind` is None and the page matches no engine."""
+    state = state if state is not None else NormalizerState()
+    notes: dict[str, None] = {}
+    kind = _resolve_kind(text, kind, state, notes)
+    compiled = _COMPILED[kind]
+    exposition = parse(text, keep=compiled.keep.__contains__, label_cache=state.label_cache)
+    run = _Run(compiled, state, notes, target)
+    run.consume(exposition.samples)
+    samples, dropped = run.finish(max_series)
+    return NormalizedScrape(
+        kind=kind,
+        flavor=_flavor(text, compiled.spec),
+        model=run.model or "",
+        samples=samples,
+        unmapped_samples=exposition.dropped_samples + run.unmapped,
+        dropped_series=dropped,
+        notes=tuple(notes)[:MAX_NOTES],
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection
+
+
+def _matches(text: str, markers: tuple[tuple[_Needle, ...], ...]) -> bool:
+    return any(all(_found(text, needle) for needle in marker) for marker in markers)
+
+
+def _found(text: str, needle: _Needle) -> bool:
+    if needle.prefix is not None and text.startswith(needle.prefix):
+        return True
+    return any(part in text for part in needle.anywhere)
+
+
+def _resolve_kind(text: str, kind: str | None, state: NormalizerState, notes: dict[str, None]) -> str:
+    if kind is not None:
+        if kind not in SPECS:
+            raise UnknownEngineError(f"unknown engine kind {kind!r}; expected one of {', '.join(KINDS)}")
+        state.last_kind = kind
+        return kind
+    last = state.last_kind
+    if last is not None and _matches(text, _COMPILED[last].markers):
+        return last
+    detected = detect_kind(text)
+    if detected is None:
+        if last is None:
+            # An HTML error page or garbage is a parse failure, not an unknown engine: say so.
+            parse(text, keep=_keep_nothing)
+            raise UnknownEngineError("the page matches no known engine (" + ", ".join(KINDS) + ")")
+        notes[f"no {last} metric names on the page; kept the last detected kind"] = None
+        return last
+    if last is not None and detected != last:
+        notes[f"engine kind changed from {last} to {detected}"] = None
+    state.last_kind = detected
+    return detected
+
+
+def _keep_nothing(_name: str) -> bool:
+    return False
+
+
+def _flavor(text: str, spec: EngineSpec) -> str:
+    for marker, flavor in spec.flavors:
+        if marker in text:
+            return flavor
+    return spec.default_flavor
+
+
+# ---------------------------------------------------------------------------------------------
+# Label and value mapping
+
+
+def _format_le(raw: str, scale: float) -> str | None:
+    """Prometheus float formatting of a bucket bound after unit conversion ("0.001", "2.5", "1.0",
+    "+Inf"): what Prometheus 3 normalizes `le` to, so "1" and "1.0" are one series. Decimal keeps
+    "250" ms exactly "0.25" s."""
+    try:
+        number = float(raw)
+    except ValueError:
+        return None
+    if math.isnan(number):
+        return None
+    if math.isinf(number):
+        return floatToGoString(number)
+    if scale != 1.0:
+        try:
+            number = float(Decimal(raw.strip()) * Decimal(repr(scale)))
+        except InvalidOperation:
+            number *= scale
+    return floatToGoString(number)
+
+
+def _bound_rank(value: str) -> str:
+    if value.isdigit() and int(value) < MAX_RANK:
+        return str(int(value))
+    return "other"
+
+
+def _bound_reason(value: str) -> str:
+    lowered = value.lower()
+    return lowered if lowered in REASONS else "other"
+
+
+def _map_labels(labels: Labels, spec: EngineSpec) -> tuple | None:
+    """(model, rank, reason, le) of an engine label set, or None for a rank copy to skip."""
+    model = rank = reason = le = None
+    for key, value in labels:
+        if key == "le":
+            le = value
+            continue
+        wanted = spec.keep_only.get(key)
+        if wanted is not None and value != wanted:
+            return None
+        role = spec.labels.get(key)
+        if role == "model":
+            if model is None and value not in ABSENT_MODELS:
+                model = value
+        elif role == "rank":
+            rank = _bound_rank(value)
+        elif role == "reason":
+            reason = _bound_reason(value)
+    return (model, rank, reason, le)
+
+
+def _label_tuple(target: str, kind: str, model: str | None, rank: str | None, reason: str | None,
+                 le: str | None) -> Labels:
+    # Built in sorted order directly: engine < le < model < rank < reason < target.
+    pairs = [("engine", kind)]
+    if le is not None:
+        pairs.append(("le", le))
+    if model is not None:
+        pairs.append(("model", model))
+    if rank is not None:
+        pairs.append(("rank", rank))
+    if reason is not None:
+        pairs.append(("reason", reason))
+    pairs.append(("target", target))
+    return tuple(pairs)
+
+
+# ---------------------------------------------------------------------------------------------
+# One normalization pass
+
+_SKIP = False
+"""Entry of a label set that is a tensor-parallel copy (kept by rank 0)."""
+_BAD_LE: tuple = ()
+"""Entry of a bucket whose `le` is not a number (noted on every page, not only the first)."""
+
+
+class _Run:
+    """The mutable work of one normalize() call; never outlives it."""
+
+    def __init__(self, compiled: _Compiled, state: NormalizerState, notes: dict[str, None], target: str) -> None:
+        self.compiled = compiled
+        self.state = state
+        self.notes = notes
+        self.target = target
+        self.unmapped = 0
+        self.model: str | None = None
+        self.candidates: dict[tuple[str, int], dict[tuple[str, Labels], float]] = {}
+        self.group_of: dict[tuple[str, Labels], Labels] = {}
+        """Histogram part -> the labels of its whole series (without `le`)."""
+        self.unfilled: dict[tuple[str, Labels], tuple] = {}
+        self.terms: dict[tuple[int, int], dict[tuple, float]] = {}
+
+    def note(self, text: str) -> None:
+        if len(self.notes) < MAX_NOTES:
+            self.notes[text] = None
+
+    def _entry(self, route: _Route, labels: Labels) -> object:
+        """What a label set becomes under a route: None when the route does not apply (selector,
+        bucket without le), _SKIP for a rank copy, _BAD_LE for an unusable bound, else (labels out,
+        group labels, model, parts) where parts rebuild the labels once the page's model is known."""
+        mapped = _map_labels(labels, self.compiled.spec)
+        if mapped is None:
+            return _SKIP
+        if route.where is not None and route.where not in labels:
+            return None
+        model, rank, reason, le = mapped
+        if route.part == "_bucket":
+            if le is None:
+                return None
+            le = self.state.format_le(le, route.scale)
+            if le is None:
+                return _BAD_LE
+        else:
+            le = None
+        reason = (reason or route.reason) if route.reason is not None else None
+        kind = self.compiled.spec.kind
+        out = _label_tuple(self.target, kind, model, rank, reason, le)
+        group = out if le is None else _label_tuple(self.target, kind, model, rank, reason, None)
+        return (out, group, model, (rank, reason, le))
+
+    def consume(self, samples: list) -> None:
+        routes_of = self.compiled.routes
+        terms_of = self.compiled.terms
+        entries = self.state.route_entries(self.compiled.spec.kind, self.target, self.compiled.route_count)
+        candidates = self.candidates
+        group_of = self.group_of
+        added = 0
+        for name, labels, value, _timestamp in samples:
+            used = skipped = False
+            for route in routes_of.get(name, ()):
+                cache = entries[route.index]
+                entry = cache.get(labels, None)
+                if entry is None and labels not in cache:
+                    entry = cache[labels] = self._entry(route, labels)
+                    added += 1
+                if not entry:
+                    skipped = skipped or entry is _SKIP
+                    if entry is _BAD_LE:
+                        used = True
+                        self.note(f"dropped a bucket of {route.source} with a bad le")
+                    continue
+                used = True
+                out, group, model, parts = entry
+                if value - value != 0.0:  # NaN or +-Inf, without two calls into math
+                    self.note(f"dropped a non-finite value of {route.source}")
+                    continue
+                if route.minimum is not None and value < route.minimum:
+                    self.note(f"dropped {route.source} = {value:g} (the engine's 'not available' value)")
+                    continue
+                if route.scaled:
+                    value *= route.scale
+                if model is not None and self.model is None:
+                    self.model = model
+                bucket = candidates.get(route.slot)
+                if bucket is None:
+                    bucket = candidates[route.slot] = {}
+                key = (route.name, out)
+                previous = bucket.get(key)
+                if previous is None:
+                    bucket[key] = value
+                    if route.part:  # histogram parts are emitted (or dropped) as whole series
+                        group_of[key] = group
+                    if model is None:
+                        self.unfilled[key] = parts
+                elif route.summed:
+                    bucket[key] = previous + value
+                elif value > previous:
+                    bucket[key] = value
+            for term in terms_of.get(name, ()):
+                mapped = _map_labels(labels, self.compiled.spec)
+                if mapped is None:
+                    skipped = True
+                elif term.where is None or term.where in labels:
+                    used = True
+                    self._add_term(term, mapped, labels, value)
+            if not used and not skipped:
+                self.unmapped += 1
+        self.state.counted(added)
+
+    def _add_term(self, term: _TermRoute, mapped: tuple, labels: Labels, value: float) -> None:
+        model, rank = mapped[0], mapped[1]
+        if term.label is not None:
+            raw = dict(labels).get(term.label)
+            try:
+                value = float(raw) if raw is not None else math.nan
+            except ValueError:
+                value = math.nan
+        product = self.compiled.spec.products[term.product]
+        if value - value != 0.0:
+            self.note(f"{product.family}: no number in {product.terms[term.term].source}"
+                      + (f" label {term.label}" if term.label else ""))
+            return
+        if model is not None and self.model is None:
+            self.model = model
+        values = self.terms.setdefault((term.product, term.term), {})
+        key = (model, rank)
+        previous = values.get(key)
+        if previous is None:
+            values[key] = value
+        elif term.summed:
+            values[key] = previous + value
+        else:
+            values[key] = max(previous, value)
+
+    def _products(self) -> None:
+        kind = self.compiled.spec.kind
+        for index, product in enumerate(self.compiled.spec.products):
+            first = self.terms.get((index, 0))
+            others = [self.terms.get((index, position)) for position in range(1, len(product.terms))]
+            if not first or any(not values for values in others):
+                continue
+            for (model, rank), value in first.items():
+                result = self._product_value(product, value, others, (model, rank))
+                if result is None:
+                    continue
+                out = _label_tuple(self.target, kind, model or self.model, rank, None, None)
+                bucket = self.candidates.setdefault((product.family, product.priority), {})
+                bucket[(product.family, out)] = result
+
+    def _product_value(self, product: Product, value: float, others: list, key: tuple) -> float | None:
+        if product.terms[0].divide:
+            if value == 0:
+                self.note(f"{product.family}: division by zero")
+                return None
+            value = 1.0 / value
+        for position, values in enumerate(others, 1):
+            # Info gauges (vLLM cache_config_info) have no model label: match on rank alone.
+            factor = values.get(key)
+            if factor is None:
+                factor = values.get((None, key[1]))
+            if factor is None:
+                return None
+            if product.terms[position].divide:
+                if factor == 0:
+                    self.note(f"{product.family}: division by zero")
+                    return None
+                value /= factor
+            else:
+                value *= factor
+        return value
+
+    def _fill_model(self) -> None:
+        """Give the page's model to series whose engine sample had no model label. Rare (engines
+        put the model on everything or on nothing), so this re-keys only those few."""
+        if self.model is None or not self.unfilled:
+            return
+        kind = self.compiled.spec.kind
+        for slot, bucket in self.candidates.items():
+            summed = self.compiled.types[slot[0]] != "gauge"
+            for key in [key for key in bucket if key in self.unfilled]:
+                rank, reason, le = self.unfilled[key]
+                value = bucket.pop(key)
+                self.group_of.pop(key, None)
+                out = _label_tuple(self.target, kind, self.model, rank, reason, le)
+                group = _label_tuple(self.target, kind, self.model, rank, reason, None)
+                new_key = (key[0], out)
+                previous = bucket.get(new_key)
+                if previous is None:
+                    bucket[new_key] = value
+                    if key[0] != slot[0]:  # a histogram part
+                        self.group_of[new_key] = group
+                else:
+                    bucket[new_key] = previous + value if summed else max(previous, value)
+
+    def finish(self, max_series: int) -> tuple[tuple[Sample, ...], int]:
+        self._fill_model()
+        self._products()
+        best: dict[str, int] = {}
+        for family, priority in self.candidates:
+            if priority > best.get(family, priority - 1):
+                best[family] = priority
+        types = self.compiled.types
+        samples: list[Sample] = []
+        dropped = 0
+        for family, priority in best.items():
+            chosen = self.candidates[(family, priority)]
+            if types[family] == "histogram":
+                dropped += self._emit_histograms(family, chosen, samples, max_series)
+                continue
+            room = max_series - len(samples)
+            items = list(chosen.items())
+            dropped += max(0, len(items) - room)
+            samples.extend([Sample(name, labels, value) for (name, labels), value in items[:max(room, 0)]])
+        if dropped:
+            self.note(f"dropped {dropped} series over the limit of {max_series}")
+        return tuple(samples), dropped
+
+    def _emit_histograms(self, family: str, chosen: dict, samples: list[Sample], max_series: int) -> int:
+        """Append whole histograms (a capped histogram would be wrong, not just short); returns
+        how many samples did not fit."""
+        groups: dict[Labels, list] = {}
+        group_of = self.group_of
+        for key, value in chosen.items():
+            group = group_of[key]
+            members = groups.get(group)
+            if members is None:
+                groups[group] = [(key, value)]
+            else:
+                members.append((key, value))
+        dropped = 0
+        for members in groups.values():
+            if not _complete(family, members):
+                self.note(f"dropped an incomplete {family} histogram (no +Inf bucket or _count)")
+                continue
+            if len(samples) + len(members) > max_series:
+                dropped += len(members)
+                continue
+            samples.extend([Sample(name, labels, value) for (name, labels), value in members])
+        return dropped
+
+
+def _complete(family: str, members: list) -> bool:
+    has_inf = has_count = False
+    bucket_name = family + "_bucket"
+    count_name = family + "_count"
+    for (name, labels), _value in members:
+        if name == count_name:
+            has_count = True
+        elif name == bucket_name and ("le", "+Inf") in labels:
+            has_inf = True
+    return has_inf and has_count
+
+
+# ---------------------------------------------------------------------------------------------
+# Coverage (docs/metrics.md, docs/engines.md)
+
+
+def coverage(kind: str) -> dict[str, list[str]]:
+    """Normalized family -> the engine names feeding it, highest priority first."""
+    spec = SPECS[kind]
+    entries: dict[str, list[tuple[int, str]]] = {}
+    for source, alias in spec.alias_items():
+        shown = source + (f'{{{alias.where[0]}="{alias.where[1]}"}}' if alias.where else "")
+        entries.setdefault(alias.family, []).append((alias.priority, shown))
+    for product in spec.products:
+        shown = " x ".join(
+            ("1/" if term.divide else "") + term.source
+            + (f'{{{term.where[0]}="{term.where[1]}"}}' if term.where else "")
+            + (f"[{term.label}]" if term.label else "")
+            for term in product.terms)
+        entries.setdefault(product.family, []).append((product.priority, shown))
+    return {family: [name for _, name in sorted(items, key=lambda item: -item[0])]
+            for family, items in entries.items()}
+
+
+def coverage_table() -> str:
+    """Markdown table engine x normalized family: ✔ where an engine feeds the family, – where the
+    series is absent (never a made-up zero). Generated from the alias tables."""
+    covered = {kind: coverage(kind) for kind in KINDS}
+    header = "| Family | " + " | ".join(SPECS[kind].title for kind in KINDS) + " |"
+    rule = "|---|" + "---|" * len(KINDS)
+    rows = [header, rule]
+    for fam in engine_catalog.FAMILIES:
+        if fam.name in ("llm_engine_up", "llm_engine_info"):
+            continue
+        cells = ["✔" if fam.name in covered[kind] else "–" for kind in KINDS]
+        rows.append(f"| `{fam.name}` | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,108 @@
+"""The vocabulary of the per-engine alias tables (vllm.py, sglang.py, ...).
+
+An engine module is data only, like dcgm-exporter's counters CSV: which engine sample maps to which
+normalized family, in which unit, with which priority when old and new names co-exist, and how its
+labels map to `model`, `rank` and `reason`. normalize.py interprets these tables; nothing here runs
+per sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+MS = 1e-3
+"""Milliseconds to seconds."""
+US = 1e-6
+"""Microseconds to seconds."""
+
+Where = tuple[str, str]
+"""(label, value): the alias applies only to samples carrying exactly this label value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Alias:
+    """One engine family (or one label-selected slice of it) feeding one normalized family.
+
+    `family` is the normalized name from exporter/catalog/engine.py and `type` its type there; the
+    engine's declared TYPE is ignored on purpose (llama.cpp declares averages as counters).
+    `scale` converts into base units: for a histogram it applies to the `le` bounds and to `_sum`,
+    never to bucket counts or `_count`. When several aliases of one family are on the same page,
+    only those with the highest `priority` are used: that is how a deprecated name that an engine
+    still emits beside its replacement (vLLM's time_per_output_token vs inter_token_latency) is
+    deduplicated in favour of the new one.
+    """
+
+    family: str
+    type: str
+    scale: float = 1.0
+    priority: int = 0
+    where: Where | None = None
+    reason: str | None = None
+    """For llm_requests_finished_total: the reason when the engine gives no finish-reason label."""
+    minimum: float | None = None
+    """Values below this are the engine's "not available" sentinel (vLLM V0 hit rate -1): dropped."""
+    note: str = ""
+    """The quirk this alias handles, for docs/engines.md."""
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """One factor of a Product: a sample's value, or the number in one of its labels (info gauges
+    such as vLLM's cache_config_info carry their data in labels)."""
+
+    source: str
+    where: Where | None = None
+    label: str | None = None
+    divide: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Product:
+    """A normalized gauge or counter computed from several engine samples of the same model and
+    rank: KV capacity = blocks x tokens per block, usage = used / max. Emitted only when every
+    term is present (no made-up values)."""
+
+    family: str
+    type: str
+    terms: tuple[Term, ...]
+    priority: int = 0
+    note: str = ""
+
+
+def _frozen(mapping: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """Everything normalize.py needs to know about one engine kind."""
+
+    kind: str
+    title: str
+    aliases: Mapping[str, Alias | tuple[Alias, ...]]
+    """Keyed by the engine's family name as exposed: counters with their `_total` suffix,
+    histograms without `_bucket`/`_sum`/`_count`."""
+    products: tuple[Product, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=_frozen)
+    """Engine label -> normalized label (`model`, `rank` or `reason`); every other label is
+    dropped, and series that then coincide are merged (see normalize.py)."""
+    keep_only: Mapping[str, str] = field(default_factory=_frozen)
+    """Label -> the only value kept: copies of one series reported by every tensor-parallel rank."""
+    markers: tuple[tuple[str, ...], ...] = ()
+    """Detection: the page is this kind when all substrings of any one marker occur. A marker that
+    starts with a newline matches at the start of a line (and of the page, and after `# TYPE `)."""
+    flavors: tuple[tuple[str, str], ...] = ()
+    """(substring, flavor): the first substring found names the flavor."""
+    default_flavor: str = ""
+    notes: tuple[str, ...] = ()
+    """Engine-level quirks and gaps, for docs/engines.md."""
+
+    def alias_items(self) -> tuple[tuple[str, Alias], ...]:
+        """(engine name, alias) pairs, flattening tuples."""
+        items: list[tuple[str, Alias]] = []
+        for source, entry in self.aliases.items():
+            for alias in entry if isinstance(entry, tuple) else (entry,):
+                items.append((source, alias))
+        return tuple(items)

@@ -1,0 +1,357 @@
+"""Per-engine conformance: every fixture in tests/fixtures/engines/ is served by a real HTTP server
+on loopback, fetched with httpx, normalized, and checked against key values and a golden file
+(tests/golden/engines/<fixture>.metrics; `pytest --update-golden` rewrites them)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import math
+import pathlib
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import catalog
+from exporter.expose import render
+from exporter.snapshot import Sample
+from exporter.sources.engines.normalize import NormalizedScrape, detect_kind, normalize
+
+FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "engines"
+PAGES = sorted(path.name for path in FIXTURES.glob("*.prom"))
+PREFIX_KIND = {"triton_trtllm": "triton"}
+TARGET = "engine-under-test"
+
+
+def expected_kind(fixture: str) -> str:
+    prefix = fixture.split("-", 1)[0]
+    return PREFIX_KIND.get(prefix, prefix)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+
+@pytest.fixture(scope="module")
+def engine_server() -> Iterator[str]:
+    """A threaded HTTP server on 127.0.0.1 serving the fixtures folder, as an engine would."""
+    handler = functools.partial(_QuietHandler, directory=str(FIXTURES))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def scrape(base_url: str, fixture: str, **kwargs: object) -> NormalizedScrape:
+    response = httpx.get(f"{base_url}/{fixture}", timeout=5.0)
+    assert response.status_code == 200
+    return normalize(response.text, target=TARGET, **kwargs)
+
+
+def series(scrape_: NormalizedScrape, name: str, **match: str) -> list[Sample]:
+    return [s for s in scrape_.samples if s.name == name and all(s.label(k) == v for k, v in match.items())]
+
+
+def value(scrape_: NormalizedScrape, name: str, **match: str) -> float:
+    found = series(scrape_, name, **match)
+    assert len(found) == 1, f"{name}{match}: {len(found)} series"
+    return found[0].value
+
+
+def names(scrape_: NormalizedScrape) -> set[str]:
+    return {s.name for s in scrape_.samples}
+
+
+def buckets(scrape_: NormalizedScrape, family: str, **match: str) -> list[str]:
+    return [s.label("le") for s in series(scrape_, family + "_bucket", **match)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Every fixture: schema, labels, golden file
+
+
+@pytest.mark.parametrize("fixture", PAGES)
+def test_fixture_matches_golden(engine_server: str, fixture: str, assert_golden) -> None:
+    result = scrape(engine_server, fixture)
+    assert result.kind == expected_kind(fixture)
+    text = render(result.samples).decode()
+    assert_golden(f"engines/{fixture.removesuffix('.prom')}.metrics", text)
+
+
+@pytest.mark.parametrize("fixture", PAGES)
+def test_fixture_follows_the_schema(engine_server: str, fixture: str) -> None:
+    result = scrape(engine_server, fixture)
+    assert result.samples, "every fixture maps to something"
+    for sample in result.samples:
+        fam = catalog.family_of(sample.name)
+        assert fam is not None and fam.source == "engine", sample.name
+        keys = {k for k, _ in sample.labels}
+        allowed = set(fam.labels) | ({"le"} if sample.name.endswith("_bucket") else set())
+        assert keys <= allowed, (sample.name, keys)
+        assert sample.label("target") == TARGET
+        assert sample.label("engine") == result.kind
+        assert math.isfinite(sample.value), sample
+        if sample.name == "llm_requests_finished_total":
+            assert sample.label("reason") in {"stop", "length", "abort", "error", "other"}
+    assert not any(s.name.endswith("_created") for s in result.samples)
+    # the rendered page is a valid exposition for prometheus_client's own parser
+    parsed = list(text_string_to_metric_families(render(result.samples).decode()))
+    assert sum(len(f.samples) for f in parsed) == len(result.samples)
+
+
+@pytest.mark.parametrize("fixture", PAGES)
+def test_histograms_are_whole_and_cumulative(engine_server: str, fixture: str) -> None:
+    result = scrape(engine_server, fixture)
+    by_series: dict[tuple, list[tuple[float, float]]] = {}
+    counts: dict[tuple, float] = {}
+    for sample in result.samples:
+        rest = tuple(p for p in sample.labels if p[0] != "le")
+        if sample.name.endswith("_bucket"):
+            by_series.setdefault((sample.name[:-7], rest), []).append((float(sample.label("le")), sample.value))
+        elif sample.name.endswith("_count"):
+            counts[(sample.name[:-6], rest)] = sample.value
+    for key, points in by_series.items():
+        points.sort()
+        assert points[-1][0] == math.inf, key
+        assert points[-1][1] == counts[key], key
+        assert all(a[1] <= b[1] for a, b in zip(points, points[1:], strict=False)), key
+
+
+@pytest.mark.parametrize("fixture", PAGES)
+def test_detect_kind_on_every_fixture(fixture: str) -> None:
+    assert detect_kind((FIXTURES / fixture).read_text()) == expected_kind(fixture)
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM
+
+
+def test_vllm_v1_dedupes_renamed_itl_and_keeps_ranks(engine_server: str) -> None:
+    result = scrape(engine_server, "vllm-v0.11__documented.prom")
+    assert (result.kind, result.flavor, result.model) == ("vllm", "vllm-v1", "meta-llama/Llama-3.1-8B-Instruct")
+    # time_per_output_token_seconds and inter_token_latency_seconds carry the same data: one series
+    # per rank, not doubled
+    assert len(series(result, "llm_inter_token_latency_seconds_count")) == 2
+    assert value(result, "llm_inter_token_latency_seconds_count", rank="0") == 511000
+    assert value(result, "llm_inter_token_latency_seconds_sum", rank="1") == pytest.approx(497024 * 0.035)
+    assert buckets(result, "llm_inter_token_latency_seconds", rank="0")[:3] == ["0.01", "0.025", "0.05"]
+    assert value(result, "llm_time_per_output_token_seconds_count", rank="0") == 1000
+    assert {s.label("rank") for s in result.samples} == {"0", "1"}
+    assert buckets(result, "llm_time_to_first_token_seconds", rank="0") == [
+        "0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "0.75", "1.0",
+        "2.5", "5.0", "7.5", "10.0", "20.0", "40.0", "80.0", "160.0", "640.0", "2560.0", "+Inf"]
+
+
+def test_vllm_v1_kv_capacity_and_prefix_cache(engine_server: str) -> None:
+    result = scrape(engine_server, "vllm-v0.11__documented.prom")
+    for rank in ("0", "1"):
+        # cache_config_info: num_gpu_blocks x block_size; the info gauge has no model_name
+        assert value(result, "llm_kv_cache_capacity_tokens", rank=rank,
+                     model="meta-llama/Llama-3.1-8B-Instruct") == 27000 * 16
+        assert value(result, "llm_kv_cache_block_size_tokens", rank=rank) == 16
+    assert value(result, "llm_kv_cache_usage_ratio", rank="1") == 0.375
+    assert value(result, "llm_prefix_cache_queries_total", rank="0") == 1843200
+    assert value(result, "llm_prefix_cache_hits_total", rank="0") == 921600
+    assert value(result, "llm_requests_finished_total", rank="1", reason="error") == 1
+    assert value(result, "llm_preemptions_total", rank="0") == 7
+
+
+def test_vllm_v1_created_and_foreign_samples_are_unmapped(engine_server: str) -> None:
+    result = scrape(engine_server, "vllm-v0.11__documented.prom")
+    text = (FIXTURES / "vllm-v0.11__documented.prom").read_text()
+    created = sum(1 for line in text.splitlines() if "_created{" in line)
+    assert created > 0
+    assert result.unmapped_samples >= created
+    assert "llm_requests_total" not in names(result)  # vLLM has no such counter: no made-up series
+
+
+def test_vllm_v0_flavor_capacity_and_sentinels(engine_server: str) -> None:
+    result = scrape(engine_server, "vllm-v0.7-aibrix_runtime_docs.prom")
+    assert result.flavor == "vllm-v0"
+    assert value(result, "llm_kv_cache_capacity_tokens") == 81767 * 16
+    # V0 has no rank label and the info gauge no model: the page's model fills it in
+    assert series(result, "llm_kv_cache_capacity_tokens")[0].label("model") == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert series(result, "llm_kv_cache_capacity_tokens")[0].label("rank") == ""
+    # gpu_prefix_cache_hit_rate -1 means "prefix caching off": no series, a note
+    assert "llm_prefix_cache_hit_ratio" not in names(result)
+    assert any("gpu_prefix_cache_hit_rate" in note for note in result.notes)
+    # the source truncated iteration_tokens_total at le=96 (no +Inf, no _count): dropped whole
+    assert not any(name.startswith("llm_iteration_tokens") for name in names(result))
+    assert value(result, "llm_requests_finished_total", reason="stop") == 4
+    assert value(result, "llm_kv_cache_usage_ratio") == 0.0
+
+
+def test_vllm_v08_prefix_blocks_become_tokens(engine_server: str) -> None:
+    result = scrape(engine_server, "vllm-v0.8__documented.prom")
+    assert result.flavor == "vllm-v1"
+    # 0.8 counted prefix-cache lookups in blocks: x block_size (16)
+    assert value(result, "llm_prefix_cache_queries_total") == 5000 * 16
+    assert value(result, "llm_prefix_cache_hits_total") == 1250 * 16
+    assert value(result, "llm_kv_cache_usage_ratio") == 0.125  # gpu_cache_usage_perc
+    assert value(result, "llm_inter_token_latency_seconds_count") == 20320  # time_per_output_token
+    assert value(result, "llm_kv_cache_capacity_tokens") == 20000 * 16
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang
+
+
+def test_sglang_current_itl_capacity_and_tp_copies(engine_server: str) -> None:
+    result = scrape(engine_server, "sglang-2026__documented.prom")
+    assert (result.kind, result.model) == ("sglang", "Qwen/Qwen3-8B")
+    # ITL quirk: _count counts tokens; passed through unchanged
+    assert value(result, "llm_inter_token_latency_seconds_count") == 1894000
+    assert buckets(result, "llm_inter_token_latency_seconds")[:3] == ["0.002", "0.004", "0.006"]
+    # TP rank 0 and 1 report copies: neither summed nor duplicated
+    assert value(result, "llm_preemptions_total") == 17
+    assert value(result, "llm_requests_running") == 48
+    assert value(result, "llm_request_queue_time_seconds_count") == 5110
+    assert buckets(result, "llm_request_queue_time_seconds")[0] == "0.0"
+    assert value(result, "llm_kv_cache_capacity_tokens") == 220544
+    assert value(result, "llm_kv_cache_usage_ratio") == 0.4137
+    assert value(result, "llm_prefix_cache_hits_total") == 1312500
+    assert value(result, "llm_prefix_cache_hit_ratio") == 0.3125
+    assert value(result, "llm_requests_total") == 5120
+    assert "llm_requests_finished_total" not in names(result)
+    assert not any(s.label("rank") for s in result.samples)
+
+
+def test_sglang_v04_renamed_tpot_is_itl(engine_server: str) -> None:
+    result = scrape(engine_server, "sglang-v0.4-production_metrics_docs.prom")
+    assert value(result, "llm_inter_token_latency_seconds_count") == 7400757
+    assert value(result, "llm_time_to_first_token_seconds_sum") == pytest.approx(2351897.9474117756)
+    assert buckets(result, "llm_time_to_first_token_seconds")[0] == "0.001"
+    assert value(result, "llm_requests_waiting") == 2826
+    assert value(result, "llm_prefix_cache_hit_ratio") == pytest.approx(0.007507552643049313)
+    assert "llm_time_per_output_token_seconds_count" not in names(result)
+
+
+# ---------------------------------------------------------------------------------------------
+# TGI, llama.cpp
+
+
+def test_tgi(engine_server: str) -> None:
+    result = scrape(engine_server, "tgi-v3.3__documented.prom")
+    assert (result.kind, result.model) == ("tgi", "")
+    assert not any(s.label("model") for s in result.samples)
+    assert value(result, "llm_requests_finished_total", reason="other") == 1398
+    assert value(result, "llm_requests_finished_total", reason="error") == 9 + 3 + 2
+    assert value(result, "llm_requests_total") == 1412
+    assert value(result, "llm_requests_running") == 14
+    assert value(result, "llm_requests_waiting") == 2
+    assert value(result, "llm_kv_cache_capacity_tokens") == 163840
+    assert buckets(result, "llm_e2e_request_latency_seconds")[0] == "0.00015000000000000001"
+    assert len(buckets(result, "llm_e2e_request_latency_seconds")) == 36
+    assert value(result, "llm_batch_prefill_time_seconds_count") == 1430
+    assert value(result, "llm_batch_decode_time_seconds_count") == 230100
+    for absent in ("llm_time_to_first_token_seconds_count", "llm_prompt_tokens_total", "llm_kv_cache_usage_ratio"):
+        assert absent not in names(result)
+
+
+def test_llamacpp_current(engine_server: str) -> None:
+    result = scrape(engine_server, "llamacpp-server_cuda_2026-opencode_session_log.prom")
+    assert (result.kind, result.model) == ("llamacpp", "")
+    assert value(result, "llm_prefill_seconds_total") == 32.378
+    assert value(result, "llm_decode_seconds_total") == 469.376
+    assert value(result, "llm_prompt_tokens_total") == 26129
+    assert value(result, "llm_generation_tokens_total") == 10911
+    # mistyped "counters" (a max and an average) and the throughput gauges are not exported
+    assert len(result.samples) == 6
+    assert "llm_kv_cache_usage_ratio" not in names(result)
+
+
+def test_llamacpp_old_nan_is_handled(engine_server: str) -> None:
+    result = scrape(engine_server, "llamacpp-old_with_kvcache-hardcoded_fallback.prom")
+    assert value(result, "llm_kv_cache_usage_ratio") == 0.0
+    assert all(math.isfinite(s.value) for s in result.samples)
+    assert result.unmapped_samples == 5  # n_decode, n_busy_slots (-nan(ind)), 2 throughputs, kv tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton, trtllm-serve, LMDeploy, NIM
+
+
+def test_triton_2311_blocks_to_tokens(engine_server: str) -> None:
+    result = scrape(engine_server, "triton_trtllm-23.11-tensorrtllm_backend_readme.prom")
+    assert (result.flavor, result.model) == ("triton-trtllm", "tensorrt_llm")
+    assert value(result, "llm_kv_cache_capacity_tokens") == 6239 * 64
+    assert value(result, "llm_kv_cache_block_size_tokens") == 64
+    assert value(result, "llm_kv_cache_usage_ratio") == pytest.approx(1 / 6239)  # used / max
+    assert value(result, "llm_requests_running") == 0  # request_type="active": the engine's zero
+    assert value(result, "llm_requests_running_max") == 512
+    assert "llm_requests_waiting" not in names(result)  # no request_type="waiting" in 23.11
+    assert "llm_time_to_first_token_seconds_count" not in names(result)
+
+
+def test_triton_ms_histogram_and_us_counters(engine_server: str) -> None:
+    result = scrape(engine_server, "triton_trtllm-newer__documented.prom")
+    # nv_inference_first_response_histogram_ms: le and _sum converted to seconds, counts untouched
+    assert buckets(result, "llm_time_to_first_token_seconds", model="ensemble") == ["0.1", "0.5", "2.0", "5.0", "+Inf"]
+    assert value(result, "llm_time_to_first_token_seconds_sum", model="ensemble") == pytest.approx(312.6)
+    assert value(result, "llm_time_to_first_token_seconds_count", model="ensemble") == 1200
+    # microsecond counters -> seconds
+    assert value(result, "llm_request_duration_seconds_total", model="ensemble") == pytest.approx(9876.54321)
+    assert value(result, "llm_request_queue_seconds_total", model="tensorrt_llm") == pytest.approx(0.25)
+    # the backend's own fraction wins over used / max
+    assert value(result, "llm_kv_cache_usage_ratio") == 0.2416666667
+    assert value(result, "llm_kv_cache_capacity_tokens") == 6000 * 32
+    assert value(result, "llm_requests_waiting") == 6
+    assert value(result, "llm_requests_finished_total", model="ensemble", reason="error") == 4
+    assert {s.label("model") for s in series(result, "llm_requests_finished_total")} == {
+        "ensemble", "preprocessing", "tensorrt_llm", "postprocessing"}
+
+
+def test_trtllm_serve(engine_server: str) -> None:
+    result = scrape(engine_server, "trtllm-serve_2026__documented.prom")
+    assert (result.kind, result.flavor, result.model) == ("trtllm", "trtllm-serve", "nvidia/Llama-3.1-8B-Instruct-FP8")
+    assert value(result, "llm_kv_cache_capacity_tokens") == 8192 * 32
+    assert value(result, "llm_kv_cache_usage_ratio") == 0.305  # kv_cache_utilization over used/max
+    assert value(result, "llm_requests_finished_total", reason="other") == 1  # finished_reason="unknown"
+    assert value(result, "llm_requests_finished_total", reason="length") == 55
+    assert value(result, "llm_time_per_output_token_seconds_count") == 756
+    assert value(result, "llm_request_prefill_time_seconds_count") == 756
+    assert value(result, "llm_prefix_cache_hit_ratio") == 0.21
+    assert value(result, "llm_requests_running_max") == 256
+
+
+def test_trtllm_first_release_unprefixed(engine_server: str) -> None:
+    result = scrape(engine_server, "trtllm-1.1.0rc5__documented.prom")
+    assert (result.kind, result.flavor, result.model) == ("trtllm", "trtllm-serve-legacy", "")
+    assert not any(s.label("model") for s in result.samples)  # model_name="undefined"
+    assert value(result, "llm_requests_finished_total", reason="stop") == 40
+    assert value(result, "llm_time_to_first_token_seconds_count") == 42
+
+
+def test_lmdeploy(engine_server: str) -> None:
+    result = scrape(engine_server, "lmdeploy-early__documented.prom")
+    assert (result.kind, result.model) == ("lmdeploy", "internlm/internlm2_5-7b-chat")
+    assert {s.label("rank") for s in result.samples} == {"0"}
+    assert value(result, "llm_inter_token_latency_seconds_count") == 95600
+    assert value(result, "llm_kv_cache_usage_ratio") == 0.22
+    assert value(result, "llm_request_prefill_time_seconds_count") == 400
+
+
+def test_nim(engine_server: str) -> None:
+    result = scrape(engine_server, "nim-llm_latest__documented.prom")
+    assert (result.kind, result.model) == ("nim", "meta/llama-3.1-8b-instruct")
+    assert value(result, "llm_kv_cache_usage_ratio") == 0.18
+    assert value(result, "llm_requests_running_max") == 256
+    assert value(result, "llm_inter_token_latency_seconds_count") == 209180
+    assert buckets(result, "llm_time_to_first_token_seconds")[-2:] == ["10.0", "+Inf"]
+    assert result.unmapped_samples == 0
+
+
+def test_explicit_kind_overrides_detection(engine_server: str) -> None:
+    result = scrape(engine_server, "nim-llm_latest__documented.prom", kind="nim")
+    assert result.kind == "nim"
+    # a vLLM page read as trtllm maps nothing it does not know: empty, not wrong
+    assert scrape(engine_server, "vllm-v0.11__documented.prom", kind="trtllm").samples == ()
