@@ -1,0 +1,57 @@
+"""`python -m exporter.simulator --port P --scenario S --engine-format F --gpu NAME --model NAME --gpus N --seed K`:
+one twin served until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from collections.abc import Sequence
+
+from exporter.simulator.recorders import FORMATS
+from exporter.simulator.scenarios import SCENARIOS
+from exporter.simulator.server import start_server
+from exporter.simulator.twin import DEFAULT_GPU, DEFAULT_MODEL, Twin, TwinConfig
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m exporter.simulator", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--scenario", default="decode-heavy", choices=sorted(SCENARIOS))
+    p.add_argument("--engine-format", default="vllm", choices=FORMATS)
+    p.add_argument("--gpu", default=DEFAULT_GPU, help="NVML device name or spec key (h100-sxm, l4, ...)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="built-in model name or a local config.json path")
+    p.add_argument("--gpus", type=int, default=1, help="tensor-parallel GPUs of this engine")
+    p.add_argument("--gpu-index-base", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--speed", type=float, default=1.0, help="twin seconds per wall-clock second")
+    return p.parse_args(argv)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    twin = Twin(TwinConfig(scenario=args.scenario, engine_format=args.engine_format, gpu=args.gpu,
+                           model=args.model, gpus=args.gpus, seed=args.seed, gpu_index_base=args.gpu_index_base))
+    server = await start_server(twin, host=args.host, port=args.port, speed=args.speed, in_process=False)
+    print(f"twin ({args.engine_format}, {twin.model.name} on {twin.hw.tp} x {twin.hw.gpu.nvml_name}, "
+          f"scenario {twin.scenario.name}) serving {server.url}/metrics", flush=True)
+    try:
+        await server.tasks[0]
+    finally:
+        await server.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_serve(args))
+    except (ValueError, KeyError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""The roofline cost of one engine step: pure functions of hardware, model and batch.
+
+step time = max(bytes moved / bandwidth, FLOPs / peak) + per-step overhead + TP interconnect time.
+Host CPU time is added by the engine (it depends on the CPU budget, which the engine tracks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from exporter.specs.gpus import GpuSpec, pcie_bytes_per_s
+from exporter.specs.models import (
+    ModelShape,
+    attention_flops,
+    attention_params_per_layer,
+    expert_params,
+    kv_bytes_per_token,
+    weight_bytes_read_per_step,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _ModelConstants:
+    """Per-model terms of the step cost, computed once (the cost runs at every simulated step)."""
+
+    dense_weight_bytes: float  # weights read per step for a dense model
+    kv_bytes_per_token: float
+    matmul_flops_per_token: float  # 2 x per-layer active matmul params x layers
+    lm_head_flops_per_logit: float
+    attention_flops_per_context_token: float
+
+
+@lru_cache(maxsize=32)
+def _constants(model: ModelShape) -> _ModelConstants:
+    per_layer = attention_params_per_layer(model) + model.active_experts * expert_params(model)
+    if model.is_moe:
+        per_layer += model.hidden * model.experts
+    return _ModelConstants(
+        dense_weight_bytes=weight_bytes_read_per_step(model, 1),
+        kv_bytes_per_token=kv_bytes_per_token(model),
+        matmul_flops_per_token=2.0 * model.layers * per_layer,
+        lm_head_flops_per_logit=2.0 * model.vocab * model.hidden,
+        attention_flops_per_context_token=attention_flops(model, 1.0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """What the engine runs on, as the step model needs it."""
+
+    gpu: GpuSpec
+    tp: int = 1
+    interconnect: str = "auto"  # auto | nvlink | pcie
+    pcie_gen: int | None = None  # link as trained; None = the card's maximum
+    pcie_width: int | None = None
+    # Achievable fractions of peak: streaming kernels reach ~90% of HBM bandwidth, large GEMMs
+    # ~60% of dense tensor peak in serving (attention, norms and small shapes pull it down).
+    bw_efficiency: float = 0.9
+    compute_efficiency: float = 0.6
+    step_overhead_s: float = 0.0003  # launches and syncs of one CUDA-graph step
+    allreduce_latency_nvlink_s: float = 6e-6
+    allreduce_latency_pcie_s: float = 20e-6
+    pcie_efficiency: float = 0.8  # TLP/DLLP overhead on large transfers
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ValueError("tp must be >= 1")
+        if self.interconnect not in ("auto", "nvlink", "pcie"):
+            raise ValueError(f"interconnect {self.interconnect!r}: auto, nvlink or pcie")
+
+    @property
+    def link(self) -> str:
+        if self.interconnect != "auto":
+            return self.interconnect
+        return "nvlink" if self.gpu.nvlink_bytes_per_s else "pcie"
+
+    @property
+    def link_gen(self) -> int:
+        return self.pcie_gen or self.gpu.pcie_gen
+
+    @property
+    def link_width(self) -> int:
+        return self.pcie_width or self.gpu.pcie_width
+
+    def interconnect_bytes_per_s(self) -> float:
+        """One direction, per GPU."""
+        if self.link == "nvlink" and self.gpu.nvlink_bytes_per_s:
+            return self.gpu.nvlink_bytes_per_s / 2
+        return pcie_bytes_per_s(self.link_gen, self.link_width) * self.pcie_efficiency
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What one step computes. Context sums are token counts summed over sequences."""
+
+    decode_seqs: int = 0
+    decode_context: int = 0  # KV tokens the decoding sequences attend to, summed
+    prefill_tokens: int = 0
+    prefill_context: float = 0.0  # sum over prefill tokens of the positions each attends to
+    prefill_cached_read: int = 0  # already-cached KV tokens the prefill chunks read
+    logits_tokens: int = 0  # tokens that produce logits (decodes + prompts finishing prefill)
+
+    @property
+    def tokens(self) -> int:
+        return self.decode_seqs + self.prefill_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    time_s: float  # GPU-side wall time of the step (compute/memory + overhead + interconnect)
+    memory_time_s: float
+    compute_time_s: float
+    comm_time_s: float
+    overhead_s: float
+    bytes_per_gpu: float  # DRAM bytes each GPU moves
+    flops_per_gpu: float
+    comm_bytes_per_gpu: float  # bytes each GPU sends (and receives) for TP all-reduce
+
+    @property
+    def bound(self) -> str:
+        """What sets the step time: memory, compute or interconnect (TP all-reduce)."""
+        if self.comm_time_s > max(self.memory_time_s, self.compute_time_s):
+            return "interconnect"
+        return "memory" if self.memory_time_s >= self.compute_time_s else "compute"
+
+
+def step_cost(hw: Hardware, model: ModelShape, batch: Batch, *, clock_ratio: float = 1.0) -> StepCost:
+    """Roofline time of one step on `hw.tp` GPUs. `clock_ratio` (SM clock / max) < 1 under
+    throttling: compute slows in proportion, and memory streaming loses some of its rate too
+    because fewer SM cycles are left to issue loads."""
+    if batch.tokens == 0:
+        return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    tp = hw.tp
+    k = _constants(model)
+    tokens = batch.tokens
+    kv_shards = min(tp, model.kv_heads)  # KV heads are split across TP ranks, replicated beyond that
+    kv_tok = k.kv_bytes_per_token / kv_shards
+    kv_read = batch.decode_context + batch.prefill_cached_read
+    weights = weight_bytes_read_per_step(model, tokens) if model.is_moe else k.dense_weight_bytes
+    bytes_gpu = weights / tp + kv_tok * (kv_read + tokens)
+    flops = k.matmul_flops_per_token * tokens + k.lm_head_flops_per_logit * batch.logits_tokens
+    flops += k.attention_flops_per_context_token * (batch.decode_context + batch.prefill_context)
+    flops_gpu = flops / tp
+
+    clock = max(0.05, min(1.0, clock_ratio))
+    bw = hw.gpu.mem_bandwidth_bytes_per_s * hw.bw_efficiency * min(1.0, 0.4 + 0.6 * clock)
+    peak = hw.gpu.bf16_dense_flops * hw.compute_efficiency * clock
+    t_mem = bytes_gpu / bw
+    t_comp = flops_gpu / peak
+
+    comm_bytes = 0.0
+    t_comm = 0.0
+    if tp > 1:
+        # Two all-reduces of the activations per layer (after attention, after the MLP); a ring
+        # all-reduce sends 2(N-1)/N of the buffer from every GPU.
+        buf = batch.tokens * model.hidden * 2.0
+        per_allreduce = 2.0 * (tp - 1) / tp * buf
+        n = 2 * model.layers
+        comm_bytes = n * per_allreduce
+        latency = hw.allreduce_latency_nvlink_s if hw.link == "nvlink" else hw.allreduce_latency_pcie_s
+        t_comm = n * latency + comm_bytes / hw.interconnect_bytes_per_s()
+    overhead = hw.step_overhead_s
+    return StepCost(
+        time_s=max(t_mem, t_comp) + overhead + t_comm,
+        memory_time_s=t_mem,
+        compute_time_s=t_comp,
+        comm_time_s=t_comm,
+        overhead_s=overhead,
+        bytes_per_gpu=bytes_gpu,
+        flops_per_gpu=flops_gpu,
+        comm_bytes_per_gpu=comm_bytes,
+    )
+
+
+def decode_batch(seqs: int, context_each: int) -> Batch:
+    """`seqs` sequences decoding one token each at the same context length."""
+    return Batch(decode_seqs=seqs, decode_context=seqs * context_each, logits_tokens=seqs)
+
+
+def prefill_batch(prompt_tokens: int, start: int = 0) -> Batch:
+    """One prompt chunk of `prompt_tokens` starting at position `start` (causal attention)."""
+    return Batch(
+        prefill_tokens=prompt_tokens,
+        prefill_context=prompt_tokens * (start + prompt_tokens / 2.0),
+        prefill_cached_read=start,
+        logits_tokens=1,
+    )

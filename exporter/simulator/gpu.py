@@ -1,0 +1,225 @@
+"""What NVML would report about the twin's GPUs, integrated slice by slice from the engine's work.
+
+Power follows activity (idle floor + busy, DRAM and tensor terms, scaled by clock), temperature
+follows power through a first-order thermal model, and clocks follow temperature and the power
+limit with NVML's clock-event reasons. The slowest GPU of a TP group paces every step, so the
+clock ratio fed back to the engine is the minimum over the group.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid as uuidlib
+from dataclasses import dataclass, field
+
+from exporter.simulator.costs import Hardware
+
+CLOCK_EVENT_REASONS = (
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "display_clock_setting",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Thermal:
+    ambient_c: float = 30.0
+    cooling: float = 1.0  # 1 = healthy airflow; lower = clogged filter, failed fan, hot aisle
+    rise_at_tdp_c: float = 50.0  # steady-state rise over ambient at full TDP with healthy cooling
+    tau_s: float = 20.0
+    sw_slowdown_c: float = 87.0
+    hw_slowdown_c: float = 92.0
+    hysteresis_c: float = 5.0
+    idle_power_fraction: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """Per-GPU work done in one slice of `dt` seconds (differences of engine Activity)."""
+
+    dt: float
+    busy_s: float
+    memory_s: float
+    compute_s: float
+    dram_bytes: float
+    flops: float
+    comm_bytes: float
+    host_io_bytes: float
+
+
+def _ema(old: float, new: float, dt: float, tau: float = 1.0) -> float:
+    a = 1.0 - math.exp(-dt / tau)
+    return old + (new - old) * a
+
+
+@dataclass(slots=True)
+class GpuDevice:
+    index: int
+    uuid: str
+    name: str
+    temp_offset_c: float
+    temperature_c: float
+    energy_j: float = 0.0
+    power_w: float = 0.0
+    clock_factor: float = 1.0  # throttle multiplier on the max SM clock
+    active: bool = False
+    utilization: float = 0.0
+    dram_util: float = 0.0
+    sm_active: float = 0.0
+    tensor_active: float = 0.0
+    pcie_tx: float = 0.0
+    pcie_rx: float = 0.0
+    nvlink_tx: float = 0.0
+    nvlink_rx: float = 0.0
+    reasons: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(CLOCK_EVENT_REASONS, False))
+
+
+class GpuModel:
+    def __init__(self, hw: Hardware, thermal: Thermal, *, memory_used_bytes: float, index_base: int,
+                 rng: random.Random, power_limit_w: float | None = None) -> None:
+        self.hw = hw
+        self.thermal = thermal
+        self.memory_used_bytes = memory_used_bytes
+        self.power_limit_w = power_limit_w or hw.gpu.tdp_watts
+        self.devices: list[GpuDevice] = []
+        for i in range(hw.tp):
+            offset = rng.uniform(-1.5, 1.5)  # no two cards sit in the same airflow
+            uid = uuidlib.UUID(int=rng.getrandbits(128), version=4)
+            self.devices.append(GpuDevice(
+                index=index_base + i, uuid=f"GPU-{uid}", name=hw.gpu.nvml_name,
+                temp_offset_c=offset, temperature_c=thermal.ambient_c + 5.0 + offset,
+            ))
+        for d in self.devices:
+            d.power_w = self._idle_power()
+
+    def _idle_power(self) -> float:
+        return self.hw.gpu.tdp_watts * self.thermal.idle_power_fraction
+
+    def set_thermal(self, thermal: Thermal) -> None:
+        self.thermal = thermal
+
+    def set_hardware(self, hw: Hardware) -> None:
+        self.hw = hw
+
+    @property
+    def clock_ratio(self) -> float:
+        """SM clock over max of the slowest GPU: TP ranks wait for each other every layer."""
+        return min(d.clock_factor for d in self.devices) if self.devices else 1.0
+
+    def update(self, s: Slice) -> None:
+        if s.dt <= 0:
+            return
+        spec = self.hw.gpu
+        th = self.thermal
+        busy = min(1.0, s.busy_s / s.dt)
+        dram = min(1.0, s.dram_bytes / (spec.mem_bandwidth_bytes_per_s * s.dt))
+        for d in self.devices:
+            tensor = min(1.0, s.flops / (spec.bf16_dense_flops * max(d.clock_factor, 0.05) * s.dt))
+            work = s.memory_s + s.compute_s
+            compute_share = s.compute_s / work if work else 0.0
+            sm_active = busy * (0.75 + 0.2 * compute_share)
+            d.active = busy > 0.01
+            idle_w = self._idle_power()
+            dynamic = min(1.0, 0.25 * busy + 0.35 * dram + 0.6 * tensor)
+            # Dynamic power falls faster than clock (voltage drops with it).
+            power = idle_w + (spec.tdp_watts - idle_w) * dynamic * d.clock_factor**1.5
+            d.reasons["sw_power_cap"] = power > self.power_limit_w
+            power = min(power, self.power_limit_w)
+            d.power_w = power
+            d.energy_j += power * s.dt
+            steady = th.ambient_c + d.temp_offset_c + (power / spec.tdp_watts) * th.rise_at_tdp_c / th.cooling
+            d.temperature_c += (steady - d.temperature_c) * (1.0 - math.exp(-s.dt / th.tau_s))
+            self._throttle(d)
+            d.reasons["gpu_idle"] = not d.active
+            d.utilization = _ema(d.utilization, busy, s.dt)
+            d.dram_util = _ema(d.dram_util, dram, s.dt)
+            d.sm_active = _ema(d.sm_active, sm_active, s.dt)
+            d.tensor_active = _ema(d.tensor_active, tensor, s.dt)
+            io = s.host_io_bytes / s.dt
+            p2p = s.comm_bytes / s.dt
+            on_pcie = self.hw.tp > 1 and self.hw.link == "pcie"
+            d.pcie_tx = _ema(d.pcie_tx, io * 0.3 + (p2p if on_pcie else 0.0), s.dt)
+            d.pcie_rx = _ema(d.pcie_rx, io * 0.7 + (p2p if on_pcie else 0.0), s.dt)
+            on_nvlink = self.hw.tp > 1 and self.hw.link == "nvlink"
+            d.nvlink_tx = _ema(d.nvlink_tx, p2p if on_nvlink else 0.0, s.dt)
+            d.nvlink_rx = _ema(d.nvlink_rx, p2p if on_nvlink else 0.0, s.dt)
+
+    def _throttle(self, d: GpuDevice) -> None:
+        th = self.thermal
+        r = d.reasons
+        t = d.temperature_c
+        if t >= th.hw_slowdown_c:
+            r["hw_thermal_slowdown"] = r["hw_slowdown"] = True
+        elif t < th.hw_slowdown_c - th.hysteresis_c:
+            r["hw_thermal_slowdown"] = r["hw_slowdown"] = False
+        if t >= th.sw_slowdown_c:
+            r["sw_thermal_slowdown"] = True
+        elif t < th.sw_slowdown_c - 2.0:
+            r["sw_thermal_slowdown"] = False
+        factor = 1.0
+        if r["sw_thermal_slowdown"]:
+            factor = 0.85
+        if r["hw_thermal_slowdown"]:
+            factor = 0.5  # HW slowdown cuts the clock at least in half
+        if r["sw_power_cap"]:
+            factor = min(factor, 0.9)
+        d.clock_factor = factor
+
+    # --- what NVML shows --------------------------------------------------------------------
+
+    def sm_clock_hz(self, d: GpuDevice) -> float:
+        spec = self.hw.gpu
+        if not d.active:
+            return max(210e6, 0.15 * spec.max_sm_clock_hz)
+        return spec.max_sm_clock_hz * d.clock_factor
+
+    def memory_clock_hz(self, d: GpuDevice) -> float:
+        spec = self.hw.gpu
+        # HBM runs at one clock; GDDR drops to its idle state between bursts.
+        if spec.memory_type.startswith("GDDR") and not d.active:
+            return 0.1 * spec.max_mem_clock_hz
+        return spec.max_mem_clock_hz
+
+    def pcie_link(self, d: GpuDevice) -> dict[str, int]:
+        spec = self.hw.gpu
+        # An idle GPU drops its link to gen 1 to save power; under load it trains to what the slot allows.
+        gen = self.hw.link_gen if d.active else 1
+        return {"gen_current": gen, "gen_max": spec.pcie_gen, "width_current": self.hw.link_width,
+                "width_max": spec.pcie_width}
+
+    def state(self) -> list[dict[str, object]]:
+        spec = self.hw.gpu
+        out: list[dict[str, object]] = []
+        for d in self.devices:
+            out.append({
+                "index": d.index,
+                "uuid": d.uuid,
+                "name": d.name,
+                "utilization_ratio": round(d.utilization, 6),
+                "dram_bandwidth_utilization_ratio": round(d.dram_util, 6),
+                "sm_active_ratio": round(d.sm_active, 6),
+                "tensor_active_ratio": round(d.tensor_active, 6),
+                "memory_used_bytes": int(self.memory_used_bytes),
+                "memory_total_bytes": int(spec.memory_bytes),
+                "power_watts": round(d.power_w, 3),
+                "power_limit_watts": self.power_limit_w,
+                "energy_joules_total": round(d.energy_j, 3),
+                "temperature_celsius": round(d.temperature_c, 3),
+                "sm_clock_hertz": self.sm_clock_hz(d),
+                "sm_clock_max_hertz": spec.max_sm_clock_hz,
+                "memory_clock_hertz": self.memory_clock_hz(d),
+                "memory_clock_max_hertz": spec.max_mem_clock_hz,
+                "clock_event_reasons": {k: int(v) for k, v in d.reasons.items()},
+                "pcie": {**self.pcie_link(d), "tx_bytes_per_second": round(d.pcie_tx, 3),
+                         "rx_bytes_per_second": round(d.pcie_rx, 3)},
+                "nvlink": None if not spec.nvlink_bytes_per_s else {
+                    "tx_bytes_per_second": round(d.nvlink_tx, 3), "rx_bytes_per_second": round(d.nvlink_rx, 3)},
+            })
+        return out

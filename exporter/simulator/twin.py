@@ -1,0 +1,213 @@
+"""The digital twin: one engine on N GPUs, its metrics page, and the GPUs' NVML view,
+advanced together slice by slice so every number comes from the same step-by-step model."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.simulator.costs import Hardware
+from exporter.simulator.engine import (
+    Activity,
+    Engine,
+    EngineConfig,
+    HostConfig,
+    engine_memory_used_bytes,
+    estimate_capacity,
+    kv_pool_blocks,
+)
+from exporter.simulator.gpu import GpuModel, Slice
+from exporter.simulator.recorders import FORMATS, Recorder, make_recorder
+from exporter.simulator.scenarios import Scenario, get_scenario
+from exporter.specs.gpus import GpuSpec, lookup_gpu
+from exporter.specs.models import ModelShape, load_model
+
+DEFAULT_GPU = "NVIDIA H100 80GB HBM3"
+DEFAULT_MODEL = "llama-3.1-8b"
+
+# llama.cpp serves a handful of slots (-np) with one context each; the others batch widely.
+FORMAT_ENGINE_DEFAULTS: Mapping[str, EngineConfig] = {
+    "vllm": EngineConfig(),
+    "sglang": EngineConfig(gpu_memory_utilization=0.88),
+    "tgi": EngineConfig(max_num_seqs=128, max_batched_tokens=4096),
+    "llamacpp": EngineConfig(max_num_seqs=4, max_batched_tokens=2048, block_size=256),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TwinConfig:
+    scenario: str = "decode-heavy"
+    engine_format: str = "vllm"
+    gpu: str = DEFAULT_GPU
+    model: str = DEFAULT_MODEL
+    gpus: int = 1
+    seed: int = 0
+    gpu_index_base: int = 0  # first NVML index, so several twins on one demo host do not collide
+    gpu_overrides: Mapping[str, float] | None = None
+    engine: EngineConfig | None = None  # None: the format's defaults
+    slice_s: float = 0.25  # GPU/host model resolution
+    epoch: float | None = None  # wall-clock seconds at twin time 0 (None: now)
+
+
+def _healthy(hw: Hardware) -> Hardware:
+    return dataclasses.replace(hw, interconnect="auto", pcie_gen=None, pcie_width=None)
+
+
+class Twin:
+    """Drive with `advance_to(t)` / `fast_forward(s)` (twin time in seconds from start), read with
+    `metrics_text()` and `gpu_state()`, steer with `set_scenario()` and `restart()`."""
+
+    def __init__(self, config: TwinConfig | None = None, *, gpu_spec: GpuSpec | None = None,
+                 model_shape: ModelShape | None = None) -> None:
+        self.config = cfg = config or TwinConfig()
+        if cfg.engine_format not in FORMATS:
+            raise ValueError(f"unknown engine format {cfg.engine_format!r}; one of {', '.join(FORMATS)}")
+        spec = gpu_spec or lookup_gpu(cfg.gpu, cfg.gpu_overrides)
+        if spec is None:
+            raise ValueError(f"unknown GPU {cfg.gpu!r}; give its peak numbers as overrides")
+        self.model = model_shape or load_model(cfg.model)
+        self.scenario = get_scenario(cfg.scenario)
+        self.epoch = time.time() if cfg.epoch is None else cfg.epoch
+        self.rng = random.Random(cfg.seed)
+        self.engine_cfg = cfg.engine or FORMAT_ENGINE_DEFAULTS[cfg.engine_format]
+        tp = max(cfg.gpus, self.scenario.min_gpus)
+        self.hw = self._hardware(Hardware(spec, tp=tp), self.scenario)
+        self.gpu = GpuModel(self.hw, self.scenario.thermal,
+                            memory_used_bytes=engine_memory_used_bytes(self.hw, self.engine_cfg),
+                            index_base=cfg.gpu_index_base, rng=random.Random(f"{cfg.seed}/gpus"))
+        self.restarts = 0
+        self.host_cpu_busy = 0.0  # cores in use, smoothed
+        self.engine, self.recorder = self._new_engine(now=0.0)
+        self._last = dataclasses.replace(self.engine.activity)
+
+    # --- construction ---------------------------------------------------------------------
+
+    @staticmethod
+    def _hardware(hw: Hardware, sc: Scenario) -> Hardware:
+        return dataclasses.replace(hw, interconnect=sc.interconnect, pcie_gen=sc.pcie_gen, pcie_width=sc.pcie_width)
+
+    def _base_rate(self, sc: Scenario) -> float:
+        return estimate_capacity(_healthy(self.hw), self.model, self.engine_cfg, HostConfig(), sc.workload).rps
+
+    def _new_engine(self, now: float) -> tuple[Engine, Recorder]:
+        sc = self.scenario
+        blocks = kv_pool_blocks(self.hw, self.model, self.engine_cfg)
+        max_len = min(self.engine_cfg.max_model_len or self.model.max_context, blocks * self.engine_cfg.block_size)
+        recorder = make_recorder(self.config.engine_format, self.model.name, self.epoch + now, self.epoch,
+                                 max_model_len=max(1, max_len), kv_capacity_tokens=blocks * self.engine_cfg.block_size)
+        engine = Engine(self.hw, self.model, self.engine_cfg, sc.host, sc.workload,
+                        random.Random(f"{self.config.seed}/engine/{self.restarts}"), recorder,
+                        base_rate_rps=self._base_rate(sc), now=now)
+        engine.clock_ratio = self.gpu.clock_ratio
+        return engine, recorder
+
+    # --- time -----------------------------------------------------------------------------
+
+    @property
+    def now(self) -> float:
+        return self.engine.t
+
+    def advance_to(self, t: float) -> None:
+        while self.engine.t < t:
+            end = min(t, self.engine.t + self.config.slice_s)
+            start = self.engine.t
+            self.engine.advance_to(end)
+            self._integrate(self.engine.t - start)
+
+    def fast_forward(self, seconds: float) -> None:
+        self.advance_to(self.now + seconds)
+
+    def _integrate(self, dt: float) -> None:
+        a: Activity = self.engine.activity
+        b = self._last
+        self.gpu.update(Slice(
+            dt=dt, busy_s=a.gpu_busy_s - b.gpu_busy_s, memory_s=a.memory_s - b.memory_s,
+            compute_s=a.compute_s - b.compute_s, dram_bytes=a.dram_bytes - b.dram_bytes, flops=a.flops - b.flops,
+            comm_bytes=a.comm_bytes - b.comm_bytes, host_io_bytes=a.host_io_bytes - b.host_io_bytes,
+        ))
+        # Host CPU: both threads' demand (work at full speed) against the budget.
+        used = (a.engine_cpu_s - b.engine_cpu_s) + (a.frontend_cpu_s - b.frontend_cpu_s)
+        if dt > 0:
+            speed = self.engine.cpu_speed
+            demand = used / dt / speed
+            budget = self.scenario.host.cpu_budget_cores
+            self.engine.cpu_speed = min(1.0, budget / demand) if demand > 0 else 1.0
+            self.host_cpu_busy += (used / dt - self.host_cpu_busy) * min(1.0, dt)
+        self.engine.clock_ratio = self.gpu.clock_ratio
+        self._last = dataclasses.replace(a)
+
+    # --- control --------------------------------------------------------------------------
+
+    def set_scenario(self, name: str) -> None:
+        """Switch traffic, host and hardware condition now; requests in flight continue."""
+        sc = get_scenario(name)
+        if sc.min_gpus > self.hw.tp:
+            raise ValueError(f"scenario {name!r} needs at least {sc.min_gpus} GPUs; start the twin with --gpus "
+                             f"{sc.min_gpus}")
+        self.scenario = sc
+        self.hw = self._hardware(self.hw, sc)
+        self.engine.hw = self.hw
+        self.engine.host = sc.host
+        self.gpu.set_hardware(self.hw)
+        self.gpu.set_thermal(sc.thermal)
+        self.engine.set_workload(sc.workload, self._base_rate(sc))
+
+    def restart(self) -> None:
+        """As an engine restart: requests in flight are lost, counters start from zero with a new
+        `_created`; the GPUs keep their temperature and energy counter."""
+        self.restarts += 1
+        now = self.engine.t
+        self.engine, self.recorder = self._new_engine(now)
+        self._last = dataclasses.replace(self.engine.activity)
+
+    # --- views ----------------------------------------------------------------------------
+
+    @property
+    def engine_format(self) -> str:
+        return self.config.engine_format
+
+    def metrics_text(self) -> str:
+        info = {"gpu_memory_utilization": str(self.engine_cfg.gpu_memory_utilization),
+                "enable_prefix_caching": str(self.scenario.workload.prefix_hit_rate > 0)}
+        return self.recorder.render(self.engine.state(), info)
+
+    def metrics_headers(self) -> dict[str, str]:
+        return self.recorder.headers()
+
+    @property
+    def content_type(self) -> str:
+        return self.recorder.content_type
+
+    def gpu_state(self) -> dict[str, Any]:
+        """The JSON /sim/gpu serves and SimGpuSource reads."""
+        e = self.engine
+        st = e.state()
+        last = e.last_step
+        return {
+            "time": self.epoch + e.t,
+            "twin_time_s": e.t,
+            "scenario": self.scenario.name,
+            "engine_format": self.config.engine_format,
+            "model": self.model.name,
+            "gpu_spec": self.hw.gpu.key,
+            "tp": self.hw.tp,
+            "interconnect": self.hw.link if self.hw.tp > 1 else "none",
+            "gpus": self.gpu.state(),
+            "engine": {
+                "running": st.running, "waiting": st.waiting, "tokenizing": st.frontend_queue,
+                "kv_blocks_total": st.kv_blocks_total, "kv_blocks_used": st.kv_blocks_used,
+                "block_size": st.block_size, "max_num_seqs": st.max_num_seqs,
+                "preemptions_total": e.counters.preemptions, "requests_finished_total": e.counters.finished,
+                "prompt_tokens_total": e.counters.prompt_tokens,
+                "generation_tokens_total": e.counters.generation_tokens,
+                "last_step_s": last.duration_s if last else 0.0,
+                "last_step_bound": last.cost.bound if last else "none",
+                "restarts": self.restarts,
+            },
+            "host": {"cpu_budget_cores": self.scenario.host.cpu_budget_cores,
+                     "cpu_busy_cores": round(self.host_cpu_busy, 4), "cpu_speed": round(e.cpu_speed, 4)},
+        }
