@@ -30,7 +30,7 @@ debs:
 	fi
 
 test: venv debs
-	$(BIN)/ruff check exporter tests bench dashboards
+	$(BIN)/ruff check exporter tests bench dashboards alerts
 	$(BIN)/python -m pytest
 
 demo: venv
@@ -40,7 +40,7 @@ bench: venv debs
 	$(BIN)/python -m bench
 
 lint: venv
-	$(BIN)/ruff check exporter tests bench dashboards
+	$(BIN)/ruff check exporter tests bench dashboards alerts
 
 fmt: venv
 	$(BIN)/ruff check --fix exporter tests bench dashboards
@@ -50,6 +50,11 @@ golden: venv
 
 docs: venv
 	$(BIN)/python -m exporter.catalog
+
+alerts-test: venv debs
+	$(BIN)/python alerts/generate.py --check
+	promtool test rules alerts/tests/*.yaml
+	amtool check-config deploy/alertmanager/alertmanager.yml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -42,12 +42,31 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", dest="log_level", help="debug, info, warning or error (default info)")
 
 
+def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
+    from exporter.simulator.scenarios import SCENARIOS
+
+    parser.add_argument("--scenario", default="decode-heavy", choices=sorted(SCENARIOS),
+                        help="load pattern (switchable at run time on each twin)")
+    parser.add_argument("--engines", type=int, default=1, help="number of engine twins")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs per engine (tensor parallel)")
+    parser.add_argument("--engine-format", dest="engine_format", default="vllm",
+                        choices=("vllm", "sglang", "tgi", "llamacpp"), help="exposition the twins serve")
+    parser.add_argument("--gpu", dest="gpu_name", default="NVIDIA H100 80GB HBM3", help="simulated GPU")
+    parser.add_argument("--model", default="llama-3.1-8b", help="simulated model (built-in shape name)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--listen", default="127.0.0.1:9480", help="exporter HOST:PORT (default 127.0.0.1:9480)")
+    parser.add_argument("--interval", default="1s")
+    parser.add_argument("--log-level", dest="log_level", default="warning")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llm-exporter", description=__doc__)
     parser.add_argument("--version", action="version", version=f"llm-exporter {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="scrape engines, GPUs and the host; serve /metrics")
     _add_run_flags(run_parser)
+    demo_parser = commands.add_parser("demo", help="run the digital twin and the exporter scraping it (no GPU needed)")
+    _add_demo_flags(demo_parser)
     from exporter import doctor
 
     doctor.add_parser(commands)
@@ -79,10 +98,33 @@ def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return 0
 
 
+def command_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from exporter.simulator.demo import run_demo
+
+    if not 1 <= args.engines <= 16 or not 1 <= args.gpus <= 8:
+        print("llm-exporter: invalid engines/gpus: engines 1..16, gpus 1..8", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        config = load_config({"listen": args.listen, "interval": args.interval, "log_level": args.log_level,
+                              "gpu_backend": "none"}, {})
+        setup_logging(config.log_level)
+        asyncio.run(run_demo(config, scenario=args.scenario, engines=args.engines, gpus=args.gpus,
+                             engine_format=args.engine_format, gpu_name=args.gpu_name, model=args.model,
+                             seed=args.seed))
+    except ConfigError as error:
+        print(f"llm-exporter: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
     args = build_parser().parse_args(list(argv))
     if args.command == "run":
         return command_run(args, env)
+    if args.command == "demo":
+        return command_demo(args, env)
     if args.command == "doctor":
         from exporter.doctor import command_doctor
 

@@ -1,0 +1,112 @@
+"""/metrics latency of the exporter (8 fake GPUs, 4 engine targets, the host source) next to the
+Debian prometheus-node-exporter's own scrape latency, measured in the same run, same client,
+requests interleaved so both see the same machine load."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ENGINE_BODY = (ROOT / "tests" / "fixtures" / "engines" / "vllm-v0.11__documented.prom").read_bytes()
+REQUESTS = 400
+WARMUP = 20
+
+
+@contextlib.contextmanager
+def _process(command: list[str], ready_url: str) -> Iterator[subprocess.Popen]:
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(ready_url, timeout=1).status_code == 200:
+                    break
+            if process.poll() is not None:
+                raise RuntimeError(f"{command[0]} exited: {process.stderr.read().decode()[-500:]}")
+            time.sleep(0.1)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _node_exporter() -> str | None:
+    return shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+
+
+def _percentiles(durations: list[float]) -> tuple[float, float]:
+    ordered = sorted(durations)
+    return statistics.median(ordered) * 1000, ordered[int(len(ordered) * 0.99) - 1] * 1000
+
+
+def run() -> list[tuple[str, str]]:
+    sys.path.insert(0, str(ROOT))
+    from tests.support import fake_engine, free_port
+
+    rows: list[tuple[str, str]] = []
+    with contextlib.ExitStack() as stack:
+        urls = [stack.enter_context(fake_engine(ENGINE_BODY))[0] for _ in range(4)]
+        port = free_port()
+        command = [sys.executable, "-m", "bench.exporter_with_fakes", "--listen", f"127.0.0.1:{port}", "--gpus", "8"]
+        for url in urls:
+            command += ["--engine", url + ",name=e" + url.rsplit(":", 1)[1].split("/")[0]]
+        stack.enter_context(_process(command, f"http://127.0.0.1:{port}/readyz"))
+        ours_url = f"http://127.0.0.1:{port}/metrics"
+        targets = {"llm-exporter": ours_url}
+        node_binary = _node_exporter()
+        if node_binary:
+            node_port = free_port()
+            node_url = f"http://127.0.0.1:{node_port}/metrics"
+            stack.enter_context(_process([node_binary, f"--web.listen-address=127.0.0.1:{node_port}"], node_url))
+            targets["node_exporter"] = node_url
+        time.sleep(2.5)  # a few collection cycles so GPU rates and CPU ratios exist
+        durations: dict[str, list[float]] = {name: [] for name in targets}
+        sizes: dict[str, int] = {}
+        failures: dict[str, int] = {name: 0 for name in targets}
+        clients = {name: httpx.Client(timeout=2) for name in targets}
+        for index in range(REQUESTS + WARMUP):
+            for name, url in targets.items():
+                started = time.perf_counter()
+                try:
+                    response = clients[name].get(url)
+                except httpx.HTTPError:
+                    # Seen with node_exporter on a loaded machine: a keep-alive request that never
+                    # answers. Counted, and the connection is replaced.
+                    failures[name] += 1
+                    clients[name].close()
+                    clients[name] = httpx.Client(timeout=2)
+                    continue
+                elapsed = time.perf_counter() - started
+                if index >= WARMUP:
+                    durations[name].append(elapsed)
+                sizes[name] = len(response.content)
+        for client in clients.values():
+            client.close()
+        lines = httpx.get(ours_url).text.count("\n")
+    ours_p50, ours_p99 = _percentiles(durations["llm-exporter"])
+    rows.append(("/metrics payload, 8 GPUs + 4 engines + host (lines / KB)",
+                 f"{lines} / {sizes['llm-exporter'] / 1024:.0f}"))
+    rows.append(("llm-exporter /metrics p50 / p99 (ms)", f"{ours_p50:.2f} / {ours_p99:.2f}"))
+    rows.append(("requests that failed (ours / node_exporter)",
+                 f"{failures['llm-exporter']} / {failures.get('node_exporter', '-')}"))
+    if "node_exporter" in durations:
+        node_p50, node_p99 = _percentiles(durations["node_exporter"])
+        rows.append(("node_exporter /metrics p50 / p99 (ms), same run", f"{node_p50:.2f} / {node_p99:.2f}"))
+        rows.append(("ratio ours / node_exporter at p50 (target <= 0.5)", f"{ours_p50 / node_p50:.2f}"))
+    else:
+        rows.append(("node_exporter", "not installed (make bench installs prometheus-node-exporter)"))
+    return rows

@@ -1,0 +1,53 @@
+"""`llm-exporter demo` as a user runs it: twins, exporter, engine + GPU + host series on /metrics."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import free_port, wait_until
+
+
+def test_demo_serves_engine_gpu_and_host_series_and_stops_on_ctrl_c():
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter.cli", "demo", "--listen", f"127.0.0.1:{port}", "--interval", "300ms",
+         "--gpus", "2", "--engines", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+
+    def names() -> set[str]:
+        try:
+            response = httpx.get(base + "/metrics", timeout=2)
+        except httpx.HTTPError:
+            return set()
+        if response.status_code != 200:
+            return set()
+        text = response.text
+        return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+    try:
+        assert wait_until(lambda: {"llm_engine_up", "llm_gpu_power_watts", "llm_host_cpu_busy_ratio",
+                                   "llm_decode_tokens_per_second"} <= names(), timeout=30), names()
+        text = httpx.get(base + "/metrics", timeout=2).text
+        samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        up = {s.labels["target"]: s.value for s in samples if s.name == "llm_engine_up"}
+        assert up == {"demo-0": 1.0, "demo-1": 1.0}
+        gpus = {s.labels["gpu"] for s in samples if s.name == "llm_gpu_power_watts"}
+        assert gpus == {"0", "1", "2", "3"}  # 2 engines x 2 GPUs, distinct indices
+        assert any(s.name == "llm_time_to_first_token_seconds_count" and s.value > 0 for s in samples)
+        assert httpx.get(base + "/", timeout=2).status_code == 200
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    stdout = process.stdout.read()
+    assert process.returncode == 0, process.stderr.read()
+    assert f"http://127.0.0.1:{port}/metrics" in stdout
