@@ -12,12 +12,14 @@ FAMILIES = (
            "(default max(15 s, 5 intervals)) / its length. A counter reset (engine restart) is read as a "
            "restart from zero, as PromQL rate() does: never negative, never above what was counted.", TM, "derived"),
     family("llm_decode_tokens_per_second", "gauge", "tokens/s",
-           "Output tokens generated per second: windowed rate of llm_generation_tokens_total, reset-safe as above.", TM, "derived"),
+           "Output tokens generated per second: windowed rate of llm_generation_tokens_total, reset-safe as "
+           "above. Engines without token counters (TGI): rate of the finished requests' token "
+           "histogram _sum (llm_request_generation_tokens; prompt tokens likewise).", TM, "derived"),
     family("llm_phase_time_ratio", "gauge", "ratio",
            "Share of engine time in each phase: increase of prefill time / (prefill + decode time), from "
-           "llm_prefill_seconds_total/llm_decode_seconds_total, else the _sum of the per-request "
-           "prefill/decode time histograms (which weight decode by batch size). Absent when the engine "
-           "reports neither.", TM + ("phase",), "derived"),
+           "llm_prefill_seconds_total/llm_decode_seconds_total, else the per-batch forward-time "
+           "histograms' _sum, else the per-request prefill/decode time histograms' _sum (which weight "
+           "decode by batch size). Absent when the engine reports none.", TM + ("phase",), "derived"),
     family("llm_mean_batch_size", "gauge", "sequences",
            "Mean of llm_requests_running over the rate window.", TM, "derived"),
     family("llm_decode_steps_per_second", "gauge", "steps/s",
@@ -79,7 +81,7 @@ FAMILIES = (
     family("llm_bottleneck", "gauge", "bool",
            "The bottleneck verdict (docs/diagnosis.md): 1 for the resource that limits the target now, 0 "
            "for the others; absent on the first cycle and for unreachable targets. Resources: " + ", ".join(RESOURCES) + ".", ("target", "resource"), "derived"),
-    family("llm_bottleneck_score", "gauge", "ratio",
+    family("llm_bottleneck_score", "gauge", "score",
            "How strongly the evidence points at each resource (0..1; formulas in docs/diagnosis.md); the "
            "verdict follows the diagnosis order with hysteresis.", ("target", "resource"), "derived"),
 )
