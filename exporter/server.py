@@ -6,6 +6,7 @@ Every handler only reads the Collector's latest finished result; none waits on a
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Response
@@ -142,3 +143,79 @@ def create_app(collector: Collector, *, max_concurrent_scrapes: int = 4) -> Metr
         return HTMLResponse(render_status(diagnosis_json(collector), refresh_s=refresh, version=__version__))
 
     return MetricsEndpoint(app, collector, max_concurrent_scrapes)
+
+
+# Every endpoint is a GET; a body is never needed, so anything past a small cap is refused before
+# it is read. Header size is capped by uvicorn's h11 parser (h11_max_incomplete_event_size, app.py).
+MAX_BODY_BYTES = 16 * 1024
+Authorize = Callable[[str, "bytes | None"], Awaitable[bool]]
+
+
+class RequestGuard:
+    """The outermost ASGI layer, in front of MetricsEndpoint and FastAPI: refuses an oversized
+    body (413) and, when `authorize` is set (basic auth from the web config), a request without
+    valid credentials (401 with WWW-Authenticate). /healthz and /readyz stay open (the authorize
+    function decides; see exporter/webconfig.py). Query strings are never read here or below for
+    anything but content negotiation: no request parameter can make the exporter fetch a URL."""
+
+    def __init__(self, app: Any, *, authorize: Authorize | None = None, realm: str = 'Basic realm="llm-exporter"',
+                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.authorize = authorize
+        self.realm = realm.encode()
+        self.max_body_bytes = max_body_bytes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.app, name)  # in_flight etc. of the wrapped MetricsEndpoint
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared, chunked, authorization = None, False, None
+        for key, value in scope.get("headers", ()):
+            if key == b"content-length":
+                declared = int(value) if value.isdigit() else self.max_body_bytes + 1
+            elif key == b"transfer-encoding":
+                chunked = True
+            elif key == b"authorization":
+                authorization = value
+        if declared is not None and declared > self.max_body_bytes:
+            await _send(send, 413, b"request body too large\n", b"text/plain")
+            return
+        if self.authorize is not None and not await self.authorize(scope["path"], authorization):
+            await _send_401(send, self.realm)
+            return
+        if chunked:
+            receive = await self._buffer_body(receive, send)
+            if receive is None:
+                return
+        await self.app(scope, receive, send)
+
+    async def _buffer_body(self, receive: Any, send: Any) -> Any:
+        """Read a chunked body up to the cap; None when it was refused or the client went away."""
+        messages, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            total += len(message.get("body", b""))
+            if total > self.max_body_bytes:
+                await _send(send, 413, b"request body too large\n", b"text/plain")
+                return None
+            messages.append(message)
+            if not message.get("more_body"):
+                break
+
+        async def replay() -> dict:
+            return messages.pop(0) if messages else await receive()
+
+        return replay
+
+
+async def _send_401(send: Any, realm: bytes) -> None:
+    body = b"unauthorized\n"
+    await send({"type": "http.response.start", "status": 401, "headers": [
+        (b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode()),
+        (b"www-authenticate", realm)]})
+    await send({"type": "http.response.body", "body": body})

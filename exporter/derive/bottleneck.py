@@ -1,0 +1,361 @@
+"""The bottleneck verdict: one resource per target, with scores, evidence and remedies.
+
+Order of the source documents (shared/seeds): first which phase is slow (is there load at all,
+prefill or decode), then compute, HBM bandwidth, memory capacity (KV), CPU, interconnect, power
+and thermal. Two kinds of resource are told apart:
+
+- roofs (compute, memory_bandwidth): the GPU doing its job at its limit. That is where a healthy,
+  loaded engine sits; prefill tends to the compute roof, decode to the bandwidth roof.
+- constraints (kv_capacity, host_cpu, interconnect, power_thermal): something that keeps the GPU
+  from its roof or caps concurrency. When one is clearly active it is the verdict even if a roof
+  also scores high, because the fix is elsewhere ("the most expensive mistake is upgrading a part
+  that was never the bottleneck").
+
+Rules (thresholds in docs/diagnosis.md): no work -> idle; else the constraint with the highest
+score >= CONSTRAINT_MIN; else the higher roof if >= ROOF_MIN; else idle (headroom). Ties go to the
+earlier resource in the order. Hysteresis: the standing verdict needs STICKY less to stay, and a
+new one must win HOLD_CYCLES cycles in a row before it replaces it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from exporter.catalog.derived import RESOURCES
+from exporter.snapshot import Sample, labels_of
+
+ROOFS = ("compute", "memory_bandwidth")
+CONSTRAINTS = ("kv_capacity", "host_cpu", "interconnect", "power_thermal")
+CONSTRAINT_MIN = 0.6
+ROOF_MIN = 0.35
+STICKY = 0.1
+HOLD_CYCLES = 3
+NO_WORK_TOKENS_PER_S = 0.5
+MFU_LOW, MFU_HIGH = 0.20, 0.50  # prefill MFU: 50% is about what good prefill kernels reach
+HBM_LOW, HBM_HIGH = 0.30, 0.70  # HBM share of peak: decode kernels rarely sustain more than 70-80%
+SLO_TARGET = 0.9  # attainment below this marks the target degraded whatever the verdict
+
+SEVERE_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_slowdown", "hw_power_brake_slowdown"})
+POWER_CAP = "sw_power_cap"
+
+REMEDIES: Mapping[str, tuple[str, ...]] = {
+    "idle": (
+        "Nothing to fix on this node: the engine waits for work.",
+        "If users still see slow tokens, look upstream (load balancer, network, client) before the GPU.",
+        "Consider fewer replicas or a smaller GPU for this load.",
+    ),
+    "compute": (
+        "Prefill is compute-bound: quantize to FP8/INT8 where the GPU has those tensor cores.",
+        "Set batch limits: cap the per-step token budget (chunked prefill, e.g. vLLM --max-num-batched-tokens) "
+        "so long prompts do not stall decode.",
+        "Enable prefix caching for repeated system prompts; add replicas or a GPU with more TFLOPS.",
+    ),
+    "memory_bandwidth": (
+        "Decode is HBM-bound: quantize weights (FP8/INT8/INT4) to cut the bytes every step reads.",
+        "Raise batch limits (e.g. vLLM --max-num-seqs) so more sequences share each weight read, if the "
+        "TBT budget allows; quantize the KV cache (fp8) for long contexts.",
+        "Add replicas, or pick a GPU with more HBM bandwidth (not more TFLOPS).",
+    ),
+    "kv_capacity": (
+        "KV cache is full: set KV limits (lower --max-model-len / --max-num-seqs) so admitted requests fit.",
+        "Quantize the KV cache (fp8) or the weights to free memory for KV; raise gpu-memory-utilization.",
+        "Add more replicas (or more GPUs per replica) to spread the KV; route long-context requests apart.",
+    ),
+    "host_cpu": (
+        "The host CPU feeds the GPU too slowly: apply CPU pinning on the GPU's NUMA node (numactl/taskset).",
+        "Give the engine more or faster cores; move tokenization/detokenization off the scheduler thread "
+        "(more API-server processes).",
+        "Cut per-request overhead (JSON, streaming chunk size, logging) before buying GPUs.",
+    ),
+    "interconnect": (
+        "Check link training: nvidia-smi -q -d PCI (current vs max generation/width); reseat the card or riser, "
+        "check the BIOS PCIe setting.",
+        "Check NVLink status (nvidia-smi nvlink -s) and topology (nvidia-smi topo -m).",
+        "Keep tensor parallelism inside one NVLink domain, or run replicas (data parallel) instead of TP over PCIe.",
+    ),
+    "power_thermal": (
+        "Check cooling: airflow, fans, inlet temperature, dust; the GPU is slowing its clocks.",
+        "Check the power limit (nvidia-smi -q -d POWER,PERFORMANCE) and the PSU/VRM; restore the default limit.",
+        "Do not buy faster GPUs until the clocks hold under load.",
+    ),
+}
+
+
+def ramp(value: float | None, low: float, high: float) -> float:
+    """0 at or below `low`, 1 at or above `high`, linear in between; 0 for unknown."""
+    if value is None:
+        return 0.0
+    if high <= low:
+        return 1.0 if value >= high else 0.0
+    return min(1.0, max(0.0, (value - low) / (high - low)))
+
+
+def pct(value: float) -> str:
+    return f"{value * 100:.0f}%"
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """What the verdict reads for one target; None where a source does not say."""
+
+    running: float | None = None
+    waiting: float | None = None
+    mean_batch: float | None = None
+    prefill_tps: float | None = None
+    decode_tps: float | None = None
+    prefill_share: float | None = None
+    time_source: str = ""
+    preemptions_per_s: float | None = None
+    kv_usage: float | None = None
+    kv_headroom: float | None = None
+    hbm_gpm: float | None = None
+    hbm_model: float | None = None
+    mfu: float | None = None
+    tensor_active: float | None = None
+    gpu_util: float | None = None
+    busiest_thread: float | None = None
+    cpu_all: float | None = None
+    numa_mismatch: bool | None = None
+    tp: int = 1
+    degraded_links: tuple[str, ...] = ()
+    link_util: float | None = None
+    link_util_what: str = ""
+    throttles: tuple[str, ...] = ()  # "gpu0: hw_thermal_slowdown"
+    power_capped: tuple[str, ...] = ()
+    clock_ratio: float | None = None  # lowest SM clock / max over busy GPUs
+    temperature: float | None = None
+    gpus_known: bool = False
+    ttft_p99: float | None = None
+    tbt_p99: float | None = None
+    ttft_attainment: float | None = None
+    ttft_bound: float | None = None
+    tbt_attainment: float | None = None
+    tbt_bound: float | None = None
+
+    @property
+    def rates_known(self) -> bool:
+        return self.decode_tps is not None or self.prefill_tps is not None
+
+    @property
+    def work(self) -> bool:
+        load = max(self.running or 0.0, self.mean_batch or 0.0, self.waiting or 0.0)
+        tokens = (self.decode_tps or 0.0) + (self.prefill_tps or 0.0)
+        return load >= 0.5 or tokens >= NO_WORK_TOKENS_PER_S
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    scores: Mapping[str, float]
+    evidence: Mapping[str, tuple[str, ...]]  # per resource
+    context: tuple[str, ...]  # facts worth showing whatever the verdict
+
+
+def _compute(s: Signals) -> tuple[float, list[str]]:
+    ev = []
+    # MFU is the direct measure; tensor-core activity (GPM) also counts attention and decode
+    # matmuls at low efficiency, so it only stands in when there is no MFU.
+    score = ramp(s.mfu, MFU_LOW, MFU_HIGH) if s.mfu is not None else ramp(s.tensor_active, 0.40, 0.80)
+    if s.mfu is not None:
+        ev.append(f"prefill MFU {pct(s.mfu)}")
+    if s.tensor_active is not None:
+        ev.append(f"tensor cores active {pct(s.tensor_active)} (GPM)")
+    if s.mfu is None and s.tensor_active is None and s.gpu_util is not None and s.prefill_share is not None:
+        score = 0.8 * ramp(s.gpu_util, 0.5, 0.95) * s.prefill_share
+        ev.append(f"GPU busy {pct(s.gpu_util)} with prefill {pct(s.prefill_share)} of engine time (no MFU: "
+                  "model shape or GPU spec unknown)")
+    return score, ev
+
+
+def _bandwidth(s: Signals) -> tuple[float, list[str]]:
+    ev = []
+    ratio = s.hbm_gpm if s.hbm_gpm is not None else s.hbm_model
+    score = ramp(ratio, HBM_LOW, HBM_HIGH)
+    if s.hbm_gpm is not None:
+        model = f"; modelled {pct(s.hbm_model)}" if s.hbm_model is not None else ""
+        ev.append(f"HBM at {pct(s.hbm_gpm)} of peak by GPM{model}")
+    elif s.hbm_model is not None:
+        ev.append(f"HBM at {pct(s.hbm_model)} of peak (modelled from decode steps/s and the model shape)")
+    elif s.gpu_util is not None and s.prefill_share is not None:
+        score = 0.8 * ramp(s.gpu_util, 0.5, 0.95) * (1.0 - s.prefill_share)
+        ev.append(f"GPU busy {pct(s.gpu_util)} with decode {pct(1 - s.prefill_share)} of engine time (no "
+                  "bandwidth figure: no GPM and no model shape)")
+    return score, ev
+
+
+def _kv(s: Signals) -> tuple[float, list[str]]:
+    ev = []
+    usage = s.kv_usage
+    score = 0.55 * ramp(usage, 0.80, 0.97)
+    if usage is not None:
+        room = f", room for {s.kv_headroom:.0f} more sequences" if s.kv_headroom is not None else ""
+        ev.append(f"KV cache {pct(usage)} used{room}")
+    if s.preemptions_per_s is not None and s.preemptions_per_s > 0:
+        score = max(score, 0.6 + 0.4 * ramp(usage, 0.70, 0.95))
+        ev.append(f"{s.preemptions_per_s * 60:.1f} preemptions/min (sequences evicted for lack of KV blocks)")
+    if (s.waiting or 0) >= 1 and usage is not None and usage >= 0.9:
+        score = max(score, 0.6 + 0.4 * ramp(usage, 0.90, 0.98))
+        ev.append(f"{s.waiting:.0f} requests waiting while the KV cache is full")
+    return score, ev
+
+
+def _host(s: Signals, roof: float) -> tuple[float, list[str]]:
+    ev = []
+    score = max(ramp(s.busiest_thread, 0.70, 0.95), 0.5 * ramp(s.cpu_all, 0.85, 0.98))
+    if s.busiest_thread is not None:
+        ev.append(f"busiest engine thread at {pct(s.busiest_thread)} of a core")
+    if s.cpu_all is not None and s.cpu_all >= 0.85:
+        ev.append(f"host CPUs {pct(s.cpu_all)} busy")
+    if score > 0 and roof >= 0.8:
+        # A busy CPU next to a GPU at its roof is not what limits tokens/s.
+        score *= 0.5
+    if s.numa_mismatch and score > 0.3:
+        score = min(1.0, score + 0.15)
+        ev.append("engine pinned to CPUs outside the GPUs' NUMA node")
+    return score, ev
+
+
+def _interconnect(s: Signals) -> tuple[float, list[str]]:
+    ev = []
+    score = 0.0
+    if s.degraded_links:
+        score = 0.9 if s.tp > 1 else 0.45
+        ev.append("PCIe link trained down under load: " + ", ".join(s.degraded_links))
+        if s.tp > 1:
+            ev.append(f"tensor parallel over {s.tp} GPUs: every step waits on the slow link")
+    elif s.gpus_known:
+        ev.append("PCIe links at their maximum generation and width")
+    if s.link_util is not None:
+        score = max(score, ramp(s.link_util, 0.6, 0.9) * (1.0 if s.tp > 1 else 0.6))
+        if s.link_util >= 0.5:
+            ev.append(f"{s.link_util_what} at {pct(s.link_util)} of link capacity")
+    return score, ev
+
+
+def _power(s: Signals) -> tuple[float, list[str]]:
+    ev = []
+    drop = ramp(None if s.clock_ratio is None else 1.0 - s.clock_ratio, 0.10, 0.35)
+    score = 0.4 * drop
+    if s.throttles:
+        score = 1.0
+        ev.append("clock slowdown active: " + ", ".join(s.throttles))
+    if s.power_capped:
+        score = max(score, 0.45 + 0.5 * drop)
+        ev.append("power cap reached: " + ", ".join(s.power_capped))
+    if s.clock_ratio is not None and (s.throttles or s.power_capped or drop > 0):
+        ev.append(f"SM clock at {pct(s.clock_ratio)} of max")
+    if s.temperature is not None and s.temperature >= 85:
+        ev.append(f"GPU at {s.temperature:.0f} C")
+    if not ev and s.gpus_known:
+        ev.append("no throttling")
+    return score, ev
+
+
+def _context(s: Signals) -> list[str]:
+    out = []
+    if s.prefill_share is not None:
+        phase, share = ("decode", 1 - s.prefill_share) if s.prefill_share < 0.5 else ("prefill", s.prefill_share)
+        out.append(f"{phase} is {pct(share)} of engine time ({s.time_source})")
+    if s.prefill_tps is not None or s.decode_tps is not None:
+        out.append(f"prefill {s.prefill_tps or 0:.0f} tok/s, decode {s.decode_tps or 0:.0f} tok/s")
+    if s.mean_batch is not None:
+        waiting = f", {s.waiting:.0f} waiting" if s.waiting else ""
+        out.append(f"batch {s.mean_batch:.1f}{waiting}")
+    if s.ttft_p99 is not None:
+        slo = ""
+        if s.ttft_attainment is not None and s.ttft_bound is not None:
+            slo = f"; {pct(s.ttft_attainment)} within {s.ttft_bound:g}s"
+        out.append(f"TTFT p99 {s.ttft_p99:.3g}s{slo}")
+    if s.tbt_p99 is not None:
+        slo = ""
+        if s.tbt_attainment is not None and s.tbt_bound is not None:
+            slo = f"; {pct(s.tbt_attainment)} within {s.tbt_bound:g}s"
+        out.append(f"TBT p99 {s.tbt_p99 * 1000:.3g}ms{slo}")
+    return out
+
+
+def assess(s: Signals) -> Assessment:
+    compute, ev_c = _compute(s)
+    bandwidth, ev_b = _bandwidth(s)
+    kv, ev_k = _kv(s)
+    host, ev_h = _host(s, max(compute, bandwidth))
+    link, ev_i = _interconnect(s)
+    power, ev_p = _power(s)
+    others = max(compute, bandwidth, kv, host, link, power)
+    idle = 1.0 if not s.work else max(0.0, 1.0 - 2.0 * others)
+    ev_idle = ["no requests running or waiting and no tokens generated"] if not s.work else []
+    scores = {"idle": idle, "compute": compute, "memory_bandwidth": bandwidth, "kv_capacity": kv,
+              "host_cpu": host, "interconnect": link, "power_thermal": power}
+    evidence = {"idle": ev_idle, "compute": ev_c, "memory_bandwidth": ev_b, "kv_capacity": ev_k,
+                "host_cpu": ev_h, "interconnect": ev_i, "power_thermal": ev_p}
+    return Assessment({k: round(v, 4) for k, v in scores.items()},
+                      {k: tuple(v) for k, v in evidence.items()}, tuple(_context(s)))
+
+
+def _best(candidates: Sequence[str], scores: Mapping[str, float], current: str | None) -> str:
+    # Highest score (the standing verdict gets the sticky margin, so two resources with close
+    # scores do not swap every cycle); on a tie the earlier resource in the diagnosis order.
+    def key(r: str) -> tuple[float, int]:
+        return (scores[r] + (STICKY if r == current else 0.0), -RESOURCES.index(r))
+
+    return max(candidates, key=key)
+
+
+def raw_verdict(s: Signals, scores: Mapping[str, float], current: str | None) -> tuple[str, str]:
+    """(resource, rule that chose it) for this cycle alone; `current` gets the sticky margin."""
+    if not s.rates_known:
+        return "", "warming up: token rates need two cycles"
+    if not s.work:
+        return "idle", "no work"
+
+    def passes(resource: str, minimum: float) -> bool:
+        return scores[resource] >= minimum - (STICKY if resource == current else 0.0)
+
+    active = [r for r in CONSTRAINTS if passes(r, CONSTRAINT_MIN)]
+    if active:
+        return _best(active, scores, current), f"constraint score >= {CONSTRAINT_MIN}"
+    roofs = [r for r in ROOFS if passes(r, ROOF_MIN)]
+    if roofs:
+        return _best(roofs, scores, current), f"roof score >= {ROOF_MIN}"
+    return "idle", f"no resource above {ROOF_MIN}: headroom"
+
+
+@dataclass(frozen=True, slots=True)
+class Hysteresis:
+    verdict: str | None = None
+    since: float = 0.0
+    pending: str | None = None
+    streak: int = 0
+
+
+def settle(state: Hysteresis, raw: str, now: float, hold_cycles: int = HOLD_CYCLES) -> Hysteresis:
+    """Adopt `raw` at once the first time; later, only after it won `hold_cycles` cycles in a row."""
+    if state.verdict is None:
+        return Hysteresis(raw, now)
+    if raw == state.verdict:
+        return replace(state, pending=None, streak=0)
+    streak = state.streak + 1 if raw == state.pending else 1
+    if streak >= hold_cycles:
+        return Hysteresis(raw, now)
+    return replace(state, pending=raw, streak=streak)
+
+
+def is_degraded(verdict: str, s: Signals) -> list[str]:
+    """Why the target counts as degraded (empty: healthy)."""
+    why = []
+    if verdict in CONSTRAINTS:
+        why.append(f"limited by {verdict}, not by the GPU's own roof")
+    if s.ttft_attainment is not None and s.ttft_attainment < SLO_TARGET:
+        why.append(f"only {pct(s.ttft_attainment)} of requests meet the TTFT SLO")
+    if s.tbt_attainment is not None and s.tbt_attainment < SLO_TARGET:
+        why.append(f"only {pct(s.tbt_attainment)} of token gaps meet the TBT SLO")
+    return why
+
+
+def samples(target: str, verdict: str, scores: Mapping[str, float]) -> list[Sample]:
+    out = []
+    for resource in RESOURCES:
+        labels = labels_of(target=target, resource=resource)
+        out.append(Sample("llm_bottleneck", labels, 1.0 if resource == verdict else 0.0))
+        out.append(Sample("llm_bottleneck_score", labels, scores.get(resource, 0.0)))
+    return out

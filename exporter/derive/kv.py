@@ -1,0 +1,82 @@
+"""KV cache occupancy in tokens and bytes, and headroom in sequences.
+
+bytes/token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element (specs.models).
+Used tokens come from the engine (usage ratio x capacity); bytes need the model shape, and are
+omitted without it. Headroom = free tokens / the current mean context per running sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from exporter.derive.throughput import Throughput
+from exporter.derive.view import KV_CAPACITY, EngineView
+from exporter.snapshot import Labels, Sample
+from exporter.specs.models import ModelShape, kv_bytes_per_token
+
+
+@dataclass(frozen=True, slots=True)
+class KvCache:
+    usage_ratio: float | None = None
+    used_tokens: float | None = None
+    capacity_tokens: float | None = None
+    bytes_per_token: float | None = None
+    mean_context: float | None = None
+    headroom_sequences: float | None = None
+
+    @property
+    def used_bytes(self) -> float | None:
+        if self.used_tokens is None or self.bytes_per_token is None:
+            return None
+        return self.used_tokens * self.bytes_per_token
+
+    @property
+    def capacity_bytes(self) -> float | None:
+        if self.capacity_tokens is None or self.bytes_per_token is None:
+            return None
+        return self.capacity_tokens * self.bytes_per_token
+
+
+def mean_context(used_tokens: float | None, running: float | None, fallback: float | None) -> float | None:
+    """Tokens held per running sequence now; with nothing running, the mean length (prompt +
+    output) of the requests that finished in the window."""
+    if used_tokens is not None and running is not None and running >= 1 and used_tokens > 0:
+        return used_tokens / running
+    return fallback if fallback is not None and fallback > 0 else None
+
+
+def headroom_sequences(capacity: float, used: float, context: float) -> float:
+    """Whole sequences of `context` tokens that fit in the free part of the pool."""
+    return float(math.floor(max(0.0, capacity - used) / context)) if context > 0 else 0.0
+
+
+def compute(engine: EngineView, tp: Throughput | None, shape: ModelShape | None) -> KvCache:
+    capacity = engine.get(KV_CAPACITY)
+    used = engine.kv_used_tokens
+    running = tp.running if tp is not None else engine.get("llm_requests_running")
+    fallback = tp.mean_request_tokens if tp is not None else None
+    context = mean_context(used, running, fallback)
+    headroom = None
+    if capacity is not None and used is not None and context is not None:
+        headroom = headroom_sequences(capacity, used, context)
+    return KvCache(
+        usage_ratio=engine.kv_usage_ratio,
+        used_tokens=used,
+        capacity_tokens=capacity,
+        bytes_per_token=kv_bytes_per_token(shape) if shape is not None else None,
+        mean_context=context,
+        headroom_sequences=headroom,
+    )
+
+
+def samples(kv: KvCache, labels: Labels) -> list[Sample]:
+    out: list[Sample] = []
+    for name, value in (("llm_kv_cache_bytes_per_token", kv.bytes_per_token),
+                        ("llm_kv_cache_used_tokens", kv.used_tokens),
+                        ("llm_kv_cache_used_bytes", kv.used_bytes),
+                        ("llm_kv_cache_capacity_bytes", kv.capacity_bytes),
+                        ("llm_kv_cache_headroom_sequences", kv.headroom_sequences)):
+        if value is not None:
+            out.append(Sample(name, labels, value))
+    return out

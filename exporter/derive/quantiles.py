@@ -1,0 +1,103 @@
+"""TTFT, TBT and E2E quantiles over a sliding window, and SLO attainment, from bucket deltas.
+
+The window's histogram is the current cumulative bucket counts minus those of a checkpoint about
+`window` seconds old (window.HistogramWindow keeps ~30 coarse checkpoints). Quantiles interpolate
+linearly inside the bucket, exactly like PromQL's histogram_quantile(), so the numbers match a
+Grafana panel built on the same buckets. Attainment counts the bucket whose bound is the closest
+at or below the threshold: a lower bound can only understate attainment, never flatter it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exporter.derive.view import Histogram
+from exporter.expose import format_value
+from exporter.snapshot import Labels, Sample
+
+QUANTILES = (0.5, 0.95, 0.99)
+SERIES = (
+    ("llm_time_to_first_token_seconds", "llm_ttft_window_seconds", "llm_ttft_slo_attainment_ratio", "ttft"),
+    ("llm_inter_token_latency_seconds", "llm_tbt_window_seconds", "llm_tbt_slo_attainment_ratio", "tbt"),
+    ("llm_e2e_request_latency_seconds", "llm_e2e_window_seconds", "", "e2e"),
+)
+
+
+def histogram_quantile(q: float, bounds: Sequence[float], cumulative: Sequence[float]) -> float | None:
+    """PromQL histogram_quantile over cumulative counts (last bound +Inf). None when empty."""
+    if not bounds or not cumulative:
+        return None
+    total = cumulative[-1]
+    if total <= 0:
+        return None
+    rank = q * total
+    i = bisect.bisect_left(cumulative, rank)
+    i = min(i, len(bounds) - 1)
+    if bounds[i] == float("inf"):
+        # In the +Inf bucket: the best we can say is the highest finite bound.
+        return bounds[-2] if len(bounds) > 1 else None
+    lower = bounds[i - 1] if i > 0 else 0.0
+    below = cumulative[i - 1] if i > 0 else 0.0
+    if i == 0 and bounds[0] <= 0:
+        return bounds[0]
+    in_bucket = cumulative[i] - below
+    if in_bucket <= 0:
+        return bounds[i]
+    return lower + (bounds[i] - lower) * (rank - below) / in_bucket
+
+
+def slo_bound(bounds: Sequence[float], threshold: float) -> float | None:
+    """The largest finite bucket bound at or below the threshold (with float tolerance)."""
+    best = None
+    for b in bounds:
+        if b != float("inf") and b <= threshold * (1 + 1e-9):
+            best = b
+    return best
+
+
+def attainment(bounds: Sequence[float], cumulative: Sequence[float], bound: float) -> float | None:
+    total = cumulative[-1] if cumulative else 0.0
+    if total <= 0:
+        return None
+    return cumulative[list(bounds).index(bound)] / total
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    kind: str  # ttft | tbt | e2e
+    count: float  # observations in the window
+    quantiles: tuple[tuple[float, float], ...]  # (q, seconds)
+    slo_threshold: float | None = None
+    slo_bound: float | None = None
+    slo_attainment: float | None = None
+    note: str = ""
+
+    def quantile(self, q: float) -> float | None:
+        return dict(self.quantiles).get(q)
+
+
+def compute(kind: str, delta: Histogram, threshold: float | None) -> Tail:
+    qs = tuple((q, v) for q in QUANTILES if (v := histogram_quantile(q, delta.bounds, delta.counts)) is not None)
+    bound = att = None
+    note = ""
+    if threshold is not None:
+        bound = slo_bound(delta.bounds, threshold)
+        if bound is None:
+            note = f"no {kind} bucket bound at or below the SLO {threshold:g}s: attainment omitted"
+        else:
+            att = attainment(delta.bounds, delta.counts, bound)
+    return Tail(kind, delta.counts[-1] if delta.counts else 0.0, qs, threshold, bound, att, note)
+
+
+def samples(tail: Tail, window_name: str, slo_name: str, labels: Labels) -> list[Sample]:
+    out = [Sample(window_name, tuple(sorted(labels + (("quantile", format_q(q)),))), v) for q, v in tail.quantiles]
+    if slo_name and tail.slo_attainment is not None and tail.slo_bound is not None:
+        out.append(Sample(slo_name, tuple(sorted(labels + (("le", format_value(tail.slo_bound)),))),
+                          tail.slo_attainment))
+    return out
+
+
+def format_q(q: float) -> str:
+    return f"{q:g}"

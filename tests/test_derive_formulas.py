@@ -1,0 +1,286 @@
+"""Every derived formula on hand-computed cases (exporter/derive/)."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+
+import pytest
+
+from exporter.derive import energy, kv, quantiles, roofline, throughput
+from exporter.derive.view import EngineView, Histogram
+from exporter.derive.window import HistogramWindow, RateWindow, ResetSafe
+from exporter.specs.gpus import lookup_gpu
+from exporter.specs.models import BUILTIN, ModelShape, kv_bytes_per_token, weight_bytes
+
+KiB, GiB = 1024, 1 << 30
+
+# The seeds' example: 80 layers, 8 KV heads, head dim 128, FP16.
+SEED_70B = ModelShape("seed-70b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, vocab=128256,
+                      intermediate=28672)
+
+
+def engine_view(**sums: float) -> EngineView:
+    return EngineView("t", "engine:t", "vllm", "m", sums, {}, None, None)
+
+
+# --- KV cache --------------------------------------------------------------------------------
+
+def test_kv_bytes_per_token_is_320_kib_for_the_seed_example():
+    assert kv_bytes_per_token(SEED_70B) == 320 * KiB  # 2 x 80 x 8 x 128 x 2
+    assert 100_000 * kv_bytes_per_token(SEED_70B) / GiB == pytest.approx(30.5, abs=0.1)  # "about 31 GiB"
+
+
+def test_kv_bytes_and_headroom_from_engine_usage_and_shape():
+    view = EngineView("t", "engine:t", "vllm", "m", {"llm_kv_cache_capacity_tokens": 10_000.0,
+                                                      "llm_requests_running": 4.0},
+                      {}, kv_used_tokens=6_000.0, kv_usage_ratio=0.6)
+    cache = kv.compute(view, None, SEED_70B)
+    assert cache.used_bytes == 6_000 * 320 * KiB
+    assert cache.capacity_bytes == 10_000 * 320 * KiB
+    assert cache.mean_context == 1_500.0  # 6000 tokens held by 4 running sequences
+    assert cache.headroom_sequences == 2.0  # floor(4000 free / 1500)
+    names = {s.name for s in kv.samples(cache, (("model", "m"), ("target", "t")))}
+    assert names == {"llm_kv_cache_bytes_per_token", "llm_kv_cache_used_tokens", "llm_kv_cache_used_bytes",
+                     "llm_kv_cache_capacity_bytes", "llm_kv_cache_headroom_sequences"}
+
+
+def test_kv_without_shape_keeps_tokens_and_omits_bytes():
+    view = EngineView("t", "engine:t", "vllm", "m", {"llm_kv_cache_capacity_tokens": 100.0}, {}, 50.0, 0.5)
+    cache = kv.compute(view, None, None)
+    names = {s.name for s in kv.samples(cache, ())}
+    assert "llm_kv_cache_used_tokens" in names
+    assert not names & {"llm_kv_cache_used_bytes", "llm_kv_cache_capacity_bytes", "llm_kv_cache_bytes_per_token"}
+
+
+def test_mean_context_falls_back_to_finished_request_length_when_nothing_runs():
+    assert kv.mean_context(0.0, 0.0, 700.0) == 700.0
+    assert kv.mean_context(None, None, None) is None
+    assert kv.headroom_sequences(1000, 1000, 10) == 0.0
+
+
+# --- roofline --------------------------------------------------------------------------------
+
+def test_70b_fp16_on_2_tb_s_cannot_decode_one_sequence_faster_than_14_6_tokens_per_s():
+    # The seeds' arithmetic is binary on both sides: 2 TiB/s over 140 GiB of FP16 weights.
+    seed_ceiling = 2 * 1024 / 140
+    assert seed_ceiling == pytest.approx(14.6, abs=0.05)
+    # The real 70B shape (70.6e9 parameters, 141 GB) on a decimal 2 TB/s card: 14.2, within "about 14.6".
+    ceiling = roofline.single_sequence_ceiling(SEED_70B, 2e12)
+    assert ceiling == pytest.approx(2e12 / weight_bytes(SEED_70B))
+    assert 14.0 < ceiling <= 14.6
+    # Tensor parallelism over two such cards doubles the ceiling (each reads half the weights).
+    assert roofline.single_sequence_ceiling(SEED_70B, 2e12, tp=2) == pytest.approx(2 * ceiling)
+    # Batching shares the weight read: 32 sequences per step give ~32x the tokens/s at the same bytes.
+    per_step = roofline.decode_bytes_per_step(SEED_70B, 1, 0)
+    assert roofline.decode_bytes_per_step(SEED_70B, 32, 0) == per_step
+
+
+def test_modelled_bandwidth_is_steps_times_weights_plus_kv_over_tp():
+    shape = BUILTIN["llama-3.1-8b"]
+    per_step = roofline.decode_bytes_per_step(shape, 16, 20_000)
+    from exporter.specs.models import weight_bytes_read_per_step
+
+    assert per_step == weight_bytes_read_per_step(shape, 16) + 20_000 * kv_bytes_per_token(shape)
+    assert roofline.modelled_bandwidth_per_gpu(50.0, per_step, 2) == pytest.approx(25.0 * per_step)
+
+
+def test_roofline_compute_gives_model_and_gpm_ratios_per_gpu():
+    from exporter.derive.view import GpuView
+
+    shape = BUILTIN["llama-3.1-8b"]
+    spec = lookup_gpu("NVIDIA H100 80GB HBM3")
+    gpu = GpuView("0", "GPU-0", spec.nvml_name, {"llm_gpu_dram_bandwidth_utilization_ratio": 0.5}, {}, ())
+    thr = throughput.Throughput(prefill_tps=10_000.0, decode_tps=1_000.0, mean_batch=10.0, steps_per_s=100.0)
+    cache = kv.KvCache(used_tokens=5_000.0, mean_context=500.0)
+    roof = roofline.compute([gpu], [spec], shape, 1, thr, cache)
+    g = roof.gpus[0]
+    expected = 100.0 * roofline.decode_bytes_per_step(shape, 10, 5_000)
+    assert g.model_bandwidth == pytest.approx(expected)
+    assert g.model_ratio == pytest.approx(expected / 3.35e12)
+    assert g.gpm_bandwidth == pytest.approx(0.5 * 3.35e12)
+    from exporter.specs.models import active_params
+
+    assert roof.mfu == pytest.approx(2 * active_params(shape) * 10_000 / spec.bf16_dense_flops)
+    labels = {(s.name, s.label("source")) for s in roofline.samples(roof, "t", "m")}
+    assert ("llm_hbm_bandwidth_efficiency_ratio", "model") in labels
+    assert ("llm_hbm_bandwidth_efficiency_ratio", "gpm") in labels
+    assert ("llm_prefill_mfu_ratio", "") in labels
+
+
+def test_prefill_mfu_hand_computed():
+    # Llama-3.1-8B has 8.03e9 parameters: 2 x 8.03e9 x 30,000 tok/s = 4.82e14 FLOP/s, 48.7% of 989.5 TFLOPS.
+    shape = BUILTIN["llama-3.1-8b"]
+    from exporter.specs.models import active_params
+
+    assert active_params(shape) == pytest.approx(8.03e9, rel=0.01)
+    assert roofline.prefill_mfu(shape, 30_000, 989.5e12) == pytest.approx(0.487, abs=0.005)
+
+
+def test_fp8_weights_use_the_fp8_peak():
+    spec = lookup_gpu("h100-sxm")
+    fp8 = ModelShape("x", layers=2, hidden=64, heads=4, kv_heads=4, head_dim=16, vocab=100, intermediate=128,
+                     dtype_bytes=1.0)
+    assert roofline.peak_flops(spec, fp8) == spec.fp8_dense_flops
+    assert roofline.peak_flops(spec, BUILTIN["llama-3.1-8b"]) == spec.bf16_dense_flops
+
+
+# --- throughput and counter resets -------------------------------------------------------------
+
+def test_phase_split_rates_and_steps():
+    window = RateWindow(60.0)
+    for t, prompt, gen, pre_s, dec_s, running in ((0, 0, 0, 0, 0, 8), (10, 5_000, 2_000, 1.0, 9.0, 8),
+                                                   (20, 10_000, 4_000, 2.0, 18.0, 12)):
+        throughput.observe(window, engine_view(llm_prompt_tokens_total=prompt, llm_generation_tokens_total=gen,
+                                               llm_prefill_seconds_total=pre_s, llm_decode_seconds_total=dec_s,
+                                               llm_requests_running=running), float(t))
+    thr = throughput.compute(engine_view(llm_requests_running=12.0), window)
+    assert thr.prefill_tps == pytest.approx(500.0)
+    assert thr.decode_tps == pytest.approx(200.0)
+    assert thr.prefill_share == pytest.approx(0.1)
+    assert thr.mean_batch == pytest.approx(10.0)  # points inside the window: 8 and 12
+    assert thr.steps_per_s == pytest.approx(20.0)
+
+
+def test_counter_reset_never_gives_negative_or_huge_rates():
+    window = RateWindow(30.0)
+    values = [0, 100, 200, 300, 20, 120, 220]  # the engine restarted between 300 and 20
+    rates = []
+    for t, v in enumerate(values):
+        window.observe(float(t), {"c": float(v)}, {})
+        rate = window.rate("c")
+        if rate is not None:
+            rates.append(rate)
+    assert min(rates) >= 0
+    assert max(rates) <= 100.0  # never more than what was really counted per second
+    assert ResetSafe().adjust({"c": 5.0}) == {"c": 5.0}
+
+
+def test_rate_window_memory_is_bounded():
+    window = RateWindow(10.0, max_points=64)
+    for t in range(10_000):
+        window.observe(t * 0.01, {"c": float(t)}, {"g": 1.0})
+    assert len(window._points) <= 64
+    assert window.rate("c") == pytest.approx(100.0)
+
+
+def test_steps_per_second_edge_cases():
+    assert throughput.steps_per_second(100.0, 0.5) == 100.0  # a lone sequence: one token per step
+    assert throughput.steps_per_second(0.0, 0.0) == 0.0
+    assert throughput.steps_per_second(None, 3.0) is None
+
+
+# --- energy and cost ---------------------------------------------------------------------------
+
+def test_joules_per_token_and_cost_hand_computed():
+    assert energy.joules_per_token(700.0, 1_400.0) == 0.5
+    assert energy.joules_per_token(700.0, 0.0) is None  # no made-up infinity
+    # 8 GPUs at 2.5/h = 20/h = 0.00556/s; at 10,000 tok/s one million tokens take 100 s -> 0.556.
+    assert energy.cost_per_million_tokens(2.5, 8, 10_000.0) == pytest.approx(20 / 36)
+    assert energy.cost_per_million_tokens(2.5, 8, 0.0) is None
+
+
+def test_energy_uses_counter_rates_else_power_gauges():
+    from exporter.derive.view import GpuView
+
+    gpus = [GpuView(str(i), f"u{i}", "g", {"llm_gpu_power_watts": 300.0}, {}, ()) for i in range(2)]
+    e = energy.compute(gpus, lambda g: 400.0, 1_000.0, None, 2)
+    assert (e.power_watts, e.power_source, e.joules_per_token) == (800.0, "energy counter", 0.8)
+    e = energy.compute(gpus, lambda g: None, 1_000.0, 3.6, 2)
+    assert (e.power_watts, e.power_source) == (600.0, "power gauge")
+    assert e.cost_per_million == pytest.approx(2.0)  # 7.2/h over 1000 tok/s: 0.002 per 1000 tokens
+
+
+# --- quantiles and SLO --------------------------------------------------------------------------
+
+BOUNDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, float("inf"))
+
+
+def bucketize(values, bounds=BOUNDS) -> tuple[float, ...]:
+    counts = [0.0] * len(bounds)
+    for v in values:
+        counts[bisect.bisect_left(bounds, v)] += 1
+    out, running = [], 0.0
+    for c in counts:
+        running += c
+        out.append(running)
+    return tuple(out)
+
+
+def reference_quantile(q, values, bounds=BOUNDS):
+    """Brute force: PromQL's rule on the bucketed observations, computed from the raw list."""
+    values = sorted(values)
+    rank = q * len(values)
+    for i, upper in enumerate(bounds):
+        inside = [v for v in values if (bounds[i - 1] if i else 0.0) < v <= upper]
+        below = sum(1 for v in values if v <= (bounds[i - 1] if i else 0.0))
+        if below + len(inside) >= rank:
+            if upper == math.inf:
+                return bounds[-2]
+            lower = bounds[i - 1] if i else 0.0
+            return lower + (upper - lower) * (rank - below) / len(inside)
+    raise AssertionError
+
+
+def test_histogram_quantile_matches_brute_force():
+    rng = random.Random(7)
+    values = [rng.lognormvariate(-2.5, 1.0) for _ in range(5_000)]
+    cumulative = bucketize(values)
+    for q in quantiles.QUANTILES:
+        assert quantiles.histogram_quantile(q, BOUNDS, cumulative) == pytest.approx(reference_quantile(q, values))
+    assert quantiles.histogram_quantile(0.5, BOUNDS, (0.0,) * len(BOUNDS)) is None
+    assert quantiles.histogram_quantile(0.99, BOUNDS, bucketize([10.0] * 5)) == 5.0  # +Inf bucket
+
+
+def test_sliding_window_quantiles_from_bucket_deltas_vs_brute_force():
+    """Observations stream in; the window's quantiles must equal those of the raw observations of
+    the last `window` seconds (as checkpoint-aligned), computed from scratch."""
+    rng = random.Random(11)
+    window_s = 60.0
+    win = HistogramWindow(window_s, checkpoints=30)
+    stream: list[tuple[float, float]] = []
+    checkpoint_times: list[float] = []
+    for step in range(600):  # 300 s at 0.5 s per cycle; latency regime shifts at t=150
+        t = step * 0.5
+        scale = -3.0 if t < 150 else -1.0
+        stream.extend((t, rng.lognormvariate(scale, 0.5)) for _ in range(rng.randint(0, 6)))
+        counts = bucketize([v for ts, v in stream if ts <= t])
+        if not checkpoint_times or t - checkpoint_times[-1] >= win.step_s:
+            checkpoint_times.append(t)
+        delta = win.observe(t, BOUNDS, counts)
+        if step in (100, 330, 599):
+            base = max(c for c in checkpoint_times if c <= t - window_s) if t >= window_s else 0.0
+            inside = [v for ts, v in stream if base < ts <= t]
+            for q in quantiles.QUANTILES:
+                got = quantiles.histogram_quantile(q, BOUNDS, delta)
+                assert got == pytest.approx(reference_quantile(q, inside)), (t, q)
+    assert len(win) <= 32  # ~window/step checkpoints, however many cycles ran
+
+
+def test_histogram_window_survives_a_counter_reset():
+    win = HistogramWindow(60.0, checkpoints=30)
+    win.observe(0.0, BOUNDS, bucketize([0.02] * 10))
+    win.observe(2.0, BOUNDS, bucketize([0.02] * 20))
+    delta = win.observe(4.0, BOUNDS, bucketize([0.3] * 4))  # engine restarted: counts start over
+    assert delta is not None and min(delta) >= 0
+    assert delta[-1] == 14.0  # 10 more before the restart + 4 after, since the first checkpoint
+
+
+def test_slo_bound_is_the_closest_at_or_below_the_threshold():
+    assert quantiles.slo_bound(BOUNDS, 2.5) == 2.5
+    assert quantiles.slo_bound(BOUNDS, 0.3) == 0.25
+    assert quantiles.slo_bound(BOUNDS, 0.1 + 1e-12) == 0.1
+    assert quantiles.slo_bound(BOUNDS, 0.005) is None
+    values = [0.02] * 30 + [0.2] * 60 + [0.4] * 10
+    tail = quantiles.compute("ttft", Histogram(BOUNDS, bucketize(values)), 0.3)
+    assert tail.slo_bound == 0.25
+    assert tail.slo_attainment == pytest.approx(0.9)
+    sample = quantiles.samples(tail, "llm_ttft_window_seconds", "llm_ttft_slo_attainment_ratio", ())[-1]
+    assert sample.name == "llm_ttft_slo_attainment_ratio" and sample.label("le") == "0.25"
+    tail = quantiles.compute("ttft", Histogram(BOUNDS, bucketize(values)), 0.001)
+    assert tail.slo_attainment is None and "no ttft bucket bound" in tail.note
+
+
+def test_weight_bytes_of_the_seed_model_is_about_140_gb():
+    assert weight_bytes(SEED_70B) == pytest.approx(141e9, rel=0.01)

@@ -1,0 +1,73 @@
+"""The status page at `/`: rendered from the live diagnosis and checked in headless Chromium."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+
+import httpx
+import pytest
+
+from exporter.status_page import render, roofline_svg
+from tests.test_doctor import live_kv_pressure
+
+CHROMIUM = pathlib.Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def live():
+    with live_kv_pressure() as twin:
+        yield twin
+
+
+def chromium(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    assert CHROMIUM.exists(), ("/usr/bin/chromium is missing: install the Debian package `chromium` "
+                               "(`make debs` does) to check the status page")
+    base = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--no-first-run", "--hide-scrollbars"]
+    return subprocess.run(base + list(args), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_status_page_in_headless_chromium(live, tmp_path):
+    html = httpx.get(live.exporter + "/", timeout=5).text
+    # Self-contained: no scripts, no external stylesheets, images or fonts (air-gapped clusters).
+    assert "<script" not in html
+    assert not re.search(r'(src|href)="(https?:)?//', html)
+    assert 'http-equiv="refresh"' in html
+    assert 'data-verdict="kv_capacity"' in html
+    assert "<svg" in html and "roofline" in html
+    for heading in ("Evidence", "First things to try", "Latency tails", "Throughput", "KV cache", "Roofline per GPU"):
+        assert heading in html
+
+    dom = chromium("--dump-dom", live.exporter + "/")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'data-verdict="kv_capacity"' in dom.stdout and "KV cache capacity" in dom.stdout
+
+    shot = tmp_path / "status-page.png"
+    result = chromium(f"--screenshot={shot}", "--window-size=1280,1800", live.exporter + "/")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert shot.exists() and shot.stat().st_size > 20_000, "screenshot missing or blank"
+    print(f"status page screenshot: {shot}")
+
+
+def test_page_without_a_deriver_or_targets_still_renders():
+    html = render({"ready": False, "status": "unknown", "targets": {}, "unreachable": [],
+                   "notes": ["derivations are not enabled in this exporter"]})
+    assert "derivations are not enabled" in html and "unknown" in html
+
+
+def test_page_escapes_engine_supplied_text():
+    html = render({"ready": True, "status": "degraded", "targets": {"<t>": {
+        "target": "<t>", "model": "<script>alert(1)</script>", "verdict": "idle", "status": "healthy",
+        "evidence": ["a < b"], "remedies": [], "scores": {"idle": 1.0}, "numbers": {}, "gpus": []}},
+        "unreachable": [], "notes": []})
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_roofline_svg_places_the_decode_point_under_the_roof():
+    gpu = {"gpu": "0", "name": "H100", "peak_bandwidth_bytes_per_second": 3.35e12, "peak_flops": 989.5e12,
+           "intensity_flops_per_byte": 60.0, "achieved_flops": 60.0 * 2.3e12, "gpm_ratio": 0.7, "model_ratio": 0.69}
+    svg = roofline_svg(gpu)
+    assert svg.startswith("<svg") and "<circle" in svg and "HBM model 69%, GPM 70%" in svg
+    assert "no peak spec" in roofline_svg({"gpu": "1", "name": "mystery"})
