@@ -9,7 +9,7 @@ import platform
 import sys
 import time
 
-MODULES = ("bench.bench_parser", "bench.bench_metrics", "bench.bench_gpu", "bench.bench_host")
+MODULES = ("bench.bench_parser", "bench.bench_metrics", "bench.bench_gpu", "bench.bench_host", "bench.bench_derive")
 
 
 def main(argv: list[str]) -> int:

@@ -19,6 +19,7 @@ import httpx
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENGINE_BODY = (ROOT / "tests" / "fixtures" / "engines" / "vllm-v0.11__documented.prom").read_bytes()
 REQUESTS = 400
+CPU_WINDOW_S = 20.0
 WARMUP = 20
 
 
@@ -53,6 +54,33 @@ def _percentiles(durations: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1000, ordered[int(len(ordered) * 0.99) - 1] * 1000
 
 
+def _process_cpu_seconds(pid: int) -> float:
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _cycles(url: str) -> float:
+    for line in httpx.get(url, timeout=5).text.splitlines():
+        if line.startswith("llm_exporter_collections_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def _cpu_and_rss(pid: int, url: str, window_s: float) -> tuple[float, float, float]:
+    """CPU share while only collecting (one scrape at each end, as a 15 s Prometheus would)."""
+    cycles_before, cpu_before = _cycles(url), _process_cpu_seconds(pid)
+    time.sleep(window_s)
+    cpu_after, cycles_after = _process_cpu_seconds(pid), _cycles(url)
+    return (cpu_after - cpu_before) / window_s, _rss_mb(pid), cycles_after - cycles_before
+
+
 def run() -> list[tuple[str, str]]:
     sys.path.insert(0, str(ROOT))
     from tests.support import fake_engine, free_port
@@ -64,7 +92,7 @@ def run() -> list[tuple[str, str]]:
         command = [sys.executable, "-m", "bench.exporter_with_fakes", "--listen", f"127.0.0.1:{port}", "--gpus", "8"]
         for url in urls:
             command += ["--engine", url + ",name=e" + url.rsplit(":", 1)[1].split("/")[0]]
-        stack.enter_context(_process(command, f"http://127.0.0.1:{port}/readyz"))
+        exporter = stack.enter_context(_process(command, f"http://127.0.0.1:{port}/readyz"))
         ours_url = f"http://127.0.0.1:{port}/metrics"
         targets = {"llm-exporter": ours_url}
         node_binary = _node_exporter()
@@ -97,12 +125,17 @@ def run() -> list[tuple[str, str]]:
         for client in clients.values():
             client.close()
         lines = httpx.get(ours_url).text.count("\n")
+        cpu_share, rss_mb, cycles = _cpu_and_rss(exporter.pid, ours_url, CPU_WINDOW_S)
     ours_p50, ours_p99 = _percentiles(durations["llm-exporter"])
     rows.append(("/metrics payload, 8 GPUs + 4 engines + host (lines / KB)",
                  f"{lines} / {sizes['llm-exporter'] / 1024:.0f}"))
     rows.append(("llm-exporter /metrics p50 / p99 (ms)", f"{ours_p50:.2f} / {ours_p99:.2f}"))
     rows.append(("requests that failed (ours / node_exporter)",
                  f"{failures['llm-exporter']} / {failures.get('node_exporter', '-')}"))
+    rows.append((f"exporter CPU share of one core at 1 s interval, over {CPU_WINDOW_S:.0f} s (target < 2%)",
+                 f"{cpu_share * 100:.2f}%"))
+    rows.append(("exporter CPU per collection cycle (ms)", f"{cpu_share * CPU_WINDOW_S / max(cycles, 1) * 1000:.1f}"))
+    rows.append(("exporter RSS after the run (MB, target < 80)", f"{rss_mb:.1f}"))
     if "node_exporter" in durations:
         node_p50, node_p99 = _percentiles(durations["node_exporter"])
         rows.append(("node_exporter /metrics p50 / p99 (ms), same run", f"{node_p50:.2f} / {node_p99:.2f}"))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from exporter import __version__
-from exporter.expose import render
+from exporter.expose import Renderer
 from exporter.snapshot import Sample, Snapshot, SourceResult, labels_of
 from exporter.sources.base import Source, SourceData, SourceError
 
@@ -43,12 +43,13 @@ class Published:
     snapshot: Snapshot
     text: bytes
     samples: tuple[Sample, ...]
+    renderer: Renderer = field(default_factory=Renderer)
     _openmetrics: list = field(default_factory=list)
 
     def openmetrics(self) -> bytes:
         # Rendered on first request only; most scrapers ask for the text format.
         if not self._openmetrics:
-            self._openmetrics.append(render(self.samples, openmetrics=True))
+            self._openmetrics.append(self.renderer.render(self.samples, openmetrics=True))
         return self._openmetrics[0]
 
 
@@ -78,6 +79,7 @@ class Collector:
         self.latest: Published | None = None
         self.cycles = 0
         self.scrapes_rejected = 0
+        self.renderer = Renderer()
         self._ready = asyncio.Event()
         self._last_cycle_s = 0.0
 
@@ -148,7 +150,7 @@ class Collector:
         snapshot = Snapshot(snapshot.taken_at, snapshot.results, derived)
         self.cycles += 1
         samples = (*snapshot.samples(include_derived=True), *self.self_health(snapshot))
-        published = Published(snapshot, render(samples), tuple(samples))
+        published = Published(snapshot, self.renderer.render(samples), tuple(samples), self.renderer)
         self.latest = published
         self._last_cycle_s = time.perf_counter() - started
         self._ready.set()

@@ -5,7 +5,6 @@ collection loop calls `render` once per cycle and the server hands out the cache
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from exporter import catalog
@@ -16,14 +15,14 @@ TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
+_SPECIAL_VALUES = {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}
+
+
 def format_value(value: float) -> str:
-    if value != value:  # NaN
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value == int(value) and abs(value) < 1e15:
-        return f"{int(value)}.0" if value != 0 or math.copysign(1, value) > 0 else "-0.0"
-    return repr(float(value))
+    """Python's shortest round-trip repr is valid exposition for finite floats ("3.0", "1e-05");
+    only NaN and the infinities are spelled differently."""
+    text = repr(float(value))
+    return _SPECIAL_VALUES.get(text, text)
 
 
 def _escape_label(value: str) -> str:
@@ -39,20 +38,66 @@ def format_labels(labels: Iterable[tuple[str, str]]) -> str:
     return "{" + inner + "}" if inner else ""
 
 
-def _sample_order(sample: Sample) -> tuple:
-    # Buckets of one series stay together and ascending; +Inf sorts last.
-    le = sample.label("le")
-    le_key = float(le) if le else 0.0
-    rest = tuple(p for p in sample.labels if p[0] != "le")
-    return (rest, sample.name, le_key)
+MAX_CACHED_LABEL_SETS = 50_000
+
+
+class Renderer:
+    """Renders samples to exposition bytes, remembering each label set's formatted text and sort key.
+
+    Engines and GPUs repeat the same label sets every cycle, so after the first cycle rendering
+    is dictionary lookups and one join. The cache is bounded (cleared when full) so churning
+    labels cannot grow it without limit."""
+
+    __slots__ = ("_labels",)
+
+    def __init__(self) -> None:
+        self._labels: dict[tuple, tuple[str, tuple]] = {}
+
+    def _label_entry(self, labels: tuple) -> tuple[str, tuple]:
+        entry = self._labels.get(labels)
+        if entry is None:
+            le = next((v for k, v in labels if k == "le"), None)
+            rest = tuple(p for p in labels if p[0] != "le")
+            # Buckets of one series stay together and ascending; +Inf sorts last.
+            sort_key = (rest, float(le) if le is not None else 0.0)
+            entry = (format_labels(labels), sort_key)
+            if len(self._labels) >= MAX_CACHED_LABEL_SETS:
+                self._labels.clear()
+            self._labels[labels] = entry
+        return entry
+
+    def render(self, samples: Iterable[Sample], *, openmetrics: bool = False) -> bytes:
+        """Text format 0.0.4 (or OpenMetrics 1.0), families sorted by name."""
+        groups = group_by_family(samples)
+        lines: list[str] = []
+        entry_of = self._label_entry
+        for name in sorted(groups):
+            fam, fam_samples = groups[name]
+            type_name = name[: -len("_total")] if openmetrics and fam.type == "counter" else name
+            lines.append(f"# HELP {type_name} {_escape_help(fam.help)}")
+            lines.append(f"# TYPE {type_name} {fam.type}")
+            keyed = []
+            for sample in fam_samples:
+                text, (rest, le_key) = entry_of(sample.labels)
+                keyed.append(((rest, sample.name, le_key), sample.name, text, sample.value))
+            keyed.sort(key=_first)
+            lines.extend(f"{sample_name}{text} {format_value(value)}" for _, sample_name, text, value in keyed)
+        if openmetrics:
+            lines.append("# EOF")
+        return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+def _first(item: tuple) -> tuple:
+    return item[0]
 
 
 def group_by_family(samples: Iterable[Sample]) -> dict[str, tuple[Family, list[Sample]]]:
     """Group samples under their catalogue family; samples of unknown families are dropped
     (the catalogue is the contract: nothing undocumented reaches /metrics)."""
     groups: dict[str, tuple[Family, list[Sample]]] = {}
+    family_of = catalog.family_of
     for sample in samples:
-        fam = catalog.family_of(sample.name)
+        fam = family_of(sample.name)
         if fam is None:
             continue
         entry = groups.get(fam.name)
@@ -63,18 +108,5 @@ def group_by_family(samples: Iterable[Sample]) -> dict[str, tuple[Family, list[S
 
 
 def render(samples: Iterable[Sample], *, openmetrics: bool = False) -> bytes:
-    """Render samples as text format 0.0.4 (or OpenMetrics 1.0), families sorted by name."""
-    groups = group_by_family(samples)
-    lines: list[str] = []
-    for name in sorted(groups):
-        fam, fam_samples = groups[name]
-        type_name = name
-        if openmetrics and fam.type == "counter":
-            type_name = name[: -len("_total")]
-        lines.append(f"# HELP {type_name} {_escape_help(fam.help)}")
-        lines.append(f"# TYPE {type_name} {fam.type}")
-        for sample in sorted(fam_samples, key=_sample_order):
-            lines.append(f"{sample.name}{format_labels(sample.labels)} {format_value(sample.value)}")
-    if openmetrics:
-        lines.append("# EOF")
-    return ("\n".join(lines) + "\n").encode() if lines else b""
+    """One-off rendering (tests, tools); the collection loop keeps a Renderer across cycles."""
+    return Renderer().render(samples, openmetrics=openmetrics)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 Labels = tuple[tuple[str, str], ...]
 """Label pairs sorted by name; a tuple so samples are hashable and cheap to compare."""
@@ -22,9 +23,11 @@ def make_labels(pairs: Mapping[str, str] | Iterable[tuple[str, str]]) -> Labels:
     return tuple(sorted(items))
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One exported sample. `name` is the full sample name (`..._bucket`, `..._total`)."""
+class Sample(NamedTuple):
+    """One exported sample. `name` is the full sample name (`..._bucket`, `..._total`).
+
+    A NamedTuple rather than a frozen dataclass: engines produce thousands per cycle and a
+    NamedTuple is immutable at half the construction cost."""
 
     name: str
     labels: Labels

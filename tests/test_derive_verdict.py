@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import statistics
-import time
 from types import MappingProxyType
 
 import pytest
@@ -204,19 +202,3 @@ def test_state_is_bounded_when_targets_come_and_go():
     for i in range(200):
         deriver(snapshot(float(i), targets=(f"t{i // 5}",)), None)
     assert len(deriver._rates) <= 10 and len(deriver._hists) <= 10 and len(deriver._verdicts) <= 1
-
-
-def test_cost_per_cycle_for_4_targets_and_8_gpus():
-    """The budget is 2 ms per cycle on an idle core; the assertion leaves room for a loaded CI
-    machine and catches an accidental O(n^2). The measured figure is printed for the report."""
-    deriver = build_deriver(Config())
-    snaps = [snapshot(float(i), targets=("a", "b", "c", "d"), gpus=8) for i in range(40)]
-    costs = []
-    for snap in snaps:
-        started = time.perf_counter()
-        deriver(snap, None)
-        costs.append(time.perf_counter() - started)
-    median = statistics.median(costs[5:])
-    print(f"derive cost per cycle, 4 targets x 8 GPUs: {median * 1e3:.2f} ms")
-    assert median < 0.010
-    assert deriver.last_cost_s > 0
