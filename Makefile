@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 APT_PKGS := prometheus prometheus-alertmanager prometheus-node-exporter chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test venv debs demo run bench lint fmt golden docs dashboards dashboards-check alerts-test stack clean
+.PHONY: test venv debs demo run bench lint fmt golden docs dashboards dashboards-check alerts-test stack stack-down clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
@@ -51,10 +51,27 @@ golden: venv
 docs: venv
 	$(BIN)/python -m exporter.catalog
 
+# Grafana dashboards: dashboards/*.py -> dashboards/*.json (docs/dashboards.md). The check fails on
+# stale or stray JSON and on queries of metrics neither the catalogue nor alerts/rules define.
+dashboards: venv
+	$(BIN)/python dashboards/generate.py
+
+dashboards-check: venv
+	$(BIN)/python dashboards/generate.py --check
+
 alerts-test: venv debs
 	$(BIN)/python alerts/generate.py --check
 	promtool test rules alerts/tests/*.yaml
 	amtool check-config deploy/alertmanager/alertmanager.yml
+
+# docker-compose.yml's demo profile without Docker: twin, exporter, Alertmanager and Prometheus on
+# 127.0.0.1 from the venv and the Debian packages; pids, logs and data under .stack/ (deploy/stack.py).
+# Ports: EXPORTER_PORT, PROMETHEUS_PORT, ALERTMANAGER_PORT, TWIN_PORT in the environment or .env.
+stack: venv debs
+	$(BIN)/python deploy/stack.py up
+
+stack-down:
+	$(BIN)/python deploy/stack.py down
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

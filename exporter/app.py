@@ -11,15 +11,17 @@ import logging
 import signal
 import socket
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import uvicorn
 
 from exporter.collect import Collector
 from exporter.config import Config, ConfigError
-from exporter.server import create_app
+from exporter.server import RequestGuard, create_app
+from exporter.snapshot import Sample, Snapshot
 from exporter.sources.base import Source
 from exporter.sources.engines.scrape import EngineSource
+from exporter.webconfig import REALM, WebConfigManager
 
 log = logging.getLogger("llm_exporter")
 
@@ -71,7 +73,7 @@ def _gpu_source(config: Config, host: Source | None) -> Source | None:
             raise ConfigError("gpu_backend", "sim", "needs sim_url (the twin's URL) outside `llm-exporter demo`")
         from exporter.sources.gpu.sim import SimGpuSource
 
-        return SimGpuSource(url=config.sim_url)
+        return SimGpuSource(config.sim_url)
     from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
 
     # Without an engine selector the host source finds no pids; NVML then sums all processes.
@@ -95,9 +97,30 @@ def bind_listener(config: Config) -> socket.socket:
     return sock
 
 
-def make_collector(config: Config, sources: Sequence[Source]) -> Collector:
+class _Collector(Collector):
+    """The Collector plus self-health from parts outside the collection loop (the web config
+    reloader), emitted with the rest of llm_exporter_* on every cycle."""
+
+    extra_health: Callable[[], Iterable[Sample]] | None = None
+
+    def self_health(self, snapshot: Snapshot) -> list[Sample]:
+        out = super().self_health(snapshot)
+        if self.extra_health is not None:
+            out.extend(self.extra_health())
+        return out
+
+
+def make_collector(config: Config, sources: Sequence[Source], *,
+                   extra_health: Callable[[], Iterable[Sample]] | None = None) -> Collector:
     timeouts = {s.name: s.target.timeout_s for s in sources if isinstance(s, EngineSource)}
-    return Collector(sources, interval_s=config.interval_s, timeouts=timeouts, derive=_derive_fn(config))
+    collector = _Collector(sources, interval_s=config.interval_s, timeouts=timeouts, derive=_derive_fn(config))
+    collector.extra_health = extra_health
+    return collector
+
+
+def load_web_config(config: Config) -> WebConfigManager | None:
+    """Parse --web.config.file once at start; a bad file raises ConfigError (exit 2)."""
+    return WebConfigManager(config.web_config_file) if config.web_config_file else None
 
 
 def _derive_fn(config: Config):
@@ -109,13 +132,21 @@ def _derive_fn(config: Config):
 
 
 async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
-                stop: asyncio.Event | None = None) -> None:
-    """Run the collection loop and the HTTP server until `stop` is set or SIGINT/SIGTERM."""
+                stop: asyncio.Event | None = None, web: WebConfigManager | None = None) -> None:
+    """Run the collection loop and the HTTP server until `stop` is set or SIGINT/SIGTERM.
+    `web`: the already loaded --web.config.file (loaded here from config when not given)."""
     stop = stop or asyncio.Event()
-    collector = make_collector(config, sources)
-    app = create_app(collector, max_concurrent_scrapes=config.max_concurrent_scrapes)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                           limit_concurrency=256, timeout_keep_alive=30, h11_max_incomplete_event_size=16384))
+    web = web if web is not None else load_web_config(config)
+    collector = make_collector(config, sources, extra_health=web.samples if web else None)
+    app = RequestGuard(create_app(collector, max_concurrent_scrapes=config.max_concurrent_scrapes),
+                       authorize=web.authorize if web else None, realm=REALM)
+    ssl_context = web.server_ssl_context() if web else None
+    # http="h11": its max_incomplete_event_size is what caps the request line plus headers (16 KiB);
+    # httptools, if it were installed, would ignore the cap. No websockets: no endpoint needs one.
+    server = uvicorn.Server(uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="off", http="h11", ws="none",
+        limit_concurrency=256, timeout_keep_alive=30, h11_max_incomplete_event_size=16384,
+        ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None))
     server.install_signal_handlers = lambda: None  # we own the signals
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -124,11 +155,16 @@ async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
             loop.add_signal_handler(signum, stop.set)
     collect_task = asyncio.create_task(collector.run_forever(), name="collect")
     server_task = asyncio.create_task(server.serve(sockets=[sock]), name="http")
-    log.info("listening on %s, %d source(s), interval %gs", config.listen, len(sources), config.interval_s)
+    watch_task = asyncio.create_task(web.watch(), name="web-config") if web else None
+    log.info("listening on %s (%s%s), %d source(s), interval %gs", config.listen,
+             "https" if ssl_context else "http", ", basic auth" if web and web.auth_enabled else "",
+             len(sources), config.interval_s)
     stop_task = asyncio.create_task(stop.wait())
     await asyncio.wait({collect_task, server_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
     collect_task.cancel()
+    if watch_task is not None:
+        watch_task.cancel()
     for task in (collect_task, server_task):
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
             await asyncio.wait_for(task, timeout=5)

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from exporter import __version__
-from exporter.config import GPU_BACKENDS, ConfigError, load_config
+from exporter.config import GPU_BACKENDS, ConfigError, RedactUrlCredentials, load_config
 
 EXIT_CONFIG = 2
 
@@ -18,7 +18,13 @@ EXIT_CONFIG = 2
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config file (env LLM_EXPORTER_CONFIG)")
     parser.add_argument("--engine", dest="engines", action="append", metavar="URL[,kind=K][,name=N][,timeout=T]",
-                        help="engine /metrics URL to scrape; repeat for several targets (env LLM_EXPORTER_ENGINES)")
+                        help="engine /metrics URL to scrape; repeat for several targets (env LLM_EXPORTER_ENGINES); "
+                             "credentials: bearer_token_file=PATH | bearer_token_env=VAR | username=U,password_file=PATH"
+                             " | username=U,password_env=VAR; TLS: ca_file=PATH, insecure_skip_verify=true. "
+                             "Secrets themselves are refused on the command line")
+    parser.add_argument("--web.config.file", dest="web_config_file", metavar="PATH",
+                        help="TLS and basic auth config in the exporter-toolkit format, reloaded when it changes "
+                             "(env LLM_EXPORTER_WEB_CONFIG_FILE; see docs/security.md)")
     parser.add_argument("--listen", help="HOST:PORT to serve on (default 0.0.0.0:9480; env LLM_EXPORTER_LISTEN)")
     parser.add_argument("--interval", help="collection interval, e.g. 1s or 500ms (default 1s)")
     parser.add_argument("--engine-timeout", dest="engine_timeout", help="per-target scrape timeout (default 0.8s)")
@@ -54,6 +60,10 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", dest="gpu_name", default="NVIDIA H100 80GB HBM3", help="simulated GPU")
     parser.add_argument("--model", default="llama-3.1-8b", help="simulated model (built-in shape name)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--speed", type=float, default=1.0,
+                        help="simulated seconds per real second (e.g. 8 fills a KV cache 8x sooner)")
+    parser.add_argument("--gpu-price-per-hour", dest="gpu_price_per_hour",
+                        help="price of one GPU-hour, for the cost-per-token panels")
     parser.add_argument("--listen", default="127.0.0.1:9480", help="exporter HOST:PORT (default 127.0.0.1:9480)")
     parser.add_argument("--interval", default="1s")
     parser.add_argument("--log-level", dest="log_level", default="warning")
@@ -80,21 +90,27 @@ def setup_logging(level: str) -> None:
         stream=sys.stderr,
         force=True,
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactUrlCredentials())
+    # httpx logs every request's full URL (user:password@ included) at info; ours say what matters.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from exporter.app import bind_listener, build_sources, serve
+    from exporter.app import bind_listener, build_sources, load_web_config, serve
 
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     try:
         config = load_config(flags, env)
         setup_logging(config.log_level)
+        web = load_web_config(config)
         sources = build_sources(config)
         sock = bind_listener(config)
     except ConfigError as error:
         print(f"llm-exporter: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    asyncio.run(serve(config, sources, sock))
+    asyncio.run(serve(config, sources, sock, web=web))
     return 0
 
 
@@ -105,12 +121,14 @@ def command_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print("llm-exporter: invalid engines/gpus: engines 1..16, gpus 1..8", file=sys.stderr)
         return EXIT_CONFIG
     try:
+        if not 0.1 <= args.speed <= 100:
+            raise ConfigError("speed", args.speed, "must be between 0.1 and 100")
         config = load_config({"listen": args.listen, "interval": args.interval, "log_level": args.log_level,
-                              "gpu_backend": "none"}, {})
+                              "gpu_backend": "none", "gpu_price_per_hour": args.gpu_price_per_hour}, {})
         setup_logging(config.log_level)
         asyncio.run(run_demo(config, scenario=args.scenario, engines=args.engines, gpus=args.gpus,
                              engine_format=args.engine_format, gpu_name=args.gpu_name, model=args.model,
-                             seed=args.seed))
+                             seed=args.seed, speed=args.speed))
     except ConfigError as error:
         print(f"llm-exporter: {error}", file=sys.stderr)
         return EXIT_CONFIG

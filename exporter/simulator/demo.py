@@ -52,7 +52,7 @@ async def start_twins(*, scenario: str, engines: int, gpus: int, engine_format: 
 
 
 async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, engine_format: str, gpu_name: str,
-                   model: str, seed: int = 0, stop: asyncio.Event | None = None,
+                   model: str, seed: int = 0, speed: float = 1.0, stop: asyncio.Event | None = None,
                    announce: Callable[[str], None] = print) -> None:
     """`llm-exporter demo`: twins on loopback, the exporter scraping them over HTTP exactly as it
     scrapes a real engine, the simulated GPU source reading the twins, the host source reading
@@ -62,7 +62,7 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
 
     sock = bind_listener(config)
     twins = await start_twins(scenario=scenario, engines=engines, gpus=gpus, engine_format=engine_format,
-                              gpu_name=gpu_name, model=model, seed=seed)
+                              gpu_name=gpu_name, model=model, seed=seed, speed=speed)
     try:
         targets = tuple(EngineTarget(url=t.url + "/metrics", name=f"demo-{i}", kind=None,
                                      timeout_s=config.engine_timeout_s) for i, t in enumerate(twins))

@@ -1,0 +1,202 @@
+"""LLM Serving / GPU and roofline: what "utilization" means, how close decode is to the HBM roof,
+memory, power, clocks, interconnect and hardware errors."""
+
+from __future__ import annotations
+
+from dashboards.lib import (
+    BOOL_ACTIVE,
+    BOOL_UP,
+    Layout,
+    Promql,
+    color_override,
+    dashboard,
+    standard_variables,
+    state_timeline,
+    table,
+    target,
+    text,
+    thresholds,
+    timeseries,
+)
+
+FILENAME = "llm-serving-gpu-roofline.json"
+TITLE = "LLM Serving / GPU and roofline"
+
+G = Promql("gpu")
+TG = Promql("target_gpu")
+TM = Promql("target_model")
+EX = Promql("exporter")
+CURRENT, MAXIMUM, MODELLED = 'state="current"', 'state="max"', 'source="model"'
+
+READING = """
+**Read the top row first.** *GPU utilization* is the share of time in which *any* kernel ran: a decode step
+that streams all weights and the KV cache through the memory bus keeps it near 100% with idle tensor cores,
+and "50% utilization" can still be a GPU at its bandwidth roof. What the GPU is doing is in SM and tensor
+activity (compute) and DRAM bandwidth utilization (memory). Decode is bound by HBM bandwidth: the floor of a
+step is (weight bytes + KV bytes read) / bandwidth, e.g. a 70B FP16 model on a 2 TB/s card cannot decode one
+sequence faster than about 14.6 tokens/s; batching shares that weight read across sequences. Prefill is bound
+by compute (about 2 x parameters FLOPs per token): read it as MFU.
+"""
+
+
+def build() -> dict:
+    lay = Layout()
+    lay.add(text("How to read this dashboard", """
+Why utilization is not load, and which panel answers compute-bound vs bandwidth-bound.
+""", READING, w=24, h=5))
+
+    lay.row("Is the GPU busy, and with what?")
+    lay.add(timeseries("Utilization next to SM, tensor and DRAM bandwidth activity", """
+Utilization (NVML) is a busy-time share: 1 when one kernel ran all period, however little of the chip it used.
+SM active and tensor active (GPM) say how much compute was used; DRAM bandwidth utilization (GPM) says how
+much of the memory roof was used. Decode at the roof shows DRAM high, tensor low and utilization high.
+Memory busy share is NVML's memory-controller busy time, not a fraction of bandwidth.
+""", [target(G.sel("llm_gpu_utilization_ratio"), "GPU {{gpu}} utilization"),
+      target(G.sel("llm_gpu_sm_active_ratio"), "GPU {{gpu}} SM active"),
+      target(G.sel("llm_gpu_tensor_active_ratio"), "GPU {{gpu}} tensor active"),
+      target(G.sel("llm_gpu_dram_bandwidth_utilization_ratio"), "GPU {{gpu}} DRAM bandwidth"),
+      target(G.sel("llm_gpu_memory_utilization_ratio"), "GPU {{gpu}} memory busy share"),
+      target(G.sel("llm_gpu_sm_occupancy_ratio"), "GPU {{gpu}} SM occupancy")],
+        unit="percentunit", w=24, h=9, minimum=0, maximum=1,
+        overrides=[color_override(".*utilization$", "text"), color_override(".*DRAM bandwidth$", "purple"),
+                   color_override(".*tensor active$", "blue")]))
+
+    lay.row("Roofline: how close to the HBM and compute roofs")
+    lay.add(
+        timeseries("Achieved vs peak HBM bandwidth", """
+Achieved HBM bandwidth per GPU: source=model is decode steps/s x (weight bytes + KV bytes read per step)
+/ tensor-parallel GPUs; source=gpm is measured (DRAM_BW_UTIL x peak). Peak (dashed) is the card's spec.
+When achieved sits near peak, decode is at the memory roof: only fewer bytes per step (quantized weights or KV)
+or more sequences per weight read (bigger batch) raise tokens/s.
+""", [target(f"max by (target, gpu, source) ({TG.sel('llm_hbm_bandwidth_bytes_per_second')})",
+             "{{source}} GPU {{gpu}} {{target}}"),
+      target(f"max by (gpu) (\n  {TG.sel('llm_hbm_bandwidth_bytes_per_second', MODELLED)}\n"
+             f"  / ({TG.sel('llm_hbm_bandwidth_efficiency_ratio', MODELLED)} > 0)\n)",
+             "peak GPU {{gpu}}")],
+            unit="Bps", w=12, minimum=0, overrides=[color_override("^peak.*", "red", dashed=True)]),
+        timeseries("HBM bandwidth efficiency (share of peak)", """
+Achieved / peak HBM bandwidth. Above about 0.7 decode is bandwidth-bound (the memory_bandwidth verdict).
+The gap between gpm and model is traffic the model does not explain: prefill, activations, other processes.
+Low efficiency with high utilization points at small batches, CPU gaps between steps or the interconnect.
+""", [target(TG.sel("llm_hbm_bandwidth_efficiency_ratio"), "{{source}} GPU {{gpu}} {{target}}")],
+            unit="percentunit", w=12, minimum=0, maximum=1, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (0.3, "yellow"), (0.7, "purple"))),
+    )
+    lay.add(
+        timeseries("Prefill MFU", """
+Model FLOPs utilization of prefill = 2 x active parameters x prompt tokens/s / (GPUs x peak dense FLOPS).
+Prefill is compute-bound: above about 0.5 it is at the compute roof (the compute verdict), and only fewer
+FLOPs (FP8, prefix caching) or more TFLOPS help. Low MFU with long TTFT points at queueing, not compute.
+""", [target(TM.sel("llm_prefill_mfu_ratio"), "{{target}} {{model}}")], unit="percentunit", w=12, minimum=0,
+            threshold_style="dashed", steps=thresholds((None, "transparent"), (0.2, "yellow"), (0.5, "blue"))),
+        timeseries("Decode steps/s and mean batch size", """
+Each decode step reads all weights once and emits one token per running sequence, so decode tokens/s =
+steps/s x batch. Steps/s is the per-sequence token rate (1 / TBT); it falls slowly as the batch grows because
+each step also reads more KV cache. A batch that does not grow under load is capped by KV or batch limits.
+""", [target(TM.sel("llm_decode_steps_per_second"), "steps/s {{target}}"),
+      target(TM.sel("llm_mean_batch_size"), "batch {{target}}")], unit="short", w=12, minimum=0,
+            overrides=[{"matcher": {"id": "byRegexp", "options": "^batch.*"},
+                        "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                                       {"id": "unit", "value": "short"}]}]),
+    )
+
+    lay.row("Memory")
+    lay.add(
+        timeseries("Device memory per GPU", """
+Used vs installed device memory. Engines preallocate most of it on purpose (weights + a KV pool sized to the
+rest), so "90% used" is normal; what matters is the KV headroom on the Overview. Reserved is the driver's
+share; engine processes is what the engine's own PIDs hold (needs hostPID in containers).
+""", [target(G.sel("llm_gpu_memory_used_bytes"), "GPU {{gpu}} used"),
+      target(G.sel("llm_gpu_memory_total_bytes"), "GPU {{gpu}} total"),
+      target(G.sel("llm_gpu_memory_reserved_bytes"), "GPU {{gpu}} reserved by driver"),
+      target(G.sel("llm_gpu_engine_memory_used_bytes"), "GPU {{gpu}} engine processes")],
+            unit="bytes", w=12, minimum=0, overrides=[color_override(".*total$", "red", dashed=True)]),
+        timeseries("Where device memory goes: KV pool vs weights and the rest", """
+Per exporter (one engine's GPUs): the KV cache pool the engine allocated, the part of it in use, and the rest of
+used memory (weights, activations, CUDA graphs, other processes) = GPU memory used - KV pool. KV, not
+weights, decides concurrency: a bigger pool (quantized weights, higher memory fraction) fits more sequences.
+""", [target(f"sum by (job, instance) ({TM.sel('llm_kv_cache_capacity_bytes')})", "KV pool {{instance}}"),
+      target(f"sum by (job, instance) ({TM.sel('llm_kv_cache_used_bytes')})", "KV in use {{instance}}"),
+      target(f"sum by (job, instance) ({EX.sel('llm_gpu_memory_used_bytes')})\n"
+             f"- on (job, instance)\nsum by (job, instance) ({TM.sel('llm_kv_cache_capacity_bytes')})",
+             "weights + activations + other {{instance}}")],
+            unit="bytes", w=12, minimum=0),
+    )
+
+    lay.row("Power, clocks and throttling")
+    lay.add(
+        timeseries("Power vs limit", """
+Board power against the enforced limit. Decode at the bandwidth roof often draws well below the limit;
+prefill near the limit with sw_power_cap active means clocks are held down by power, not by heat.
+""", [target(G.sel("llm_gpu_power_watts"), "GPU {{gpu}} power"),
+      target(G.sel("llm_gpu_power_limit_watts"), "GPU {{gpu}} limit")],
+            unit="watt", w=8, minimum=0, overrides=[color_override(".*limit$", "red", dashed=True)]),
+        timeseries("Clocks as a share of max", """
+Current SM and memory clock / their maximum. A SM clock well below max while busy, with a throttle reason
+below, is the power/thermal bottleneck: tokens/s falls with the clock and a faster GPU would throttle too.
+""", [target(f"{G.sel('llm_gpu_sm_clock_hertz')}\n/\n{G.sel('llm_gpu_sm_clock_max_hertz')}", "GPU {{gpu}} SM"),
+      target(f"{G.sel('llm_gpu_memory_clock_hertz')}\n/\n{G.sel('llm_gpu_memory_clock_max_hertz')}",
+             "GPU {{gpu}} memory")], unit="percentunit", w=8, minimum=0, maximum=1.05),
+        timeseries("Temperature", """
+GPU die and HBM temperature. Slowdown usually starts in the mid 80s C (card-specific); a sawtooth of
+temperature with clocks dropping at the top is failing cooling, not load.
+""", [target(G.sel("llm_gpu_temperature_celsius"), "GPU {{gpu}} die"),
+      target(G.sel("llm_gpu_memory_temperature_celsius"), "GPU {{gpu}} HBM")],
+            unit="celsius", w=8, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (83, "orange"), (90, "red"))),
+    )
+    lay.add(state_timeline("Clock event (throttle) reasons", """
+Each reason NVML reports, red while active. gpu_idle and applications_clocks_setting are benign;
+sw_power_cap means the power limit holds clocks down; hw_slowdown, hw_thermal_slowdown, sw_thermal_slowdown
+and hw_power_brake_slowdown while serving are the power_thermal bottleneck (alert LLMGPUSlowdownWhileServing).
+""", [target(G.sel("llm_gpu_clock_event_active"), "GPU {{gpu}} {{reason}}")], mappings=BOOL_ACTIVE, w=24, h=8))
+
+    lay.row("Interconnect")
+    lay.add(
+        timeseries("PCIe traffic", """
+Bytes/s over PCIe (host <-> GPU). A Gen5 x16 link moves about 63 GB/s each way, Gen4 about 32, Gen3 about 16.
+Traffic near the trained link's rate during tensor-parallel decode means all-reduce over PCIe is the step's
+bottleneck (interconnect verdict).
+""", [target(G.sel("llm_gpu_pcie_tx_bytes_per_second"), "GPU {{gpu}} tx"),
+      target(G.sel("llm_gpu_pcie_rx_bytes_per_second"), "GPU {{gpu}} rx")], unit="Bps", w=8, minimum=0),
+        timeseries("NVLink traffic", """
+Bytes/s over NVLink, all links. With tensor parallelism every layer all-reduces activations between GPUs;
+NVLink keeps that off PCIe. Zero traffic with TP > 1 means the GPUs talk over PCIe (check topology).
+""", [target(G.sel("llm_gpu_nvlink_tx_bytes_per_second"), "GPU {{gpu}} tx"),
+      target(G.sel("llm_gpu_nvlink_rx_bytes_per_second"), "GPU {{gpu}} rx")], unit="Bps", w=8, minimum=0),
+        table("PCIe link: generation and width vs max", """
+The PCIe link as trained now against the most the GPU and slot support. Idle GPUs train down to save power
+(normal); current below max under load is a bad riser, slot or BIOS setting and halves host transfers.
+""", [target(f"max by (instance, gpu) ({G.sel('llm_gpu_pcie_link_generation', CURRENT)})"),
+      target(f"max by (instance, gpu) ({G.sel('llm_gpu_pcie_link_generation', MAXIMUM)})"),
+      target(f"max by (instance, gpu) ({G.sel('llm_gpu_pcie_link_width', CURRENT)})"),
+      target(f"max by (instance, gpu) ({G.sel('llm_gpu_pcie_link_width', MAXIMUM)})")],
+            w=8, rename={"Value #A": "gen now", "Value #B": "gen max", "Value #C": "width now",
+                         "Value #D": "width max"}),
+    )
+
+    lay.row("Health and hardware errors")
+    lay.add(
+        state_timeline("GPU reachable", """
+Whether NVML could read the GPU this cycle (llm_gpu_up). Down means fallen off the bus, driver error or a
+reset in progress: its other series disappear, XID counts stay.
+""", [target(G.sel("llm_gpu_up"), "GPU {{gpu}} {{instance}}")], mappings=BOOL_UP, w=12, h=6,
+            steps=thresholds((None, "red"), (1, "green"))),
+        table("XID errors in the time range", """
+XID events per GPU and code over the dashboard's time range. 48, 62, 64, 74, 79, 95, 119, 120 are
+critical (uncorrectable memory, fallen off the bus, GSP errors); 13, 31, 43, 45 are usually application faults.
+See docs/alerts.md for the lists.
+""", [target(f"sum by (instance, gpu, xid) (increase({G.sel('llm_gpu_xid_errors_total')}[$__range]))")],
+            w=12, h=6, rename={"Value": "events"}),
+    )
+    lay.add(timeseries("ECC errors, row remapping and PCIe replays", """
+Volatile ECC counts since the driver loaded (corrected single-bit are absorbed; any uncorrected one is
+critical), remapped rows by state (pending waits for a GPU reset, failed needs service), and PCIe replays/s
+(link-level retransmissions: a bad link before it trains down).
+""", [target(G.sel("llm_gpu_ecc_errors_total"), "GPU {{gpu}} ECC {{type}}"),
+      target(G.sel("llm_gpu_remapped_rows"), "GPU {{gpu}} rows {{state}}"),
+      target(G.rate("llm_gpu_pcie_replay_errors_total"), "GPU {{gpu}} PCIe replays/s")],
+        unit="short", w=24, h=7, minimum=0))
+    return dashboard(FILENAME, TITLE, "Per GPU: utilization read correctly, HBM roofline, MFU, memory, power, "
+                     "clocks and throttling, PCIe/NVLink, hardware errors (llm-exporter).", lay,
+                     standard_variables(gpu=True))

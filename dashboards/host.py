@@ -1,0 +1,186 @@
+"""LLM Serving / Host: CPU per core and the engine's busiest thread, NUMA placement, memory, PSI,
+the GPUs' PCIe links from sysfs, and the exporter's own health."""
+
+from __future__ import annotations
+
+from dashboards.lib import (
+    ALERTS,
+    BOOL_UP,
+    Layout,
+    Promql,
+    color_override,
+    dashboard,
+    standard_variables,
+    state_timeline,
+    table,
+    target,
+    thresholds,
+    timeseries,
+    value_map,
+)
+
+FILENAME = "llm-serving-host.json"
+TITLE = "LLM Serving / Host"
+
+EX = Promql("exporter")
+T = Promql("target")
+TM = Promql("target_model")
+NOT_ALL, CURRENT, MAXIMUM = 'cpu!="all"', 'state="current"', 'state="max"'
+RIGHT_AXIS = {"id": "custom.axisPlacement", "value": "right"}
+
+
+def right_axis(name_regex: str, unit: str) -> dict:
+    return {"matcher": {"id": "byRegexp", "options": name_regex},
+            "properties": [RIGHT_AXIS, {"id": "unit", "value": unit}]}
+
+
+def build() -> dict:
+    lay = Layout()
+
+    lay.row("CPU")
+    lay.add(
+        timeseries("CPU busy: whole host vs busiest core", """
+The whole host's busy share against its busiest core. A host at 30% with one core at 100% is a
+single-threaded bottleneck (tokenizer, scheduler, HTTP/JSON loop): more cores will not help, a faster core or
+moving the work off that thread will.
+""", [target(EX.sel("llm_host_cpu_busy_ratio", 'cpu="all"'), "all cores {{instance}}"),
+      target(f"max by (job, instance) ({EX.sel('llm_host_cpu_busy_ratio', NOT_ALL)})",
+             "busiest core {{instance}}")],
+            unit="percentunit", w=12, minimum=0, maximum=1,
+            overrides=[color_override("^busiest.*", "orange")]),
+        timeseries("Engine process: busiest thread and cores used", """
+The engine's busiest thread (0..1 of one core) and the CPU cores the engine process uses in total.
+A busiest thread near 1 while the GPU waits between steps is the host_cpu bottleneck: the Python scheduler,
+tokenizer or detokenizer cannot feed the GPU fast enough.
+""", [target(EX.sel("llm_engine_process_busiest_thread_cpu_ratio"), "busiest thread {{instance}}"),
+      target(EX.rate("llm_engine_process_cpu_seconds_total"), "cores used {{instance}}")],
+            unit="percentunit", w=12, minimum=0, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (0.9, "red")),
+            overrides=[right_axis("^cores used.*", "short")]),
+    )
+    lay.add(state_timeline("CPU busy per core", """
+Each core's busy share over time (green idle, red saturated). A single hot row is one thread pinned to one core;
+a whole NUMA node's block hot and the other cold is placement, see the NUMA row.
+""", [target(EX.sel("llm_host_cpu_busy_ratio", NOT_ALL), "cpu {{cpu}}")], unit="percentunit", w=24, h=8,
+        color={"mode": "continuous-GrYlRd"}, minimum=0, maximum=1, merge=False, show_values="never"))
+    lay.add(
+        timeseries("Load average vs cores", """
+1, 5 and 15-minute load (runnable plus uninterruptible tasks) against the number of cores. Load above cores
+means tasks wait for a CPU; PSI below says how long.
+""", [target(EX.sel("llm_host_load1"), "load1 {{instance}}"),
+      target(EX.sel("llm_host_load5"), "load5 {{instance}}"),
+      target(EX.sel("llm_host_load15"), "load15 {{instance}}"),
+      target(f"count by (job, instance) ({EX.sel('llm_host_cpu_busy_ratio', NOT_ALL)})",
+             "cores {{instance}}")],
+            unit="short", w=12, minimum=0, overrides=[color_override("^cores.*", "red", dashed=True)]),
+        timeseries("Engine process: threads and resident memory", """
+Threads and resident memory of the engine process (and its children). Steady growth of either is a leak; a
+jump in threads with flat throughput is often a tokenizer pool fighting the scheduler for cores.
+""", [target(EX.sel("llm_engine_process_threads"), "threads {{instance}}"),
+      target(EX.sel("llm_engine_process_resident_memory_bytes"), "RSS {{instance}}")],
+            unit="short", w=12, minimum=0, overrides=[right_axis("^RSS.*", "bytes")]),
+    )
+
+    lay.row("NUMA placement and memory")
+    lay.add(
+        state_timeline("Engine pinned off its GPUs' NUMA node", """
+1 when the engine process may only run on CPUs outside the NUMA node(s) of its GPUs: every host-to-GPU copy
+and every kernel launch then crosses the socket interconnect. Fix with CPU pinning (numactl, cpuset) on the
+GPUs' node.
+""", [target(EX.sel("llm_engine_numa_mismatch"), "{{instance}}")],
+            mappings=value_map([(0, "same node", "green"), (1, "mismatch", "red")]), w=12, h=6),
+        table("GPU NUMA nodes (sysfs)", """
+The NUMA node each NVIDIA GPU's PCI device is attached to. Pin the engine to the CPUs of that node; with GPUs
+on both nodes, pin each tensor-parallel rank to its GPU's node.
+""", [target(f"max by (instance, pci) ({EX.sel('llm_host_gpu_numa_node')})")], w=12, h=6,
+            rename={"Value": "NUMA node", "pci": "PCI address"}),
+    )
+    lay.add(
+        timeseries("Memory per NUMA node", """
+Used (total - free; page cache counts as used) and total RAM of each NUMA node. One node full and the other
+empty, with the engine on the full one, means its allocations spill to the remote node.
+""", [target(f"{EX.sel('llm_host_numa_memory_total_bytes')}\n- {EX.sel('llm_host_numa_memory_free_bytes')}",
+             "node {{node}} used"),
+      target(EX.sel("llm_host_numa_memory_total_bytes"), "node {{node}} total")],
+            unit="bytes", w=12, minimum=0, overrides=[color_override(".*total$", "red", dashed=True)]),
+        timeseries("Host memory", """
+RAM in use (total - available) against total. The engine's pinned host buffers and CPU KV offload live here;
+swapping shows up as memory pressure in the PSI panel.
+""", [target(f"{EX.sel('llm_host_memory_total_bytes')}\n- {EX.sel('llm_host_memory_available_bytes')}",
+             "used {{instance}}"),
+      target(EX.sel("llm_host_memory_total_bytes"), "total {{instance}}")],
+            unit="bytes", w=12, minimum=0, overrides=[color_override("^total.*", "red", dashed=True)]),
+    )
+
+    lay.row("Pressure and the CPU verdict")
+    lay.add(
+        timeseries("PSI: share of time tasks waited", """
+Linux pressure stall information ("some", 10 s average): the share of time at least one task waited for CPU,
+memory or I/O. CPU pressure while the engine serves means its threads queue for cores; memory pressure means
+reclaim or swap stalls.
+""", [target(EX.sel("llm_host_pressure_waiting_ratio", 'window="10s"'), "{{resource}} {{instance}}")],
+            unit="percentunit", w=12, minimum=0, maximum=1),
+        timeseries("Host CPU bottleneck score vs decode tokens/s", """
+The verdict's host_cpu score per target (0..1; 0.6 makes it the verdict) next to the target's decode tokens/s.
+A score that rises with load while tokens/s flattens is the CPU limiting the GPU.
+""", [target(T.sel("llm_bottleneck_score", 'resource="host_cpu"'), "host_cpu score {{target}}"),
+      target(TM.sel("llm_decode_tokens_per_second"), "decode tok/s {{target}} {{model}}")],
+            unit="percentunit", w=12, minimum=0, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (0.6, "red")),
+            overrides=[right_axis("^decode.*", "suffix: tok/s")]),
+    )
+
+    lay.row("GPU PCIe links (sysfs)")
+    lay.add(table("GPU PCIe links from sysfs", """
+Each NVIDIA GPU's PCIe link speed (GT/s: 8 = Gen3, 16 = Gen4, 32 = Gen5) and width, as trained now and at
+most. Read without NVML, so it works when the driver is wedged; current below max under load is a degraded
+link (see the GPU dashboard's NVML view).
+""", [target(f"max by (instance, pci) ({EX.sel('llm_host_gpu_pcie_link_speed_gts', CURRENT)})"),
+      target(f"max by (instance, pci) ({EX.sel('llm_host_gpu_pcie_link_speed_gts', MAXIMUM)})"),
+      target(f"max by (instance, pci) ({EX.sel('llm_host_gpu_pcie_link_width', CURRENT)})"),
+      target(f"max by (instance, pci) ({EX.sel('llm_host_gpu_pcie_link_width', MAXIMUM)})")],
+        w=24, h=6, rename={"Value #A": "GT/s now", "Value #B": "GT/s max", "Value #C": "width now",
+                           "Value #D": "width max", "pci": "PCI address"}))
+
+    lay.row("Exporter self-health")
+    lay.add(
+        state_timeline("Source status", """
+Whether each of the exporter's sources (engine:<target>, gpu, host) succeeded on its last collection. A
+failing source's series are absent, not zero: panels that read it go blank rather than lie.
+""", [target(EX.sel("llm_exporter_source_up"), "{{source}} {{instance}}")], mappings=BOOL_UP, w=12, h=6,
+            steps=thresholds((None, "red"), (1, "green"))),
+        timeseries("Collection duration", """
+Wall time of each source's last collection and of the whole cycle (sources, derive, render). A source near the
+collection interval or its timeout delays nothing (scrapes read the last snapshot) but makes its data stale.
+""", [target(EX.sel("llm_exporter_collect_duration_seconds"), "{{source}} {{instance}}"),
+      target(EX.sel("llm_exporter_cycle_duration_seconds"), "whole cycle {{instance}}")],
+            unit="s", w=12, h=6, minimum=0),
+    )
+    lay.add(
+        timeseries("Time since last successful collection", f"""
+Seconds since each source last succeeded. It stays near the interval while healthy; above
+{ALERTS['source_stale_seconds']} s LLMExporterSourceStale fires.
+""", [target(f"time() - {EX.sel('llm_exporter_last_success_timestamp_seconds')}", "{{source}} {{instance}}")],
+            unit="s", w=8, minimum=0, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (ALERTS["source_stale_seconds"], "red"))),
+        timeseries("Collection errors by reason", """
+Failed collections per second by source and reason code (timeout, connection, parse, ...). Pair with Source
+status: a steady trickle of timeouts on one engine target usually means its /metrics page is too large or slow.
+""", [target(f"sum by (instance, source, reason) ({EX.rate('llm_exporter_collect_errors_total')})",
+             "{{source}} {{reason}} {{instance}}")], unit="short", w=8, minimum=0),
+        timeseries("Scrapes rejected and series dropped", """
+/metrics requests answered 503 because too many scrapes were in flight, and series dropped by the
+cardinality limits. Both should stay at 0; drops mean an engine exposes more label values than the limit.
+""", [target(EX.rate("llm_exporter_scrapes_rejected_total"), "scrapes rejected/s {{instance}}"),
+      target(EX.rate("llm_exporter_series_dropped_total"), "series dropped/s {{source}}")],
+            unit="short", w=8, minimum=0),
+    )
+    lay.add(table("Exporter build", """
+Version of each exporter and its Python; collection cycles completed since start. Mixed versions across
+exporters explain panels that are blank on some instances only.
+""", [target(f"max by (instance, version, python) ({EX.sel('llm_exporter_build_info')})"),
+      target(f"max by (instance) ({EX.sel('llm_exporter_collections_total')})")],
+        w=24, h=5, rename={"Value #A": "build_info", "Value #B": "cycles"}, exclude=("Time", "Value #A")))
+    return dashboard(FILENAME, TITLE, "The host next to the engine: CPU per core and the engine's busiest thread, "
+                     "NUMA placement, memory, PSI, GPU PCIe links from sysfs, and the exporter's own health "
+                     "(llm-exporter).", lay, standard_variables())

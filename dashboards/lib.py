@@ -1,0 +1,407 @@
+"""A small builder library for classic Grafana dashboard JSON (schemaVersion 39).
+
+Plain dicts, no dependency: the JSON model Grafana 10.4 to 13 imports through file provisioning
+and the kube-prometheus-stack sidecar. vLLM's tools/generate_grafana_dashboards.py is the model:
+a selector-scoped `Promql` helper, panel builders whose descriptions say how to read the panel,
+and a layout helper that computes gridPos so nobody edits coordinates by hand.
+
+Every selector lives in SELECTORS (the monitoring mixins' `_config` idea): change the scoping of
+all dashboards here. SLO thresholds come from alerts/generate.py's CONFIG, so the dashboards draw
+the same lines the alerts fire on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import pathlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCHEMA_VERSION = 39
+TAGS = ("llm-exporter",)
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+# ----------------------------------------------------------------------------------------------
+# Selectors: the one place that scopes every query.
+# ----------------------------------------------------------------------------------------------
+SELECTORS: dict[str, str] = {
+    # Every llm_* series comes from the exporter's scrape job; instance is one exporter (sidecar).
+    "exporter": 'job=~"$job", instance=~"$instance"',
+    # Engine and derived series of the chosen engine targets.
+    "target": 'job=~"$job", instance=~"$instance", target=~"$target"',
+    # ... and models (engine families, derived families with (target, model), recording rules).
+    "target_model": 'job=~"$job", instance=~"$instance", target=~"$target", model=~"$model"',
+    # Per-GPU series (no target label: GPUs belong to the exporter that reads them).
+    "gpu": 'job=~"$job", instance=~"$instance", gpu=~"$gpu"',
+    # Derived per-GPU series that also name their target (roofline).
+    "target_gpu": 'job=~"$job", instance=~"$instance", target=~"$target", gpu=~"$gpu"',
+}
+
+RATE = "$__rate_interval"
+
+
+def _load_alert_config() -> dict:
+    """alerts/generate.py's CONFIG (SLO thresholds and objectives, saturation thresholds)."""
+    path = ROOT / "alerts" / "generate.py"
+    spec = importlib.util.spec_from_file_location("_llm_exporter_alerts_generate", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.CONFIG
+
+
+ALERTS = _load_alert_config()
+
+
+class Promql:
+    """PromQL with one selector spliced in: Promql("target_model").sel("llm_requests_running")."""
+
+    def __init__(self, scope: str) -> None:
+        self.matchers = SELECTORS[scope]
+
+    def sel(self, metric: str, *extra: str) -> str:
+        return f"{metric}{{{', '.join((self.matchers, *extra))}}}"
+
+    def rate(self, metric: str, *extra: str, window: str = RATE) -> str:
+        return f"rate({self.sel(metric, *extra)}[{window}])"
+
+    def sum_rate(self, metric: str, *extra: str, by: Sequence[str] = (), window: str = RATE) -> str:
+        return f"sum{by_clause(by)} ({self.rate(metric, *extra, window=window)})"
+
+    def quantile(self, q: float, histogram: str, by: Sequence[str] = ("instance", "target", "model")) -> str:
+        return (f"histogram_quantile({q}, sum by ({', '.join((*by, 'le'))}) "
+                f"({self.rate(histogram + '_bucket')}))")
+
+
+def by_clause(labels: Sequence[str]) -> str:
+    return f" by ({', '.join(labels)})" if labels else ""
+
+
+def divide(numerator: str, denominator: str) -> str:
+    """numerator / denominator, with the denominator's zeros dropped (no NaN or Inf series)."""
+    return f"({numerator})\n/\n({denominator} > 0)"
+
+
+# ----------------------------------------------------------------------------------------------
+# Targets, thresholds, mappings
+# ----------------------------------------------------------------------------------------------
+def target(expr: str, legend: str = "", *, instant: bool = False, fmt: str = "time_series") -> dict:
+    """One Prometheus query; refIds are assigned by the panel builder."""
+    return {"expr": expr, "legendFormat": legend, "instant": instant, "format": fmt}
+
+
+def thresholds(*steps: tuple[float | None, str]) -> dict:
+    """thresholds((None, "green"), (0.9, "orange"), (0.98, "red"))."""
+    return {"mode": "absolute", "steps": [{"color": color, "value": value} for value, color in steps]}
+
+
+def value_map(pairs: Iterable[tuple[float, str, str]]) -> list[dict]:
+    """[(value, text, color)] -> a Grafana value mapping."""
+    options = {fmt_value(v): {"color": color, "index": i, "text": text} for i, (v, text, color) in enumerate(pairs)}
+    return [{"type": "value", "options": options}]
+
+
+def fmt_value(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(v)
+
+
+# ----------------------------------------------------------------------------------------------
+# Panels: each builder returns a panel dict without id/gridPos; the Layout places it.
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Panel:
+    """A panel and its size in grid units (24 columns; height in 30 px rows)."""
+
+    body: dict
+    w: int = 12
+    h: int = 8
+
+    @property
+    def title(self) -> str:
+        return self.body["title"]
+
+
+def _base(kind: str, title: str, description: str, targets: Sequence[dict], *, unit: str = "short",
+          decimals: int | None = None, minimum: float | None = None, maximum: float | None = None,
+          steps: dict | None = None, mappings: list | None = None, custom: dict | None = None,
+          options: dict | None = None, overrides: list | None = None, color: dict | None = None) -> dict:
+    if not description.strip():
+        raise ValueError(f"panel {title!r} needs a description that says how to read it")
+    defaults: dict[str, Any] = {"unit": unit, "mappings": mappings or []}
+    defaults["thresholds"] = steps or thresholds((None, "green"))
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    if minimum is not None:
+        defaults["min"] = minimum
+    if maximum is not None:
+        defaults["max"] = maximum
+    if custom is not None:
+        defaults["custom"] = custom
+    defaults["color"] = color or {"mode": "palette-classic"}
+    refs = []
+    for i, t in enumerate(targets):
+        refs.append({
+            "datasource": DATASOURCE,
+            "editorMode": "code",
+            "expr": t["expr"],
+            "format": t["format"],
+            "instant": t["instant"],
+            "legendFormat": t["legendFormat"] or "__auto",
+            "range": not t["instant"],
+            "refId": chr(ord("A") + i),
+        })
+    return {
+        "type": kind,
+        "title": title,
+        "description": description.strip(),
+        "datasource": DATASOURCE,
+        "targets": refs,
+        "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
+        "options": options or {},
+    }
+
+
+def _legend(placement: str = "bottom", calcs: Sequence[str] = ()) -> dict:
+    return {"calcs": list(calcs), "displayMode": "table" if calcs else "list", "placement": placement,
+            "showLegend": True}
+
+
+def timeseries(title: str, description: str, targets: Sequence[dict], *, unit: str = "short",
+               w: int = 12, h: int = 8, minimum: float | None = None, maximum: float | None = None,
+               steps: dict | None = None, threshold_style: str = "off", stack: bool = False,
+               fill: int = 10, bars: bool = False, decimals: int | None = None, overrides: list | None = None,
+               legend_calcs: Sequence[str] = ("mean", "max", "lastNotNull"), log_scale: bool = False) -> Panel:
+    custom = {
+        "axisBorderShow": False, "axisCenteredZero": False, "axisColorMode": "text", "axisLabel": "",
+        "axisPlacement": "auto", "barAlignment": 0, "drawStyle": "bars" if bars else "line",
+        "fillOpacity": 80 if bars else fill, "gradientMode": "none",
+        "hideFrom": {"legend": False, "tooltip": False, "viz": False}, "insertNulls": False,
+        "lineInterpolation": "linear", "lineWidth": 1, "pointSize": 4,
+        "scaleDistribution": {"type": "log", "log": 10} if log_scale else {"type": "linear"},
+        "showPoints": "never", "spanNulls": False,
+        "stacking": {"group": "A", "mode": "normal" if stack else "none"},
+        # "off", "line", "dashed", "area", "line+area", "dashed+area": how thresholds are drawn.
+        "thresholdsStyle": {"mode": threshold_style},
+    }
+    body = _base("timeseries", title, description, targets, unit=unit, minimum=minimum, maximum=maximum,
+                 steps=steps, custom=custom, decimals=decimals, overrides=overrides,
+                 options={"legend": _legend(calcs=legend_calcs), "tooltip": {"mode": "multi", "sort": "desc"}})
+    return Panel(body, w, h)
+
+
+def stat(title: str, description: str, targets: Sequence[dict], *, unit: str = "short", w: int = 4,
+         h: int = 4, steps: dict | None = None, decimals: int | None = None, mappings: list | None = None,
+         text_mode: str = "value_and_name", color_mode: str = "value", reduce: str = "lastNotNull",
+         minimum: float | None = None, maximum: float | None = None, graph: bool = True) -> Panel:
+    body = _base("stat", title, description, targets, unit=unit, steps=steps, decimals=decimals,
+                 mappings=mappings, minimum=minimum, maximum=maximum,
+                 color={"mode": "thresholds"},
+                 options={"colorMode": color_mode, "graphMode": "area" if graph else "none",
+                          "justifyMode": "auto", "orientation": "auto", "textMode": text_mode,
+                          "wideLayout": True, "showPercentChange": False,
+                          "reduceOptions": {"calcs": [reduce], "fields": "", "values": False}})
+    return Panel(body, w, h)
+
+
+def state_timeline(title: str, description: str, targets: Sequence[dict], *, mappings: list | None = None,
+                   w: int = 24, h: int = 6, unit: str = "short", steps: dict | None = None,
+                   color: dict | None = None, minimum: float | None = None, maximum: float | None = None,
+                   merge: bool = True, show_values: str = "auto") -> Panel:
+    body = _base("state-timeline", title, description, targets, unit=unit, mappings=mappings, steps=steps,
+                 color=color or {"mode": "thresholds"}, minimum=minimum, maximum=maximum,
+                 custom={"fillOpacity": 80, "hideFrom": {"legend": False, "tooltip": False, "viz": False},
+                         "lineWidth": 0},
+                 options={"alignValue": "left", "mergeValues": merge, "rowHeight": 0.9,
+                          "showValue": show_values, "legend": _legend(), "tooltip": {"mode": "single", "sort": "none"}})
+    return Panel(body, w, h)
+
+
+def heatmap(title: str, description: str, targets: Sequence[dict], *, unit: str = "s", w: int = 12,
+            h: int = 8) -> Panel:
+    """A heatmap of a Prometheus histogram: targets should be `sum by (le) (rate(x_bucket[..]))`
+    with format "heatmap", so Grafana draws the buckets as they are (no re-bucketing)."""
+    targets = [{**t, "format": "heatmap", "legendFormat": t["legendFormat"] or "{{le}}"} for t in targets]
+    body = _base("heatmap", title, description, targets, unit=unit,
+                 custom={"hideFrom": {"legend": False, "tooltip": False, "viz": False},
+                         "scaleDistribution": {"type": "linear"}},
+                 options={"calculate": False, "cellGap": 1, "color": {"exponent": 0.5, "fill": "dark-orange",
+                                                                       "mode": "scheme", "reverse": False,
+                                                                       "scale": "exponential",
+                                                                       "scheme": "Oranges", "steps": 64},
+                          "exemplars": {"color": "rgba(255,0,255,0.7)"}, "filterValues": {"le": 1e-9},
+                          "legend": {"show": True}, "rowsFrame": {"layout": "auto"},
+                          "tooltip": {"mode": "single", "showColorScale": False, "yHistogram": False},
+                          "yAxis": {"axisPlacement": "left", "reverse": False, "unit": unit}})
+    return Panel(body, w, h)
+
+
+def table(title: str, description: str, targets: Sequence[dict], *, w: int = 12, h: int = 8,
+          rename: dict[str, str] | None = None, exclude: Sequence[str] = ("Time",), unit: str = "short",
+          overrides: list | None = None, steps: dict | None = None, mappings: list | None = None) -> Panel:
+    """Instant queries formatted as tables and merged on their labels into one row per series."""
+    targets = [{**t, "instant": True, "format": "table"} for t in targets]
+    body = _base("table", title, description, targets, unit=unit, overrides=overrides, steps=steps,
+                 mappings=mappings, custom={"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False})
+    body["options"] = {"cellHeight": "sm", "footer": {"countRows": False, "fields": "", "reducer": ["sum"],
+                                                      "show": False}, "showHeader": True}
+    body["transformations"] = [
+        {"id": "merge", "options": {}},
+        {"id": "organize", "options": {"excludeByName": {name: True for name in exclude},
+                                       "indexByName": {}, "renameByName": rename or {}}},
+    ]
+    return Panel(body, w, h)
+
+
+def text(title: str, description: str, content: str, *, w: int = 24, h: int = 4) -> Panel:
+    """Markdown text. No query, so no datasource."""
+    body = {"type": "text", "title": title, "description": description.strip(),
+            "options": {"mode": "markdown", "content": content.strip(),
+                        "code": {"language": "plaintext", "showLineNumbers": False, "showMiniMap": False}}}
+    return Panel(body, w, h)
+
+
+def color_override(name_regex: str, color: str, *, dashed: bool = False) -> dict:
+    """Fix the color (and optionally a dashed line) of series whose display name matches."""
+    props: list[dict] = [{"id": "color", "value": {"fixedColor": color, "mode": "fixed"}}]
+    if dashed:
+        props.append({"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}})
+    return {"matcher": {"id": "byRegexp", "options": name_regex}, "properties": props}
+
+
+# ----------------------------------------------------------------------------------------------
+# Layout: rows of panels placed left to right, wrapping at 24 columns.
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Layout:
+    panels: list[dict] = field(default_factory=list)
+    x: int = 0
+    y: int = 0
+    row_h: int = 0
+    next_id: int = 1
+
+    def _newline(self) -> None:
+        if self.x:
+            self.y += self.row_h
+            self.x, self.row_h = 0, 0
+
+    def row(self, title: str) -> Layout:
+        self._newline()
+        self.panels.append({"type": "row", "title": title, "id": self.next_id, "collapsed": False,
+                            "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}, "panels": []})
+        self.next_id += 1
+        self.y += 1
+        return self
+
+    def add(self, *panels: Panel) -> Layout:
+        for p in panels:
+            if not 1 <= p.w <= 24:
+                raise ValueError(f"{p.title}: width {p.w} outside 1..24")
+            if self.x + p.w > 24:
+                self._newline()
+            self.panels.append({"id": self.next_id, "gridPos": {"h": p.h, "w": p.w, "x": self.x, "y": self.y},
+                                **p.body})
+            self.next_id += 1
+            self.x += p.w
+            self.row_h = max(self.row_h, p.h)
+        return self
+
+
+# ----------------------------------------------------------------------------------------------
+# Variables
+# ----------------------------------------------------------------------------------------------
+def datasource_variable() -> dict:
+    return {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+            "current": {}, "hide": 0, "includeAll": False, "multi": False, "options": [], "refresh": 1,
+            "regex": "", "skipUrlSync": False}
+
+
+def query_variable(name: str, label: str, query: str, *, multi: bool = True, include_all: bool = True,
+                   all_value: str | None = ".*", default_all: bool = True) -> dict:
+    var = {
+        "name": name, "label": label, "type": "query", "datasource": DATASOURCE,
+        # The string form of a Prometheus variable query: every Grafana from 7 to 13 reads it (the
+        # object form's fields changed across versions).
+        "definition": query, "query": query,
+        "refresh": 2, "sort": 1, "regex": "", "hide": 0, "multi": multi, "includeAll": include_all,
+        "options": [], "skipUrlSync": False,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]} if default_all and include_all else {},
+    }
+    if include_all and all_value is not None:
+        var["allValue"] = all_value
+    return var
+
+
+def job_variable() -> dict:
+    return query_variable("job", "Job", "label_values(llm_exporter_build_info, job)")
+
+
+def instance_variable() -> dict:
+    return query_variable("instance", "Exporter", 'label_values(llm_exporter_build_info{job=~"$job"}, instance)')
+
+
+def target_variable() -> dict:
+    return query_variable("target", "Engine target",
+                          'label_values(llm_engine_up{job=~"$job", instance=~"$instance"}, target)')
+
+
+def model_variable() -> dict:
+    return query_variable("model", "Model", 'label_values(llm_requests_running{job=~"$job", '
+                          'instance=~"$instance", target=~"$target"}, model)')
+
+
+def gpu_variable() -> dict:
+    return query_variable("gpu", "GPU", 'label_values(llm_gpu_up{job=~"$job", instance=~"$instance"}, gpu)')
+
+
+def standard_variables(*, gpu: bool = False) -> list[dict]:
+    out = [datasource_variable(), job_variable(), instance_variable(), target_variable(), model_variable()]
+    if gpu:
+        out.append(gpu_variable())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Dashboard
+# ----------------------------------------------------------------------------------------------
+def uid_for(filename: str) -> str:
+    """Stable UID from the file name (the mixins' md5(filename)), so links and bookmarks survive."""
+    return hashlib.md5(filename.encode()).hexdigest()
+
+
+def dashboard(filename: str, title: str, description: str, layout: Layout, variables: list[dict],
+              *, refresh: str = "30s", time_from: str = "now-1h") -> dict:
+    return {
+        "annotations": {"list": [{
+            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
+            "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
+        }]},
+        "description": description,
+        "editable": True,
+        "fiscalYearStartMonth": 0,
+        "graphTooltip": 1,
+        "id": None,
+        "links": [{"asDropdown": False, "icon": "external link", "includeVars": True, "keepTime": True,
+                   "tags": list(TAGS), "targetBlank": False, "title": "LLM Serving", "tooltip": "",
+                   "type": "dashboards", "url": ""}],
+        "panels": layout.panels,
+        "refresh": refresh,
+        "schemaVersion": SCHEMA_VERSION,
+        "tags": list(TAGS),
+        "templating": {"list": variables},
+        "time": {"from": time_from, "to": "now"},
+        "timepicker": {},
+        "timezone": "browser",
+        "title": title,
+        "uid": uid_for(filename),
+        "version": 1,
+        "weekStart": "",
+    }
+
+
+# Grafana value mappings shared by the dashboards.
+BOOL_UP = value_map([(0, "down", "red"), (1, "up", "green")])
+BOOL_ACTIVE = value_map([(0, "off", "transparent"), (1, "active", "red")])
+PERCENT_STEPS = thresholds((None, "green"), (0.8, "orange"), (0.95, "red"))

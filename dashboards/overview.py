@@ -1,0 +1,306 @@
+"""LLM Serving / Overview: where the bottleneck is, latency against the SLO, throughput, KV cache, cost."""
+
+from __future__ import annotations
+
+from dashboards.lib import (
+    ALERTS,
+    Layout,
+    Promql,
+    color_override,
+    dashboard,
+    divide,
+    heatmap,
+    standard_variables,
+    stat,
+    state_timeline,
+    table,
+    target,
+    thresholds,
+    timeseries,
+    value_map,
+)
+from exporter.catalog.derived import RESOURCES
+
+FILENAME = "llm-serving-overview.json"
+TITLE = "LLM Serving / Overview"
+
+T = Promql("target")
+TM = Promql("target_model")
+
+TTFT = ALERTS["slos"]["ttft"]
+TBT = ALERTS["slos"]["tbt"]
+WINDOW = ALERTS["rate_window"]  # the recording rules' window, e.g. 5m
+
+# One colour per verdict, grouped by kind: roofs blue/purple, constraints warm, idle grey.
+RESOURCE_COLORS = {
+    "idle": "text", "compute": "blue", "memory_bandwidth": "purple", "kv_capacity": "red",
+    "host_cpu": "orange", "interconnect": "yellow", "power_thermal": "dark-red",
+}
+
+
+def rule(name: str, *extra: str) -> str:
+    """A per-(target, model) recording rule from alerts/rules/recording.yaml, scoped like the rest."""
+    return TM.sel(f"target_model:{name}", *extra)
+
+
+def verdict_code_expr() -> str:
+    """One value per target: the index (1-based) of the resource whose llm_bottleneck is 1, so a
+    state timeline shows one row per target whose colour and text is the verdict."""
+    terms = []
+    for i, resource in enumerate(RESOURCES, start=1):
+        matcher = 'resource="' + resource + '"'
+        terms.append(f"{T.sel('llm_bottleneck', matcher)} * {i}")
+    return "sum by (instance, target) (\n  " + "\n  or ".join(terms) + "\n)"
+
+
+def quantile_targets(metric: str) -> list[dict]:
+    return [target(rule(f"{metric}:p{q}_{WINDOW}"), f"p{q} {{{{target}}}} {{{{model}}}}") for q in (50, 95, 99)]
+
+
+def burn(metric: str, window: str, objective: float) -> str:
+    return f"(1 - {rule(f'{metric}:slo_good_ratio_rate{window}')}) / {round(1 - objective, 10)}"
+
+
+def build() -> dict:
+    lay = Layout()
+    verdict_map = value_map([(i, r, RESOURCE_COLORS[r]) for i, r in enumerate(RESOURCES, start=1)])
+
+    lay.row("Now")
+    lay.add(
+        stat("Bottleneck now", """
+The resource that limits each engine target now (llm_bottleneck == 1). compute and memory_bandwidth are
+roofs: a loaded, healthy engine sits on one (prefill on compute, decode on HBM bandwidth). kv_capacity,
+host_cpu, interconnect and power_thermal are constraints: the fix is elsewhere than a faster GPU.
+""", [target(f'{T.sel("llm_bottleneck")} == 1', "{{target}}: {{resource}}")],
+             w=6, text_mode="name", color_mode="none", graph=False),
+        stat("Engine targets up", """
+Engine targets whose /metrics the exporter scraped and parsed this cycle, out of all configured
+(llm_engine_up). A target that is down has no latency or throughput series at all.
+""", [target(f'sum({T.sel("llm_engine_up")})', "up"), target(f'count({T.sel("llm_engine_up")})', "configured")],
+             w=3, graph=False),
+        stat("Decode tokens/s", f"""
+Output tokens generated per second over {WINDOW}, all selected targets. Tokens/s is a system-level result:
+batching raises it, usually at the cost of TTFT and time between tokens.
+""", [target(f'sum({rule(f"llm_generation_tokens:rate{WINDOW}")})', "tokens/s")], unit="suffix: tok/s", w=3),
+        stat(f"TTFT p99 ({WINDOW})", f"""
+Worst p99 time to first token over {WINDOW} among the selected targets. Red at the SLO threshold
+({TTFT['threshold_seconds']} s): beyond it the SLO's error budget is being spent.
+""", [target(f'max({rule(f"llm_time_to_first_token_seconds:p99_{WINDOW}")})', "p99")], unit="s", w=3,
+             steps=thresholds((None, "green"), (TTFT["threshold_seconds"] * 0.8, "orange"),
+                              (TTFT["threshold_seconds"], "red"))),
+        stat(f"TBT p99 ({WINDOW})", f"""
+Worst p99 time between tokens (inter-token latency) over {WINDOW}. Red at the SLO threshold
+({TBT['threshold_seconds']} s): the stream visibly stutters for readers.
+""", [target(f'max({rule(f"llm_inter_token_latency_seconds:p99_{WINDOW}")})', "p99")], unit="s", w=3,
+             steps=thresholds((None, "green"), (TBT["threshold_seconds"] * 0.8, "orange"),
+                              (TBT["threshold_seconds"], "red"))),
+        stat("KV cache usage (max)", f"""
+Fullest KV cache among the selected targets. The KV cache, not the weights, decides how many requests fit:
+near 1 new sequences wait or preempt running ones. Red at the alert threshold
+({ALERTS['kv_cache_usage_ratio']:.0%}).
+""", [target(f'max({rule("llm_kv_cache_usage_ratio:max")})', "KV usage")], unit="percentunit", w=3,
+             minimum=0, maximum=1,
+             steps=thresholds((None, "green"), (0.9, "orange"), (ALERTS["kv_cache_usage_ratio"], "red"))),
+        stat("Requests waiting", """
+Requests queued and not yet scheduled, all selected targets. A queue that grows while the running batch stays
+flat means the engine is at its batch or KV limit; TTFT grows with it.
+""", [target(f'sum({rule("llm_requests_waiting:sum")})', "waiting")], w=3, decimals=0,
+             steps=thresholds((None, "green"), (1, "orange"), (ALERTS["queue_min_waiting"], "red"))),
+    )
+
+    lay.row("Bottleneck verdict and its evidence")
+    lay.add(state_timeline("Bottleneck verdict over time", """
+One row per engine target; the colour is the verdict (llm_bottleneck). The diagnosis order of the source
+documents: is there load, then is prefill or decode slow, then compute, HBM bandwidth, KV capacity, CPU,
+interconnect, power/thermal. The verdict has hysteresis (3 cycles to change), so short blips do not flap it.
+"The most expensive mistake is upgrading a part that was never the bottleneck."
+""", [target(verdict_code_expr(), "{{target}} ({{instance}})")], mappings=verdict_map, w=24, h=5,
+        steps=thresholds((None, "text"))))
+    lay.add(
+        timeseries("Evidence: score per resource", """
+How strongly the evidence points at each resource (llm_bottleneck_score, 0..1; formulas in
+docs/diagnosis.md). A constraint wins at 0.6, a roof at 0.35. Two high roofs at once usually mean a mix of
+prefill and decode; a constraint next to a high roof is the thing holding the GPU off its roof.
+""", [target(T.sel("llm_bottleneck_score"), "{{target}} {{resource}}")], unit="percentunit", minimum=0,
+            maximum=1, w=12, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (0.35, "blue"), (0.6, "red"))),
+        table("Evidence now", """
+The scores and the verdict right now, one row per target and resource. Read the highest score first, then
+the verdict column (1 = the verdict). GET /api/v1/diagnosis on the exporter says the same in words, with
+remedies.
+""", [target(T.sel("llm_bottleneck_score")), target(T.sel("llm_bottleneck"))], w=12,
+            exclude=("Time", "__name__", "job"),
+            rename={"Value #A": "score", "Value #B": "verdict (1 = this one)"}),
+    )
+
+    lay.row("Latency against the SLO")
+    lay.add(
+        timeseries(f"Time to first token (p50/p95/p99, {WINDOW})", f"""
+TTFT = queueing + prefill of the prompt. It grows with prompt length (prefill is compute-bound), with the
+waiting queue, and when long prefills are batched with other requests. The red line is the SLO threshold
+({TTFT['threshold_seconds']} s for {TTFT['objective']:.0%} of requests). Online chat cares about TTFT and its
+tail; offline batch jobs about total tokens/s.
+""", quantile_targets("llm_time_to_first_token_seconds"), unit="s", w=8, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (TTFT["threshold_seconds"], "red"))),
+        timeseries(f"Time between tokens (p50/p95/p99, {WINDOW})", f"""
+TBT / inter-token latency = one decode step. Each step reads all weights plus the KV cache of every
+running sequence, so it is mostly bound by HBM bandwidth and grows with batch size and context length.
+The red line is the SLO threshold ({TBT['threshold_seconds']} s for {TBT['objective']:.0%} of gaps).
+""", quantile_targets("llm_inter_token_latency_seconds"), unit="s", w=8, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (TBT["threshold_seconds"], "red"))),
+        timeseries(f"End-to-end latency (p50/p95/p99, {WINDOW})", """
+Request latency from arrival to the last token: TTFT + output tokens x TBT. Long answers dominate it, so
+compare it with the output length before blaming the engine.
+""", quantile_targets("llm_e2e_request_latency_seconds"), unit="s", w=8),
+    )
+    lay.add(
+        timeseries(f"Where a request's time goes (mean, {WINDOW})", """
+Mean queue, prefill and decode time per finished request, stacked. A growing queue share means capacity
+(batch or KV) is the limit, a prefill share long prompts, a decode share long answers or slow steps.
+""", [target(rule(f"llm_request_queue_time_seconds:mean{WINDOW}"), "queue {{target}}"),
+      target(rule(f"llm_request_prefill_time_seconds:mean{WINDOW}"), "prefill {{target}}"),
+      target(rule(f"llm_request_decode_time_seconds:mean{WINDOW}"), "decode {{target}}")],
+            unit="s", w=8, stack=True, fill=40),
+        heatmap("TTFT distribution", """
+Requests per second in each TTFT bucket (the engine's own bucket bounds). Two bands usually mean two kinds
+of traffic (short chat and long RAG prompts) and deserve separate SLOs or routing.
+""", [target(f"sum by (le) ({TM.rate('llm_time_to_first_token_seconds_bucket')})")], w=8),
+        heatmap("Time-between-tokens distribution", """
+Token gaps per second in each inter-token-latency bucket. A second band well above the main one is decode
+steps that also carried a prefill (no chunked prefill) or preemption recompute.
+""", [target(f"sum by (le) ({TM.rate('llm_inter_token_latency_seconds_bucket')})")], w=8),
+    )
+
+    lay.row("SLO attainment and error budget")
+    lay.add(
+        stat(f"TTFT SLO attainment ({WINDOW})", f"""
+Share of requests with TTFT <= {TTFT['threshold_seconds']} s over {WINDOW} (bucket le = threshold / count).
+Red below the objective ({TTFT['objective']:.2%}).
+""", [target(rule(f"llm_time_to_first_token_seconds:slo_good_ratio_rate{WINDOW}"), "{{target}} {{model}}")],
+             unit="percentunit", w=4, h=8, decimals=2, minimum=0, maximum=1,
+             steps=thresholds((None, "red"), (TTFT["objective"], "green"))),
+        stat(f"TBT SLO attainment ({WINDOW})", f"""
+Share of token gaps <= {TBT['threshold_seconds']} s over {WINDOW}. Red below the objective
+({TBT['objective']:.2%}).
+""", [target(rule(f"llm_inter_token_latency_seconds:slo_good_ratio_rate{WINDOW}"), "{{target}} {{model}}")],
+             unit="percentunit", w=4, h=8, decimals=2, minimum=0, maximum=1,
+             steps=thresholds((None, "red"), (TBT["objective"], "green"))),
+        timeseries("Error budget burn rate", f"""
+How fast each SLO spends its {ALERTS['slo_period']} error budget: 1 = exactly on budget, 14.4 = the whole
+budget gone in about two days. The alerts page when both a long and a short window burn above a line
+(14.4x over 1h and 5m, 6x over 6h and 30m) and open a ticket at 1x over 3d and 6h.
+""", [target(burn(TTFT["metric"], w, TTFT["objective"]), f"TTFT {w} {{{{target}}}}") for w in ("5m", "1h", "6h")]
+            + [target(burn(TBT["metric"], w, TBT["objective"]), f"TBT {w} {{{{target}}}}") for w in ("5m", "1h", "6h")],
+            unit="suffix:x", w=16, h=8, minimum=0, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (1, "yellow"), (6, "orange"), (14.4, "red"))),
+    )
+    lay.add(
+        timeseries("SLO attainment in the exporter's window", """
+The same good-event shares computed by the exporter over its sliding window (--quantile-window), with the
+le bucket it used. Available without Prometheus recording rules; the two should agree.
+""", [target(TM.sel("llm_ttft_slo_attainment_ratio"), "TTFT <= {{le}}s {{target}}"),
+      target(TM.sel("llm_tbt_slo_attainment_ratio"), "TBT <= {{le}}s {{target}}")],
+            unit="percentunit", w=12, decimals=3, maximum=1),
+        timeseries("p99 tails in the exporter's window", """
+TTFT, TBT and end-to-end p99 computed by the exporter from its own window of the engine histograms
+(llm_*_window_seconds). They match histogram_quantile over the same window and need no recording rules.
+""", [target(TM.sel("llm_ttft_window_seconds", 'quantile="0.99"'), "TTFT p99 {{target}}"),
+      target(TM.sel("llm_tbt_window_seconds", 'quantile="0.99"'), "TBT p99 {{target}}"),
+      target(TM.sel("llm_e2e_window_seconds", 'quantile="0.99"'), "E2E p99 {{target}}")],
+            unit="s", w=12, log_scale=True),
+    )
+
+    lay.row("Throughput and load")
+    lay.add(
+        timeseries("Prefill vs decode tokens/s", f"""
+Prompt tokens processed (prefill) and output tokens generated (decode) per second. Prefill is mostly
+compute-bound and fast per token; decode produces one token per sequence per step and is mostly bound by
+HBM bandwidth. Solid: the exporter's short window; dashed: the {WINDOW} recording rules.
+""", [target(TM.sel("llm_prefill_tokens_per_second"), "prefill {{target}}"),
+      target(TM.sel("llm_decode_tokens_per_second"), "decode {{target}}"),
+      target(rule(f"llm_prompt_tokens:rate{WINDOW}"), f"prefill {WINDOW} {{{{target}}}}"),
+      target(rule(f"llm_generation_tokens:rate{WINDOW}"), f"decode {WINDOW} {{{{target}}}}")],
+            unit="suffix: tok/s", w=12,
+            overrides=[color_override(f"^prefill {WINDOW}.*", "blue", dashed=True),
+                       color_override(f"^decode {WINDOW}.*", "green", dashed=True),
+                       color_override("^prefill [^0-9].*", "blue"), color_override("^decode [^0-9].*", "green")]),
+        timeseries("Share of engine time: prefill vs decode", """
+Which phase the engine spends its time in (llm_phase_time_ratio). Decode-dominated engines are
+bandwidth-bound: look at HBM efficiency on the GPU dashboard. Prefill-dominated ones are compute-bound: look
+at MFU and tensor activity.
+""", [target(TM.sel("llm_phase_time_ratio"), "{{phase}} {{target}}")], unit="percentunit", w=12, stack=True,
+            fill=60, minimum=0, maximum=1),
+    )
+    lay.add(
+        timeseries("Requests running and waiting", """
+Running = the batch the engine steps together; waiting = admitted but not scheduled. Batching raises total
+tokens/s (one weight read serves every running sequence) but raises TBT and, with a queue, TTFT. Mean batch
+size is the exporter's average of running over its window.
+""", [target(rule("llm_requests_running:sum"), "running {{target}}"),
+      target(rule("llm_requests_waiting:sum"), "waiting {{target}}"),
+      target(TM.sel("llm_mean_batch_size"), "mean batch {{target}}")], unit="short", w=8,
+            overrides=[color_override("^waiting.*", "orange")]),
+        timeseries("Finished requests by reason", """
+Requests finished per second by reason: stop (natural end), length (hit max tokens), abort (client gave up,
+often a symptom of high TTFT), error. A rising abort share is a latency problem seen by users.
+""", [target(f"sum by (instance, target, model, reason) ({TM.rate('llm_requests_finished_total')})",
+             "{{reason}} {{target}}")], unit="reqps", w=8, stack=True, fill=40,
+            overrides=[color_override("^abort.*", "orange"), color_override("^error.*", "red")]),
+        timeseries(f"Preemptions ({WINDOW})", """
+Sequences preempted (vLLM) or retracted (SGLang) per second because the KV cache ran out. Each one is
+recomputed or swapped later: tokens/s is wasted and tail latency jumps. Anything above 0 means the KV cache,
+not compute, caps concurrency.
+""", [target(rule(f"llm_preemptions:rate{WINDOW}"), "{{target}} {{model}}")], unit="short", w=8, minimum=0,
+            threshold_style="area", steps=thresholds((None, "transparent"), (1e-9, "red"))),
+    )
+
+    lay.row("KV cache")
+    lay.add(
+        timeseries("KV cache usage", f"""
+Fraction of the KV cache in use (max over ranks). KV bytes per token = 2 x layers x kv_heads x head_dim x
+bytes per element, so long contexts fill it long before the batch limit. Above
+{ALERTS['kv_cache_usage_ratio']:.0%} for long the engine waits or preempts.
+""", [target(rule("llm_kv_cache_usage_ratio:max"), "{{target}} {{model}}")], unit="percentunit", w=8, minimum=0,
+            maximum=1, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (0.9, "orange"), (ALERTS["kv_cache_usage_ratio"], "red"))),
+        timeseries("KV cache used vs capacity", """
+KV cache in bytes: used and the pool the engine allocated at start (capacity tokens x bytes per token).
+An 80-layer, 8-KV-head, 128-dim FP16 model needs 320 KiB per token, about 31 GiB per 100K tokens: the pool
+size, not the weights, decides how many requests fit.
+""", [target(TM.sel("llm_kv_cache_used_bytes"), "used {{target}}"),
+      target(TM.sel("llm_kv_cache_capacity_bytes"), "capacity {{target}}")], unit="bytes", w=8, minimum=0,
+            overrides=[color_override("^capacity.*", "red", dashed=True)]),
+        timeseries("KV headroom: sequences that still fit", """
+How many more sequences of the current mean context fit in the free KV cache. Near 0 with requests waiting
+means new requests queue for memory, not for compute; raising batch limits cannot help.
+""", [target(TM.sel("llm_kv_cache_headroom_sequences"), "{{target}} {{model}}")], unit="short", w=8,
+            minimum=0, decimals=0, threshold_style="dashed",
+            steps=thresholds((None, "red"), (ALERTS["headroom_min_sequences"], "transparent"))),
+    )
+    lay.add(
+        timeseries("Prefix cache hit ratio", """
+Share of prompt tokens found in the prefix cache (hits / queries). Hits skip prefill work entirely: a high
+ratio lowers TTFT and prefill compute; a drop after a deploy often means the shared system prompt changed.
+""", [target(divide(f"sum by (instance, target, model) ({TM.rate('llm_prefix_cache_hits_total')})",
+                    f"sum by (instance, target, model) ({TM.rate('llm_prefix_cache_queries_total')})"),
+             "{{target}} {{model}}")], unit="percentunit", w=12, minimum=0, maximum=1),
+        stat("KV cache bytes per token", """
+2 (K and V) x layers x KV heads x head dim x bytes per element, from the model shape. GQA/MQA shrink it by
+using fewer KV heads; KV-cache quantization halves it again. Absent when the model shape is unknown.
+""", [target(TM.sel("llm_kv_cache_bytes_per_token"), "{{model}}")], unit="bytes", w=12, graph=False),
+    )
+
+    lay.row("Efficiency and cost")
+    lay.add(
+        timeseries("Energy per generated token", """
+GPU energy per output token: GPU energy rate of the target's GPUs / decode tokens/s. Larger batches share
+each step's energy across more tokens, so it falls with batch size until latency limits stop you.
+""", [target(TM.sel("llm_energy_joules_per_token"), "{{target}} {{model}}")], unit="joule", w=12, minimum=0),
+        timeseries("Cost per 1M generated tokens", """
+Price per GPU-hour x GPUs / decode tokens/s x 1e6, in the currency of --gpu-price-per-hour (absent when no
+price is configured). Compare it across batch limits and quantization settings, not across time of day.
+""", [target(TM.sel("llm_cost_per_million_tokens"), "{{target}} {{model}}")], unit="none", w=12, decimals=3,
+            minimum=0),
+    )
+    return dashboard(FILENAME, TITLE, "Where the bottleneck is, latency against the SLO, throughput, KV cache "
+                     "and cost, per engine target (llm-exporter).", lay, standard_variables())

@@ -1,0 +1,259 @@
+"""The proof that every dashboard panel shows data: the real Prometheus server (Debian package)
+scrapes `llm-exporter demo` with alerts/rules/*.yaml loaded, and every panel query, variables
+substituted, is evaluated through Prometheus's HTTP API (/api/v1/query).
+
+Two demos run side by side, scraped by one Prometheus as two instances of job "llm-exporter"
+(the job the recording rules select):
+
+- decode-heavy: `llm-exporter demo --scenario decode-heavy`, exactly as a user runs it; the
+  normal panels (decode at the HBM roof, KV cache partly used).
+- kv-pressure: the same demo command with `--speed SPEED`, the twin's clock running SPEED times
+  faster than real time. At real time the KV cache of the
+  kv-pressure twin takes minutes to fill; sped up it saturates in about 15 s: KV usage 1,
+  preemptions counted, a growing queue, verdict kv_capacity, so the saturated panels are
+  exercised too. The exporter, its scrape and Prometheus all run in real time.
+
+Rate windows: the recording rules use 5m (and up to 3d) windows. The test neither waits 5
+minutes nor rewrites the rules: rate()/increase() return a value as soon as two samples fall in
+the window, and with scrape_interval and evaluation_interval at 1 s every rule has data a few
+seconds after the first scrapes. Grafana's $__rate_interval becomes 15s, $__interval 1s, $__range
+1m. The test polls until every query has data (or the deadline passes), so it takes as long as
+the slowest panel needs (about 20-40 s), not a fixed sleep.
+
+"Has data" means at least one series with a finite value (histogram_quantile over no requests is
+NaN, which Grafana draws as nothing). Queries that legitimately have no data in the demo are in
+NO_DATA with the reason; a strict entry must stay empty, so the list cannot silently go stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from dashboards import generate
+from exporter.catalog.derived import RESOURCES
+from tests.conftest import ROOT
+from tests.support import free_port, wait_until
+
+SPEED = 8.0
+DEADLINE_S = 75.0
+SCENARIOS = ("decode-heavy", "kv-pressure")
+
+# (dashboard title, panel title, refId) -> (reason, strict). strict: the query must return nothing
+# here (what the simulator does not model); not strict: depends on the machine running the test.
+NO_DATA: dict[tuple[str, str, str], tuple[str, bool]] = {
+    ("LLM Serving / Overview", "Cost per 1M generated tokens", "A"):
+        ("`llm-exporter demo` sets no GPU price (--gpu-price-per-hour is a `run` flag), so "
+         "llm_cost_per_million_tokens is omitted", True),
+    ("LLM Serving / GPU and roofline", "Utilization next to SM, tensor and DRAM bandwidth activity", "E"):
+        ("the simulated GPU does not model NVML's memory busy share (utilization.memory)", True),
+    ("LLM Serving / GPU and roofline", "Utilization next to SM, tensor and DRAM bandwidth activity", "F"):
+        ("the simulated GPU does not model GPM SM occupancy", True),
+    ("LLM Serving / GPU and roofline", "Device memory per GPU", "C"):
+        ("the simulated GPU reports no driver-reserved memory (NVML v2 memory info)", True),
+    ("LLM Serving / GPU and roofline", "Device memory per GPU", "D"):
+        ("a simulated GPU has no compute processes to attribute memory to", True),
+    ("LLM Serving / GPU and roofline", "Temperature", "B"):
+        ("the simulated GPU has no HBM temperature sensor", True),
+    ("LLM Serving / GPU and roofline", "XID errors in the time range", "A"):
+        ("the simulated GPU does not model XID events", True),
+    ("LLM Serving / GPU and roofline", "ECC errors, row remapping and PCIe replays", "A"):
+        ("the simulated GPU does not model ECC counters", True),
+    ("LLM Serving / GPU and roofline", "ECC errors, row remapping and PCIe replays", "B"):
+        ("the simulated GPU does not model row remapping", True),
+    ("LLM Serving / GPU and roofline", "ECC errors, row remapping and PCIe replays", "C"):
+        ("the simulated GPU does not model the PCIe replay counter", True),
+    ("LLM Serving / Host", "GPU NUMA nodes (sysfs)", "A"):
+        ("needs an NVIDIA PCI device in this machine's sysfs (the demo's GPUs are simulated)", False),
+    **{("LLM Serving / Host", "GPU PCIe links from sysfs", ref):
+       ("needs an NVIDIA PCI device in this machine's sysfs (the demo's GPUs are simulated)", False)
+       for ref in "ABCD"},
+    ("LLM Serving / Host", "Collection errors by reason", "A"):
+        ("llm_exporter_collect_errors_total appears only after a failed collection; the demo's sources "
+         "do not fail", False),
+}
+
+@dataclass
+class Stack:
+    prometheus: str
+    instances: dict[str, str]  # scenario -> instance label (host:port of its exporter)
+    models: dict[str, str]
+
+
+def _stop(process: subprocess.Popen, sig: int) -> None:
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+def _query(prometheus: str, expr: str) -> list[dict]:
+    response = httpx.get(f"{prometheus}/api/v1/query", params={"query": expr}, timeout=10)
+    body = response.json()
+    assert body.get("status") == "success", f"{expr}\n-> {body.get('errorType')}: {body.get('error')}"
+    result = body["data"]["result"]
+    if body["data"]["resultType"] == "scalar":
+        return [{"metric": {}, "value": result}]
+    return result
+
+
+def _has_data(result: list[dict]) -> bool:
+    return any(math.isfinite(float(r["value"][1])) for r in result)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("prometheus not found on PATH; `make debs` installs the Debian package. This test never skips.")
+    tmp = tmp_path_factory.mktemp("prometheus")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ports = {scenario: free_port() for scenario in SCENARIOS}
+    processes: list[tuple[subprocess.Popen, int]] = []
+    try:
+        for scenario, port in ports.items():
+            args = ["demo", "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--scenario", scenario]
+            if scenario != "decode-heavy":
+                args += ["--speed", str(SPEED)]
+            processes.append((subprocess.Popen([sys.executable, "-m", "exporter.cli", *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.PIPE, text=True), signal.SIGINT))
+        prom_port = free_port()
+        rule_files = sorted(str(p) for p in (ROOT / "alerts" / "rules").glob("*.yaml"))
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "rule_files": rule_files,
+            "scrape_configs": [{"job_name": "llm-exporter", "static_configs": [
+                {"targets": [f"127.0.0.1:{p}" for p in ports.values()]}]}],
+        }
+        (tmp / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+        processes.append((subprocess.Popen(
+            [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), signal.SIGTERM))
+        prometheus = f"http://127.0.0.1:{prom_port}"
+
+        def ready() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"{prometheus}/-/ready", timeout=2).status_code == 200
+            return False
+
+        assert wait_until(ready, timeout=30, interval=0.2), "prometheus did not become ready"
+        for process, _ in processes:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        instances = {scenario: f"127.0.0.1:{port}" for scenario, port in ports.items()}
+        models: dict[str, str] = {}
+
+        def scraped() -> bool:
+            for scenario, instance in instances.items():
+                result = _query(prometheus, f'llm_requests_running{{job="llm-exporter", instance="{instance}"}}')
+                if not result:
+                    return False
+                models[scenario] = result[0]["metric"]["model"]
+            return True
+
+        assert wait_until(scraped, timeout=30, interval=0.5), "Prometheus never scraped both demos"
+        yield Stack(prometheus, instances, models)
+    finally:
+        for process, sig in reversed(processes):
+            _stop(process, sig)
+
+
+def substitute(expr: str, *, instance: str, model: str) -> str:
+    """Grafana's variable interpolation with the demo's concrete values."""
+    values = {"job": "llm-exporter", "instance": instance, "target": "demo-0", "model": model, "gpu": "0",
+              "__rate_interval": "15s", "__interval": "1s", "__range": "1m", "datasource": "prometheus"}
+
+    def one(m: re.Match) -> str:
+        name = m.group(1) or m.group(2)
+        if name not in values:
+            raise AssertionError(f"no test value for variable ${name} in {expr}")
+        return values[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, expr)
+
+
+def all_queries() -> list[tuple[str, str, str, str]]:
+    """(dashboard title, panel title, refId, expr) for every panel query."""
+    out = []
+    for text in generate.build_all().values():
+        d = json.loads(text)
+        for panel, t in generate.iter_exprs(d):
+            out.append((d["title"], panel["title"], t["refId"], t["expr"]))
+    return out
+
+
+def test_no_data_list_names_real_panel_queries():
+    known = {q[:3] for q in all_queries()}
+    assert set(NO_DATA) <= known, set(NO_DATA) - known
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_panel_query_returns_data(stack: Stack, scenario: str):
+    instance, model = stack.instances[scenario], stack.models[scenario]
+    queries = [(key := q[:3], substitute(q[3], instance=instance, model=model)) for q in all_queries()]
+    pending = {key: expr for key, expr in queries if key not in NO_DATA}
+    deadline = time.monotonic() + DEADLINE_S
+    while pending and time.monotonic() < deadline:
+        for key, expr in list(pending.items()):
+            if _has_data(_query(stack.prometheus, expr)):
+                del pending[key]
+        if pending:
+            time.sleep(1.0)
+    missing = "\n".join(f"  {' / '.join(k)}:\n    {e}" for k, e in pending.items())
+    assert not pending, f"panel queries without data after {DEADLINE_S:.0f} s:\n{missing}"
+    for key, expr in queries:
+        if key in NO_DATA:
+            result = _query(stack.prometheus, expr)  # still a valid query
+            reason, strict = NO_DATA[key]
+            if strict:
+                assert not _has_data(result), f"{' / '.join(key)} has data now; remove it from NO_DATA ({reason})"
+
+
+def _panel_expr(title: str, ref: str = "A") -> str:
+    matches = [q[3] for q in all_queries() if q[1] == title and q[2] == ref]
+    assert len(matches) == 1, title
+    return matches[0]
+
+
+def _value(stack: Stack, scenario: str, title: str, ref: str = "A") -> float | None:
+    expr = substitute(_panel_expr(title, ref), instance=stack.instances[scenario], model=stack.models[scenario])
+    values = [float(r["value"][1]) for r in _query(stack.prometheus, expr)]
+    finite = [v for v in values if math.isfinite(v)]
+    return max(finite) if finite else None
+
+
+@pytest.mark.timeout(150)
+def test_saturation_panels_tell_the_two_scenarios_apart(stack: Stack):
+    """The panels read as their descriptions say: kv-pressure fills the KV cache, preempts, queues
+    and gets the kv_capacity verdict; decode-heavy does none of that."""
+    verdict = "Bottleneck verdict over time"
+    kv_code = RESOURCES.index("kv_capacity") + 1
+
+    def saturated() -> bool:
+        return ((_value(stack, "kv-pressure", "KV cache usage (max)") or 0) > 0.9
+                and (_value(stack, "kv-pressure", "Preemptions (5m)") or 0) > 0
+                and (_value(stack, "kv-pressure", "Requests waiting") or 0) > 0
+                and _value(stack, "kv-pressure", verdict) == kv_code)
+
+    assert wait_until(saturated, timeout=DEADLINE_S, interval=1.0), {
+        title: _value(stack, "kv-pressure", title)
+        for title in ("KV cache usage (max)", "Preemptions (5m)", "Requests waiting", verdict)}
+    assert (_value(stack, "decode-heavy", "KV cache usage (max)") or 0) < 0.9
+    assert _value(stack, "decode-heavy", "Preemptions (5m)") == 0
+    assert _value(stack, "decode-heavy", verdict) != kv_code
