@@ -7,7 +7,11 @@ field and the value; the CLI turns it into one line on stderr and exit status 2.
 from __future__ import annotations
 
 import dataclasses
+import hmac
+import logging
+import os
 import re
+import ssl
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,12 +37,58 @@ class ConfigError(ValueError):
         self.value = value
 
 
+class Secret:
+    """A credential read from an environment variable. Its repr and str never show the value, so a
+    Config or EngineTarget that ends up in a log line or a traceback does not leak it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('<redacted>')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and hmac.compare_digest(self._value.encode(), other._value.encode())
+
+    def __hash__(self) -> int:
+        return hash((Secret, len(self._value)))
+
+
 @dataclass(frozen=True, slots=True)
 class EngineTarget:
+    """One engine to scrape. Credentials are only ever named here (a file path, an environment
+    variable's name); a value read from the environment is wrapped in Secret. Files are read by
+    exporter/sources/engines/auth.py at scrape time, so rotated tokens are picked up."""
+
     url: str
     name: str
     kind: str | None = None  # None: auto-detect from the exposition
     timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
+    bearer_token_file: str | None = None
+    bearer_token_env: str | None = None  # the variable's name; its value is in `env_secret`
+    basic_auth_username: str | None = None
+    basic_auth_password_file: str | None = None
+    basic_auth_password_env: str | None = None  # the variable's name; its value is in `env_secret`
+    env_secret: Secret | None = None
+    ca_file: str | None = None  # CA bundle for an https:// engine (default: the system store)
+    insecure_skip_verify: bool = False
+
+    @property
+    def auth_kind(self) -> str:
+        if self.bearer_token_file or self.bearer_token_env:
+            return "bearer"
+        if self.basic_auth_username is not None:
+            return "basic"
+        if urllib.parse.urlsplit(self.url).username is not None:
+            return "basic_url"
+        return "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +117,7 @@ class Config:
     slo_ttft_s: float = 2.5
     slo_tbt_s: float = 0.1
     quantile_window_s: float = 300.0
+    web_config_file: str | None = None  # --web.config.file: TLS and basic auth (exporter/webconfig.py)
     extra: Mapping[str, Any] = field(default_factory=dict)  # settings of later stages (derive)
 
     @property
@@ -83,6 +134,27 @@ def redact_url(url: str) -> str:
     if parts.port:
         host = f"{host}:{parts.port}"
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]+@")
+
+
+class RedactUrlCredentials(logging.Filter):
+    """Last line of defence for logs: drop user:password@ from any URL in a record, whoever
+    wrote it (httpx logs full request URLs). On the root handlers (cli.setup_logging) and on the
+    httpx logger (EngineSource), so it holds however logging is configured."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = _URL_USERINFO.sub(r"\1", message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+def install_log_redaction(logger: logging.Logger) -> None:
+    if not any(isinstance(f, RedactUrlCredentials) for f in logger.filters):
+        logger.addFilter(RedactUrlCredentials())
 
 
 def parse_listen(value: str, field_name: str = "listen") -> tuple[str, int]:
@@ -132,10 +204,40 @@ def normalize_engine_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts)
 
 
-def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float) -> EngineTarget:
-    """`URL[,kind=K][,name=N][,timeout=T]` or a YAML mapping with url/kind/name/timeout."""
+# Options of an engine target that carry a secret inline: refused everywhere, because a file or an
+# environment variable is the only place a secret may come from (never the command line or a YAML
+# file that is usually world-readable and checked in).
+INLINE_SECRET_KEYS = frozenset({"bearer_token", "token", "password", "credentials", "authorization"})
+_SECRET_ADVICE = ("put the secret in a file (bearer_token_file=PATH, password_file=PATH) or an environment "
+                  "variable (bearer_token_env=VAR, password_env=VAR)")
+_TARGET_OPTIONS = frozenset({"kind", "name", "timeout", "bearer_token_file", "bearer_token_env", "username",
+                             "password_file", "password_env", "ca_file", "insecure_skip_verify"})
+
+
+def _flatten_target_mapping(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """YAML targets may group options the Prometheus way: basic_auth: {username, password_file,
+    password_env} and tls_config: {ca_file, insecure_skip_verify}."""
+    options = {str(k): v for k, v in spec.items()}
+    for block, allowed in (("basic_auth", ("username", "password_file", "password_env", "password")),
+                           ("tls_config", ("ca_file", "insecure_skip_verify"))):
+        inner = options.pop(block, None)
+        if inner is None:
+            continue
+        if not isinstance(inner, Mapping):
+            raise ConfigError(f"engine.{block}", "<mapping expected>", "expected a mapping")
+        unknown = set(map(str, inner)) - set(allowed)
+        if unknown:
+            raise ConfigError(f"engine.{block}", sorted(unknown), f"unknown option(s); expected {', '.join(allowed)}")
+        options.update({str(k): v for k, v in inner.items()})
+    return options
+
+
+def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float,
+                      env: Mapping[str, str] | None = None) -> EngineTarget:
+    """`URL[,kind=K][,name=N][,timeout=T][,bearer_token_file=PATH]...` or a YAML mapping with the same
+    keys (plus basic_auth/tls_config blocks). Secrets come from files or environment variables."""
     if isinstance(spec, Mapping):
-        options = {str(k): v for k, v in spec.items()}
+        options = _flatten_target_mapping(spec)
         url = str(options.pop("url", ""))
     else:
         url, *rest = str(spec).strip().split(",")
@@ -143,9 +245,12 @@ def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float) -> 
         for item in rest:
             key, sep, value = item.partition("=")
             if not sep:
-                raise ConfigError("engine", redact_url(str(spec)), f"expected key=value after the URL, got {item!r}")
+                raise ConfigError("engine", redact_url(url), "expected key=value after the URL")
             options[key.strip()] = value.strip()
-    unknown = set(options) - {"kind", "name", "timeout"}
+    inline = set(options) & INLINE_SECRET_KEYS
+    if inline:
+        raise ConfigError("engine", redact_url(url), f"{sorted(inline)[0]} must not be given inline: {_SECRET_ADVICE}")
+    unknown = set(options) - _TARGET_OPTIONS
     if unknown:
         raise ConfigError("engine", redact_url(url), f"unknown option(s) {sorted(unknown)}")
     url = normalize_engine_url(url)
@@ -160,7 +265,92 @@ def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float) -> 
     if not _TARGET_NAME_RE.match(name):
         raise ConfigError("engine.name", name, "letters, digits and _.:- only, 1-64 characters")
     timeout = parse_duration(options["timeout"], "engine.timeout") if "timeout" in options else default_timeout
-    return EngineTarget(url=url, name=name, kind=kind, timeout_s=timeout)
+    credentials = _target_credentials(url, options, os.environ if env is None else env)
+    return EngineTarget(url=url, name=name, kind=kind, timeout_s=timeout, **credentials)
+
+
+def _opt(options: Mapping[str, Any], key: str) -> str | None:
+    value = options.get(key)
+    return None if value in (None, "") else str(value)
+
+
+def _target_credentials(url: str, options: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """Validate the credential and TLS options of one target: at most one way to authenticate,
+    files readable now (they are re-read at scrape time), variables set, CA bundle loadable."""
+    token_file, token_env = _opt(options, "bearer_token_file"), _opt(options, "bearer_token_env")
+    username = _opt(options, "username")
+    password_file, password_env = _opt(options, "password_file"), _opt(options, "password_env")
+    where = redact_url(url)
+    if token_file and token_env:
+        raise ConfigError("engine", where, "set bearer_token_file or bearer_token_env, not both")
+    if password_file and password_env:
+        raise ConfigError("engine", where, "set password_file or password_env, not both")
+    if (password_file or password_env) and username is None:
+        raise ConfigError("engine", where, "basic auth needs username= with password_file= or password_env=")
+    if username is not None and not (password_file or password_env):
+        raise ConfigError("engine", where, "basic auth needs password_file= or password_env= with username=")
+    if username is not None and ":" in username:
+        raise ConfigError("engine.username", username, "a basic-auth username cannot contain ':'")
+    bearer, basic = bool(token_file or token_env), username is not None
+    if bearer and basic:
+        raise ConfigError("engine", where, "set either a bearer token or basic auth, not both")
+    if (bearer or basic) and urllib.parse.urlsplit(url).username is not None:
+        raise ConfigError("engine", where, "the URL already carries user:password@; remove it or the other credentials")
+    values: dict[str, Any] = {"bearer_token_file": token_file, "bearer_token_env": token_env,
+                              "basic_auth_username": username, "basic_auth_password_file": password_file,
+                              "basic_auth_password_env": password_env}
+    for key, path in (("bearer_token_file", token_file), ("password_file", password_file)):
+        if path:
+            _check_secret_file(path, f"engine.{key}")
+    variable = token_env or password_env
+    if variable:
+        value = env.get(variable, "")
+        if not value.strip():
+            raise ConfigError(f"engine.{'bearer_token_env' if token_env else 'password_env'}", variable,
+                              "environment variable is not set or empty")
+        if any(c in value.strip() for c in "\r\n\0"):
+            raise ConfigError(f"engine.{'bearer_token_env' if token_env else 'password_env'}", variable,
+                              "the value contains a line break or NUL")
+        values["env_secret"] = Secret(value.strip())
+    ca_file = _opt(options, "ca_file")
+    insecure = _as_bool(options.get("insecure_skip_verify", False), "engine.insecure_skip_verify")
+    if ca_file and insecure:
+        raise ConfigError("engine", where, "ca_file and insecure_skip_verify exclude each other")
+    if ca_file:
+        try:
+            ssl.create_default_context(cafile=ca_file)
+        except ssl.SSLError as error:  # before OSError, its base class
+            raise ConfigError("engine.ca_file", ca_file, f"not a PEM CA bundle ({error.reason or error})") from None
+        except OSError as error:
+            raise ConfigError("engine.ca_file", ca_file, error.strerror or str(error)) from None
+    values["ca_file"], values["insecure_skip_verify"] = ca_file, insecure
+    return values
+
+
+def _check_secret_file(path: str, field_name: str) -> None:
+    from exporter.sources.engines.auth import CredentialError, read_secret_file
+
+    try:
+        read_secret_file(path)
+    except CredentialError as error:
+        raise ConfigError(field_name, path, str(error)) from None
+
+
+def reject_command_line_secrets(specs: object) -> None:
+    """`--engine` values are visible to every local user (ps, /proc/PID/cmdline): refuse a secret
+    there, inline or as user:password@ in the URL, with advice on where to put it."""
+    if not specs:
+        return
+    for spec in [specs] if isinstance(specs, str) else specs:
+        if not isinstance(spec, str):
+            continue
+        url, *rest = spec.strip().split(",")
+        keys = {item.partition("=")[0].strip() for item in rest}
+        secret_keys = sorted(keys & INLINE_SECRET_KEYS)
+        if secret_keys or urllib.parse.urlsplit(url).password is not None:
+            what = secret_keys[0] if secret_keys else "user:password@ in the URL"
+            raise ConfigError("engine", redact_url(url),
+                              f"{what}: a secret on the command line is visible to every local user; {_SECRET_ADVICE}")
 
 
 def _engine_kinds() -> tuple[str, ...]:
@@ -220,8 +410,9 @@ def _as_bool(value: object, field_name: str) -> bool:
     raise ConfigError(field_name, value, "expected true or false")
 
 
-def build_config(settings: Mapping[str, Any]) -> Config:
-    """Validate merged settings (already in precedence order) into a Config."""
+def build_config(settings: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Config:
+    """Validate merged settings (already in precedence order) into a Config. `env` is where
+    `bearer_token_env`/`password_env` variables are looked up (default: os.environ)."""
     flat = dict(settings)
     host_block = flat.pop("host", None)
     if isinstance(host_block, Mapping):
@@ -244,7 +435,7 @@ def build_config(settings: Mapping[str, Any]) -> Config:
     raw_engines = flat.get("engines") or ()
     if isinstance(raw_engines, str | Mapping):
         raw_engines = [raw_engines]
-    engines = tuple(parse_engine_spec(spec, engine_timeout) for spec in raw_engines)
+    engines = tuple(parse_engine_spec(spec, engine_timeout, env) for spec in raw_engines)
     names = [e.name for e in engines]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -261,7 +452,7 @@ def build_config(settings: Mapping[str, Any]) -> Config:
     for key in ("engine_port",):
         if flat.get(key) not in (None, ""):
             values[key] = _as_int(flat[key], key, 1, 65535)
-    for key in ("proc_root", "sys_root", "engine_pidfile", "engine_process_name", "sim_url"):
+    for key in ("proc_root", "sys_root", "engine_pidfile", "engine_process_name", "sim_url", "web_config_file"):
         if flat.get(key) not in (None, ""):
             values[key] = str(flat[key])
     if "host_enabled" in flat:
@@ -306,5 +497,6 @@ def load_config(flags: Mapping[str, Any], env: Mapping[str, str], config_path: s
     if path:
         merged.update(_load_yaml(str(path)))
     merged.update(_from_env(env))
+    reject_command_line_secrets(flags.get("engines"))
     merged.update({k: v for k, v in flags.items() if v is not None and k != "config"})
-    return build_config(merged)
+    return build_config(merged, env)

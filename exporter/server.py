@@ -146,14 +146,17 @@ def create_app(collector: Collector, *, max_concurrent_scrapes: int = 4) -> Metr
 
 
 # Every endpoint is a GET; a body is never needed, so anything past a small cap is refused before
-# it is read. Header size is capped by uvicorn's h11 parser (h11_max_incomplete_event_size, app.py).
+# it is read. Headers: uvicorn's h11 parser refuses a header block that is still incomplete past
+# h11_max_incomplete_event_size (app.py), but one that arrives whole in a single read gets through
+# it, so the guard also counts them.
 MAX_BODY_BYTES = 16 * 1024
+MAX_HEADER_BYTES = 16 * 1024
 Authorize = Callable[[str, "bytes | None"], Awaitable[bool]]
 
 
 class RequestGuard:
-    """The outermost ASGI layer, in front of MetricsEndpoint and FastAPI: refuses an oversized
-    body (413) and, when `authorize` is set (basic auth from the web config), a request without
+    """The outermost ASGI layer, in front of MetricsEndpoint and FastAPI: refuses oversized
+    headers (431) or body (413) and, when `authorize` is set (basic auth from the web config), a request without
     valid credentials (401 with WWW-Authenticate). /healthz and /readyz stay open (the authorize
     function decides; see exporter/webconfig.py). Query strings are never read here or below for
     anything but content negotiation: no request parameter can make the exporter fetch a URL."""
@@ -165,15 +168,17 @@ class RequestGuard:
         self.realm = realm.encode()
         self.max_body_bytes = max_body_bytes
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.app, name)  # in_flight etc. of the wrapped MetricsEndpoint
-
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         declared, chunked, authorization = None, False, None
-        for key, value in scope.get("headers", ()):
+        headers = scope.get("headers", ())
+        if sum(len(k) + len(v) + 4 for k, v in headers) + len(scope.get("raw_path") or b"") \
+                + len(scope.get("query_string") or b"") > MAX_HEADER_BYTES:
+            await _send(send, 431, b"request headers too large\n", b"text/plain")
+            return
+        for key, value in headers:
             if key == b"content-length":
                 declared = int(value) if value.isdigit() else self.max_body_bytes + 1
             elif key == b"transfer-encoding":

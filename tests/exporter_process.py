@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -14,8 +15,11 @@ from tests.support import free_port, wait_until
 
 
 @contextlib.contextmanager
-def running_exporter(config: Config, sources: Sequence[Source]) -> Iterator[str]:
-    """Start serve() on its own event loop thread; yield the base URL; stop it on exit."""
+def running_exporter(config: Config, sources: Sequence[Source], *,
+                     tls: ssl.SSLContext | None = None) -> Iterator[str]:
+    """Start serve() on its own event loop thread; yield the base URL; stop it on exit.
+    `tls`: the client context for an exporter serving HTTPS (--web.config.file); the base URL is
+    then https:// and readiness is probed through it."""
     if config.listen_port == 0:
         config = Config(**{**{f: getattr(config, f) for f in config.__dataclass_fields__},
                            "listen_host": "127.0.0.1", "listen_port": free_port()})
@@ -33,10 +37,10 @@ def running_exporter(config: Config, sources: Sequence[Source]) -> Iterator[str]
 
     thread = threading.Thread(target=runner, daemon=True)
     thread.start()
-    base = f"http://127.0.0.1:{config.listen_port}"
+    base = f"{'https' if tls else 'http'}://127.0.0.1:{config.listen_port}"
     import httpx
 
-    wait_until(lambda: _ready(httpx, base), timeout=15)
+    wait_until(lambda: _ready(httpx, base, tls), timeout=15)
     try:
         yield base
     finally:
@@ -46,8 +50,8 @@ def running_exporter(config: Config, sources: Sequence[Source]) -> Iterator[str]
             raise errors[0]
 
 
-def _ready(httpx_module, base: str) -> bool:
+def _ready(httpx_module, base: str, tls: ssl.SSLContext | None = None) -> bool:
     try:
-        return httpx_module.get(base + "/readyz", timeout=1).status_code == 200
+        return httpx_module.get(base + "/readyz", timeout=1, verify=tls or True).status_code == 200
     except Exception:  # noqa: BLE001 - not up yet
         return False

@@ -21,6 +21,12 @@ FAMILIES = (
            "/metrics requests answered 503 because too many scrapes were in flight.", (), "self"),
     family("llm_exporter_series_dropped_total", "counter", "series",
            "Series dropped by the cardinality limits, per source.", ("source",), "self"),
+    family("llm_exporter_web_config_last_reload_successful", "gauge", "bool",
+           "1 when the last load of --web.config.file succeeded, 0 when a changed file was refused and the "
+           "last good one is still in use; absent without a web config file.", (), "self"),
+    family("llm_exporter_web_config_last_reload_success_timestamp_seconds", "gauge", "seconds",
+           "Unix time of the last successful load of --web.config.file (start or reload); absent without "
+           "a web config file.", (), "self"),
     family("llm_exporter_build_info", "gauge", "info",
            "Always 1; the labels carry the exporter version and Python version.", ("version", "python"), "self"),
 )

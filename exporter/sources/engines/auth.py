@@ -1,0 +1,117 @@
+"""Credentials and TLS settings for engine targets.
+
+A secret comes from a file or an environment variable, never from the command line
+(exporter/config.py refuses that). A file is re-read when it changes, because tokens rotate
+(Kubernetes swaps projected tokens and secret volumes through a symlink, so the stat is what
+changes): one stat per scrape, a read only when the stat differs. Nothing here logs a value, and
+error messages name the file, never its contents."""
+
+from __future__ import annotations
+
+import base64
+import os
+import ssl
+from dataclasses import dataclass
+
+from exporter.config import EngineTarget
+
+MAX_SECRET_BYTES = 64 * 1024
+
+
+class CredentialError(Exception):
+    """A credential could not be read; the message names the file, never the secret."""
+
+
+def read_secret_file(path: str) -> str:
+    """The stripped contents of a secret file; refuse empty files and embedded line breaks (which
+    would otherwise end up as a broken or injected header)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_SECRET_BYTES + 1)
+    except OSError as error:
+        raise CredentialError(error.strerror or type(error).__name__) from None
+    if len(data) > MAX_SECRET_BYTES:
+        raise CredentialError(f"larger than {MAX_SECRET_BYTES} bytes; is this the right file?")
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise CredentialError("not UTF-8 text") from None
+    if not text:
+        raise CredentialError("the file is empty")
+    if any(c in text for c in "\r\n\0"):
+        raise CredentialError("the secret contains a line break or NUL")
+    return text
+
+
+class SecretFile:
+    """A secret file re-read when its stat (inode, size, mtime) changes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int, int] | None = None
+        self._value: str | None = None
+
+    def value(self) -> str:
+        try:
+            st = os.stat(self.path)
+        except OSError as error:
+            raise CredentialError(f"{self.path}: {error.strerror or type(error).__name__}") from None
+        stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if stamp != self._stamp or self._value is None:
+            try:
+                self._value = read_secret_file(self.path)
+            except CredentialError as error:
+                self._value, self._stamp = None, None
+                raise CredentialError(f"{self.path}: {error}") from None
+            self._stamp = stamp
+        return self._value
+
+
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    secret: str
+
+    def value(self) -> str:
+        return self.secret
+
+
+class TargetAuth:
+    """Builds the Authorization header of one target for each scrape."""
+
+    def __init__(self, target: EngineTarget) -> None:
+        self.kind = "none"
+        self._username = target.basic_auth_username
+        self._source: SecretFile | _Fixed | None = None
+        if target.bearer_token_file or target.bearer_token_env:
+            self.kind = "bearer"
+        elif target.basic_auth_username is not None:
+            self.kind = "basic"
+        if self.kind == "none":
+            return
+        path = target.bearer_token_file or target.basic_auth_password_file
+        if path:
+            self._source = SecretFile(path)
+        elif target.env_secret is not None:
+            self._source = _Fixed(target.env_secret.reveal())
+        else:  # config.py guarantees one of the two; fail closed rather than send no credentials
+            raise ValueError(f"target {target.name}: credentials configured without a file or variable")
+
+    def headers(self) -> dict[str, str]:
+        """{"Authorization": ...} or {}; raises CredentialError when the file cannot be read."""
+        if self._source is None:
+            return {}
+        secret = self._source.value()
+        if self.kind == "bearer":
+            return {"Authorization": f"Bearer {secret}"}
+        raw = f"{self._username}:{secret}".encode()
+        return {"Authorization": "Basic " + base64.b64encode(raw).decode("ascii")}
+
+
+def client_verify(target: EngineTarget) -> ssl.SSLContext | bool:
+    """httpx's `verify`: the system store by default, the target's CA bundle when set, or no
+    verification at all only when insecure_skip_verify is explicitly on."""
+    if target.insecure_skip_verify:
+        return False
+    if target.ca_file:
+        return ssl.create_default_context(cafile=target.ca_file)
+    return True
