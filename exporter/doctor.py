@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from exporter.config import GPU_BACKENDS, ConfigError, load_config, parse_duration
+from exporter.config import GPU_BACKENDS, ConfigError, load_config, parse_duration, redact_url
 
 EXIT_HEALTHY = 0
 EXIT_DEGRADED = 1
@@ -159,12 +159,12 @@ def command_doctor(args: argparse.Namespace, env: Mapping[str, str], out: TextIO
     out = out or sys.stdout
     try:
         if args.url:
-            source = f"{args.url} (exporter)"
+            source = f"{redact_url(args.url)} (exporter)"
             diagnosis = fetch_diagnosis(args.url, parse_duration(args.timeout, "timeout"))
         else:
             config = _engine_config(args, env)
             duration = parse_duration(args.duration, "duration")
-            source = ", ".join(t.url for t in config.engines) + f" (sampled for {duration:g}s)"
+            source = ", ".join(redact_url(t.url) for t in config.engines) + f" (sampled for {duration:g}s)"
             diagnosis = asyncio.run(sample_engines(config, duration))
     except ConfigError as error:
         print(f"llm-exporter doctor: {error}", file=sys.stderr)

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from exporter.config import redact_url
 from exporter.snapshot import Labels, Sample, make_labels
 from exporter.sources.base import SourceData, SourceError
 
@@ -96,20 +97,21 @@ class SimGpuSource:
 
     async def _fetch(self, url: str) -> Mapping[str, Any]:
         endpoint = url.rstrip("/") + "/sim/gpu"
+        shown = redact_url(endpoint)  # error messages reach logs and /api/v1/snapshot
         try:
             resp = await self._http().get(endpoint, timeout=self.timeout_s)
         except httpx.TimeoutException as e:
-            raise SourceError("timeout", f"{endpoint}: no answer within {self.timeout_s}s") from e
+            raise SourceError("timeout", f"{shown}: no answer within {self.timeout_s}s") from e
         except httpx.HTTPError as e:
-            raise SourceError("connection", f"{endpoint}: {e}") from e
+            raise SourceError("connection", f"{shown}: {type(e).__name__}") from e
         if resp.status_code != 200:
-            raise SourceError("http_status", f"{endpoint}: HTTP {resp.status_code}")
+            raise SourceError("http_status", f"{shown}: HTTP {resp.status_code}")
         try:
             doc = resp.json()
         except ValueError as e:
-            raise SourceError("parse", f"{endpoint}: not JSON: {e}") from e
+            raise SourceError("parse", f"{shown}: not JSON: {e}") from e
         if not isinstance(doc, dict):
-            raise SourceError("parse", f"{endpoint}: expected a JSON object")
+            raise SourceError("parse", f"{shown}: expected a JSON object")
         return doc
 
     async def collect(self) -> SourceData:
