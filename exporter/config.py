@@ -389,14 +389,18 @@ _FIELDS = {f.name for f in dataclasses.fields(Config)} | {
     "listen", "interval", "engine_timeout", "slo_ttft", "slo_tbt", "quantile_window"}
 
 
-def _as_int(value: object, field_name: str, low: int, high: int) -> int:
+def _as_number(value: object, field_name: str, low: float, high: float, kind: type) -> Any:
     try:
-        number = int(str(value))
+        number = kind(str(value))
     except ValueError:
-        raise ConfigError(field_name, value, "expected an integer") from None
+        raise ConfigError(field_name, value, "expected an integer" if kind is int else "expected a number") from None
     if not low <= number <= high:
-        raise ConfigError(field_name, value, f"must be between {low} and {high}")
+        raise ConfigError(field_name, value, f"must be between {low:g} and {high:g}")
     return number
+
+
+def _as_int(value: object, field_name: str, low: int, high: int) -> int:
+    return _as_number(value, field_name, low, high, int)
 
 
 def _as_bool(value: object, field_name: str) -> bool:
@@ -466,13 +470,7 @@ def build_config(settings: Mapping[str, Any], env: Mapping[str, str] | None = No
 
 
 def _as_float(value: object, field_name: str, low: float, high: float) -> float:
-    try:
-        number = float(str(value))
-    except ValueError:
-        raise ConfigError(field_name, value, "expected a number") from None
-    if not low <= number <= high:
-        raise ConfigError(field_name, value, f"must be between {low:g} and {high:g}")
-    return number
+    return _as_number(value, field_name, low, high, float)
 
 
 def _derive_settings(flat: Mapping[str, Any]) -> dict[str, Any]:
