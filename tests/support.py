@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,8 +26,13 @@ class EngineBehaviour:
     status: int = 200
     content_type: str = "text/plain; version=0.0.4"
     delay_s: float = 0.0
+    expect_authorization: str | None = None  # when set, any other Authorization gets 401
     requests: int = 0
     headers_seen: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def authorizations_seen(self) -> list[str | None]:
+        return [headers.get("Authorization") for headers in self.headers_seen]
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -38,9 +44,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         behaviour.headers_seen.append(dict(self.headers))
         if behaviour.delay_s:
             time.sleep(behaviour.delay_s)
-        body = behaviour.body
+        body, status = behaviour.body, behaviour.status
+        expected = behaviour.expect_authorization
+        if expected is not None and self.headers.get("Authorization") != expected:
+            body, status = b"unauthorized\n", 401
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.send_response(behaviour.status)
+            self.send_response(status)
             self.send_header("Content-Type", behaviour.content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -51,16 +60,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def fake_engine(body: bytes = b"", **kwargs: object) -> Iterator[tuple[str, EngineBehaviour]]:
-    """Serve `body` on http://127.0.0.1:PORT/metrics from a thread; yields (url, behaviour)."""
+def fake_engine(body: bytes = b"", *, tls: ssl.SSLContext | None = None,
+                **kwargs: object) -> Iterator[tuple[str, EngineBehaviour]]:
+    """Serve `body` on http(s)://127.0.0.1:PORT/metrics from a thread; yields (url, behaviour)."""
     behaviour = EngineBehaviour(body=body, **kwargs)  # type: ignore[arg-type]
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
     server.behaviour = behaviour  # type: ignore[attr-defined]
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics", behaviour
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}/metrics", behaviour
     finally:
         server.shutdown()
         server.server_close()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import http.server
 import logging
 import os
 import pathlib
@@ -15,9 +14,6 @@ import secrets
 import ssl
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -29,54 +25,15 @@ from exporter.config import ConfigError, build_config, load_config
 from exporter.sources.base import SourceError
 from exporter.sources.engines.scrape import EngineSource
 from tests.exporter_process import running_exporter
-from tests.support import free_port, wait_until
+from tests.support import fake_engine, free_port, wait_until
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "engines"
 VLLM = (FIXTURES / "vllm-v0.11__documented.prom").read_bytes()
 
 
-@dataclass
-class GuardedEngine:
-    """What the fake engine accepts: Authorization must equal `expect` (None: anything)."""
-
-    expect: str | None
-    body: bytes = VLLM
-    seen: list[str | None] = field(default_factory=list)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        engine: GuardedEngine = self.server.engine  # type: ignore[attr-defined]
-        given = self.headers.get("Authorization")
-        engine.seen.append(given)
-        ok = engine.expect is None or given == engine.expect
-        body = engine.body if ok else b"unauthorized\n"
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.send_response(200 if ok else 401)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        return
-
-
-@contextlib.contextmanager
-def guarded_engine(expect: str | None, tls: ssl.SSLContext | None = None) -> Iterator[tuple[str, GuardedEngine]]:
-    engine = GuardedEngine(expect)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
-    server.engine = engine  # type: ignore[attr-defined]
-    if tls is not None:
-        server.socket = tls.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}/metrics", engine
-    finally:
-        server.shutdown()
-        server.server_close()
+def guarded_engine(expect: str | None, tls: ssl.SSLContext | None = None):
+    """A fake engine that answers 401 unless Authorization equals `expect` (None: anything)."""
+    return fake_engine(VLLM, tls=tls, expect_authorization=expect)
 
 
 def _write_secret(path: pathlib.Path, value: str) -> None:
@@ -128,17 +85,17 @@ def test_bearer_token_from_a_file_is_sent_rotated_and_shown_nowhere(tmp_path, ca
         config = load_config(_flags(f"{url},kind=vllm,name=secure,bearer_token_file={token_file}"), {})
         with running_exporter(config, build_sources(config)) as base:
             assert wait_until(lambda: _up(base, "secure") == 1.0, timeout=10)
-            assert engine.seen[-1] == f"Bearer {first}"
+            assert engine.authorizations_seen[-1] == f"Bearer {first}"
             served = _everything_served(base)
             assert '"auth": "bearer"' in httpx.get(base + "/api/v1/snapshot", timeout=5).text.replace('":"', '": "')
 
-            engine.expect = f"Bearer {second}"  # the engine rotates first: scrapes fail with 401 ...
+            engine.expect_authorization = f"Bearer {second}"  # the engine rotates first: scrapes fail with 401 ...
             assert wait_until(lambda: _up(base, "secure") == 0.0, timeout=10)
             failing = _everything_served(base)
             assert "http_status" in failing["/metrics"]
             _write_secret(token_file, second)  # ... until the new token lands in the file
             assert wait_until(lambda: _up(base, "secure") == 1.0, timeout=10)
-            assert engine.seen[-1] == f"Bearer {second}"
+            assert engine.authorizations_seen[-1] == f"Bearer {second}"
             recovered = _everything_served(base)
 
             token_file.unlink()  # a missing file fails the scrape, naming the file only
@@ -173,9 +130,9 @@ def test_basic_auth_from_env_and_url_userinfo_and_yaml_blocks(tmp_path, caplog):
             for name in ("env", "userinfo", "file"):
                 assert wait_until(lambda name=name: _up(base, name) == 1.0, timeout=10), name
             served = _everything_served(base)
-    assert engine_a.seen[-1] == _basic("scraper", env_password)
-    assert engine_b.seen[-1] == _basic("alice", url_password)
-    assert engine_c.seen[-1] == _basic("bob", file_password)
+    assert engine_a.authorizations_seen[-1] == _basic("scraper", env_password)
+    assert engine_b.authorizations_seen[-1] == _basic("alice", url_password)
+    assert engine_c.authorizations_seen[-1] == _basic("bob", file_password)
     logs = caplog.text + "\n".join(r.getMessage() for r in caplog.records)
     _assert_nowhere([env_password, url_password, file_password,
                      _basic("scraper", env_password).split()[1], _basic("alice", url_password).split()[1]],
@@ -292,4 +249,4 @@ def test_https_engine_with_custom_ca_and_insecure_skip_verify(tmp_path):
             collect(f"{url},kind=vllm")  # the default trust store does not know the private CA
         assert caught.value.reason == "tls" and "ca_file" in caught.value.message
         assert collect(f"{url},kind=vllm,insecure_skip_verify=true").samples
-        assert len(engine.seen) == 2  # the refused handshake never got as far as a request
+        assert len(engine.authorizations_seen) == 2  # the refused handshake never got as far as a request
