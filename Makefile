@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 APT_PKGS := prometheus prometheus-alertmanager prometheus-node-exporter chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test venv debs demo run bench lint fmt golden docs dashboards dashboards-check alerts-test stack stack-down clean
+.PHONY: test venv debs demo run bench lint fmt golden generate docs dashboards dashboards-check alerts-test stack stack-down clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
@@ -48,13 +48,24 @@ fmt: venv
 golden: venv
 	$(BIN)/python -m pytest --update-golden
 
+# Every generated file: docs from the catalogue, engine tables and CLI; rules; dashboards and the
+# Kubernetes objects built from them. The test suite fails when any of them is stale.
+generate: venv
+	$(BIN)/python alerts/generate.py
+	$(BIN)/python dashboards/generate.py
+	$(BIN)/python deploy/kubernetes/generate.py
+	$(MAKE) docs
+
 docs: venv
 	$(BIN)/python -m exporter.catalog
+	$(BIN)/python -m exporter.sources.engines.coverage > docs/engines.md
+	$(BIN)/python deploy/configuration_docs.py
 
 # Grafana dashboards: dashboards/*.py -> dashboards/*.json (docs/dashboards.md). The check fails on
 # stale or stray JSON and on queries of metrics neither the catalogue nor alerts/rules define.
 dashboards: venv
 	$(BIN)/python dashboards/generate.py
+	$(BIN)/python deploy/kubernetes/generate.py
 
 dashboards-check: venv
 	$(BIN)/python dashboards/generate.py --check
