@@ -61,7 +61,8 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="llama-3.1-8b", help="simulated model (built-in shape name)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speed", type=float, default=1.0,
-                        help="simulated seconds per real second (e.g. 8 fills a KV cache 8x sooner)")
+                        help="simulated seconds per real second (e.g. 8 fills a KV cache 8x sooner); token rates "
+                             "and the bandwidth modelled from them then read SPEED times too high")
     parser.add_argument("--gpu-price-per-hour", dest="gpu_price_per_hour",
                         help="price of one GPU-hour, for the cost-per-token panels")
     parser.add_argument("--listen", default="127.0.0.1:9480", help="exporter HOST:PORT (default 127.0.0.1:9480)")
