@@ -17,8 +17,9 @@ import uvicorn
 
 from exporter.collect import Collector
 from exporter.config import Config, ConfigError
+from exporter.derive import build_deriver
 from exporter.server import RequestGuard, create_app
-from exporter.snapshot import Sample, Snapshot
+from exporter.snapshot import Sample
 from exporter.sources.base import Source
 from exporter.sources.engines.scrape import EngineSource
 from exporter.webconfig import REALM, WebConfigManager
@@ -97,38 +98,16 @@ def bind_listener(config: Config) -> socket.socket:
     return sock
 
 
-class _Collector(Collector):
-    """The Collector plus self-health from parts outside the collection loop (the web config
-    reloader), emitted with the rest of llm_exporter_* on every cycle."""
-
-    extra_health: Callable[[], Iterable[Sample]] | None = None
-
-    def self_health(self, snapshot: Snapshot) -> list[Sample]:
-        out = super().self_health(snapshot)
-        if self.extra_health is not None:
-            out.extend(self.extra_health())
-        return out
-
-
 def make_collector(config: Config, sources: Sequence[Source], *,
                    extra_health: Callable[[], Iterable[Sample]] | None = None) -> Collector:
     timeouts = {s.name: s.target.timeout_s for s in sources if isinstance(s, EngineSource)}
-    collector = _Collector(sources, interval_s=config.interval_s, timeouts=timeouts, derive=_derive_fn(config))
-    collector.extra_health = extra_health
-    return collector
+    return Collector(sources, interval_s=config.interval_s, timeouts=timeouts, derive=build_deriver(config),
+                     extra_health=extra_health)
 
 
 def load_web_config(config: Config) -> WebConfigManager | None:
     """Parse --web.config.file once at start; a bad file raises ConfigError (exit 2)."""
     return WebConfigManager(config.web_config_file) if config.web_config_file else None
-
-
-def _derive_fn(config: Config):
-    try:
-        from exporter.derive import build_deriver
-    except ImportError:
-        return lambda snapshot, previous: ()
-    return build_deriver(config)
 
 
 async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -66,6 +66,7 @@ class Collector:
         timeouts: dict[str, float] | None = None,
         derive: DeriveFn = _no_derive,
         clock: Callable[[], float] = time.time,
+        extra_health: Callable[[], Iterable[Sample]] | None = None,
     ) -> None:
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
@@ -75,6 +76,8 @@ class Collector:
         self.timeouts = {s.name: (timeouts or {}).get(s.name, interval_s) for s in sources}
         self.derive = derive
         self.clock = clock
+        # Self-health of parts outside the loop (the web config reloader), emitted every cycle.
+        self.extra_health = extra_health
         self.health = {s.name: SourceHealth() for s in sources}
         self.latest: Published | None = None
         self.cycles = 0
@@ -181,6 +184,8 @@ class Collector:
                 out.append(Sample("llm_exporter_collect_errors_total", labels_of(source=name, reason=reason),
                                   float(count)))
             out.extend(_engine_up(result))
+        if self.extra_health is not None:
+            out.extend(self.extra_health())
         return out
 
     async def run_forever(self) -> None:
