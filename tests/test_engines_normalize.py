@@ -4,6 +4,7 @@ and unit mapping, merging, priorities, bad values, bounds, and the coverage tabl
 from __future__ import annotations
 
 import pathlib
+import random
 import time
 
 import pytest
@@ -35,7 +36,7 @@ def get(result: NormalizedScrape, name: str, **match: str) -> list[float]:
             if s.name == name and all(s.label(k) == v for k, v in match.items())]
 
 
-def histogram(name: str, labels: str, bounds: list[str], counts: list[int], total: float) -> str:
+def histogram(name: str, labels: str, bounds: list[str], counts: list[int], total: float | str) -> str:
     lines = [f"# TYPE {name} histogram"]
     sep = "," if labels else ""
     for bound, count in zip(bounds + ["+Inf"], counts, strict=True):
@@ -375,3 +376,138 @@ def test_bad_bucket_bound_is_noted_on_every_page() -> None:
         result = run(text, state=state)
         assert any("bad le" in note for note in result.notes)
         assert [s.label("le") for s in result.samples if s.name.endswith("_bucket")] == ["+Inf"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Warm state (the per-page plan) gives exactly what a cold one does
+
+PROM_FIXTURES = sorted(FIXTURES.glob("*.prom"))
+
+
+def _same(warm: NormalizedScrape, cold: NormalizedScrape) -> None:
+    # repr too: == would accept 0.0 for -0.0
+    assert warm == cold
+    assert repr(warm) == repr(cold)
+
+
+@pytest.mark.parametrize("path", PROM_FIXTURES, ids=lambda path: path.stem)
+def test_warm_state_yields_exactly_what_a_cold_one_does(path: pathlib.Path) -> None:
+    page = path.read_text()
+    state = NormalizerState()
+    first = normalize(page, target="t", state=state)
+    assert state._plan is None  # planned once the page repeats
+    _same(normalize(page, target="t", state=state), first)
+    plan = state._plan
+    assert plan is not None
+    for _ in range(3):
+        warm = normalize(page, target="t", state=state)
+        _same(warm, normalize(page, target="t", state=NormalizerState()))
+        _same(warm, first)
+    assert state._plan is plan  # replayed, not rebuilt
+
+
+def _perturbed(page: str, rng: random.Random, odd: float) -> str:
+    """The page with new values: mostly random numbers, some zeros, sentinels and non-finite."""
+    lines = []
+    for line in page.split("\n"):
+        head, space, value = line.rpartition(" ")
+        if not line.startswith("#") and space and head:
+            pick = rng.random()
+            if pick < odd:
+                value = rng.choice(["NaN", "+Inf", "-Inf", "-1", "0", "0.0", "-0.0"])
+            elif pick < 0.8:
+                value = repr(rng.uniform(0, 1e6) if rng.random() < 0.5 else float(rng.randrange(10**9)))
+            line = head + space + value
+        lines.append(line)
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("path", PROM_FIXTURES, ids=lambda path: path.stem)
+def test_warm_state_follows_changing_values(path: pathlib.Path) -> None:
+    """Values change every cycle; now and then one becomes NaN, a sentinel or a zero divisor (which
+    changes what is dropped): the warm state must notice and still match a cold pass."""
+    page = path.read_text()
+    rng = random.Random(path.name)
+    state = NormalizerState()
+    normalize(page, target="t", state=state)
+    for cycle in range(30):
+        text = _perturbed(page, rng, odd=0.0 if cycle % 3 else 0.02)
+        _same(normalize(text, target="t", state=state), normalize(text, target="t", state=NormalizerState()))
+        _same(normalize(page, target="t", state=state), normalize(page, target="t", state=NormalizerState()))
+
+
+@pytest.mark.parametrize("max_series", [3, 7, 10_000])
+def test_warm_state_with_merges_model_fill_and_products(max_series: int) -> None:
+    """Series merged across label sets, re-keyed to the page's model after the fact (and merged
+    again there), a product, the sentinel minimum and the series limit, with changing values."""
+    template = (
+        'vllm:prompt_tokens_total{engine="0"} @a\n'
+        'vllm:prompt_tokens_total{model_name="m",engine="0"} @b\n'
+        'vllm:prompt_tokens_total{engine="0",other="x"} @c\n'
+        'vllm:num_requests_running{engine="0"} @a\n'
+        'vllm:num_requests_running{model_name="m",engine="0"} @c\n'
+        'vllm:num_requests_running{engine="0",other="y"} @b\n'
+        'vllm:gpu_prefix_cache_hit_rate{model_name="m"} @d\n'
+        'vllm:gpu_prefix_cache_queries_total{model_name="m",engine="0"} @c\n'
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="100",engine="0"} 1\n'
+        'vllm:request_success_total{model_name="m",finished_reason="stop"} @a\n'
+        'vllm:request_success_total{model_name="m",finished_reason="weird"} @b\n'
+        'vllm:request_success_total{model_name="m",finished_reason="odd"} @c\n'
+    ) + histogram("vllm:e2e_request_latency_seconds", 'engine="0"', ["1.0", "2.5"], [1, 2, 3], "@d") \
+      + histogram("vllm:e2e_request_latency_seconds", 'engine="0",model_name="m"', ["1.0", "2.5"], [1, 2, 3], "@a")
+    rng = random.Random(max_series)
+    state = NormalizerState()
+    for cycle in range(40):
+        values = {key: repr(rng.uniform(-2, 1e3)) for key in "abcd"}
+        if cycle % 5 == 4:
+            values[rng.choice("abcd")] = "NaN"
+        text = template
+        for key, value in values.items():
+            text = text.replace("@" + key, value)
+        warm = run(text, state=state, max_series=max_series)
+        _same(warm, run(text, state=NormalizerState(), max_series=max_series))
+    assert state._plan is not None
+
+
+def test_warm_state_products_with_a_zero_divisor() -> None:
+    page = ("nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"used\",model=\"m\",version=\"1\"} 5\n"
+            "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"max\",model=\"m\",version=\"1\"} {max}\n"
+            "nv_inference_request_success{model=\"m\",version=\"1\"} 3\n")
+    state = NormalizerState()
+    for divisor in ("10", "0", "0", "20", "0.0", "7"):
+        text = page.replace("{max}", divisor)
+        _same(run(text, state=state, kind="triton"), run(text, state=NormalizerState(), kind="triton"))
+
+
+def test_warm_state_stays_bounded_under_a_cardinality_bomb() -> None:
+    bomb = "".join(f'vllm:num_requests_running{{model_name="m",engine="{i}"}} 1\n'
+                   for i in range(normalize_module.MAX_PLAN_SAMPLES + 1))
+    state = NormalizerState()
+    result = normalize(bomb, target="t", state=state, max_series=100)
+    assert result.dropped_series > 0
+    assert state._plan is None  # too big to plan: nothing per page is kept
+    assert sum(len(entries) for entries in state._entries) <= normalize_module.MAX_MAPPED_LABEL_SETS
+    normalize(bomb, target="t", state=state, max_series=100)
+    assert state._plan is None and state._seen is None
+    # Many pages of fresh series, each seen twice: one plan at a time, the label caches bounded.
+    for round_ in range(30):
+        page = "".join(f'vllm:num_requests_running{{model_name="m{round_}-{i}",engine="0"}} 1\n'
+                       for i in range(2_000))
+        normalize(page, target="t", state=state)
+        normalize(page, target="t", state=state)
+        assert state._plan is not None and len(state._plan.names) == 2_000
+        assert sum(len(entries) for entries in state._entries) <= normalize_module.MAX_MAPPED_LABEL_SETS
+        assert len(state.label_cache) <= state.label_cache.max_entries
+        assert len(state._le) <= normalize_module.MAX_LE_FORMATS
+
+
+def test_warm_state_follows_target_kind_and_limit() -> None:
+    page = (FIXTURES / "vllm-v0.11__documented.prom").read_text()
+    state = NormalizerState()
+    for target, max_series in (("a", 10_000), ("b", 10_000), ("b", 50), ("a", 10_000)):
+        warm = normalize(page, target=target, state=state, max_series=max_series)
+        _same(warm, normalize(page, target=target, state=NormalizerState(), max_series=max_series))
+    lmdeploy = (FIXTURES / "lmdeploy-early__documented.prom").read_text()
+    for text, kind in ((page, "vllm"), (lmdeploy, "lmdeploy"), (lmdeploy, "vllm"), (page, None)):
+        _same(normalize(text, target="a", state=state, kind=kind),
+              normalize(text, target="a", state=NormalizerState(), kind=kind))

@@ -16,14 +16,26 @@ The per-engine modules are data (table.py explains the vocabulary); this module 
 7. drop incomplete histograms and non-finite values with a note, and bound the series count.
 
 Nothing is invented: a family the engine lacks has no series, never a zero.
+
+Steady state: an engine prints the same series in the same order on every scrape, and what steps
+3-7 decide depends only on the page's (name, labels) sequence and on which values are non-finite or
+below a sentinel minimum, not on the values themselves (products aside: a zero divisor drops one).
+Once a page's keys repeat, the full pass records that decision as a _Plan: each output sample's name
+and labels and the scaled input samples it sums or maxes, in the full pass's order of float
+operations, the notes, and the shape of the products. While later pages have the same keys and the
+same value mask, normalize() only re-evaluates the plan (a multiply per output sample, the product
+terms again, and their shape checked); any difference takes the full pass, which records afresh. The
+output is the same with or without a warm state (tests/test_engines_normalize.py proves it).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from itertools import repeat
+from operator import itemgetter
 from types import MappingProxyType
 
 from prometheus_client.utils import floatToGoString
@@ -69,6 +81,9 @@ ABSENT_MODELS = frozenset({"", "undefined", "None"})
 MAX_NOTES = 16
 MAX_MAPPED_LABEL_SETS = 20_000
 MAX_LE_FORMATS = 4_096
+MAX_PLAN_SAMPLES = 20_000
+"""A page with more parsed samples than this is not planned (the state keeps no per-page record of
+it): a cardinality bomb costs the full pass every cycle but pins no memory."""
 _HISTOGRAM_PARTS = ("_bucket", "_sum", "_count")
 
 
@@ -203,10 +218,11 @@ class NormalizerState:
     """Per-target memory kept across cycles: the parser's label cache, what each engine label set
     becomes under each alias (so a label set seen last cycle costs one dict lookup), and the last
     detected kind (checked first, so detection costs one or two substring scans once a target is
-    known, and a page that momentarily lacks its markers keeps its kind). Every cache is bounded and
-    simply cleared when full."""
+    known, and a page that momentarily lacks its markers keeps its kind), and the plan of the last
+    page whose keys repeated (see the module docstring). Every cache is bounded and simply cleared
+    when full; the plan is one page's, and only for a page of at most MAX_PLAN_SAMPLES samples."""
 
-    __slots__ = ("_entries", "_entries_for", "_entry_count", "_le", "label_cache", "last_kind")
+    __slots__ = ("_entries", "_entries_for", "_entry_count", "_le", "_plan", "_seen", "label_cache", "last_kind")
 
     def __init__(self) -> None:
         self.label_cache = LabelCache()
@@ -215,6 +231,9 @@ class NormalizerState:
         self._entries_for: tuple[str, str] | None = None
         self._entry_count = 0
         self._le: dict[tuple[str, float], str | None] = {}
+        self._plan: _Plan | None = None
+        self._seen: tuple | None = None
+        """(kind, target, names, labels) of the last page that took the full pass."""
 
     def route_entries(self, kind: str, target: str, route_count: int) -> list[dict[Labels, object]]:
         """One dict per route of `kind`: engine labels -> mapped entry (see _Run._entry)."""
@@ -226,6 +245,12 @@ class NormalizerState:
 
     def counted(self, added: int) -> None:
         self._entry_count += added
+
+    def room(self) -> int:
+        """How many more label sets the route caches may take before the next clear. A page with
+        more distinct label sets than that (a cardinality bomb) maps the rest without caching them,
+        so what the state keeps between cycles stays bounded by MAX_MAPPED_LABEL_SETS."""
+        return max(0, MAX_MAPPED_LABEL_SETS - self._entry_count)
 
     def format_le(self, raw: str, scale: float) -> str | None:
         key = (raw, scale)
@@ -260,15 +285,34 @@ def normalize(
     kind = _resolve_kind(text, kind, state, notes)
     compiled = _COMPILED[kind]
     exposition = parse(text, keep=compiled.keep.__contains__, label_cache=state.label_cache)
-    run = _Run(compiled, state, notes, target)
-    run.consume(exposition.samples)
-    samples, dropped = run.finish(max_series)
+    parsed = exposition.samples
+    if parsed:
+        names, labels, values, _ = zip(*parsed, strict=True)
+    else:
+        names = labels = values = ()
+    plan = state._plan
+    replayed = None
+    if plan is not None and plan.fits(kind, target, max_series, names, labels, values):
+        replayed = plan.replay(compiled, state, dict(notes), target, values)
+    if replayed is not None:
+        model, samples, unmapped, dropped, notes = replayed
+    else:
+        # Record a plan once the page's keys repeat: a first scrape, or a page that changes shape
+        # every cycle, pays nothing for it.
+        seen = (kind, target, names, labels) if len(parsed) <= MAX_PLAN_SAMPLES else None
+        record = seen is not None and seen == state._seen
+        run = _Run(compiled, state, notes, target, record=record)
+        run.consume(parsed)
+        samples, dropped = run.finish(max_series)
+        model, unmapped = run.model, run.unmapped
+        state._plan = run.plan(kind, max_series, names, labels, values, dropped) if record else None
+        state._seen = seen
     return NormalizedScrape(
         kind=kind,
         flavor=_flavor(text, compiled.spec),
-        model=run.model or "",
+        model=model or "",
         samples=samples,
-        unmapped_samples=exposition.dropped_samples + run.unmapped,
+        unmapped_samples=exposition.dropped_samples + unmapped,
         dropped_series=dropped,
         notes=tuple(notes)[:MAX_NOTES],
     )
@@ -402,11 +446,29 @@ _SKIP = False
 _BAD_LE: tuple = ()
 """Entry of a bucket whose `le` is not a number (noted on every page, not only the first)."""
 
+_NOTE, _MINIMUM, _TERM = 0, 1, 2
+"""Kinds of _Run.events, what a replay redoes in page order: a fixed note, the value-dependent note
+of a sentinel value, a product term."""
+
+
+def _minimum_note(source: str, value: float) -> str:
+    return f"dropped {source} = {value:g} (the engine's 'not available' value)"
+
+
+def _value_mask(values: Sequence[float]) -> tuple[int, ...]:
+    """Indexes of the non-finite values: () in one C-level pass when the sum is finite."""
+    total = sum(values)
+    if total - total == 0.0:
+        return ()
+    return tuple(index for index, value in enumerate(values) if value - value != 0.0)
+
 
 class _Run:
-    """The mutable work of one normalize() call; never outlives it."""
+    """The mutable work of one normalize() call; never outlives it. With `record`, it also notes
+    where every candidate value comes from, so that plan() can describe the page (see _Plan)."""
 
-    def __init__(self, compiled: _Compiled, state: NormalizerState, notes: dict[str, None], target: str) -> None:
+    def __init__(self, compiled: _Compiled, state: NormalizerState, notes: dict[str, None], target: str,
+                 record: bool = False) -> None:
         self.compiled = compiled
         self.state = state
         self.notes = notes
@@ -418,8 +480,19 @@ class _Run:
         """Histogram part -> the labels of its whole series (without `le`)."""
         self.unfilled: dict[tuple[str, Labels], tuple] = {}
         self.terms: dict[tuple[int, int], dict[tuple, float]] = {}
+        self.product_writes: list[tuple[tuple[str, int], tuple[str, Labels]]] = []
+        """(slot, key) of each product value written, in order: the products' shape."""
+        self.record = record
+        self.sources: dict[tuple[tuple[str, int], tuple[str, Labels]], list | None] = {}
+        """With `record`: (slot, key) -> groups of (sample index, scale) it folds, None for a product."""
+        self.events: list[tuple] = []
+        self.minimum_checks: list[tuple[int, float]] = []
+        self.refs: list[tuple[tuple[str, int], tuple[str, Labels]]] = []
+        self.note_log: list[str] | None = None
 
     def note(self, text: str) -> None:
+        if self.note_log is not None:
+            self.note_log.append(text)
         if len(self.notes) < MAX_NOTES:
             self.notes[text] = None
 
@@ -453,28 +526,44 @@ class _Run:
         entries = self.state.route_entries(self.compiled.spec.kind, self.target, self.compiled.route_count)
         candidates = self.candidates
         group_of = self.group_of
+        record = self.record
+        sources = self.sources
+        events = self.events
         added = 0
-        for name, labels, value, _timestamp in samples:
+        room = self.state.room()
+        for index, (name, labels, value, _timestamp) in enumerate(samples):
             used = skipped = False
             for route in routes_of.get(name, ()):
                 cache = entries[route.index]
                 entry = cache.get(labels, None)
                 if entry is None and labels not in cache:
-                    entry = cache[labels] = self._entry(route, labels)
-                    added += 1
+                    entry = self._entry(route, labels)
+                    if added < room:
+                        cache[labels] = entry
+                        added += 1
                 if not entry:
                     skipped = skipped or entry is _SKIP
                     if entry is _BAD_LE:
                         used = True
-                        self.note(f"dropped a bucket of {route.source} with a bad le")
+                        text = f"dropped a bucket of {route.source} with a bad le"
+                        self.note(text)
+                        if record:
+                            events.append((_NOTE, text))
                     continue
                 used = True
                 out, group, model, parts = entry
+                if record and route.minimum is not None:
+                    self.minimum_checks.append((index, route.minimum))
                 if value - value != 0.0:  # NaN or +-Inf, without two calls into math
-                    self.note(f"dropped a non-finite value of {route.source}")
+                    text = f"dropped a non-finite value of {route.source}"
+                    self.note(text)
+                    if record:
+                        events.append((_NOTE, text))
                     continue
                 if route.minimum is not None and value < route.minimum:
-                    self.note(f"dropped {route.source} = {value:g} (the engine's 'not available' value)")
+                    self.note(_minimum_note(route.source, value))
+                    if record:
+                        events.append((_MINIMUM, route.source, index))
                     continue
                 if route.scaled:
                     value *= route.scale
@@ -491,10 +580,15 @@ class _Run:
                         group_of[key] = group
                     if model is None:
                         self.unfilled[key] = parts
-                elif route.summed:
-                    bucket[key] = previous + value
-                elif value > previous:
-                    bucket[key] = value
+                    if record:
+                        sources[(route.slot, key)] = [[(index, route.scale if route.scaled else 1.0)]]
+                else:
+                    if route.summed:
+                        bucket[key] = previous + value
+                    elif value > previous:
+                        bucket[key] = value
+                    if record:
+                        sources[(route.slot, key)][-1].append((index, route.scale if route.scaled else 1.0))
             for term in terms_of.get(name, ()):
                 mapped = _map_labels(labels, self.compiled.spec)
                 if mapped is None:
@@ -502,6 +596,8 @@ class _Run:
                 elif term.where is None or term.where in labels:
                     used = True
                     self._add_term(term, mapped, labels, value)
+                    if record:
+                        events.append((_TERM, term, mapped, labels, index))
             if not used and not skipped:
                 self.unmapped += 1
         self.state.counted(added)
@@ -543,8 +639,13 @@ class _Run:
                 if result is None:
                     continue
                 out = _label_tuple(self.target, kind, model or self.model, rank, None, None)
-                bucket = self.candidates.setdefault((product.family, product.priority), {})
-                bucket[(product.family, out)] = result
+                slot = (product.family, product.priority)
+                bucket = self.candidates.setdefault(slot, {})
+                key = (product.family, out)
+                bucket[key] = result
+                self.product_writes.append((slot, key))
+                if self.record:
+                    self.sources[(slot, key)] = None
 
     def _product_value(self, product: Product, value: float, others: list, key: tuple) -> float | None:
         if product.terms[0].divide:
@@ -574,6 +675,7 @@ class _Run:
         if self.model is None or not self.unfilled:
             return
         kind = self.compiled.spec.kind
+        sources = self.sources
         for slot, bucket in self.candidates.items():
             summed = self.compiled.types[slot[0]] != "gauge"
             for key in [key for key in bucket if key in self.unfilled]:
@@ -588,12 +690,18 @@ class _Run:
                     bucket[new_key] = value
                     if key[0] != slot[0]:  # a histogram part
                         self.group_of[new_key] = group
+                    if self.record:
+                        sources[(slot, new_key)] = sources.pop((slot, key))
                 else:
                     bucket[new_key] = previous + value if summed else max(previous, value)
+                    if self.record:
+                        sources[(slot, new_key)] = sources[(slot, new_key)] + sources.pop((slot, key))
 
     def finish(self, max_series: int) -> tuple[tuple[Sample, ...], int]:
         self._fill_model()
         self._products()
+        if self.record:
+            self.note_log = []
         best: dict[str, int] = {}
         for family, priority in self.candidates:
             if priority > best.get(family, priority - 1):
@@ -604,19 +712,23 @@ class _Run:
         for family, priority in best.items():
             chosen = self.candidates[(family, priority)]
             if types[family] == "histogram":
-                dropped += self._emit_histograms(family, chosen, samples, max_series)
+                dropped += self._emit_histograms((family, priority), chosen, samples, max_series)
                 continue
             room = max_series - len(samples)
             items = list(chosen.items())
             dropped += max(0, len(items) - room)
-            samples.extend([Sample(name, labels, value) for (name, labels), value in items[:max(room, 0)]])
+            kept = items[:max(room, 0)]
+            samples.extend([Sample(name, labels, value) for (name, labels), value in kept])
+            if self.record:
+                self.refs.extend([((family, priority), key) for key, _value in kept])
         if dropped:
             self.note(f"dropped {dropped} series over the limit of {max_series}")
         return tuple(samples), dropped
 
-    def _emit_histograms(self, family: str, chosen: dict, samples: list[Sample], max_series: int) -> int:
+    def _emit_histograms(self, slot: tuple[str, int], chosen: dict, samples: list[Sample], max_series: int) -> int:
         """Append whole histograms (a capped histogram would be wrong, not just short); returns
         how many samples did not fit."""
+        family = slot[0]
         groups: dict[Labels, list] = {}
         group_of = self.group_of
         for key, value in chosen.items():
@@ -635,7 +747,146 @@ class _Run:
                 dropped += len(members)
                 continue
             samples.extend([Sample(name, labels, value) for (name, labels), value in members])
+            if self.record:
+                self.refs.extend([(slot, key) for key, _value in members])
         return dropped
+
+    def plan(self, kind: str, max_series: int, names: tuple, labels: tuple, values: tuple,
+             dropped: int) -> _Plan:
+        """The recorded decisions of this (finished, recording) run as a _Plan."""
+        out_names: list[str] = []
+        out_labels: list[Labels] = []
+        first_index: list[int] = []
+        scaled: list[tuple[int, int, float]] = []
+        folds: list[tuple[int, list, bool]] = []
+        products: list[tuple[int, tuple[str, int], tuple[str, Labels]]] = []
+        types = self.compiled.types
+        for position, (slot, key) in enumerate(self.refs):
+            out_names.append(key[0])
+            out_labels.append(key[1])
+            groups = self.sources[(slot, key)]
+            if groups is None:
+                first_index.append(0)
+                products.append((position, slot, key))
+                continue
+            index, scale = groups[0][0]
+            first_index.append(index)
+            if len(groups) > 1 or len(groups[0]) > 1:
+                folds.append((position, groups, types[slot[0]] != "gauge"))
+            elif scale != 1.0:
+                scaled.append((position, index, scale))
+        return _Plan(
+            kind=kind, target=self.target, max_series=max_series, names=names, labels=labels,
+            mask=_value_mask(values), minimum_checks=tuple(self.minimum_checks),
+            below=tuple(values[index] < minimum for index, minimum in self.minimum_checks),
+            events=tuple(self.events), model=self.model, unmapped=self.unmapped,
+            product_writes=self.product_writes, out_names=tuple(out_names), out_labels=tuple(out_labels),
+            pick=_picker(first_index), scaled=tuple(scaled), folds=tuple(folds),
+            products=tuple(products), finish_notes=tuple(self.note_log or ()), dropped=dropped,
+        )
+
+
+_new_sample = tuple.__new__
+"""tuple.__new__(Sample, (name, labels, value)) is what Sample(name, labels, value) does, without
+the Python-level __new__ call."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What one page (its kind, target, max_series, (name, labels) sequence and value mask) becomes,
+    recorded by a full pass: re-evaluated for the next page with the same keys and mask."""
+
+    kind: str
+    target: str
+    max_series: int
+    names: tuple[str, ...]
+    labels: tuple[Labels, ...]
+    mask: tuple[int, ...]
+    """Indexes of the non-finite input values."""
+    minimum_checks: tuple[tuple[int, float], ...]
+    below: tuple[bool, ...]
+    """Per minimum check: the value was below the alias minimum (dropped)."""
+    events: tuple[tuple, ...]
+    model: str | None
+    unmapped: int
+    product_writes: list
+    out_names: tuple[str, ...]
+    out_labels: tuple[Labels, ...]
+    pick: Callable[[tuple[float, ...]], list[float]]
+    """The input values -> per output sample, the value of its first input sample (a placeholder
+    for a product): the whole value when it has one input and no scale."""
+    scaled: tuple[tuple[int, int, float], ...]
+    """(output position, input index, scale) for a single input that is scaled."""
+    folds: tuple[tuple[int, list, bool], ...]
+    """(output position, groups of (input index, scale), summed) for merged series."""
+    products: tuple[tuple[int, tuple[str, int], tuple[str, Labels]], ...]
+    finish_notes: tuple[str, ...]
+    dropped: int
+
+    def fits(self, kind: str, target: str, max_series: int, names: tuple, labels: tuple,
+             values: tuple) -> bool:
+        return (kind == self.kind and target == self.target and max_series == self.max_series
+                and names == self.names and labels == self.labels and _value_mask(values) == self.mask
+                and tuple(values[index] < minimum for index, minimum in self.minimum_checks) == self.below)
+
+    def replay(self, compiled: _Compiled, state: NormalizerState, notes: dict[str, None], target: str,
+               values: tuple) -> tuple | None:
+        """(model, samples, unmapped, dropped, notes) of a page that fits, or None when its products
+        come out in another shape (a division by zero appeared or went away)."""
+        run = _Run(compiled, state, notes, target)
+        run.model = self.model
+        for event in self.events:
+            if event[0] == _TERM:
+                run._add_term(event[1], event[2], event[3], values[event[4]])
+            elif event[0] == _NOTE:
+                run.note(event[1])
+            else:
+                run.note(_minimum_note(event[1], values[event[2]]))
+        run._products()
+        if run.product_writes != self.product_writes:
+            return None
+        out = self.pick(values)
+        for position, index, scale in self.scaled:
+            out[position] = values[index] * scale
+        for position, groups, summed in self.folds:
+            out[position] = _fold(values, groups, summed)
+        candidates = run.candidates
+        for position, slot, key in self.products:
+            out[position] = candidates[slot][key]
+        for text in self.finish_notes:
+            run.note(text)
+        samples = tuple(map(_new_sample, repeat(Sample), zip(self.out_names, self.out_labels, out, strict=True)))
+        return self.model, samples, self.unmapped, self.dropped, notes
+
+
+def _picker(indexes: list[int]) -> Callable[[tuple[float, ...]], list[float]]:
+    if len(indexes) > 1:
+        getter = itemgetter(*indexes)
+        return lambda values: list(getter(values))
+    return lambda values: [values[index] for index in indexes]
+
+
+def _fold(values: tuple, groups: list, summed: bool) -> float:
+    """A merged series' value, in the order the full pass computes it: each group is folded in page
+    order (consume), then the groups one after another (_fill_model)."""
+    total = 0.0
+    for number, group in enumerate(groups):
+        part = 0.0
+        for position, (index, scale) in enumerate(group):
+            value = values[index] * scale
+            if position == 0:
+                part = value
+            elif summed:
+                part = part + value
+            elif value > part:
+                part = value
+        if number == 0:
+            total = part
+        elif summed:
+            total = total + part
+        else:
+            total = max(total, part)
+    return total
 
 
 def _complete(family: str, members: list) -> bool:
