@@ -9,7 +9,7 @@ import platform
 import sys
 import time
 
-MODULES = ("bench.bench_parser", "bench.bench_metrics", "bench.bench_gpu", "bench.bench_host", "bench.bench_derive")
+MODULES = ("bench.bench_parser", "bench.bench_normalize", "bench.bench_metrics", "bench.bench_gpu", "bench.bench_host", "bench.bench_derive", "bench.bench_fetch", "bench.bench_soak")
 
 
 def main(argv: list[str]) -> int:
@@ -26,8 +26,8 @@ def main(argv: list[str]) -> int:
             rows.append((module_name.split(".")[-1], label, value))
         print(f"# {module_name} took {time.perf_counter() - started:.1f}s", file=sys.stderr)
     width = max(len(r[1]) for r in rows) + 2
-    lines = [f"{'benchmark':<14}{'measure':<{width}}value", "-" * (width + 30)]
-    lines += [f"{group:<14}{label:<{width}}{value}" for group, label, value in rows]
+    lines = [f"{'benchmark':<16}{'measure':<{width}}value", "-" * (width + 30)]
+    lines += [f"{group:<16}{label:<{width}}{value}" for group, label, value in rows]
     table = "\n".join(lines)
     print(table)
     header = (

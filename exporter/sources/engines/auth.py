@@ -107,11 +107,23 @@ class TargetAuth:
         return {"Authorization": "Basic " + base64.b64encode(raw).decode("ascii")}
 
 
-def client_verify(target: EngineTarget) -> ssl.SSLContext | bool:
-    """httpx's `verify`: the system store by default, the target's CA bundle when set, or no
-    verification at all only when insecure_skip_verify is explicitly on."""
+def ssl_context(target: EngineTarget) -> ssl.SSLContext:
+    """The client TLS context of an https:// target: the certifi bundle by default (what httpx
+    used, so a deployment that worked keeps working), the target's CA bundle when set, or no
+    verification at all only when insecure_skip_verify is explicitly on. Never read from the
+    environment (no SSL_CERT_FILE), like the httpx client with trust_env off before it."""
     if target.insecure_skip_verify:
-        return False
-    if target.ca_file:
-        return ssl.create_default_context(cafile=target.ca_file)
-    return True
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif target.ca_file:
+        context = ssl.create_default_context(cafile=target.ca_file)
+    else:
+        try:
+            import certifi
+        except ImportError:  # pragma: no cover - httpx depends on certifi
+            context = ssl.create_default_context()
+        else:
+            context = ssl.create_default_context(cafile=certifi.where())
+    context.set_alpn_protocols(["http/1.1"])
+    return context

@@ -6,19 +6,18 @@ memory or the loop."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
 import urllib.parse
 from collections.abc import Mapping
 from types import MappingProxyType
 
-import httpx
-
 from exporter.config import EngineTarget, install_log_redaction, redact_url
 from exporter.snapshot import Sample, labels_of
 from exporter.sources.base import SourceData, SourceError
-from exporter.sources.engines.auth import CredentialError, TargetAuth, client_verify
+from exporter.sources.engines.auth import CredentialError, TargetAuth, ssl_context
 from exporter.sources.engines.exposition import ExpositionError
+from exporter.sources.engines.http import HttpClient
 from exporter.sources.engines.normalize import NormalizerState, UnknownEngineError, normalize
 
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
@@ -34,7 +33,7 @@ class EngineSource:
         *,
         max_payload_bytes: int,
         max_series: int,
-        client: httpx.AsyncClient | None = None,
+        client: HttpClient | None = None,
     ) -> None:
         self.target = target
         self.name = f"engine:{target.name}"
@@ -43,14 +42,13 @@ class EngineSource:
         # Credentials are built per request (a rotated token file is picked up on the next scrape)
         # and passed as a header, never stored in the client or anything that is reported.
         self._auth = TargetAuth(target)
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(target.timeout_s),
-            follow_redirects=False,  # only the configured URL is ever fetched, and no token follows a redirect
-            headers={"Accept": ACCEPT, "User-Agent": "llm-exporter"},
-            limits=httpx.Limits(max_connections=2, max_keepalive_connections=1),
-            verify=client_verify(target),
-            trust_env=False,  # no proxy or netrc from the environment: only the configured URL and credentials
-        )
+        # One kept-alive connection, no redirects (only the configured URL is ever fetched, and no
+        # token follows a redirect), nothing from the environment (no proxy, .netrc or CA path):
+        # see exporter/sources/engines/http.py.
+        self._client = client or HttpClient(
+            target.url, timeout_s=target.timeout_s,
+            ssl_context=ssl_context(target) if target.url.lower().startswith("https:") else None,
+            headers={"Accept": ACCEPT, "User-Agent": "llm-exporter"})
         install_log_redaction(logging.getLogger("httpx"))  # it logs each request's URL, userinfo included
         parts = urllib.parse.urlsplit(target.url)
         if target.auth_kind != "none" and parts.scheme == "http" and parts.hostname not in _LOOPBACK:
@@ -69,44 +67,26 @@ class EngineSource:
 
     async def fetch(self) -> str:
         """GET the target's exposition as text, enforcing the timeout and the size cap."""
-        deadline = time.monotonic() + self.target.timeout_s
         try:
             headers = self._auth.headers()
         except CredentialError as error:
             raise SourceError("credentials", f"cannot read the credentials: {error}") from None
+        # timeout (connect + headers + body), http_status, too_large, tls, connection
+        body = await self._client.get(headers=headers, max_body=self.max_payload_bytes)
         try:
-            async with self._client.stream("GET", self.target.url, headers=headers) as response:
-                if response.status_code != 200:
-                    raise SourceError("http_status", f"HTTP {response.status_code} from {redact_url(self.target.url)}")
-                declared = response.headers.get("content-length")
-                if declared and declared.isdigit() and int(declared) > self.max_payload_bytes:
-                    raise SourceError("too_large", f"Content-Length {declared} over the cap {self.max_payload_bytes}")
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.aiter_bytes():
-                    size += len(chunk)
-                    if size > self.max_payload_bytes:
-                        raise SourceError("too_large", f"body over the cap of {self.max_payload_bytes} bytes")
-                    if time.monotonic() > deadline:
-                        raise SourceError("timeout", f"body not complete within {self.target.timeout_s:g}s")
-                    chunks.append(chunk)
-        except httpx.TimeoutException:
-            raise SourceError("timeout", f"no answer within {self.target.timeout_s:g}s") from None
-        except httpx.HTTPError as error:
-            if "CERTIFICATE_VERIFY_FAILED" in str(error):  # the cause only; httpx's text is not echoed
-                raise SourceError("tls", f"TLS certificate of {redact_url(self.target.url)} not trusted "
-                                         "(set ca_file for a private CA)") from None
-            raise SourceError("connection", f"{type(error).__name__} for {redact_url(self.target.url)}") from None
-        try:
-            return b"".join(chunks).decode("utf-8")
+            return body.decode("utf-8")
         except UnicodeDecodeError:
             raise SourceError("parse", "payload is not UTF-8 text") from None
 
     async def collect(self) -> SourceData:
         text = await self.fetch()
         try:
-            scrape = normalize(text, target=self.target.name, kind=self.target.kind, state=self._state,
-                               max_series=self.max_series)
+            # In a worker thread: a page of many distinct series (a cardinality bomb under the payload
+            # cap) takes seconds to parse, which on the event loop would hold up every /metrics
+            # request. The Collector never runs two collections of one source at once, so the
+            # state is only ever used by one thread at a time.
+            scrape = await asyncio.to_thread(normalize, text, target=self.target.name, kind=self.target.kind,
+                                             state=self._state, max_series=self.max_series)
         except ExpositionError as error:
             raise SourceError("parse", f"not a Prometheus exposition: {error}") from None
         except UnknownEngineError as error:
