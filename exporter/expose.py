@@ -42,16 +42,18 @@ MAX_CACHED_LABEL_SETS = 50_000
 
 
 class Renderer:
-    """Renders samples to exposition bytes, remembering each label set's formatted text and sort key.
+    """Renders samples to exposition bytes, remembering what repeats between cycles.
 
-    Engines and GPUs repeat the same label sets every cycle, so after the first cycle rendering
-    is dictionary lookups and one join. The cache is bounded (cleared when full) so churning
-    labels cannot grow it without limit."""
+    Engines, GPUs and the host report the same series every cycle with new values. Per family the
+    renderer keeps the last cycle's series keys, their sorted order and their `name{labels} `
+    prefixes; when the keys are unchanged only the values are formatted. Label sets are cached too.
+    Both caches are bounded (label sets cleared when full; one plan per catalogue family)."""
 
-    __slots__ = ("_labels",)
+    __slots__ = ("_labels", "_plans")
 
     def __init__(self) -> None:
         self._labels: dict[tuple, tuple[str, tuple]] = {}
+        self._plans: dict[tuple[str, bool], tuple[tuple, list[int], list[str]]] = {}
 
     def _label_entry(self, labels: tuple) -> tuple[str, tuple]:
         entry = self._labels.get(labels)
@@ -66,22 +68,34 @@ class Renderer:
             self._labels[labels] = entry
         return entry
 
+    def _plan(self, name: str, openmetrics: bool, fam: Family, samples: list[Sample]) -> tuple[list[int], list[str]]:
+        """(order, prefixes) for this family's series: reused while the series are the same."""
+        keys = tuple([(s.name, s.labels) for s in samples])
+        cached = self._plans.get((name, openmetrics))
+        if cached is not None and cached[0] == keys:
+            return cached[1], cached[2]
+        entry_of = self._label_entry
+        keyed = []
+        for index, sample in enumerate(samples):
+            text, (rest, le_key) = entry_of(sample.labels)
+            keyed.append(((rest, sample.name, le_key), index, f"{sample.name}{text} "))
+        keyed.sort(key=_first)
+        type_name = name[: -len("_total")] if openmetrics and fam.type == "counter" else name
+        header = f"# HELP {type_name} {_escape_help(fam.help)}\n# TYPE {type_name} {fam.type}\n"
+        order = [index for _, index, _ in keyed]
+        prefixes = [header + keyed[0][2]] + [prefix for _, _, prefix in keyed[1:]]
+        self._plans[(name, openmetrics)] = (keys, order, prefixes)
+        return order, prefixes
+
     def render(self, samples: Iterable[Sample], *, openmetrics: bool = False) -> bytes:
         """Text format 0.0.4 (or OpenMetrics 1.0), families sorted by name."""
         groups = group_by_family(samples)
         lines: list[str] = []
-        entry_of = self._label_entry
         for name in sorted(groups):
             fam, fam_samples = groups[name]
-            type_name = name[: -len("_total")] if openmetrics and fam.type == "counter" else name
-            lines.append(f"# HELP {type_name} {_escape_help(fam.help)}")
-            lines.append(f"# TYPE {type_name} {fam.type}")
-            keyed = []
-            for sample in fam_samples:
-                text, (rest, le_key) = entry_of(sample.labels)
-                keyed.append(((rest, sample.name, le_key), sample.name, text, sample.value))
-            keyed.sort(key=_first)
-            lines.extend(f"{sample_name}{text} {format_value(value)}" for _, sample_name, text, value in keyed)
+            order, prefixes = self._plan(name, openmetrics, fam, fam_samples)
+            lines.extend([prefix + format_value(fam_samples[index].value)
+                          for prefix, index in zip(prefixes, order, strict=True)])
         if openmetrics:
             lines.append("# EOF")
         return ("\n".join(lines) + "\n").encode() if lines else b""
