@@ -439,6 +439,8 @@ def build_config(settings: Mapping[str, Any], env: Mapping[str, str] | None = No
     raw_engines = flat.get("engines") or ()
     if isinstance(raw_engines, str | Mapping):
         raw_engines = [raw_engines]
+    if not isinstance(raw_engines, list | tuple):
+        raise ConfigError("engines", raw_engines, "expected a list of targets (URL strings or mappings)")
     engines = tuple(parse_engine_spec(spec, engine_timeout, env) for spec in raw_engines)
     names = [e.name for e in engines]
     duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -35,11 +35,15 @@ class RealtimeClock:
 
 
 def build_app(clock: RealtimeClock) -> FastAPI:
+    # Every handler that touches the twin is `async def`: it then runs on the event loop, one at a
+    # time with the ticker. A plain `def` would run in FastAPI's thread pool, and two requests at
+    # once (the engine scrape and /sim/gpu arrive together each cycle) would advance the twin
+    # concurrently and corrupt it (KV blocks leaked until the engine stalled).
     app = FastAPI(title="llm-exporter twin", docs_url=None, redoc_url=None, openapi_url=None)
     twin = clock.twin
 
     @app.get("/metrics")
-    def metrics() -> Response:
+    async def metrics() -> Response:
         clock.sync()
         return Response(twin.metrics_text(), media_type=twin.content_type, headers=twin.metrics_headers())
 
@@ -48,7 +52,7 @@ def build_app(clock: RealtimeClock) -> FastAPI:
         return Response(status_code=200)
 
     @app.get("/sim/gpu")
-    def sim_gpu() -> Response:
+    async def sim_gpu() -> Response:
         clock.sync()
         return JSONResponse(twin.gpu_state())
 
@@ -72,7 +76,7 @@ def build_app(clock: RealtimeClock) -> FastAPI:
         return JSONResponse({"scenario": twin.scenario.name, "twin_time_s": twin.now})
 
     @app.post("/sim/restart")
-    def sim_restart() -> Response:
+    async def sim_restart() -> Response:
         clock.sync()
         twin.restart()
         return JSONResponse({"restarts": twin.restarts, "twin_time_s": twin.now})

@@ -1,0 +1,317 @@
+"""The whole alerting path on loopback for tests/test_e2e_alerts.py: twin -> exporter -> Prometheus
+-> Alertmanager -> a webhook receiver in the test process.
+
+Processes are started and stopped by deploy/stack.py (`make stack`'s launcher: its Plan, Proc,
+start, stop and status), with configs for a test instead of the compose ones:
+
+- rules from alerts/generate.py rendered with every window and `for` scaled by TIME_SCALE
+  (render_scaled), so an hour-long burn-rate window takes 36 s; the shipped files are untouched;
+- the generated Alertmanager config (same routing and inhibition) with its pager/ticket webhook
+  URLs pointed at WebhookReceiver, and Prometheus evaluating every second with a 1 s resend delay;
+- the engine reached through EngineProxy, which the test can take down and bring back: the engine
+  is "killed" while the twin keeps serving /sim/gpu, so the GPU source (--gpu-backend sim) and the
+  host source keep flowing, as they do on a real host whose engine died;
+- the twin runs at TWIN_SPEED x real time (its `--speed`), so the overload scenario's 60 s of
+  normal traffic before the surge take 6 s and the card heats up in seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import signal
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+
+from tests.support import free_port, wait_until
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TIME_SCALE = 0.01  # 1h -> 36s, 5m -> 3s, for: 15m -> 9s
+TWIN_SPEED = 10.0
+TARGET = "twin"
+
+
+def _module(name: str, path: pathlib.Path):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+launcher = _module("deploy_stack", ROOT / "deploy" / "stack.py")
+generate = _module("alerts_generate", ROOT / "alerts" / "generate.py")
+
+
+# ------------------------------------------------------------------------------------------------
+# The webhook receiver
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Received:
+    """One alert out of one webhook notification."""
+
+    at: float  # time.monotonic() on arrival
+    receiver: str  # the URL path: /pager or /ticket
+    status: str  # firing | resolved
+    labels: dict
+    annotations: dict
+
+    @property
+    def name(self) -> str:
+        return self.labels.get("alertname", "")
+
+
+class WebhookReceiver:
+    """Collects every alert Alertmanager POSTs (the webhook_config JSON, version 4)."""
+
+    def __init__(self) -> None:
+        self.received: list[Received] = []
+        self.lock = threading.Lock()
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                now = time.monotonic()
+                with contextlib.suppress(ValueError):
+                    doc = json.loads(body)
+                    with owner.lock:
+                        for a in doc.get("alerts", []):
+                            owner.received.append(Received(now, self.path, a.get("status", ""),
+                                                           a.get("labels", {}), a.get("annotations", {})))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self, name: str | None = None, /, *, status: str | None = None, since: float = 0.0,
+               **labels: str) -> list[Received]:
+        with self.lock:
+            items = list(self.received)
+        return [r for r in items if (name is None or r.name == name) and (status is None or r.status == status)
+                and r.at >= since and all(r.labels.get(k) == v for k, v in labels.items())]
+
+    def last_status(self, name: str, /, **labels: str) -> str | None:
+        found = self.alerts(name, **labels)
+        return found[-1].status if found else None
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# ------------------------------------------------------------------------------------------------
+# The engine proxy (the engine that can die)
+# ------------------------------------------------------------------------------------------------
+class EngineProxy:
+    """GET /metrics on a fixed port, forwarded to the twin. stop(): the port refuses connections,
+    as when the engine process is gone; start() brings it back on the same port."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.port = free_port()
+        self.server: http.server.ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def start(self) -> None:
+        upstream = self.upstream
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                try:
+                    with urllib.request.urlopen(upstream + self.path, timeout=5) as response:
+                        body, ctype = response.read(), response.headers.get("Content-Type", "text/plain")
+                except OSError:
+                    self.send_error(502)
+                    return
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(200)
+                    self.send_header("Content-Type", ctype)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+# ------------------------------------------------------------------------------------------------
+# The stack
+# ------------------------------------------------------------------------------------------------
+def _binary(*names: str) -> str:
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise RuntimeError(f"{' or '.join(names)} not found on PATH; `make debs` installs the Debian package. "
+                       "This test never skips.")
+
+
+@dataclass
+class FullStack:
+    directory: pathlib.Path
+    receiver: WebhookReceiver
+    proxy: EngineProxy
+    twin: str
+    exporter: str
+    prometheus: str
+    alertmanager: str
+    exporter_proc: object
+    prometheus_config: str
+    scaled: dict  # the scaled alerts CONFIG the rules were rendered from
+    marks: dict[str, float] = field(default_factory=dict)  # what one test leaves for the next
+    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=10))
+
+    # --- Prometheus -----------------------------------------------------------------------------
+    def query(self, expr: str) -> list[dict]:
+        body = self.client.get(f"{self.prometheus}/api/v1/query", params={"query": expr}).json()
+        assert body.get("status") == "success", f"{expr}: {body}"
+        return body["data"]["result"]
+
+    def value(self, expr: str) -> float | None:
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if result else None
+
+    def firing(self) -> list[dict]:
+        """Prometheus' own view: alerts in state firing (labels)."""
+        body = self.client.get(f"{self.prometheus}/api/v1/alerts").json()
+        return [a["labels"] for a in body["data"]["alerts"] if a["state"] == "firing"]
+
+    def alerts_since(self, wall: float) -> list[dict]:
+        """Alerts pending or firing in Prometheus that became active at or after `wall` (epoch s)."""
+        import datetime
+
+        body = self.client.get(f"{self.prometheus}/api/v1/alerts").json()
+        return [a["labels"] for a in body["data"]["alerts"]
+                if datetime.datetime.fromisoformat(a["activeAt"].replace("Z", "+00:00")).timestamp() >= wall]
+
+    # --- Alertmanager ---------------------------------------------------------------------------
+    def am_alerts(self) -> list[dict]:
+        response = self.client.get(f"{self.alertmanager}/api/v2/alerts",
+                                   params={"active": "true", "silenced": "true", "inhibited": "true"})
+        return response.json()
+
+    # --- the twin -------------------------------------------------------------------------------
+    def scenario(self, name: str) -> None:
+        self.client.post(f"{self.twin}/sim/scenario", params={"name": name}).raise_for_status()
+
+    def restart_engine(self) -> None:
+        self.client.post(f"{self.twin}/sim/restart").raise_for_status()
+
+    def twin_engine(self) -> dict:
+        return self.client.get(f"{self.twin}/sim/gpu").json()["engine"]
+
+    # --- the exporter ---------------------------------------------------------------------------
+    def exporter_pid(self) -> int | None:
+        return next((pid for name, pid, _ in launcher.status(self.directory) if name == "exporter"), None)
+
+    def restart_exporter(self) -> None:
+        """SIGTERM the exporter, wait for it to exit, start the same command again (same port)."""
+        pid = self.exporter_pid()
+        assert pid is not None, "the exporter is not running"
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                done, _ = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+            if not pathlib.Path(f"/proc/{pid}").exists():
+                break
+            time.sleep(0.02)
+        launcher.start(launcher.Plan(self.directory, [self.exporter_proc], self.prometheus_config))
+
+
+@contextlib.contextmanager
+def full_stack(directory: pathlib.Path) -> Iterator[FullStack]:
+    prometheus_bin = _binary("prometheus")
+    alertmanager_bin = _binary("prometheus-alertmanager", "alertmanager")
+    receiver = WebhookReceiver()
+    ports = {name: free_port() for name in ("twin", "exporter", "alertmanager", "prometheus")}
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    proxy = EngineProxy(urls["twin"])
+
+    cfg = dict(generate.CONFIG)
+    cfg["alertmanager"] = {**cfg["alertmanager"], "pager_url": receiver.url + "/pager",
+                           "ticket_url": receiver.url + "/ticket"}
+    for path, text in generate.render_scaled(directory, TIME_SCALE, cfg).items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    prometheus_config = json.dumps({  # JSON is YAML
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+        "rule_files": [str(directory / "rules" / "*.yaml")],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports['alertmanager']}"]}]}]},
+        "scrape_configs": [{"job_name": "llm-exporter",
+                            "static_configs": [{"targets": [f"127.0.0.1:{ports['exporter']}"]}]}],
+    }, indent=1)
+    python = sys.executable
+    Proc = launcher.Proc
+    twin = Proc("twin", [python, "-m", "exporter.simulator", "--port", str(ports["twin"]), "--scenario",
+                         "decode-heavy", "--speed", str(TWIN_SPEED), "--seed", "1"], {}, ports["twin"], urls["twin"])
+    exporter = Proc("exporter", [python, "-m", "exporter.cli", "run", "--listen", f"127.0.0.1:{ports['exporter']}",
+                                 "--interval", "1s", "--engine", f"{proxy.url},name={TARGET}",
+                                 "--gpu-backend", "sim", "--sim-url", urls["twin"],
+                                 "--engine-port", str(ports["twin"]), "--log-level", "warning"],
+                    {}, ports["exporter"], urls["exporter"])
+    alertmanager = Proc("alertmanager", [
+        alertmanager_bin, f"--config.file={directory / 'alertmanager.yml'}",
+        f"--storage.path={directory / 'am-data'}", f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
+        "--cluster.listen-address=", "--log.level=warn"], {}, ports["alertmanager"], urls["alertmanager"])
+    prometheus = Proc("prometheus", [
+        prometheus_bin, f"--config.file={directory / 'prometheus.yml'}", f"--storage.tsdb.path={directory / 'data'}",
+        f"--web.listen-address=127.0.0.1:{ports['prometheus']}", "--rules.alert.resend-delay=1s",
+        "--log.level=warn"], {}, ports["prometheus"], urls["prometheus"])
+    stack = FullStack(directory, receiver, proxy, urls["twin"], urls["exporter"], urls["prometheus"],
+                      urls["alertmanager"], exporter, prometheus_config, generate.scale_durations(cfg, TIME_SCALE))
+    try:
+        proxy.start()
+        launcher.start(launcher.Plan(directory, [twin, exporter, alertmanager, prometheus], prometheus_config),
+                       timeout_s=30)
+        assert wait_until(lambda: bool(stack.query(f'llm_engine_up{{target="{TARGET}"}} == 1')), timeout=30,
+                          interval=0.5), "Prometheus never scraped the exporter"
+        yield stack
+    finally:
+        launcher.stop(directory)
+        proxy.stop()
+        receiver.close()
+        stack.client.close()
+
+
+def logs(directory: pathlib.Path) -> str:
+    """The tail of every service's log, for assertion messages."""
+    out = []
+    for path in sorted((directory / "logs").glob("*.log")):
+        out.append(f"--- {path.name}\n" + launcher._tail(path, 10))
+    return "\n".join(out)
