@@ -143,6 +143,21 @@ def test_in_process_servers_and_control_endpoints() -> None:
     asyncio.run(scenario())
 
 
+def test_every_twin_handler_runs_on_the_event_loop() -> None:
+    """The exporter reads /metrics and /sim/gpu of a twin at the same moment every cycle. A plain
+    `def` handler runs in FastAPI's thread pool, and two of them advanced the engine concurrently
+    and corrupted it (KV blocks leaked past 100%). The race is too rare to provoke reliably in a
+    test, so the guard is structural: every route's endpoint must be a coroutine function."""
+    import inspect
+
+    from exporter.simulator.server import RealtimeClock, build_app
+
+    app = build_app(RealtimeClock(_twin("vllm", seconds=1.0)))
+    endpoints = {route.path: route.endpoint for route in app.routes if hasattr(route, "endpoint")}
+    assert {"/metrics", "/sim/gpu", "/sim/scenario", "/sim/restart"} <= set(endpoints)
+    assert [path for path, fn in endpoints.items() if not inspect.iscoroutinefunction(fn)] == []
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

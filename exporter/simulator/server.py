@@ -48,7 +48,7 @@ def build_app(clock: RealtimeClock) -> FastAPI:
         return Response(twin.metrics_text(), media_type=twin.content_type, headers=twin.metrics_headers())
 
     @app.get("/health")
-    def health() -> Response:
+    async def health() -> Response:
         return Response(status_code=200)
 
     @app.get("/sim/gpu")
