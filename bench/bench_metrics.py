@@ -9,12 +9,12 @@ import os
 import pathlib
 import shutil
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import httpx
+
+from tests.support import background_process
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENGINE_BODY = (ROOT / "tests" / "fixtures" / "engines" / "vllm-v0.11__documented.prom").read_bytes()
@@ -23,26 +23,8 @@ CPU_WINDOW_S = 20.0
 WARMUP = 20
 
 
-@contextlib.contextmanager
-def _process(command: list[str], ready_url: str) -> Iterator[subprocess.Popen]:
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(ready_url, timeout=1).status_code == 200:
-                    break
-            if process.poll() is not None:
-                raise RuntimeError(f"{command[0]} exited: {process.stderr.read().decode()[-500:]}")
-            time.sleep(0.1)
-        yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+def _process(command: list[str], ready_url: str):
+    return background_process(command, ready_url, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def _node_exporter() -> str | None:

@@ -26,14 +26,14 @@ import os
 import pathlib
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
+
+from tests.support import background_process, serve_in_background
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENGINE_BODY = (ROOT / "tests" / "fixtures" / "engines" / "vllm-v0.11__documented.prom").read_bytes()
@@ -83,13 +83,6 @@ def probe(pid: int) -> Probe:
     status = pathlib.Path(f"/proc/{pid}/status").read_text().splitlines()
     fields = {line.split(":", 1)[0]: line.split(":", 1)[1].split() for line in status if ":" in line}
     return Probe(int(fields["VmRSS"][0]) / 1024, len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"][0]))
-
-
-class _QuietServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address) -> None:
-        """A client that hangs up mid-request (the exporter giving up on a fault) is expected."""
 
 
 class ChurningEngines:
@@ -154,10 +147,7 @@ class ChurningEngines:
             def log_message(self, *args: object) -> None:
                 return
 
-        self.server = _QuietServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.base = serve_in_background(Handler)
 
     def close(self) -> None:
         self.stop.set()
@@ -165,30 +155,12 @@ class ChurningEngines:
         self.server.server_close()
 
 
-@contextlib.contextmanager
-def exporter_process(engine_base: str, port: int) -> Iterator[subprocess.Popen]:
+def exporter_process(engine_base: str, port: int):
     command = [sys.executable, "-m", "bench.exporter_with_fakes", "--listen", f"127.0.0.1:{port}", "--gpus", "8"]
     for name in ("stable", "flapping", "faulty", "churning"):
         command += ["--engine", f"{engine_base}/{name},name={name}"]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"exporter did not start: {process.stderr.read().decode()[-1000:]}")
-            time.sleep(0.1)
-        yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    return background_process(command, f"http://127.0.0.1:{port}/readyz", cwd=str(ROOT),
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def soak(duration_s: float) -> SoakResult:

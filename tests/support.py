@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import os
 import socket
 import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -85,3 +87,47 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: f
             return True
         time.sleep(interval)
     return predicate()
+
+
+class QuietServer(http.server.ThreadingHTTPServer):
+    """A threaded loopback server for fault-injecting fake engines."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that hangs up mid-request (the exporter giving up on a fault) is expected."""
+
+
+def serve_in_background(handler: type[http.server.BaseHTTPRequestHandler]) -> tuple[QuietServer, str]:
+    """Start `handler` on a free loopback port in a daemon thread; returns (server, base URL)."""
+    server = QuietServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@contextlib.contextmanager
+def background_process(command: list[str], ready_url: str, *, timeout: float = 30.0,
+                       env: dict[str, str] | None = None, cwd: str | None = None) -> Iterator[subprocess.Popen]:
+    """Start `command`, wait until `ready_url` answers 200 (or fail with the tail of its stderr),
+    yield the process, then terminate it (kill after 10 s)."""
+    import httpx
+
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd,
+                               env=env if env is not None else dict(os.environ))
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(ready_url, timeout=1).status_code == 200:
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{command[0]} did not become ready: {process.stderr.read().decode()[-1000:]}")
+            time.sleep(0.1)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -42,6 +42,7 @@ from exporter.sources.engines.scrape import EngineSource
 from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
 from tests import fake_pynvml as F
 from tests.exporter_process import running_exporter
+from tests.support import serve_in_background
 from tests.test_collect import ScriptedSource
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
@@ -64,13 +65,6 @@ def _distinct_lines(start: int) -> bytes:
     """64 KiB-ish of lines whose every label value is new: the 100 MB stream is millions of values."""
     return "".join(f'vllm:num_requests_running{{model_name="m-{i}",request_id="{i:012x}"}} 1\n'
                    for i in range(start, start + 1000)).encode()
-
-
-class _QuietServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address) -> None:
-        """A client that hangs up mid-request (the exporter giving up on a fault) is expected."""
 
 
 class FaultyEngines:
@@ -153,10 +147,7 @@ class FaultyEngines:
             def log_message(self, *args: object) -> None:
                 return
 
-        self.server = _QuietServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.base = serve_in_background(Handler)
 
     def close(self) -> None:
         self.stop.set()
