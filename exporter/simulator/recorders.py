@@ -184,7 +184,8 @@ class Recorder:
         pass
 
     def render(self, state: EngineState, info: dict[str, str]) -> str:
-        raise NotImplementedError
+        """The engine's /metrics page in its own format; every engine format overrides this."""
+        raise TypeError(f"{type(self).__name__} does not render an engine format")
 
     def headers(self) -> dict[str, str]:
         return {}
