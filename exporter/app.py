@@ -10,6 +10,7 @@ import contextlib
 import logging
 import signal
 import socket
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 
@@ -128,9 +129,10 @@ async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
         ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None))
     server.install_signal_handlers = lambda: None  # we own the signals
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        # Outside the main thread (tests) this fails; the caller sets `stop` instead.
-        with contextlib.suppress(NotImplementedError, RuntimeError):
+    # Signal handlers can only be installed from the main thread; when serve() runs on another
+    # thread (tests run the exporter in-process), the caller sets `stop` instead.
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
     collect_task = asyncio.create_task(collector.run_forever(), name="collect")
     server_task = asyncio.create_task(server.serve(sockets=[sock]), name="http")
