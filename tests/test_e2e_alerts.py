@@ -158,7 +158,7 @@ def test_engine_killed_pages_engine_down_and_inhibits_its_latency_alerts(stack: 
         stack.marks["recovered"] = time.monotonic()
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(220)
 def test_overload_alerts_resolve_after_back_to_decode_heavy(stack: FullStack):
     since = stack.marks.get("recovered")
     if since is None:
@@ -177,8 +177,15 @@ def test_overload_alerts_resolve_after_back_to_decode_heavy(stack: FullStack):
     # The surge's backlog drains at 15% of capacity (decode-heavy runs at 85%): about 2.5x as long
     # as the surge lasted, so about 60 s here.
     _wait(stack, resolved, 130, "the TTFT page and p99 alert did not resolve")
-    p99 = stack.value(f'target_model:llm_time_to_first_token_seconds:p99_{stack.scaled["rate_window"]}')
-    assert p99 is not None and p99 < 5.0, p99  # the rule's own window, recovered
+    # The p99 alert can resolve through its traffic floor while the last backlogged requests (with
+    # their long TTFTs) still finish, so the rule's own window is waited for, not read once.
+    p99_rule = f'target_model:llm_time_to_first_token_seconds:p99_{stack.scaled["rate_window"]}'
+
+    def p99_recovered() -> bool:
+        p99 = stack.value(p99_rule)
+        return p99 is not None and p99 < 5.0
+
+    _wait(stack, p99_recovered, 60, f"{p99_rule} stayed at or above 5 s after recovery")
 
 
 @pytest.mark.timeout(60)
