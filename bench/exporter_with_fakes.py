@@ -8,7 +8,7 @@ import asyncio
 import pathlib
 import sys
 
-from exporter.app import bind_listener, build_sources, serve
+from exporter.app import bind_listener, build_sources, serve, tune_gc
 from exporter.config import load_config
 from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
 
@@ -29,7 +29,8 @@ def main() -> None:
                           "interval": "1s", "log_level": "warning"}, {})
     gpu = NvmlSource(NvmlOptions(pynvml_module=fake, xid_events=False))
     sources = build_sources(config, gpu_source=gpu)
-    asyncio.run(serve(config, sources, bind_listener(config)))
+    tune_gc()  # as `llm-exporter run` does
+    asyncio.run(serve(config, sources, bind_listener(config), own_process=True))
 
 
 if __name__ == "__main__":

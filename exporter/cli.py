@@ -99,7 +99,7 @@ def setup_logging(level: str) -> None:
 
 
 def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from exporter.app import bind_listener, build_sources, load_web_config, serve
+    from exporter.app import bind_listener, build_sources, load_web_config, serve, tune_gc
 
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     try:
@@ -111,7 +111,8 @@ def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     except ConfigError as error:
         print(f"llm-exporter: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    asyncio.run(serve(config, sources, sock, web=web))
+    tune_gc()
+    asyncio.run(serve(config, sources, sock, web=web, own_process=True))
     return 0
 
 

@@ -5,7 +5,9 @@ collection loop calls `render` once per cycle and the server hands out the cache
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from operator import add, itemgetter
 
 from exporter import catalog
 from exporter.catalog.base import Family
@@ -40,20 +42,50 @@ def format_labels(labels: Iterable[tuple[str, str]]) -> str:
 
 MAX_CACHED_LABEL_SETS = 50_000
 
+_name_of = itemgetter(0)
+_labels_of = itemgetter(1)
+_value_of = itemgetter(2)
+
+
+@dataclass(frozen=True, slots=True)
+class _PagePlan:
+    """A whole page's layout: for input position lists of the same (name, labels) sequence, which
+    sample goes on which line and what precedes its value there."""
+
+    names: tuple[str, ...]
+    labels: tuple[tuple, ...]
+    order: tuple[int, ...]
+    """Input positions in output order (samples of unknown families left out)."""
+    prefixes: tuple[str, ...]
+    """Per output line: HELP/TYPE when it starts a family, then `name{labels} `."""
+
+    def render(self, samples: tuple[Sample, ...], footer: str) -> bytes:
+        if not self.order:
+            return footer.encode()
+        picked = itemgetter(*self.order)(samples) if len(self.order) > 1 else (samples[self.order[0]],)
+        texts = list(map(repr, map(float, map(_value_of, picked))))
+        # NaN and the infinities are the only reprs that exposition spells differently.
+        lines = map(add, self.prefixes, map(_SPECIAL_VALUES.get, texts, texts))
+        return ("\n".join(lines) + "\n" + footer).encode()
+
 
 class Renderer:
     """Renders samples to exposition bytes, remembering what repeats between cycles.
 
-    Engines, GPUs and the host report the same series every cycle with new values. Per family the
-    renderer keeps the last cycle's series keys, their sorted order and their `name{labels} `
-    prefixes; when the keys are unchanged only the values are formatted. Label sets are cached too.
-    Both caches are bounded (label sets cleared when full; one plan per catalogue family)."""
+    Engines, GPUs and the host report the same series every cycle with new values. The renderer
+    keeps the last page's layout (which sample goes on which line, and the text before its value):
+    when the page has the same series in the same order, only the values are formatted, all in C
+    loops. When it changes, each family's layout is rebuilt from per-family plans that are reused
+    while that family's series are unchanged, so one engine going away does not re-sort the GPUs.
+    Caches are bounded: label sets cleared when full, one plan per catalogue family, one page
+    plan per format."""
 
-    __slots__ = ("_labels", "_plans")
+    __slots__ = ("_labels", "_pages", "_plans")
 
     def __init__(self) -> None:
         self._labels: dict[tuple, tuple[str, tuple]] = {}
         self._plans: dict[tuple[str, bool], tuple[tuple, list[int], list[str]]] = {}
+        self._pages: dict[bool, _PagePlan] = {}
 
     def _label_entry(self, labels: tuple) -> tuple[str, tuple]:
         entry = self._labels.get(labels)
@@ -87,37 +119,47 @@ class Renderer:
         self._plans[(name, openmetrics)] = (keys, order, prefixes)
         return order, prefixes
 
+    def _page_plan(self, samples: tuple[Sample, ...], names: tuple, labels: tuple, openmetrics: bool) -> _PagePlan:
+        """Families sorted by name, each laid out by its (possibly cached) family plan."""
+        groups = group_by_family(samples)
+        order: list[int] = []
+        prefixes: list[str] = []
+        for name in sorted(groups):
+            fam, positions = groups[name]
+            family_order, family_prefixes = self._plan(name, openmetrics, fam, [samples[i] for i in positions])
+            order.extend([positions[i] for i in family_order])
+            prefixes.extend(family_prefixes)
+        return _PagePlan(names, labels, tuple(order), tuple(prefixes))
+
     def render(self, samples: Iterable[Sample], *, openmetrics: bool = False) -> bytes:
         """Text format 0.0.4 (or OpenMetrics 1.0), families sorted by name."""
-        groups = group_by_family(samples)
-        lines: list[str] = []
-        for name in sorted(groups):
-            fam, fam_samples = groups[name]
-            order, prefixes = self._plan(name, openmetrics, fam, fam_samples)
-            lines.extend([prefix + format_value(fam_samples[index].value)
-                          for prefix, index in zip(prefixes, order, strict=True)])
-        if openmetrics:
-            lines.append("# EOF")
-        return ("\n".join(lines) + "\n").encode() if lines else b""
+        samples = tuple(samples)
+        names = tuple(map(_name_of, samples))
+        labels = tuple(map(_labels_of, samples))
+        page = self._pages.get(openmetrics)
+        # Sources hand out the same label tuples every cycle, so this is mostly identity checks.
+        if page is None or page.names != names or page.labels != labels:
+            page = self._pages[openmetrics] = self._page_plan(samples, names, labels, openmetrics)
+        return page.render(samples, "# EOF\n" if openmetrics else "")
 
 
 def _first(item: tuple) -> tuple:
     return item[0]
 
 
-def group_by_family(samples: Iterable[Sample]) -> dict[str, tuple[Family, list[Sample]]]:
-    """Group samples under their catalogue family; samples of unknown families are dropped
-    (the catalogue is the contract: nothing undocumented reaches /metrics)."""
-    groups: dict[str, tuple[Family, list[Sample]]] = {}
-    family_of = catalog.family_of
-    for sample in samples:
-        fam = family_of(sample.name)
+def group_by_family(samples: Sequence[Sample]) -> dict[str, tuple[Family, list[int]]]:
+    """Positions of the samples under their catalogue family; samples of unknown families are
+    left out (the catalogue is the contract: nothing undocumented reaches /metrics)."""
+    groups: dict[str, tuple[Family, list[int]]] = {}
+    family_of = catalog.SAMPLE_TO_FAMILY.get
+    for position, name in enumerate(map(_name_of, samples)):
+        fam = family_of(name)
         if fam is None:
             continue
         entry = groups.get(fam.name)
         if entry is None:
             entry = groups[fam.name] = (fam, [])
-        entry[1].append(sample)
+        entry[1].append(position)
     return groups
 
 

@@ -61,12 +61,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return
 
 
+class _KeepAliveHandler(_Handler):
+    protocol_version = "HTTP/1.1"
+
+
 @contextlib.contextmanager
-def fake_engine(body: bytes = b"", *, tls: ssl.SSLContext | None = None,
+def fake_engine(body: bytes = b"", *, tls: ssl.SSLContext | None = None, keep_alive: bool = False,
                 **kwargs: object) -> Iterator[tuple[str, EngineBehaviour]]:
-    """Serve `body` on http(s)://127.0.0.1:PORT/metrics from a thread; yields (url, behaviour)."""
+    """Serve `body` on http(s)://127.0.0.1:PORT/metrics from a thread; yields (url, behaviour).
+    keep_alive: answer HTTP/1.1 and keep the connection open, as the real engines' servers do
+    (uvicorn, axum, cpp-httplib); the default HTTP/1.0 closes after every response."""
     behaviour = EngineBehaviour(body=body, **kwargs)  # type: ignore[arg-type]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeepAliveHandler if keep_alive else _Handler)
     server.daemon_threads = True
     server.behaviour = behaviour  # type: ignore[attr-defined]
     if tls is not None:

@@ -112,3 +112,41 @@ def test_the_scrape_sends_an_accept_header_and_never_follows_redirects():
     assert _value(published, "llm_exporter_collect_errors_total", source="engine:t", reason="http_status") == 1.0
     assert "text/plain" in behaviour.headers_seen[0]["Accept"]
     assert behaviour.requests == 1  # the Location header was not followed
+
+
+def _bomb(n: int) -> bytes:
+    return "".join(f'vllm:num_requests_running{{model_name="m",request_id="{i:08x}"}} 1\n'
+                   for i in range(n)).encode()
+
+
+def test_only_cheap_unchanged_pages_are_normalized_on_the_event_loop(monkeypatch):
+    """A warm page of the usual size skips the thread handoff; a first page, a page that grew, and
+    a page that was slow to normalize (a cardinality bomb) go to a worker thread."""
+    import exporter.sources.engines.scrape as scrape
+
+    offloaded: list[int] = []
+    real_to_thread = asyncio.to_thread
+
+    async def counting_to_thread(fn, *args, **kwargs):
+        offloaded.append(len(args[0]))
+        return await real_to_thread(fn, *args, **kwargs)
+
+    monkeypatch.setattr(scrape.asyncio, "to_thread", counting_to_thread)
+    # A budget no machine misses for this page (and every machine misses for 20,000 new series).
+    monkeypatch.setattr(scrape, "INLINE_MAX_CPU_S", 0.05)
+    with fake_engine(VLLM) as (url, behaviour):
+        source = EngineSource(EngineTarget(url=url, name="t", timeout_s=5), max_payload_bytes=8 << 20,
+                              max_series=100_000)
+
+        async def collect_pages(bodies):
+            for body in bodies:
+                behaviour.body = body
+                await source.collect()
+            await source.close()
+
+        bomb = _bomb(20_000)
+        grown = VLLM + b"# padding\n" * 2000
+        asyncio.run(collect_pages([VLLM] * 6 + [grown] + [VLLM] * 4 + [bomb, bomb]))
+    # The first page (nothing known yet), the grown one, and both bombs (grown, then slow).
+    assert offloaded == [len(VLLM), len(grown), len(bomb), len(bomb)]
+    assert not source.normalize_inline(len(bomb))  # its last normalize took far more than the budget

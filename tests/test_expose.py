@@ -54,3 +54,22 @@ def test_value_formatting():
 def test_label_values_are_escaped():
     text = render([Sample("llm_requests_running", labels_of(target='a"b\\c\nd'), 1.0)]).decode()
     assert 'target="a\\"b\\\\c\\nd"' in text
+
+
+def test_page_plan_reuse_formats_special_values_and_notices_changed_labels():
+    renderer = Renderer()
+    first = _histogram("a", (1, 2, 3)) + [Sample("llm_requests_running", labels_of(target="a"), 2.0)]
+    renderer.render(first)
+    specials = _histogram("a", (math.inf, -math.inf, 3)) + [Sample("llm_requests_running", labels_of(target="a"), math.nan)]
+    assert renderer.render(specials) == render(specials)
+    assert b'llm_requests_running{target="a"} NaN' in renderer.render(specials)
+    # Same names in the same order, one label value changed: the cached layout must not be used.
+    relabelled = first[:-1] + [Sample("llm_requests_running", labels_of(target="z"), 2.0)]
+    assert renderer.render(relabelled) == render(relabelled)
+    assert b'target="z"' in renderer.render(relabelled)
+
+
+def test_empty_page_in_both_formats():
+    renderer = Renderer()
+    assert renderer.render([]) == b""
+    assert renderer.render([], openmetrics=True) == b"# EOF\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import urllib.parse
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -21,6 +22,11 @@ from exporter.sources.engines.http import HttpClient
 from exporter.sources.engines.normalize import NormalizerState, UnknownEngineError, normalize
 
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+# A page whose last normalize took under this much CPU, and that has not grown, is normalized on
+# the event loop: handing it to a worker thread costs about as much as a warm normalize does. New,
+# grown or slow pages (a cardinality bomb takes seconds) go to a thread, so /metrics never waits.
+INLINE_MAX_CPU_S = 0.003
+INLINE_MAX_GROWTH = 1.1
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 log = logging.getLogger("llm_exporter.engine")
@@ -56,6 +62,7 @@ class EngineSource:
         if target.insecure_skip_verify:
             log.warning("target %s: TLS certificate verification is off (insecure_skip_verify)", target.name)
         self._state = NormalizerState()
+        self._last_normalize: tuple[int, float] | None = None  # (page characters, CPU seconds)
         self._last_kind = target.kind or "unknown"
         self._series_dropped = 0
 
@@ -78,15 +85,30 @@ class EngineSource:
         except UnicodeDecodeError:
             raise SourceError("parse", "payload is not UTF-8 text") from None
 
+    def normalize_inline(self, size: int) -> bool:
+        """Whether a page of `size` characters is cheap enough to normalize on the event loop."""
+        last = self._last_normalize
+        return last is not None and last[1] < INLINE_MAX_CPU_S and size <= last[0] * INLINE_MAX_GROWTH
+
+    def _normalize(self, text: str):
+        started = time.thread_time()
+        try:
+            return normalize(text, target=self.target.name, kind=self.target.kind, state=self._state,
+                             max_series=self.max_series)
+        finally:
+            self._last_normalize = (len(text), time.thread_time() - started)
+
     async def collect(self) -> SourceData:
         text = await self.fetch()
         try:
-            # In a worker thread: a page of many distinct series (a cardinality bomb under the payload
-            # cap) takes seconds to parse, which on the event loop would hold up every /metrics
-            # request. The Collector never runs two collections of one source at once, so the
-            # state is only ever used by one thread at a time.
-            scrape = await asyncio.to_thread(normalize, text, target=self.target.name, kind=self.target.kind,
-                                             state=self._state, max_series=self.max_series)
+            # Otherwise in a worker thread: a page of many distinct series (a cardinality bomb under
+            # the payload cap) takes seconds to parse, which on the event loop would hold up every
+            # /metrics request. The Collector never runs two collections of one source at once,
+            # so the state is only ever used by one thread at a time.
+            if self.normalize_inline(len(text)):
+                scrape = self._normalize(text)
+            else:
+                scrape = await asyncio.to_thread(self._normalize, text)
         except ExpositionError as error:
             raise SourceError("parse", f"not a Prometheus exposition: {error}") from None
         except UnknownEngineError as error:
