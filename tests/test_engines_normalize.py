@@ -21,6 +21,7 @@ from exporter.sources.engines.normalize import (
     coverage_table,
     detect_kind,
     normalize,
+    normalize_if_unchanged,
 )
 from exporter.sources.engines.table import Alias
 
@@ -511,3 +512,16 @@ def test_warm_state_follows_target_kind_and_limit() -> None:
     for text, kind in ((page, "vllm"), (lmdeploy, "lmdeploy"), (lmdeploy, "vllm"), (page, None)):
         _same(normalize(text, target="a", state=state, kind=kind),
               normalize(text, target="a", state=NormalizerState(), kind=kind))
+
+
+def test_normalize_if_unchanged_replays_only_a_repeated_page_and_matches_the_full_pass() -> None:
+    page = (FIXTURES / "vllm-v0.11__documented.prom").read_text()
+    state = NormalizerState()
+    assert normalize_if_unchanged(page, target="t", kind=None, state=state) is None  # nothing recorded
+    first = normalize(page, target="t", state=state)
+    normalize(page, target="t", state=state)  # the repeat records the plan
+    replayed = normalize_if_unchanged(page.replace(" 12.0\n", " 13.0\n"), target="t", kind=None, state=state)
+    full = normalize(page.replace(" 12.0\n", " 13.0\n"), target="t", state=NormalizerState())
+    assert replayed is not None and replayed == full and replayed != first
+    changed = page.replace('model_name="', 'model_name="other-')
+    assert normalize_if_unchanged(changed, target="t", kind=None, state=state) is None

@@ -281,6 +281,26 @@ def normalize(
     """Normalize one engine page. Raises ExpositionError for an invalid payload and
     UnknownEngineError when `kind` is None and the page matches no engine."""
     state = state if state is not None else NormalizerState()
+    scrape = _normalize(text, target, kind, state, max_series, replay_only=False)
+    assert scrape is not None  # only a replay_only call gives up
+    return scrape
+
+
+def normalize_if_unchanged(
+    text: str,
+    *,
+    target: str,
+    kind: str | None,
+    state: NormalizerState,
+    max_series: int = 10_000,
+) -> NormalizedScrape | None:
+    """The page normalized by replaying the last page's plan (its series are unchanged: a parse
+    and value arithmetic, no mapping); None when it needs the full pass of `normalize`."""
+    return _normalize(text, target, kind, state, max_series, replay_only=True)
+
+
+def _normalize(text: str, target: str, kind: str | None, state: NormalizerState, max_series: int,
+               *, replay_only: bool) -> NormalizedScrape | None:
     notes: dict[str, None] = {}
     kind = _resolve_kind(text, kind, state, notes)
     compiled = _COMPILED[kind]
@@ -296,6 +316,8 @@ def normalize(
         replayed = plan.replay(compiled, state, dict(notes), target, values)
     if replayed is not None:
         model, samples, unmapped, dropped, notes = replayed
+    elif replay_only:
+        return None
     else:
         # Record a plan once the page's keys repeat: a first scrape, or a page that changes shape
         # every cycle, pays nothing for it.

@@ -19,12 +19,19 @@ from exporter.sources.base import SourceData, SourceError
 from exporter.sources.engines.auth import CredentialError, TargetAuth, ssl_context
 from exporter.sources.engines.exposition import ExpositionError
 from exporter.sources.engines.http import HttpClient
-from exporter.sources.engines.normalize import NormalizerState, UnknownEngineError, normalize
+from exporter.sources.engines.normalize import (
+    NormalizedScrape,
+    NormalizerState,
+    UnknownEngineError,
+    normalize,
+    normalize_if_unchanged,
+)
 
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
-# A page whose last normalize took under this much CPU, and that has not grown, is normalized on
-# the event loop: handing it to a worker thread costs about as much as a warm normalize does. New,
-# grown or slow pages (a cardinality bomb takes seconds) go to a thread, so /metrics never waits.
+# A page whose last normalize took under this much CPU, and that has not grown, is tried on the
+# event loop, replaying the last page's plan (handing it to a worker thread costs about as much as
+# that replay). Anything needing the full pass, and new, grown or slow pages (a cardinality bomb
+# takes seconds), goes to a thread, so /metrics waits at most for one parse of a known-size page.
 INLINE_MAX_CPU_S = 0.003
 INLINE_MAX_GROWTH = 1.1
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -90,11 +97,11 @@ class EngineSource:
         last = self._last_normalize
         return last is not None and last[1] < INLINE_MAX_CPU_S and size <= last[0] * INLINE_MAX_GROWTH
 
-    def _normalize(self, text: str):
+    def _normalize(self, text: str, how=normalize) -> NormalizedScrape | None:
         started = time.thread_time()
         try:
-            return normalize(text, target=self.target.name, kind=self.target.kind, state=self._state,
-                             max_series=self.max_series)
+            return how(text, target=self.target.name, kind=self.target.kind, state=self._state,
+                       max_series=self.max_series)
         finally:
             self._last_normalize = (len(text), time.thread_time() - started)
 
@@ -105,9 +112,8 @@ class EngineSource:
             # the payload cap) takes seconds to parse, which on the event loop would hold up every
             # /metrics request. The Collector never runs two collections of one source at once,
             # so the state is only ever used by one thread at a time.
-            if self.normalize_inline(len(text)):
-                scrape = self._normalize(text)
-            else:
+            scrape = self._normalize(text, normalize_if_unchanged) if self.normalize_inline(len(text)) else None
+            if scrape is None:
                 scrape = await asyncio.to_thread(self._normalize, text)
         except ExpositionError as error:
             raise SourceError("parse", f"not a Prometheus exposition: {error}") from None
