@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -74,15 +75,23 @@ class Snapshot:
 
     def samples(self, name: str | None = None, *, include_derived: bool = False) -> Iterator[Sample]:
         """Samples of every healthy source (a failed source's series are dropped)."""
+        if name is None:  # the whole page, every cycle: chained in C rather than yielded one by one
+            parts = [result.samples for result in self.results.values() if result.ok]
+            if include_derived:
+                parts.append(self.derived)
+            return chain.from_iterable(parts)
+        return self._named(name, include_derived)
+
+    def _named(self, name: str, include_derived: bool) -> Iterator[Sample]:
         for result in self.results.values():
             if not result.ok:
                 continue
             for sample in result.samples:
-                if name is None or sample.name == name:
+                if sample.name == name:
                     yield sample
         if include_derived:
             for sample in self.derived:
-                if name is None or sample.name == name:
+                if sample.name == name:
                     yield sample
 
     def values(self, name: str, **match: str) -> list[Sample]:
