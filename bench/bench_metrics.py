@@ -17,7 +17,6 @@ import httpx
 from tests.support import background_process
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-ENGINE_BODY = (ROOT / "tests" / "fixtures" / "engines" / "vllm-v0.11__documented.prom").read_bytes()
 REQUESTS = 400
 CPU_WINDOW_S = 20.0
 WARMUP = 20
@@ -65,15 +64,18 @@ def _cpu_and_rss(pid: int, url: str, window_s: float) -> tuple[float, float, flo
 
 def run() -> list[tuple[str, str]]:
     sys.path.insert(0, str(ROOT))
-    from tests.support import fake_engine, free_port
+    from bench.bench_soak import engines_process
+    from tests.support import free_port
 
     rows: list[tuple[str, str]] = []
     with contextlib.ExitStack() as stack:
-        urls = [stack.enter_context(fake_engine(ENGINE_BODY))[0] for _ in range(4)]
+        # Four targets serving the vLLM capture, kept alive, from a process of their own.
+        engines_port = free_port()
+        stack.enter_context(engines_process(engines_port))
         port = free_port()
         command = [sys.executable, "-m", "bench.exporter_with_fakes", "--listen", f"127.0.0.1:{port}", "--gpus", "8"]
-        for url in urls:
-            command += ["--engine", url + ",name=e" + url.rsplit(":", 1)[1].split("/")[0]]
+        for index in range(4):
+            command += ["--engine", f"http://127.0.0.1:{engines_port}/stable,name=e{index}"]
         exporter = stack.enter_context(_process(command, f"http://127.0.0.1:{port}/readyz"))
         ours_url = f"http://127.0.0.1:{port}/metrics"
         targets = {"llm-exporter": ours_url}

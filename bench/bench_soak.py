@@ -1,7 +1,8 @@
 """Soak: the exporter (its own process: 8 fake GPUs, the host source, 4 engine targets) scraped
 continuously while its targets churn and fail, for LLM_EXPORTER_SOAK_S seconds (default 600).
 
-The four targets, served from this process on loopback:
+The four targets, served on loopback by a process of their own (as engines are: their server
+threads must not share a GIL with the client that times the scrapes):
 - stable: the vLLM v0.11 capture, always up;
 - flapping: up 5 s, then 5 s of dropped connections, again and again;
 - faulty: every 3 s the next of HTTP 500, garbage bytes, a hang past the timeout, an HTML page,
@@ -20,8 +21,10 @@ same soak for 60 s with generous bounds so a leak fails CI.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.server
+import json
 import os
 import pathlib
 import random
@@ -33,7 +36,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tests.support import background_process, serve_in_background
+from tests.support import QuietServer, background_process, free_port
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENGINE_BODY = (ROOT / "tests" / "fixtures" / "engines" / "vllm-v0.11__documented.prom").read_bytes()
@@ -88,7 +91,7 @@ def probe(pid: int) -> Probe:
 class ChurningEngines:
     """The four targets on one loopback server, each a path; behaviour follows the wall clock."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.started = time.monotonic()
         self.stop = threading.Event()
         self.requests: dict[str, int] = {"stable": 0, "flapping": 0, "faulty": 0, "churning": 0}
@@ -99,6 +102,9 @@ class ChurningEngines:
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 path = self.path.strip("/")
+                if path == "counts":
+                    self.send(json.dumps(owner.requests).encode(), ctype="application/json")
+                    return
                 if path not in owner.requests:
                     self.send_error(404)
                     return
@@ -147,7 +153,9 @@ class ChurningEngines:
             def log_message(self, *args: object) -> None:
                 return
 
-        self.server, self.base = serve_in_background(Handler)
+        self.server = QuietServer(("127.0.0.1", port), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.stop.set()
@@ -163,43 +171,46 @@ def exporter_process(engine_base: str, port: int):
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+def engines_process(port: int):
+    """ChurningEngines in a child process; `/counts` answers its request counts."""
+    return background_process([sys.executable, "-m", "bench.bench_soak", "--serve-engines", str(port)],
+                              f"http://127.0.0.1:{port}/counts", cwd=str(ROOT),
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def soak(duration_s: float) -> SoakResult:
     sys.path.insert(0, str(ROOT))
-    from tests.support import free_port
-
-    engines = ChurningEngines()
-    port = free_port()
+    port, engines_port = free_port(), free_port()
+    engines_base = f"http://127.0.0.1:{engines_port}"
     url = f"http://127.0.0.1:{port}/metrics"
-    try:
-        with exporter_process(engines.base, port) as process:
-            warm_at = time.monotonic() + min(60.0, max(20.0, duration_s / 5))
-            end_at = time.monotonic() + duration_s
-            latencies: list[float] = []
-            failed = 0
-            warm: Probe | None = None
-            cycles_start = 0.0
-            with httpx.Client(timeout=5) as client:
-                while time.monotonic() < end_at:
-                    started = time.perf_counter()
-                    try:
-                        response = client.get(url)
-                        ok = response.status_code == 200
-                    except httpx.HTTPError:
-                        ok = False
-                    elapsed = time.perf_counter() - started
-                    if not ok:
-                        failed += 1
-                    if warm is None and time.monotonic() >= warm_at:
-                        warm, cycles_start = probe(process.pid), _cycles(response.text if ok else "")
-                    if warm is not None and ok:
-                        latencies.append(elapsed)
-                    time.sleep(max(0.0, SCRAPE_EVERY_S - elapsed))
-                end = probe(process.pid)
-                cycles = _cycles(client.get(url).text) - cycles_start
-            assert warm is not None
-            return SoakResult(duration_s, warm, end, latencies, failed, cycles, dict(engines.requests))
-    finally:
-        engines.close()
+    with engines_process(engines_port), exporter_process(engines_base, port) as process:
+        warm_at = time.monotonic() + min(60.0, max(20.0, duration_s / 5))
+        end_at = time.monotonic() + duration_s
+        latencies: list[float] = []
+        failed = 0
+        warm: Probe | None = None
+        cycles_start = 0.0
+        with httpx.Client(timeout=5) as client:
+            while time.monotonic() < end_at:
+                started = time.perf_counter()
+                try:
+                    response = client.get(url)
+                    ok = response.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                elapsed = time.perf_counter() - started
+                if not ok:
+                    failed += 1
+                if warm is None and time.monotonic() >= warm_at:
+                    warm, cycles_start = probe(process.pid), _cycles(response.text if ok else "")
+                if warm is not None and ok:
+                    latencies.append(elapsed)
+                time.sleep(max(0.0, SCRAPE_EVERY_S - elapsed))
+            end = probe(process.pid)
+            cycles = _cycles(client.get(url).text) - cycles_start
+            engine_requests = client.get(f"{engines_base}/counts").json()
+        assert warm is not None
+        return SoakResult(duration_s, warm, end, latencies, failed, cycles, engine_requests)
 
 
 def _cycles(text: str) -> float:
@@ -225,6 +236,20 @@ def run() -> list[tuple[str, str]]:
     ]
 
 
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--serve-engines", type=int, metavar="PORT", help="only serve the four targets")
+    args = parser.parse_args()
+    if args.serve_engines is None:
+        for label, value in run():
+            print(f"{label:<100}{value}")
+        return
+    engines = ChurningEngines(args.serve_engines)
+    try:
+        threading.Event().wait()  # until terminated
+    finally:
+        engines.close()
+
+
 if __name__ == "__main__":
-    for label, value in run():
-        print(f"{label:<100}{value}")
+    main()
