@@ -18,6 +18,7 @@ from exporter.expose import render
 from exporter.snapshot import Sample
 from exporter.sources.base import SourceData, SourceError
 from exporter.sources.host import HostOptions, HostSource
+from exporter.sources.host_engine import BUSIEST_THREAD_WINDOW_S
 from exporter.sources.host_pci import NumaNode, is_nvidia_gpu, parse_link_speed, parse_numa_node
 from exporter.sources.host_proc import (
     CpuTicks,
@@ -41,12 +42,22 @@ DEFAULT_OPTIONS = {"engine_port": 8000}
 
 
 class Fixture:
-    """A fixture host copied to tmp_path; `advance()` applies its next/ overlay (cycle 2)."""
+    """A fixture host copied to tmp_path; `advance()` applies its next/ overlay (cycle 2) and moves
+    the source's clock on by as much as the fixtures' /proc/uptime, 5 s."""
+
+    STEP_S = 5.0
 
     def __init__(self, case: str, tmp_path: pathlib.Path) -> None:
         self.case = case
         self.root = tmp_path / case
+        self.now = 0.0
         shutil.copytree(FIXTURES / case, self.root, symlinks=True, ignore=shutil.ignore_patterns("next"))
+
+    def clock(self) -> float:
+        return self.now
+
+    def source(self, **overrides) -> HostSource:
+        return HostSource(self.options(**overrides), clock=self.clock)
 
     @property
     def proc(self) -> pathlib.Path:
@@ -59,6 +70,7 @@ class Fixture:
 
     def advance(self) -> None:
         shutil.copytree(FIXTURES / self.case / "next", self.root, symlinks=True, dirs_exist_ok=True)
+        self.now += self.STEP_S
 
     def two_cycles(self, source: HostSource) -> tuple[SourceData, SourceData]:
         first = source.collect_sync()
@@ -85,7 +97,7 @@ def names(data: SourceData) -> set[str]:
 @pytest.mark.parametrize("case", CASES)
 def test_golden_second_cycle(case: str, tmp_path: pathlib.Path, assert_golden) -> None:
     fx = Fixture(case, tmp_path)
-    _, second = fx.two_cycles(HostSource(fx.options()))
+    _, second = fx.two_cycles(fx.source())
     assert_golden(f"host/{case}.metrics", render(second.samples).decode())
 
 
@@ -101,7 +113,7 @@ def test_every_sample_has_a_catalogued_family(tmp_path: pathlib.Path) -> None:
     from exporter import catalog
 
     fx = Fixture("dual_socket_ok", tmp_path)
-    _, second = fx.two_cycles(HostSource(fx.options()))
+    _, second = fx.two_cycles(fx.source())
     for sample in second.samples:
         fam = catalog.family_of(sample.name)
         assert fam is not None and fam.source == "host", sample.name
@@ -113,7 +125,7 @@ def test_every_sample_has_a_catalogued_family(tmp_path: pathlib.Path) -> None:
 
 def test_first_cycle_omits_rates(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
-    first, second = fx.two_cycles(HostSource(fx.options()))
+    first, second = fx.two_cycles(fx.source())
     for rate in ("llm_host_cpu_busy_ratio", "llm_engine_process_busiest_thread_cpu_ratio"):
         assert rate not in names(first)
         assert rate in names(second)
@@ -122,7 +134,7 @@ def test_first_cycle_omits_rates(tmp_path: pathlib.Path) -> None:
 
 def test_cpu_busy_ratios_from_stat_deltas(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
-    _, second = fx.two_cycles(HostSource(fx.options()))
+    _, second = fx.two_cycles(fx.source())
     busy = {dict(k)["cpu"]: v for k, v in by_name(second, "llm_host_cpu_busy_ratio").items()}
     assert set(busy) == {"all", *map(str, range(8))}
     assert busy["0"] == pytest.approx(0.6)
@@ -132,7 +144,7 @@ def test_cpu_busy_ratios_from_stat_deltas(tmp_path: pathlib.Path) -> None:
 
 def test_busiest_thread_shows_saturated_tokenizer(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
-    _, second = fx.two_cycles(HostSource(fx.options()))
+    _, second = fx.two_cycles(fx.source())
     # Thread 4243 ran 490 of the 500 ticks of the 5 s between cycles.
     assert value(second, "llm_engine_process_busiest_thread_cpu_ratio") == pytest.approx(0.98)
     # Process plus EngineCore child: 4 + 1 threads (the child counts by default).
@@ -142,7 +154,7 @@ def test_busiest_thread_shows_saturated_tokenizer(tmp_path: pathlib.Path) -> Non
 
 def test_vanished_threads_leave_the_state(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
-    source = HostSource(fx.options())
+    source = fx.source()
     source.collect_sync()
     shutil.rmtree(fx.proc / "4242" / "task" / "4243")
     fx.advance()
@@ -175,9 +187,109 @@ def test_process_tree_is_walked_again_only_when_due(tmp_path: pathlib.Path) -> N
     assert value(data, "llm_engine_process_threads") == 5
 
 
+def set_utime(stat: pathlib.Path, ticks: int) -> None:
+    fields = stat.read_text().split(" ")
+    fields[13] = str(ticks)  # utime, field 14 of proc(5) (the fixtures' comms have no spaces)
+    stat.write_text(" ".join(fields))
+
+
+def set_uptime(fx: Fixture, seconds: float) -> None:
+    (fx.proc / "uptime").write_text(f"{seconds:.2f} 600000.00\n")
+
+
+def busiest(data: SourceData) -> float | None:
+    return value(data, "llm_engine_process_busiest_thread_cpu_ratio")
+
+
+def test_busiest_thread_is_read_once_per_window_and_repeated_between(tmp_path: pathlib.Path) -> None:
+    fx = Fixture("dual_socket_ok", tmp_path)
+    source = fx.source()
+    _, second = fx.two_cycles(source)  # 0 s opens the first window, 5 s closes it
+    assert busiest(second) == pytest.approx(0.98)
+    task = fx.proc / "4242" / "task"
+    # A second on, the tokenizer has idled and a thread has ended; the threads are not read again
+    # before the window closes, so the last ratio stands and the ended thread is still tracked.
+    shutil.rmtree(task / "4244")
+    set_uptime(fx, 86406.0)
+    fx.now = 6.0
+    assert busiest(source.collect_sync()) == pytest.approx(0.98)
+    assert 4244 in source.engine.tracked_threads
+    # 4.5 s after the last window closed (a cycle may run a little early), the next one closes:
+    # the tokenizer ran 100 of the 450 ticks since, and the thread list is read again.
+    set_utime(task / "4243" / "stat", 88490 + 100)
+    set_uptime(fx, 86409.5)
+    fx.now = 9.5
+    assert busiest(source.collect_sync()) == pytest.approx(100 / 450)
+    assert source.engine.tracked_threads == {4242, 4243, 4250, 4251}
+
+
+def test_a_new_engine_opens_a_new_window(tmp_path: pathlib.Path) -> None:
+    fx = Fixture("dual_socket_ok", tmp_path)
+    pidfile = fx.root / "engine.pid"
+    source = fx.source(engine_pidfile=str(pidfile))
+    _, second = fx.two_cycles(source)
+    assert busiest(second) == pytest.approx(0.98)
+    pidfile.write_text("777\n")  # restarted as another process: its threads share nothing
+    fx.now = 6.0
+    third = source.collect_sync()
+    assert source.engine_pids() == {777}
+    assert value(third, "llm_engine_process_found") == 1
+    assert busiest(third) is None
+    set_uptime(fx, 86411.0)
+    fx.now = 11.0
+    assert busiest(source.collect_sync()) == 0.0  # sshd's only thread did not run
+
+
+def test_lost_engine_drops_the_ratio(tmp_path: pathlib.Path) -> None:
+    fx = Fixture("dual_socket_ok", tmp_path)
+    pidfile = fx.root / "engine.pid"
+    source = fx.source(engine_pidfile=str(pidfile))
+    fx.two_cycles(source)
+    pidfile.write_text("31337\n")  # no such process
+    fx.now = 6.0
+    data = source.collect_sync()
+    assert value(data, "llm_engine_process_found") == 0
+    assert busiest(data) is None and source.engine.tracked_threads == frozenset()
+
+
+def test_link_width_now_read_every_cycle_and_max_every_search_interval(tmp_path: pathlib.Path) -> None:
+    fx = Fixture("dual_socket_ok", tmp_path)
+    source = fx.source(search_interval_s=10.0)
+    source.collect_sync()
+    dev = fx.root / "sys/bus/pci/devices/0000:17:00.0"
+    (dev / "current_link_width").write_text("4\n")
+    (dev / "max_link_width").write_text("8\n")
+    fx.now = 5.0
+    data = source.collect_sync()
+    # The link trained down: seen at once. The slot's capability is read again only later.
+    assert value(data, "llm_host_gpu_pcie_link_width", pci="0000:17:00.0", state="current") == 4
+    assert value(data, "llm_host_gpu_pcie_link_width", pci="0000:17:00.0", state="max") == 16
+    fx.now = 10.0
+    data = source.collect_sync()
+    assert value(data, "llm_host_gpu_pcie_link_width", pci="0000:17:00.0", state="max") == 8
+
+
+def test_gpu_that_goes_away_is_dropped(tmp_path: pathlib.Path) -> None:
+    fx = Fixture("dual_socket_ok", tmp_path)
+    source = fx.source()
+    source.collect_sync()
+    shutil.rmtree(fx.root / "sys/bus/pci/devices/0000:3a:00.0")
+    data = source.collect_sync()
+    assert {dict(k)["pci"] for k in by_name(data, "llm_host_gpu_numa_node")} == {"0000:17:00.0"}
+    assert data.attrs["gpu_pci_addresses"] == "0000:17:00.0"
+
+
+def test_fixture_files_are_never_held_open(tmp_path: pathlib.Path) -> None:
+    # Regular files can be replaced under their path; only procfs and sysfs files are held.
+    fx = Fixture("dual_socket_ok", tmp_path)
+    source = fx.source()
+    fx.two_cycles(source)
+    assert source.held_files == frozenset()
+
+
 def test_children_excluded_when_configured(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
-    source = HostSource(fx.options(engine_port=8000, engine_include_children=False))
+    source = fx.source(engine_port=8000, engine_include_children=False)
     data = source.collect_sync()
     api_ticks = 52_000 + 3_000 + 88_000 + 1_000 + 400 + 100
     assert value(data, "llm_engine_process_cpu_seconds_total") == pytest.approx(api_ticks / os.sysconf("SC_CLK_TCK"))
@@ -191,7 +303,7 @@ def test_children_excluded_when_configured(tmp_path: pathlib.Path) -> None:
 
 def test_degraded_link_and_wrong_numa_node(tmp_path: pathlib.Path) -> None:
     fx = Fixture("degraded", tmp_path)
-    _, second = fx.two_cycles(HostSource(fx.options()))
+    _, second = fx.two_cycles(fx.source())
     bad, good = "0000:3a:00.0", "0000:17:00.0"
     assert value(second, "llm_host_gpu_pcie_link_speed_gts", pci=bad, state="current") == 8.0
     assert value(second, "llm_host_gpu_pcie_link_speed_gts", pci=bad, state="max") == 32.0
@@ -204,7 +316,7 @@ def test_degraded_link_and_wrong_numa_node(tmp_path: pathlib.Path) -> None:
 
 def test_healthy_host_has_no_mismatch_and_only_gpus(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
-    data = HostSource(fx.options()).collect_sync()
+    data = fx.source().collect_sync()
     assert value(data, "llm_engine_numa_mismatch") == 0
     gpus = {dict(k)["pci"] for k in by_name(data, "llm_host_gpu_numa_node")}
     # The GPU's audio function (17:00.1), the NIC and the host bridge are not GPUs.
@@ -219,13 +331,13 @@ def test_engine_gpu_list_decides_the_numa_check(tmp_path: pathlib.Path) -> None:
     # Say the engine uses the node-1 NIC's "GPU": a pci address on node 1 makes the pinning right.
     (fx.root / "sys/bus/pci/devices/0000:9b:00.0/class").write_text("0x030200\n")
     (fx.root / "sys/bus/pci/devices/0000:9b:00.0/vendor").write_text("0x10de\n")
-    data = HostSource(fx.options(engine_port=8000, engine_gpu_pci_addresses=("0000:9b:00.0",))).collect_sync()
+    data = fx.source(engine_port=8000, engine_gpu_pci_addresses=("0000:9b:00.0",)).collect_sync()
     assert value(data, "llm_engine_numa_mismatch") == 0
 
 
 def test_gpu_address_override_skips_discovery(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
-    data = HostSource(fx.options(gpu_pci_addresses=("0000:3a:00.0",))).collect_sync()
+    data = fx.source(gpu_pci_addresses=("0000:3a:00.0",)).collect_sync()
     assert {dict(k)["pci"] for k in by_name(data, "llm_host_gpu_numa_node")} == {"0000:3a:00.0"}
 
 
@@ -235,7 +347,7 @@ def test_gpu_address_override_skips_discovery(tmp_path: pathlib.Path) -> None:
 @pytest.mark.parametrize("case", ["dual_socket_ok", "degraded"])  # tcp and tcp6 listeners
 def test_engine_found_by_port(case: str, tmp_path: pathlib.Path) -> None:
     fx = Fixture(case, tmp_path)
-    source = HostSource(fx.options(engine_port=8000))
+    source = fx.source(engine_port=8000)
     data = source.collect_sync()
     assert value(data, "llm_engine_process_found") == 1
     assert source.engine_pids() == frozenset({4242, 4250})
@@ -244,7 +356,7 @@ def test_engine_found_by_port(case: str, tmp_path: pathlib.Path) -> None:
 def test_port_without_listener_is_not_found(tmp_path: pathlib.Path) -> None:
     # 8000 has an established connection in the table, but nothing listens on 9000 or owns it.
     fx = Fixture("dual_socket_ok", tmp_path)
-    source = HostSource(fx.options(engine_port=9000))
+    source = fx.source(engine_port=9000)
     data = source.collect_sync()
     assert by_name(data, "llm_engine_process_found") == {(): 0.0}
     assert names(data) & {"llm_engine_process_cpu_seconds_total", "llm_engine_numa_mismatch"} == set()
@@ -253,7 +365,7 @@ def test_port_without_listener_is_not_found(tmp_path: pathlib.Path) -> None:
 
 def test_engine_found_by_pidfile(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
-    source = HostSource(fx.options(engine_pidfile=str(fx.root / "engine.pid")))
+    source = fx.source(engine_pidfile=str(fx.root / "engine.pid"))
     assert value(source.collect_sync(), "llm_engine_process_found") == 1
     assert 4242 in source.engine_pids()
     (fx.root / "engine.pid").write_text("31337\n")  # no such process
@@ -263,7 +375,7 @@ def test_engine_found_by_pidfile(tmp_path: pathlib.Path) -> None:
 def test_engine_found_by_name_picks_the_root(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
     # Both the API server (cmdline) and EngineCore (comm "VLLM::EngineCor") match; the parent wins.
-    source = HostSource(fx.options(engine_process_name="(?i)vllm"))
+    source = fx.source(engine_process_name="(?i)vllm")
     source.collect_sync()
     assert source.engine_pids() == frozenset({4242, 4250})
     assert source.engine.root_pid == 4242
@@ -271,7 +383,7 @@ def test_engine_found_by_name_picks_the_root(tmp_path: pathlib.Path) -> None:
 
 def test_pid_reuse_triggers_a_new_search(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
-    source = HostSource(fx.options(engine_process_name="sshd"))
+    source = fx.source(engine_process_name="sshd")
     source.collect_sync()
     assert source.engine_pids() == frozenset({777})
     # sshd exits and pid 777 is reused by an unrelated process with another start time.
@@ -304,7 +416,7 @@ def test_name_search_skips_excluded_pids() -> None:
 
 def test_no_selector_exports_no_engine_series(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
-    data = HostSource(fx.options(engine_port=None)).collect_sync()
+    data = fx.source(engine_port=None).collect_sync()
     assert not any(n.startswith("llm_engine_") for n in names(data))
 
 
@@ -320,7 +432,7 @@ def test_bad_options_are_rejected() -> None:
 
 def test_missing_files_omit_series_and_stay_up(tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
     fx = Fixture("missing_files", tmp_path)
-    source = HostSource(fx.options())
+    source = fx.source()
     with caplog.at_level(logging.INFO, logger="exporter.sources.host"):
         _, second = fx.two_cycles(source)
         source.collect_sync()
@@ -338,7 +450,7 @@ def test_missing_files_omit_series_and_stay_up(tmp_path: pathlib.Path, caplog: p
 
 def test_file_that_comes_back_is_logged_and_exported(tmp_path: pathlib.Path, caplog) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
-    source = HostSource(fx.options())
+    source = fx.source()
     saved = (fx.proc / "loadavg").read_text()
     (fx.proc / "loadavg").unlink()
     with caplog.at_level(logging.INFO, logger="exporter.sources.host"):
@@ -351,7 +463,7 @@ def test_file_that_comes_back_is_logged_and_exported(tmp_path: pathlib.Path, cap
 
 def test_stat_gap_restarts_the_delta(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
-    source = HostSource(fx.options())
+    source = fx.source()
     source.collect_sync()
     (fx.proc / "stat").unlink()
     assert "llm_host_cpu_busy_ratio" not in names(source.collect_sync())
@@ -401,11 +513,36 @@ def test_parse_pid_stat_with_awkward_comm() -> None:
     assert (st.comm, st.ppid, st.utime, st.stime, st.starttime) == ("a) b (c", 7, 11, 22, 777)
 
 
+def test_parse_thread_ticks_matches_parse_pid_stat() -> None:
+    from exporter.sources.host_proc import parse_thread_ticks
+
+    text = "42 (a) b (c) R 7 42 42 0 -1 0 0 0 0 0 11 22 0 0 20 0 3 0 777 0 0"
+    st = parse_pid_stat(text)
+    assert parse_thread_ticks(text) == (st.utime + st.stime, st.starttime) == (33, 777)
+    with pytest.raises(ValueError):
+        parse_thread_ticks("garbage")
+
+
+def test_parse_meminfo_wanted_keys_only() -> None:
+    text = "MemTotal:  2 kB\nMemFree:  1 kB\nMemAvailable:  3 kB\nBuffers:  x kB\n"
+    # Stops once both are found: the unparsable Buffers line is never reached.
+    assert parse_meminfo(text, ("MemTotal", "MemAvailable")) == {"MemTotal": 2048, "MemAvailable": 3072}
+    assert parse_meminfo("Node 0 MemTotal: 4 kB\n", ("MemTotal", "MemFree")) == {"MemTotal": 4096}
+
+
+def test_parse_stat_cpus_stops_after_the_cpu_lines() -> None:
+    text = "cpu  1 0 1 8 0 0 0 0\ncpu0 1 0 1 8 0 0 0 0\nintr 5 x y\ncpu_not_a_cpu z\n"
+    assert parse_stat_cpus(text) == {"all": CpuTicks(busy=2, total=10), "0": CpuTicks(busy=2, total=10)}
+
+
 def test_parse_pid_status() -> None:
     st = parse_pid_status("Name:\tx\nThreads:\t12\nVmRSS:\t  100 kB\nCpus_allowed_list:\t0-1,4\n")
     assert (st.threads, st.rss_bytes, st.cpus_allowed) == (12, 102400, frozenset({0, 1, 4}))
     kernel_thread = parse_pid_status("Name:\tkworker\nThreads:\t1\n")
     assert kernel_thread.rss_bytes is None  # unknown, not zero
+    assert kernel_thread.cpus_allowed is None
+    first_line = parse_pid_status("Threads:\t2\nVmRSSx:\t5 kB\nXVmRSS:\t6 kB")
+    assert (first_line.threads, first_line.rss_bytes) == (2, None)  # whole keys at a line start only
 
 
 def test_parse_listening_inodes() -> None:
@@ -483,11 +620,13 @@ def test_numa_mismatch_single_node_and_no_numa() -> None:
 def test_real_proc_and_sys(tmp_path: pathlib.Path) -> None:
     pidfile = tmp_path / "self.pid"
     pidfile.write_text(f"{os.getpid()}\n")
-    source = HostSource(HostOptions(engine_pidfile=str(pidfile)))
+    now = [0.0]
+    source = HostSource(HostOptions(engine_pidfile=str(pidfile)), clock=lambda: now[0])
     first = asyncio.run(source.collect())
     deadline = time.monotonic() + 0.3
     while time.monotonic() < deadline:  # burn some CPU so the ratios have ticks to count
         sum(range(10_000))
+    now[0] += BUSIEST_THREAD_WINDOW_S  # closes the busiest-thread window
     second = asyncio.run(source.collect())
     busy = by_name(second, "llm_host_cpu_busy_ratio")
     assert (("cpu", "all"),) in busy
@@ -527,7 +666,7 @@ def test_unparsable_file_is_omitted_not_fatal(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
     (fx.proc / "loadavg").write_text("garbage\n")
     (fx.root / "sys/devices/system/node/node1/cpulist").write_text("x-y\n")
-    data = HostSource(fx.options()).collect_sync()
+    data = fx.source().collect_sync()
     assert "llm_host_load1" not in names(data)
     assert "llm_host_memory_total_bytes" in names(data)
     # Node 1's CPUs are unknown now, so the NUMA verdict is "unknown", not a guess.
@@ -536,5 +675,5 @@ def test_unparsable_file_is_omitted_not_fatal(tmp_path: pathlib.Path) -> None:
 
 def test_samples_are_plain_samples(tmp_path: pathlib.Path) -> None:
     fx = Fixture("degraded", tmp_path)
-    data = HostSource(fx.options()).collect_sync()
+    data = fx.source().collect_sync()
     assert all(isinstance(s, Sample) and isinstance(s.value, float) for s in data.samples)

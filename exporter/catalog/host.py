@@ -47,8 +47,9 @@ FAMILIES = (
            "User plus system CPU time of the engine process and, by default, its child processes "
            "(a child that exits takes its share with it, which rate() reads as a reset).", (), "host"),
     family("llm_engine_process_busiest_thread_cpu_ratio", "gauge", "ratio",
-           "CPU share of the engine's busiest thread over the last cycle (0..1); ~1 means one thread "
-           "(tokenizer, scheduler, HTTP loop) is saturated whatever the other cores do.", (), "host"),
+           "CPU share of the engine's busiest thread over a 5 s window (0..1), computed every 5 s and "
+           "repeated in between; ~1 means one thread (tokenizer, scheduler, HTTP loop) is saturated "
+           "whatever the other cores do.", (), "host"),
     family("llm_engine_process_threads", "gauge", "threads",
            "Threads of the engine process (and its children by default).", (), "host"),
     family("llm_engine_process_resident_memory_bytes", "gauge", "bytes",

@@ -4,8 +4,9 @@ process, read straight from /proc and /sys under configurable roots (node_export
 
 A missing file omits its series, never a made-up zero; it is logged once when it goes missing and
 once when it comes back, and the source stays up. Rates (CPU busy, busiest thread) need two
-cycles: the first cycle omits them. Parsers live in host_proc.py, sysfs readers in host_pci.py,
-the process finder in host_process.py, the engine's cross-cycle state in host_engine.py.
+reads: the first cycle omits them. Parsers live in host_proc.py, sysfs readers in host_pci.py,
+the process finder in host_process.py, the engine's cross-cycle state in host_engine.py, the
+fds kept open between cycles in host_files.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,16 @@ from exporter.sources.base import SourceData, SourceError
 from exporter.sources.host_common import HostOptions, PresenceLog
 from exporter.sources.host_common import sample as _sample
 from exporter.sources.host_engine import EngineTracker
-from exporter.sources.host_pci import NumaNode, PciLink, discover_gpus, read_numa_nodes, read_pci_link
+from exporter.sources.host_files import HeldFiles
+from exporter.sources.host_pci import (
+    LinkCapability,
+    NumaNode,
+    PciLink,
+    capability_of,
+    discover_gpus,
+    read_numa_nodes,
+    read_pci_link,
+)
 from exporter.sources.host_proc import (
     CpuTicks,
     busy_ratios,
@@ -31,12 +41,12 @@ from exporter.sources.host_proc import (
     parse_pressure,
     parse_stat_cpus,
     parse_uptime,
-    read_text,
 )
 
 __all__ = ["HostOptions", "HostSource"]
 
 PSI_RESOURCES = ("cpu", "memory", "io")
+MEMINFO_KEYS = ("MemTotal", "MemAvailable")
 T = TypeVar("T")
 
 
@@ -47,13 +57,20 @@ class HostSource:
 
     def __init__(self, options: HostOptions | None = None, *, clock: Callable[[], float] = time.monotonic):
         self._opts = options or HostOptions()
-        self._clock = clock  # for rate limiting searches only; rates use /proc's own counters
+        # Schedules searches and rereads (engine, tree, thread window, GPUs, link capability);
+        # rates use /proc's own counters.
+        self._clock = clock
         self._lock = threading.Lock()  # a timed-out collect may still run when the next starts
         self._presence = PresenceLog()
+        self._files = HeldFiles()
         self._prev_cpus: dict[str, CpuTicks] = {}
         self._gpus: tuple[str, ...] = ()
         self._next_gpu_search = float("-inf")
-        self._engine = EngineTracker(self._opts, clock, self._presence)
+        # What each reported GPU's slot offers (max speed and width, NUMA node): read again only
+        # every search interval, unlike the current speed and width.
+        self._capabilities: dict[str, LinkCapability] = {}
+        self._next_capability_read = float("-inf")
+        self._engine = EngineTracker(self._opts, clock, self._presence, self._files.read)
 
     @property
     def options(self) -> HostOptions:
@@ -62,6 +79,11 @@ class HostSource:
     @property
     def engine(self) -> EngineTracker:
         return self._engine
+
+    @property
+    def held_files(self) -> frozenset[str]:
+        """Paths of the files kept open between cycles."""
+        return self._files.held | self._engine.held_files
 
     def engine_pids(self) -> frozenset[int]:
         """Pids of the engine process tree found in the last cycle (empty when not found), for
@@ -72,29 +94,42 @@ class HostSource:
         return await asyncio.to_thread(self.collect_sync)
 
     async def close(self) -> None:
-        return None
+        await asyncio.to_thread(self.close_sync)
+
+    def close_sync(self) -> None:
+        """Closes the files kept open; a later collect opens them again."""
+        with self._lock:
+            self._files.close()
+            self._engine.close()
 
     def collect_sync(self) -> SourceData:
         """One cycle, blocking; `collect` runs it off the event loop."""
         if not os.path.isdir(self._opts.proc_root):
             raise SourceError("procfs_missing", f"proc root {self._opts.proc_root} is not a directory")
         with self._lock:
-            nodes = read_numa_nodes(self._opts.sys_root)
-            self._presence.note("NUMA nodes in sysfs", bool(nodes))
-            links = self._read_links()
-            samples = [
-                *self._cpu(),
-                *self._load(),
-                *self._memory(),
-                *self._numa(nodes),
-                *self._pressure(),
-                *self._gpu_links(links),
-            ]
-            if self._opts.has_engine_selector:
-                uptime = self._read(parse_uptime, "uptime")
-                samples += self._engine.samples(nodes, links, uptime)
+            try:
+                samples, links = self._collect_locked()
+            finally:
+                self._files.close_unread()  # what this cycle did not read: a gone pid, a gone GPU
         attrs = {"gpu_pci_addresses": ",".join(link.address for link in links)}
         return SourceData(samples=tuple(samples), attrs=attrs)
+
+    def _collect_locked(self) -> tuple[list[Sample], tuple[PciLink, ...]]:
+        nodes = read_numa_nodes(self._opts.sys_root, self._files.read)
+        self._presence.note("NUMA nodes in sysfs", bool(nodes))
+        links = self._read_links()
+        samples = [
+            *self._cpu(),
+            *self._load(),
+            *self._memory(),
+            *self._numa(nodes),
+            *self._pressure(),
+            *self._gpu_links(links),
+        ]
+        if self._opts.has_engine_selector:
+            uptime = self._read(parse_uptime, "uptime")
+            samples += self._engine.samples(nodes, links, uptime)
+        return samples, links
 
     # --- host ------------------------------------------------------------------------------
 
@@ -102,7 +137,7 @@ class HostSource:
         """Reads and parses one /proc file; None (series omitted, logged once) when the file is
         missing or does not parse, so one odd file never fails the whole source."""
         path = os.path.join(self._opts.proc_root, *parts)
-        text = read_text(path)
+        text = self._files.read(path)
         if not self._presence.note(path, text is not None):
             return None
         try:
@@ -119,7 +154,9 @@ class HostSource:
             return []
         ratios = busy_ratios(self._prev_cpus, current)
         self._prev_cpus = current
-        return [_sample("llm_host_cpu_busy_ratio", r, cpu=cpu) for cpu, r in ratios.items()]
+        # One sample per CPU, a few hundred on a GPU server: the one-label tuple is built here
+        # rather than sorted by labels_of.
+        return [Sample("llm_host_cpu_busy_ratio", (("cpu", cpu),), r) for cpu, r in ratios.items()]
 
     def _load(self) -> list[Sample]:
         load = self._read(parse_loadavg, "loadavg")
@@ -129,7 +166,7 @@ class HostSource:
         return [_sample("llm_host_load1", l1), _sample("llm_host_load5", l5), _sample("llm_host_load15", l15)]
 
     def _memory(self) -> list[Sample]:
-        info = self._read(parse_meminfo, "meminfo")
+        info = self._read(_host_meminfo, "meminfo")
         if info is None:
             return []
         out = []
@@ -155,7 +192,8 @@ class HostSource:
             if psi is None:
                 continue
             for window, value in (("10s", psi.avg10), ("60s", psi.avg60), ("300s", psi.avg300)):
-                out.append(_sample("llm_host_pressure_waiting_ratio", value, resource=resource, window=window))
+                labels = (("resource", resource), ("window", window))  # in label order: no sort
+                out.append(Sample("llm_host_pressure_waiting_ratio", labels, value))
             out.append(_sample("llm_host_pressure_waiting_seconds_total", psi.total_seconds, resource=resource))
         return out
 
@@ -173,14 +211,20 @@ class HostSource:
         return self._gpus
 
     def _read_links(self) -> tuple[PciLink, ...]:
+        now = self._clock()
+        known = self._capabilities
+        if now >= self._next_capability_read:
+            known = {}  # read every GPU's capability again this cycle
+            self._next_capability_read = now + self._opts.search_interval_s
         links = []
         for address in self._gpu_addresses():
-            link = read_pci_link(self._opts.sys_root, address)
+            link = read_pci_link(self._opts.sys_root, address, self._files.read, known.get(address))
             self._presence.note(f"PCI device {address}", link is not None)
             if link is None:
                 self._gpus, self._next_gpu_search = (), float("-inf")  # rediscover next cycle
                 continue
             links.append(link)
+        self._capabilities = {link.address: capability_of(link) for link in links}  # GPUs still there
         return tuple(links)
 
     def _gpu_links(self, links: tuple[PciLink, ...]) -> list[Sample]:
@@ -199,3 +243,6 @@ class HostSource:
                 out.append(_sample("llm_host_gpu_numa_node", link.numa_node, pci=link.address))
         return out
 
+
+def _host_meminfo(text: str) -> dict[str, int]:
+    return parse_meminfo(text, MEMINFO_KEYS)

@@ -65,6 +65,8 @@ class PresenceLog:
 
 
 def sample(name: str, value: float, **labels: str) -> Sample:
-    return Sample(name, labels_of(**labels), float(value))
+    # Most host samples have no label or one, already in order; sorting is for the rest.
+    pairs = tuple(labels.items()) if len(labels) < 2 else labels_of(**labels)
+    return Sample(name, pairs, float(value))
 
 

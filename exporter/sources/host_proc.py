@@ -1,4 +1,4 @@
-"""Pure parsers for the /proc files the host source reads, plus one tolerant file reader.
+"""Pure parsers for the /proc files the host source reads, plus the plain, tolerant file reader.
 
 Every parser takes the file's text and returns plain records, so the unit tests call them on
 strings (node_exporter's `parseLoad` pattern). None of them touch the filesystem.
@@ -7,13 +7,19 @@ strings (node_exporter's `parseLoad` pattern). None of them touch the filesystem
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 # Fields of a /proc/stat cpu line, in kernel order. guest and guest_nice are already counted in
 # user and nice, so they are left out of the totals (counting them twice would lower idle).
 _STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-_IDLE_FIELDS = frozenset({"idle", "iowait"})
+_FIELDS_USED = len(_STAT_FIELDS)
+_IDLE_START, _IDLE_END = _STAT_FIELDS.index("idle"), _STAT_FIELDS.index("iowait") + 1
 _READ_CHUNK = 1 << 16
+
+Reader = Callable[[str], str | None]
+"""Reads one file's text, None when it is absent or unreadable: `read_text`, or `HeldFiles.read`
+for the files read every cycle."""
 
 
 def read_text(path: str) -> str | None:
@@ -22,20 +28,49 @@ def read_text(path: str) -> str | None:
 
     os.open/os.read rather than open(): a cycle reads a few hundred small files and the buffered
     text layer costs about twice as much per file."""
+    return _read_path(path, read_fd)
+
+
+def read_record(path: str) -> str | None:
+    """`read_text` for a file the kernel writes in one piece (a procfs single_open file such as
+    /proc/PID/task/TID/stat, a sysfs attribute): one read instead of two. Not for files listed
+    record by record (/proc/net/tcp, task/TID/children), which a read returns a page at a time."""
+    return _read_path(path, read_fd_record)
+
+
+def _read_path(path: str, read: Callable[[int], str]) -> str | None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
     try:
-        chunks = []
-        while chunk := os.read(fd, _READ_CHUNK):
-            chunks.append(chunk)
-        return b"".join(chunks).decode("utf-8", errors="replace")
+        return read(fd)
     except OSError:
         # /proc files of a dying task can fail with ESRCH or EIO mid-read.
         return None
     finally:
         os.close(fd)
+
+
+def read_fd(fd: int) -> str:
+    """The whole text behind an open fd, read from offset 0 whatever its position (so a held fd
+    can be read again); raises OSError."""
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, _READ_CHUNK, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def read_fd_record(fd: int) -> str:
+    """`read_fd` for a file the kernel writes in one piece: such a file comes whole from one read,
+    so a read shorter than asked is all of it; only a longer one (/proc/stat of a host with
+    thousands of CPUs and interrupts) needs the reads that follow."""
+    data = os.pread(fd, _READ_CHUNK, 0)
+    if len(data) < _READ_CHUNK:
+        return data.decode("utf-8", errors="replace")
+    return read_fd(fd)
 
 
 def read_link(path: str) -> str | None:
@@ -61,16 +96,21 @@ class CpuTicks:
 
 
 def parse_stat_cpus(text: str) -> dict[str, CpuTicks]:
-    """/proc/stat -> {"all": ..., "0": ..., "1": ...}. Offline CPUs have no line and are absent."""
+    """/proc/stat -> {"all": ..., "0": ..., "1": ...}. Offline CPUs have no line and are absent.
+
+    Runs every cycle over one line per CPU (a GPU server has a few hundred), so it stops at the
+    end of the cpu lines instead of splitting the long intr line that follows them."""
     cpus: dict[str, CpuTicks] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         if not line.startswith("cpu"):
+            if cpus:
+                break  # the cpu lines come first and together
             continue
-        parts = line.split()
+        parts = line.split(None, _FIELDS_USED + 1)
         name = parts[0][3:] or "all"
-        values = [int(v) for v in parts[1 : 1 + len(_STAT_FIELDS)]]
+        values = list(map(int, parts[1 : 1 + _FIELDS_USED]))  # map: half the cost of a comprehension
         total = sum(values)
-        idle = sum(v for f, v in zip(_STAT_FIELDS, values, strict=False) if f in _IDLE_FIELDS)
+        idle = sum(values[_IDLE_START:_IDLE_END])
         cpus[name] = CpuTicks(busy=total - idle, total=total)
     return cpus
 
@@ -100,14 +140,19 @@ def parse_uptime(text: str) -> float:
     return float(text.split()[0])
 
 
-def parse_meminfo(text: str) -> dict[str, int]:
-    """/proc/meminfo or a sysfs node*/meminfo ("Node 0 MemFree: 123 kB") -> {key: bytes}."""
+def parse_meminfo(text: str, wanted: Collection[str] | None = None) -> dict[str, int]:
+    """/proc/meminfo or a sysfs node*/meminfo ("Node 0 MemFree: 123 kB") -> {key: bytes}.
+
+    With `wanted`, only those keys, and parsing stops once all are found: the host source reads
+    the first three of some fifty lines every cycle."""
     out: dict[str, int] = {}
     for line in text.splitlines():
         key, sep, rest = line.partition(":")
         if not sep:
             continue
         key = key.split()[-1]  # drops the "Node N" prefix of the per-node files
+        if wanted is not None and key not in wanted:
+            continue
         fields = rest.split()
         if not fields:
             continue
@@ -115,6 +160,8 @@ def parse_meminfo(text: str) -> dict[str, int]:
         if len(fields) > 1 and fields[1] == "kB":
             value *= 1024
         out[key] = value
+        if wanted is not None and len(out) == len(wanted):
+            break
     return out
 
 
@@ -185,6 +232,13 @@ def parse_pid_stat(text: str) -> PidStat:
     )
 
 
+def parse_thread_ticks(text: str) -> tuple[int, int]:
+    """/proc/PID/task/TID/stat -> (utime + stime, starttime), the fields `parse_pid_stat` gives,
+    without building a PidStat: the thread scan parses one per thread of the engine's tree."""
+    fields = text[text.rindex(")") + 1 :].split(None, 21)
+    return int(fields[11]) + int(fields[12]), int(fields[19])
+
+
 @dataclass(frozen=True, slots=True)
 class PidStatus:
     threads: int | None
@@ -193,18 +247,31 @@ class PidStatus:
 
 
 def parse_pid_status(text: str) -> PidStatus:
-    threads = rss = None
-    allowed = None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key == "Threads":
-            threads = int(value)
-        elif key == "VmRSS":
-            rss = int(value.split()[0]) * 1024
-        elif key == "Cpus_allowed_list":
-            allowed = parse_cpulist(value)
+    # Looks the three keys up instead of splitting some fifty lines: this runs every cycle for
+    # every process of the engine's tree.
+    threads = _status_field(text, "Threads")
+    rss = _status_field(text, "VmRSS")
+    allowed = _status_field(text, "Cpus_allowed_list")
     # Kernel threads and zombies have no VmRSS line: that is "unknown", not zero.
-    return PidStatus(threads=threads, rss_bytes=rss, cpus_allowed=allowed)
+    return PidStatus(
+        threads=int(threads) if threads is not None else None,
+        rss_bytes=int(rss.split()[0]) * 1024 if rss is not None else None,
+        cpus_allowed=parse_cpulist(allowed) if allowed is not None else None,
+    )
+
+
+def _status_field(text: str, key: str) -> str | None:
+    """The value of the "key:" line of a /proc/PID/status text, None when there is no such line."""
+    label = key + ":"
+    if text.startswith(label):
+        start = len(label)
+    else:
+        at = text.find("\n" + label)
+        if at < 0:
+            return None
+        start = at + 1 + len(label)
+    end = text.find("\n", start)
+    return text[start:] if end < 0 else text[start:end]
 
 
 _TCP_LISTEN = "0A"

@@ -16,11 +16,14 @@ from exporter.sources.host_pci import NumaNode
 from exporter.sources.host_proc import (
     PidStat,
     PidStatus,
+    Reader,
     list_dir,
     parse_listening_inodes,
     parse_pid_stat,
     parse_pid_status,
+    parse_thread_ticks,
     read_link,
+    read_record,
     read_text,
     socket_inode,
 )
@@ -50,16 +53,16 @@ class ProcessScan:
     pid: int
     stat: PidStat
     status: PidStatus | None
-    thread_ticks: dict[ThreadKey, int]
-    children: tuple[int, ...] | None  # None: the kernel has no task/*/children files
+    thread_ticks: dict[ThreadKey, int] | None  # None: threads not read this cycle
+    children: tuple[int, ...] | None  # None: not read, or the kernel has no task/*/children files
 
 
 def pids(proc_root: str) -> list[int]:
     return [int(e) for e in list_dir(proc_root) if e.isdigit()]
 
 
-def read_stat(proc_root: str, pid: int) -> PidStat | None:
-    text = read_text(os.path.join(proc_root, str(pid), "stat"))
+def read_stat(proc_root: str, pid: int, read: Reader = read_text) -> PidStat | None:
+    text = read(os.path.join(proc_root, str(pid), "stat"))
     if text is None:
         return None
     try:
@@ -68,8 +71,8 @@ def read_stat(proc_root: str, pid: int) -> PidStat | None:
         return None
 
 
-def identity(proc_root: str, pid: int) -> ProcessId | None:
-    stat = read_stat(proc_root, pid)
+def identity(proc_root: str, pid: int, read: Reader = read_text) -> ProcessId | None:
+    stat = read_stat(proc_root, pid, read)
     return ProcessId(pid, stat.starttime) if stat is not None else None
 
 
@@ -95,15 +98,21 @@ def choose_root(candidates: dict[int, PidStat]) -> int | None:
     return min(roots, key=lambda pid: (candidates[pid].starttime, pid))
 
 
-def find_by_pidfile(proc_root: str, pidfile: str) -> int | None:
+def read_pidfile(pidfile: str) -> int | None:
+    """The pid written in the file, read afresh each time (a restarted engine replaces it)."""
     text = read_text(pidfile)
     if text is None:
         return None
     try:
-        pid = int(text.split()[0])
+        return int(text.split()[0])
     except (ValueError, IndexError):
         return None
-    return pid if read_stat(proc_root, pid) is not None else None
+
+
+def find_by_pidfile(proc_root: str, pidfile: str, read: Reader = read_text) -> int | None:
+    """The pid in the file, if that process exists (`read` reads its stat)."""
+    pid = read_pidfile(pidfile)
+    return pid if pid is not None and read_stat(proc_root, pid, read) is not None else None
 
 
 def listening_inodes(proc_root: str, port: int) -> set[int]:
@@ -152,48 +161,67 @@ def find_by_name(proc_root: str, pattern: re.Pattern[str], exclude: Iterable[int
     return choose_root(candidates)
 
 
-def scan_process(proc_root: str, pid: int, max_threads: int, children: bool = True) -> ProcessScan | None:
-    """Stat, status and per-thread ticks of one process; with `children`, also the pids it
-    forked (one more file per thread, so callers refresh the tree only now and then)."""
+def scan_process(
+    proc_root: str,
+    pid: int,
+    max_threads: int,
+    *,
+    children: bool = True,
+    threads: bool = True,
+    read: Reader = read_text,
+    read_thread: Reader = read_record,
+) -> ProcessScan | None:
+    """Stat and status of one process, read with `read`; with `threads`, also every thread's
+    ticks (each task/TID/stat read with `read_thread`), and with `children`, the pids it forked.
+    Both read one file per thread, so callers ask for them only now and then."""
     base = os.path.join(proc_root, str(pid))
-    stat = read_stat(proc_root, pid)
+    stat = read_stat(proc_root, pid, read)
     if stat is None:
         return None
-    status_text = read_text(os.path.join(base, "status"))
+    status_text = read(os.path.join(base, "status"))
     try:
         status = parse_pid_status(status_text) if status_text is not None else None
     except (ValueError, IndexError):
         status = None
-    ticks: dict[ThreadKey, int] = {}
-    kids: list[int] = []
-    kids_supported = children
-    task_dir = os.path.join(base, "task")
-    for tid_name in sorted(list_dir(task_dir))[:max_threads]:
-        if not tid_name.isdigit():
-            continue
-        tstat_text = read_text(os.path.join(task_dir, tid_name, "stat"))
-        if tstat_text is not None:
-            try:
-                tstat = parse_pid_stat(tstat_text)
-            except (ValueError, IndexError):
-                tstat = None
-            if tstat is not None:
-                ticks[(int(tid_name), tstat.starttime)] = tstat.utime + tstat.stime
-        if not kids_supported:
-            continue
-        # task/TID/children needs CONFIG_PROC_CHILDREN; without it the caller scans ppids.
-        text = read_text(os.path.join(task_dir, tid_name, "children"))
-        if text is None:
-            kids_supported = False
-        else:
-            kids.extend(int(k) for k in text.split())
+    tids = _tids(base, max_threads) if threads or children else []
     return ProcessScan(
         pid=pid,
         stat=stat,
         status=status,
-        thread_ticks=ticks,
-        children=tuple(kids) if kids_supported else None,
+        thread_ticks=_thread_ticks(base, tids, read_thread) if threads else None,
+        children=_children(base, tids) if children else None,
     )
+
+
+def _tids(base: str, max_threads: int) -> list[str]:
+    return [t for t in sorted(list_dir(os.path.join(base, "task")))[:max_threads] if t.isdigit()]
+
+
+def _thread_ticks(base: str, tids: list[str], read: Reader) -> dict[ThreadKey, int]:
+    # Runs once per thread of the tree: paths by f-string and the ticks-only parser.
+    ticks: dict[ThreadKey, int] = {}
+    for tid in tids:
+        text = read(f"{base}/task/{tid}/stat")
+        if text is None:
+            continue  # the thread ended since the listing
+        try:
+            used, starttime = parse_thread_ticks(text)
+        except (ValueError, IndexError):
+            continue
+        ticks[(int(tid), starttime)] = used
+    return ticks
+
+
+def _children(base: str, tids: list[str]) -> tuple[int, ...] | None:
+    """Pids forked by any of the threads; None when the kernel has no task/TID/children files
+    (CONFIG_PROC_CHILDREN), and the caller scans ppids instead."""
+    kids: list[int] = []
+    for tid in tids:
+        text = read_text(f"{base}/task/{tid}/children")
+        if text is None:
+            return None
+        kids.extend(int(k) for k in text.split())
+    return tuple(kids)
 
 
 def children_by_ppid(proc_root: str) -> dict[int, list[int]]:
@@ -206,7 +234,16 @@ def children_by_ppid(proc_root: str) -> dict[int, list[int]]:
     return tree
 
 
-def scan_tree(proc_root: str, root: int, max_processes: int, max_threads: int) -> list[ProcessScan]:
+def scan_tree(
+    proc_root: str,
+    root: int,
+    max_processes: int,
+    max_threads: int,
+    *,
+    threads: bool = True,
+    read: Reader = read_text,
+    read_thread: Reader = read_record,
+) -> list[ProcessScan]:
     """The root and its descendants (breadth first, at most max_processes), each scanned once."""
     scans: list[ProcessScan] = []
     queue = [root]
@@ -217,7 +254,7 @@ def scan_tree(proc_root: str, root: int, max_processes: int, max_threads: int) -
         if pid in seen:
             continue
         seen.add(pid)
-        scan = scan_process(proc_root, pid, max_threads)
+        scan = scan_process(proc_root, pid, max_threads, threads=threads, read=read, read_thread=read_thread)
         if scan is None:
             continue
         scans.append(scan)
@@ -230,14 +267,24 @@ def scan_tree(proc_root: str, root: int, max_processes: int, max_threads: int) -
     return scans
 
 
-def rescan_tree(proc_root: str, tree: tuple[int, ...], max_threads: int) -> tuple[list[ProcessScan], bool]:
+def rescan_tree(
+    proc_root: str,
+    tree: tuple[int, ...],
+    max_threads: int,
+    *,
+    threads: bool = True,
+    read: Reader = read_text,
+    read_thread: Reader = read_record,
+) -> tuple[list[ProcessScan], bool]:
     """Scans the pids of a tree found earlier, without reading children files. Returns the scans
     and whether the tree is still intact (no process gone, no pid reused outside the tree)."""
     scans: list[ProcessScan] = []
     members = set(tree)
     intact = True
     for i, pid in enumerate(tree):
-        scan = scan_process(proc_root, pid, max_threads, children=False)
+        scan = scan_process(
+            proc_root, pid, max_threads, children=False, threads=threads, read=read, read_thread=read_thread
+        )
         if scan is None or (i > 0 and scan.stat.ppid not in members):
             intact = False
             continue
