@@ -4,6 +4,7 @@ write it to docs/benchmarks.md. Ratios matter more than absolute numbers on shar
 from __future__ import annotations
 
 import importlib
+import os
 import pathlib
 import platform
 import sys
@@ -12,7 +13,25 @@ import time
 MODULES = ("bench.bench_parser", "bench.bench_normalize", "bench.bench_metrics", "bench.bench_gpu", "bench.bench_host", "bench.bench_derive", "bench.bench_fetch", "bench.bench_soak")
 
 
+def _cpu_model() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
 def main(argv: list[str]) -> int:
+    load_before = _load()
     selected = [m for m in MODULES if not argv or any(a in m for a in argv)]
     rows: list[tuple[str, str, str]] = []
     for module_name in selected:
@@ -31,9 +50,12 @@ def main(argv: list[str]) -> int:
     table = "\n".join(lines)
     print(table)
     header = (
-        "# Benchmarks\n\nWritten by `make bench` on "
-        f"{platform.node()} ({platform.machine()}, Python {platform.python_version()}, "
-        f"{time.strftime('%Y-%m-%d')}). Each row is measured in the same run as its comparison.\n\n"
+        "# Benchmarks\n\nWritten by `make bench` (`.venv/bin/python -m bench [NAME...]` runs a subset and "
+        "writes nothing) on "
+        f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs: {_cpu_model()}; Python "
+        f"{platform.python_version()}; {time.strftime('%Y-%m-%d')}; load average {load_before} before, "
+        f"{_load()} after). Each row is measured in the same run as its comparison; on a shared "
+        "machine the ratios mean more than the absolute numbers.\n\n"
     )
     if not argv:
         pathlib.Path("docs/benchmarks.md").write_text(header + "```\n" + table + "\n```\n")
