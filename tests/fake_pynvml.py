@@ -4,7 +4,12 @@ Same function names, return shapes (structs with .gpu/.memory, .used/.total/.res
 arrays with valueType/nvmlReturn/timestamp, GPM sample handles and a metrics-get request with
 `metrics[i].metricId/nvmlReturn/value`), NVML units (mW, mJ, MHz, KiB, MiB/s, microsecond
 timestamps) and error classes (NVMLError with `.value` mapping to NVMLError_<Name> subclasses,
-unhashable like the real ones; NVMLLibraryMismatchError as a plain Exception).
+unhashable like the real ones; NVMLLibraryMismatchError as a plain Exception). Field values
+answer the same numbers as the dedicated calls (energy, volatile ECC totals, PCIe replays, remapped
+rows), each with its own nvmlReturn (NotSupported where the call would raise it).
+
+The fake should cost about what a pynvml call does, so that profiles of the source show the
+source: per-call work is kept small (no dataclass built per field, no closures built per call).
 
 Models: h100 and h200 (Hopper: GPM, 18 NVLinks), a100 (Ampere: NVLink, no GPM, no PCIe byte
 counters), l4 (Ada: PCIe only, no HBM sensor, no row remapping). Counters advance only with
@@ -72,9 +77,17 @@ nvmlEventTypeXidCriticalError = 0x8
 NVML_VALUE_TYPE_DOUBLE = 0
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
 NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+NVML_FI_DEV_ECC_SBE_VOL_TOTAL = 3
+NVML_FI_DEV_ECC_DBE_VOL_TOTAL = 4
 NVML_FI_DEV_MEMORY_TEMP = 82
+NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION = 83
+NVML_FI_DEV_PCIE_REPLAY_COUNTER = 94
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+NVML_FI_DEV_REMAPPED_COR = 142
+NVML_FI_DEV_REMAPPED_UNC = 143
+NVML_FI_DEV_REMAPPED_PENDING = 144
+NVML_FI_DEV_REMAPPED_FAILURE = 145
 NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
 NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
 
@@ -264,26 +277,33 @@ class c_nvmlUtilization_t(SimpleNamespace):
     """.gpu and .memory in percent."""
 
 
-@dataclass
 class c_nvmlValue_t:
-    dVal: float = 0.0
-    uiVal: int = 0
-    ulVal: int = 0
-    ullVal: int = 0
-    sllVal: int = 0
-    siVal: int = 0
-    usVal: int = 0
+    """The value union. A fresh ctypes union reads 0 in every member; class attributes give those
+    zeros, so building one costs about what the C struct does (the fake should not dominate a
+    profile of the source)."""
+
+    dVal = 0.0
+    uiVal = 0
+    ulVal = 0
+    ullVal = 0
+    sllVal = 0
+    siVal = 0
+    usVal = 0
 
 
-@dataclass
 class c_nvmlFieldValue_t:
-    fieldId: int
-    scopeId: int
-    timestamp: int = 0
-    latencyUsec: int = 0
-    valueType: int = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-    nvmlReturn: int = NVML_SUCCESS
-    value: c_nvmlValue_t = field(default_factory=c_nvmlValue_t)
+    """One element of the array nvmlDeviceGetFieldValues returns."""
+
+    __slots__ = ("fieldId", "scopeId", "timestamp", "latencyUsec", "valueType", "nvmlReturn", "value")
+
+    def __init__(self, fieldId: int, scopeId: int, timestamp: int = 0) -> None:
+        self.fieldId = fieldId
+        self.scopeId = scopeId
+        self.timestamp = timestamp
+        self.latencyUsec = 0
+        self.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        self.nvmlReturn = NVML_SUCCESS
+        self.value = c_nvmlValue_t()
 
 
 @dataclass
@@ -395,6 +415,60 @@ class FakeDevice:
                     nvlink_tx=self.nvlink_tx_kib * 1024 * links, nvlink_rx=self.nvlink_rx_kib * 1024 * links)
 
 
+# -- field values (nvmlDeviceGetFieldValues) ---------------------------------------------------
+
+_BAD_SCOPE = object()  # a reader's answer for a link the GPU does not have (InvalidArgument)
+
+
+def _nvlink(counter: str) -> Any:
+    def read(dev: FakeDevice, scope: int) -> Any:
+        return getattr(dev, counter) if scope < dev.model.nvlinks else _BAD_SCOPE
+    return read
+
+
+def _remapped(i: int) -> Any:
+    def read(dev: FakeDevice, scope: int) -> Any:
+        return None if not dev.model.remapped_rows or dev.mig else dev.remapped[i]
+    return read
+
+
+# fieldId -> (valueType, union member, reader(dev, scopeId) -> value, None for NotSupported).
+# Units as NVML gives them: energy in mJ, NVLink in KiB, PCIe in bytes; the same values the
+# dedicated calls return (nvmlDeviceGetTotalEccErrors, ...GetRemappedRows, ...).
+_UINT, _ULL = NVML_VALUE_TYPE_UNSIGNED_INT, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+_FIELD_READERS: dict[int, tuple[int, str, Any]] = {
+    NVML_FI_DEV_ECC_SBE_VOL_TOTAL: (_ULL, "ullVal", lambda dev, scope: dev.ecc_corrected),
+    NVML_FI_DEV_ECC_DBE_VOL_TOTAL: (_ULL, "ullVal", lambda dev, scope: dev.ecc_uncorrected),
+    NVML_FI_DEV_MEMORY_TEMP: (_UINT, "uiVal",
+                              lambda dev, scope: dev.load.mem_temp_c if dev.model.mem_temp else None),
+    NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (_ULL, "ullVal", lambda dev, scope: dev.energy_mj),
+    NVML_FI_DEV_PCIE_REPLAY_COUNTER: (_UINT, "uiVal", lambda dev, scope: dev.pcie_replays),
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: (_ULL, "ullVal", _nvlink("nvlink_tx_kib")),
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: (_ULL, "ullVal", _nvlink("nvlink_rx_kib")),
+    NVML_FI_DEV_REMAPPED_COR: (_UINT, "uiVal", _remapped(0)),
+    NVML_FI_DEV_REMAPPED_UNC: (_UINT, "uiVal", _remapped(1)),
+    NVML_FI_DEV_REMAPPED_PENDING: (_UINT, "uiVal", _remapped(2)),
+    NVML_FI_DEV_REMAPPED_FAILURE: (_UINT, "uiVal", _remapped(3)),
+    NVML_FI_DEV_PCIE_COUNT_TX_BYTES: (_ULL, "ullVal",
+                                      lambda dev, scope: dev.pcie_tx_bytes if dev.model.pcie_counters else None),
+    NVML_FI_DEV_PCIE_COUNT_RX_BYTES: (_ULL, "ullVal",
+                                      lambda dev, scope: dev.pcie_rx_bytes if dev.model.pcie_counters else None),
+}
+
+# GPM metric id -> (counter of FakeGpmSample.counters, divisor): the metric is the counter's rate
+# over the window between the two samples, divided into NVML's unit (MiB/s for the byte rates).
+_GPM_FORMULAS: dict[int, tuple[str, float]] = {
+    NVML_GPM_METRIC_DRAM_BW_UTIL: ("dram", 1.0),
+    NVML_GPM_METRIC_SM_UTIL: ("sm", 1.0),
+    NVML_GPM_METRIC_SM_OCCUPANCY: ("occ", 1.0),
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL: ("tensor", 1.0),
+    NVML_GPM_METRIC_PCIE_TX_PER_SEC: ("pcie_tx", MIB),
+    NVML_GPM_METRIC_PCIE_RX_PER_SEC: ("pcie_rx", MIB),
+    NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: ("nvlink_tx", MIB),
+    NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: ("nvlink_rx", MIB),
+}
+
+
 # -- the module-like fake ----------------------------------------------------------------------
 
 class FakeNvml:
@@ -407,6 +481,7 @@ class FakeNvml:
         self.driver = driver
         self.cuda = cuda
         self.now = EPOCH
+        self._field_timestamp = 0  # microseconds, set by each nvmlDeviceGetFieldValues
         self.init_error: BaseException | type | None = None
         self.old_driver = False
         self.calls: Counter[str] = Counter()
@@ -466,7 +541,11 @@ class FakeNvml:
             raise NVMLError_Uninitialized()
 
     def _dev(self, handle: FakeHandle, fname: str) -> FakeDevice:
-        self._check_init(fname)
+        # _check_init inlined: this runs on every device call, and the fake should cost about
+        # what the C call does.
+        self.calls[fname] += 1
+        if self.refcount == 0:
+            raise NVMLError_Uninitialized()
         if not isinstance(handle, FakeHandle) or not 0 <= handle.index < len(self.devices):
             raise NVMLError_InvalidArgument()
         dev = self.devices[handle.index]
@@ -637,25 +716,24 @@ class FakeNvml:
         return dev.remapped
 
     def nvmlDeviceGetFieldValues(self, handle: FakeHandle, field_ids: list[Any]) -> list[c_nvmlFieldValue_t]:
+        """Like pynvml: each id is a fieldId or a (fieldId, scopeId) pair; each answer carries its
+        own nvmlReturn, and the call itself fails only for the device as a whole."""
         dev = self._dev(handle, "nvmlDeviceGetFieldValues")
-        return [self._field(dev, *(f if isinstance(f, tuple) else (f, 0))) for f in field_ids]
+        self._field_timestamp = int(round(self.now * 1e6))  # one batch, one read time
+        read = self._field  # looked up per call: tests replace it to make one field fail
+        return [read(dev, *f) if isinstance(f, tuple) else read(dev, f, 0) for f in field_ids]
 
     def _field(self, dev: FakeDevice, fid: int, scope: int) -> c_nvmlFieldValue_t:
-        out = c_nvmlFieldValue_t(fieldId=fid, scopeId=scope, timestamp=int(round(self.now * 1e6)))
-        model = dev.model
-        if fid == NVML_FI_DEV_MEMORY_TEMP and model.mem_temp:
-            out.valueType, out.value.uiVal = NVML_VALUE_TYPE_UNSIGNED_INT, dev.load.mem_temp_c
-        elif fid in (NVML_FI_DEV_PCIE_COUNT_TX_BYTES, NVML_FI_DEV_PCIE_COUNT_RX_BYTES) and model.pcie_counters:
-            value = dev.pcie_tx_bytes if fid == NVML_FI_DEV_PCIE_COUNT_TX_BYTES else dev.pcie_rx_bytes
-            out.value.ullVal = int(value)
-        elif fid in (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
-            if scope >= model.nvlinks:
-                out.nvmlReturn = NVML_ERROR_INVALID_ARGUMENT
-            else:
-                value = dev.nvlink_tx_kib if fid == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else dev.nvlink_rx_kib
-                out.value.ullVal = int(value)
-        else:
+        out = c_nvmlFieldValue_t(fid, scope, self._field_timestamp)
+        entry = _FIELD_READERS.get(fid)
+        value = None if entry is None else entry[2](dev, scope)
+        if value is None:
             out.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        elif value is _BAD_SCOPE:
+            out.nvmlReturn = NVML_ERROR_INVALID_ARGUMENT
+        else:
+            out.valueType = entry[0]  # type: ignore[index]
+            setattr(out.value, entry[1], int(value))  # type: ignore[index]
         return out
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[FakeProcess]:
@@ -708,26 +786,16 @@ class FakeNvml:
         if dt <= 0:
             raise NVMLError_InvalidArgument()
 
-        def per_s(key: str) -> float:
-            return (s2.counters[key] - s1.counters[key]) / dt
-
-        formulas = {
-            NVML_GPM_METRIC_DRAM_BW_UTIL: lambda: per_s("dram"),
-            NVML_GPM_METRIC_SM_UTIL: lambda: per_s("sm"),
-            NVML_GPM_METRIC_SM_OCCUPANCY: lambda: per_s("occ"),
-            NVML_GPM_METRIC_ANY_TENSOR_UTIL: lambda: per_s("tensor"),
-            NVML_GPM_METRIC_PCIE_TX_PER_SEC: lambda: per_s("pcie_tx") / MIB,
-            NVML_GPM_METRIC_PCIE_RX_PER_SEC: lambda: per_s("pcie_rx") / MIB,
-            NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: lambda: per_s("nvlink_tx") / MIB,
-            NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: lambda: per_s("nvlink_rx") / MIB,
-        }
+        c1, c2 = s1.counters, s2.counters
+        unsupported = self.gpm_unsupported
         for i in range(request.numMetrics):
             metric = request.metrics[i]
-            formula = formulas.get(metric.metricId)
-            if formula is None or metric.metricId in self.gpm_unsupported:
+            formula = _GPM_FORMULAS.get(metric.metricId)
+            if formula is None or metric.metricId in unsupported:
                 metric.nvmlReturn, metric.value = NVML_ERROR_NOT_SUPPORTED, 0.0
             else:
-                metric.nvmlReturn, metric.value = NVML_SUCCESS, formula()
+                key, divisor = formula
+                metric.nvmlReturn, metric.value = NVML_SUCCESS, (c2[key] - c1[key]) / dt / divisor
         return request
 
     # -- events --

@@ -4,6 +4,7 @@ each failure mode degrading as documented, GPM and counter rate math, XID counti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -22,7 +23,7 @@ from exporter.catalog import gpu as gpu_catalog
 from exporter.expose import render
 from exporter.sources.base import SourceData, SourceError
 from exporter.sources.gpu._counters import CounterRates, ResetSafeTotals
-from exporter.sources.gpu._device import normalise_bus_id
+from exporter.sources.gpu._device import POWER_LIMIT_REFRESH_S, normalise_bus_id
 from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
 
 GPU_FAMILIES = {f.name for f in gpu_catalog.FAMILIES}
@@ -674,6 +675,128 @@ def test_nvlink_link_that_fails_once_skips_the_rate_for_that_cycle() -> None:
 def test_bus_id_is_normalised_to_the_sysfs_form() -> None:
     assert normalise_bus_id("00000000:3B:00.0") == "0000:3b:00.0"
     assert normalise_bus_id("0000:3b:00.0") == "0000:3b:00.0"
+
+
+# -- NVML calls per cycle ----------------------------------------------------------------------
+# On a GPU host each call is a driver round trip plus pynvml's ctypes work: the number of calls a
+# steady cycle makes is the cost that transfers from these tests to real hardware.
+
+def _calls_per_cycle(fake: FakeNvml, source: NvmlSource, cycles: int = 20) -> dict[str, float]:
+    before = fake.calls.copy()
+    for _ in range(cycles):
+        fake.advance(1.0)
+        collect(source)
+    return {name: n / cycles for name, n in (fake.calls - before).items()}
+
+
+def test_a_steady_cycle_asks_nvml_once_per_reading() -> None:
+    """Counters ride in one field batch per GPU, values fixed for the generation are not asked
+    again, and the enforced power limit is asked every POWER_LIMIT_REFRESH_S."""
+    fake = FakeNvml(["h100", "a100"], "busy")
+    source = make_source(fake, xid_events=False)
+    two_cycles(fake, source)  # the second allocates GPM's second sample buffer
+    per_cycle = _calls_per_cycle(fake, source)
+    close(source)
+    per_gpu = ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPowerUsage",
+               "nvmlDeviceGetTemperatureV", "nvmlDeviceGetCurrentClocksEventReasons",
+               "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
+               "nvmlDeviceGetFieldValues", "nvmlDeviceGetComputeRunningProcesses")
+    expected = dict.fromkeys(per_gpu, 2.0)
+    expected["nvmlDeviceGetClockInfo"] = 4.0  # SM and memory clock
+    expected["nvmlGpmSampleGet"] = expected["nvmlGpmMetricsGet"] = 1.0  # the H100 only
+    expected["nvmlDeviceGetEnforcedPowerLimit"] = 2 / POWER_LIMIT_REFRESH_S
+    assert per_cycle == pytest.approx(expected)
+
+
+def test_power_limit_is_refreshed_on_a_slow_cadence() -> None:
+    fake = FakeNvml(["h100"], "busy")
+    dev = fake.devices[0]
+    source = make_source(fake, xid_events=False)
+    assert one(collect(source), "llm_gpu_power_limit_watts") == 700.0
+    dev.model = dataclasses.replace(dev.model, power_limit_mw=500_000)  # an operator sets a cap
+    fake.advance(POWER_LIMIT_REFRESH_S - 1.0)
+    assert one(collect(source), "llm_gpu_power_limit_watts") == 700.0  # the last reading, reused
+    fake.advance(1.0)
+    assert one(collect(source), "llm_gpu_power_limit_watts") == 500.0
+    # A failed refresh omits the series for that cycle and is retried on the next one.
+    fake.fail(0, "nvmlDeviceGetEnforcedPowerLimit", F.NVMLError_NoData)
+    fake.advance(POWER_LIMIT_REFRESH_S)
+    assert values(collect(source), "llm_gpu_power_limit_watts") == []
+    del dev.failures["nvmlDeviceGetEnforcedPowerLimit"]
+    fake.advance(1.0)
+    assert one(collect(source), "llm_gpu_power_limit_watts") == 500.0
+    close(source)
+
+
+def test_a_counter_the_field_batch_refuses_is_read_with_its_own_call() -> None:
+    fake = FakeNvml(["h100"], "busy")
+    fake.devices[0].ecc_corrected = 3
+    original = fake._field
+
+    def refuse_energy_and_corrected_ecc(dev, fid, scope):
+        out = original(dev, fid, scope)
+        if fid in (F.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, F.NVML_FI_DEV_ECC_SBE_VOL_TOTAL):
+            out.nvmlReturn = F.NVML_ERROR_NOT_SUPPORTED
+        return out
+
+    fake._field = refuse_energy_and_corrected_ecc
+    source = make_source(fake, xid_events=False)
+    first = collect(source)  # refused in the batch: asked by call from the next cycle on
+    assert values(first, "llm_gpu_ecc_errors_total", type="corrected") == []
+    fake.advance(1.0)
+    data = collect(source)
+    close(source)
+    assert one(data, "llm_gpu_energy_joules_total") == int(fake.devices[0].energy_mj) / 1000
+    assert one(data, "llm_gpu_ecc_errors_total", type="corrected") == 3.0
+    assert one(data, "llm_gpu_ecc_errors_total", type="uncorrected") == 0.0  # still from the batch
+    assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 1
+    assert fake.calls["nvmlDeviceGetTotalEccErrors"] == 1
+
+
+def test_field_batch_refused_as_a_whole_falls_back_to_one_call_per_value() -> None:
+    fake = FakeNvml(["h100"], "busy")
+    fake.fail(0, "nvmlDeviceGetFieldValues", F.NVMLError_NotSupported)
+    fake.devices[0].pcie_replays = 12
+    source = make_source(fake, xid_events=False)
+    collect(source)
+    fake.advance(1.0)
+    data = collect(source)
+    close(source)
+    names = names_for_gpu(data, "0")
+    assert {"llm_gpu_energy_joules_total", "llm_gpu_ecc_errors_total", "llm_gpu_remapped_rows"} <= names
+    assert one(data, "llm_gpu_pcie_replay_errors_total") == 12.0
+    assert "llm_gpu_memory_temperature_celsius" not in names  # only the batch serves it
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 1  # refused once, not asked again
+
+
+def test_field_batch_decodes_pynvml_ctypes_structs() -> None:
+    """The fake answers field reads with plain objects, pynvml with a ctypes array of
+    c_nvmlFieldValue_t: the source must read both the same way."""
+    pynvml = pytest.importorskip("pynvml")
+
+    def render_two_cycles(as_ctypes: bool) -> bytes:
+        fake = FakeNvml(["a100", "l4"], "busy")  # NVLink counters; PCIe counters; refused fields
+        plain = fake.nvmlDeviceGetFieldValues
+
+        def ctypes_answer(handle, field_ids):
+            answers = plain(handle, field_ids)
+            array = (pynvml.c_nvmlFieldValue_t * len(answers))()
+            for slot, answer in zip(array, answers, strict=True):
+                slot.fieldId, slot.scopeId, slot.timestamp = answer.fieldId, answer.scopeId, answer.timestamp
+                slot.valueType, slot.nvmlReturn = answer.valueType, answer.nvmlReturn
+                member = {F.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal"}.get(answer.valueType, "ullVal")
+                setattr(slot.value, member, getattr(answer.value, member))
+            return array
+
+        if as_ctypes:
+            fake.nvmlDeviceGetFieldValues = ctypes_answer
+        source = make_source(fake, xid_events=False)
+        try:
+            return render(two_cycles(fake, source).samples)
+        finally:
+            close(source)
+
+    assert render_two_cycles(as_ctypes=True) == render_two_cycles(as_ctypes=False)
 
 
 # -- XID ---------------------------------------------------------------------------------------

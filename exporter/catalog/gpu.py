@@ -37,7 +37,8 @@ FAMILIES = (
            "Board power draw; averaged over 1 s on Ampere (except GA100) and newer, instantaneous "
            "before.", G, "nvml"),
     family("llm_gpu_power_limit_watts", "gauge", "watts",
-           "Enforced power limit: the effective limit after every limiter, in band and out of band.",
+           "Enforced power limit: the effective limit after every limiter, in band and out of band "
+           "(read every 10 s).",
            G, "nvml"),
     family("llm_gpu_energy_joules_total", "counter", "joules",
            "Energy consumed since the exporter first saw the GPU's counter. NVML's counter restarts "

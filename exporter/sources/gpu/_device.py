@@ -4,6 +4,14 @@ and what is read each cycle, every field through one safe wrapper (gpustat's saf
 A field the GPU cannot give (NotSupported, NoPermission, FunctionNotFound, a version mismatch) is
 remembered as absent for the generation, logged once and omitted; a transient failure skips the
 field for one cycle; a lost GPU raises GpuLost so the caller can mark it down and keep the others.
+
+On a GPU host the cost of a cycle is mostly NVML calls (a driver round trip plus pynvml's ctypes
+work each), so a cycle makes as few as it can: the counters NVML also serves as field values
+(energy, ECC, PCIe replays, remapped rows, HBM temperature, PCIe and NVLink byte counters) ride in
+one nvmlDeviceGetFieldValues call per GPU; what cannot change within a generation (maxima, the
+supported clock-event reasons, identity) is read when the GPU is opened and its samples built then;
+the enforced power limit, which only an operator or the BMC changes, is asked for every
+POWER_LIMIT_REFRESH_S.
 """
 
 from __future__ import annotations
@@ -26,13 +34,21 @@ from exporter.sources.gpu._errors import (
 from exporter.sources.gpu._gpm import NVLINK_METRICS, PCIE_METRICS, RATIO_METRICS, GpmSampler
 
 # Field ids and enum values are NVML ABI; pynvml names them, fallbacks keep old bindings working.
+FI_ECC_SBE_VOL_TOTAL = 3  # volatile corrected (single-bit) ECC errors, as nvmlDeviceGetTotalEccErrors
+FI_ECC_DBE_VOL_TOTAL = 4  # volatile uncorrected (double-bit) ECC errors
 FI_MEMORY_TEMP = 82
+FI_TOTAL_ENERGY = 83  # mJ since the driver loaded, as nvmlDeviceGetTotalEnergyConsumption
+FI_PCIE_REPLAY = 94  # as nvmlDeviceGetPcieReplayCounter
 FI_NVLINK_DATA_TX = 138  # cumulative KiB per link (scopeId = link)
 FI_NVLINK_DATA_RX = 139
+FI_REMAPPED_COR = 142  # the four values of nvmlDeviceGetRemappedRows
+FI_REMAPPED_UNC = 143
+FI_REMAPPED_PENDING = 144
+FI_REMAPPED_FAILURE = 145
 FI_PCIE_TX_BYTES = 197  # cumulative bytes, may wrap
 FI_PCIE_RX_BYTES = 198
 _NVLINK_FIELDS = (FI_NVLINK_DATA_TX, FI_NVLINK_DATA_RX)
-_PCIE_FIELDS = (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES)
+_NVLINK_RATES = ("llm_gpu_nvlink_tx_bytes_per_second", "llm_gpu_nvlink_rx_bytes_per_second")
 
 TEMPERATURE_GPU = 0
 CLOCK_SM = 1
@@ -55,12 +71,38 @@ REASONS = (
     ("hw_power_brake_slowdown", 0x80),
     ("display_clock_setting", 0x100),
 )
+REMAPPED_STATES = ("correctable", "uncorrectable", "pending", "failed")
 
 # nvmlFieldValue_t.valueType -> union member, and the wrap-around of the unsigned narrow types.
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 _VALUE_WRAP = {1: float(2**32), 6: float(2**16)}
 
 KIB = 1024.0
+
+POWER_LIMIT_REFRESH_S = 10.0
+"""How long a reading of the enforced power limit is reused (it changes only when a cap is set)."""
+
+# What a field's value becomes (FieldSpec.sink).
+GAUGE = 0  # one sample of the value as it is
+ENERGY = 1  # mJ -> J, kept monotonic across driver reloads
+PCIE_BYTES = 2  # a cumulative byte counter: one rate
+NVLINK_KIB = 3  # one link's cumulative KiB: summed over the links into one rate per direction
+
+# Values served both by a field and by a dedicated call (the call's key names the group). They
+# are read in the batch; one the batch refuses is read with its own call from the next cycle on,
+# so a driver that answers one way and not the other loses nothing.
+# (group, field id, sink, family, extra label)
+_CALL_BACKED: tuple[tuple[str, int, int, str, tuple[str, str] | None], ...] = (
+    ("energy", FI_TOTAL_ENERGY, ENERGY, "llm_gpu_energy_joules_total", None),
+    ("ecc_corrected", FI_ECC_SBE_VOL_TOTAL, GAUGE, "llm_gpu_ecc_errors_total", ("type", "corrected")),
+    ("ecc_uncorrected", FI_ECC_DBE_VOL_TOTAL, GAUGE, "llm_gpu_ecc_errors_total", ("type", "uncorrected")),
+    ("pcie_replay", FI_PCIE_REPLAY, GAUGE, "llm_gpu_pcie_replay_errors_total", None),
+    ("remapped_rows", FI_REMAPPED_COR, GAUGE, "llm_gpu_remapped_rows", ("state", "correctable")),
+    ("remapped_rows", FI_REMAPPED_UNC, GAUGE, "llm_gpu_remapped_rows", ("state", "uncorrectable")),
+    ("remapped_rows", FI_REMAPPED_PENDING, GAUGE, "llm_gpu_remapped_rows", ("state", "pending")),
+    ("remapped_rows", FI_REMAPPED_FAILURE, GAUGE, "llm_gpu_remapped_rows", ("state", "failed")),
+)
+CALL_BACKED_GROUPS = frozenset(group for group, *_ in _CALL_BACKED)
 
 
 class GpuLost(Exception):
@@ -82,6 +124,22 @@ class GpuIdentity:
         return labels_of(gpu=str(self.index), uuid=self.uuid, name=self.name)
 
 
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One entry of a GPU's field batch, and what its answer becomes."""
+
+    fid: int
+    scope: int  # the link of a per-link NVLink field, else 0
+    group: str  # the call-backed group it belongs to; "" when only the batch serves it
+    sink: int
+    name: str = ""  # family of the sample (unused for NVLINK_KIB)
+    labels: Labels = ()
+    direction: int = 0  # NVLINK_KIB: 0 tx, 1 rx
+
+
+Call = tuple[str, str, tuple[Any, ...]]  # (key, function name, arguments)
+
+
 @dataclass(slots=True)
 class Device:
     """One GPU within one NVML generation; dropped (GPM buffers freed) when NVML is re-initialised."""
@@ -98,10 +156,24 @@ class Device:
     reasons: tuple[tuple[int, Labels], ...] = ()
     nvlinks: tuple[int, ...] = ()
     gpm: GpmSampler | None = None
+    # Built when opened: the samples of values fixed for the generation, and the alternatives of
+    # the calls that have a newer and an older form.
+    static_samples: tuple[Sample, ...] = ()
+    memory_calls: tuple[Call, ...] = ()
+    temperature_calls: tuple[Call, ...] = ()
+    reason_calls: tuple[Call, ...] = ()
+    process_calls: tuple[Call, ...] = ()
+    # The field batch: what each entry becomes, and the (fieldId, scopeId) list NVML is given.
+    field_specs: tuple[FieldSpec, ...] = ()
     fields: list[tuple[int, int]] = field(default_factory=list)
+    by_call: set[str] = field(default_factory=set)  # call-backed groups the batch refused
     absent: set[str] = field(default_factory=set)
     absent_fields: set[tuple[int, int]] = field(default_factory=set)
     lost: bool = False
+    # One-entry caches of values that seldom change between cycles.
+    reason_samples: tuple[int, tuple[Sample, ...]] | None = None  # (mask, its samples)
+    power_limit: Sample | None = None
+    power_limit_due: float = 0.0  # when to ask for the enforced power limit again
     _label_cache: dict[tuple[str, str], Labels] = field(default_factory=dict)
 
     def with_label(self, key: str, value: str) -> Labels:
@@ -121,14 +193,6 @@ def normalise_bus_id(bus_id: str) -> str:
     return bus_id
 
 
-def field_value(value: Any) -> float:
-    member = _VALUE_MEMBER.get(int(value.valueType), "ullVal")
-    return float(getattr(value.value, member))
-
-
-Call = tuple[str, str, tuple[Any, ...], dict[str, Any]]
-
-
 class DeviceReader:
     """Reads GPUs of one NVML module. Counter state lives here, keyed by UUID, so rates and the
     energy total survive re-initialisation of NVML (the caller keeps one reader for its life)."""
@@ -142,10 +206,25 @@ class DeviceReader:
         self._gpm_min_interval_s = gpm_min_interval_s
         self._rates = CounterRates()
         self._energy = ResetSafeTotals()
+        self.bind(None)
+
+    def bind(self, nvml: Any) -> None:
+        """Read GPUs through `nvml` from now on. Its enum values are looked up here, once, rather
+        than on every call."""
+        self.nvml = nvml
+        self._clock_sm = getattr(nvml, "NVML_CLOCK_SM", CLOCK_SM)
+        self._clock_mem = getattr(nvml, "NVML_CLOCK_MEM", CLOCK_MEM)
+        self._temperature_gpu = getattr(nvml, "NVML_TEMPERATURE_GPU", TEMPERATURE_GPU)
+        self._volatile_ecc = getattr(nvml, "NVML_VOLATILE_ECC", VOLATILE_ECC)
+        self._ecc_types = {
+            "ecc_corrected": getattr(nvml, "NVML_MEMORY_ERROR_TYPE_CORRECTED", MEMORY_ERROR_CORRECTED),
+            "ecc_uncorrected": getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", MEMORY_ERROR_UNCORRECTED),
+        }
+        self._memory_v2 = getattr(nvml, "nvmlMemory_v2", None)
 
     # -- the safe wrapper -------------------------------------------------------------------
 
-    def call(self, dev: Device, key: str, fname: str, *args: Any, log: bool = True, **kwargs: Any) -> Any:
+    def call(self, dev: Device, key: str, fname: str, *args: Any, log: bool = True) -> Any:
         """fname(*args) or None. Marks `key` absent for the generation when NVML says it cannot be
         answered; raises GpuLost when the GPU is gone."""
         if key in dev.absent:
@@ -157,7 +236,7 @@ class DeviceReader:
                 self._log_absent(dev, key, f"{fname} not in these NVML bindings")
             return None
         try:
-            return fn(*args, **kwargs)
+            return fn(*args)
         except Exception as exc:
             kind = classify(self.nvml, exc)
             if kind is None:
@@ -176,10 +255,11 @@ class DeviceReader:
     def call_first(self, dev: Device, calls: tuple[Call, ...]) -> Any:
         """The first alternative that answers; the next one is tried only when the previous is
         absent (a newer call missing from an older driver), not when it failed transiently."""
-        for i, (key, fname, args, kwargs) in enumerate(calls):
+        last = len(calls) - 1
+        for i, (key, fname, args) in enumerate(calls):
             if key in dev.absent:
                 continue
-            value = self.call(dev, key, fname, *args, log=i == len(calls) - 1, **kwargs)
+            value = self.call(dev, key, fname, *args, log=i == last)
             if value is not None or key not in dev.absent:
                 return value
         return None
@@ -215,7 +295,9 @@ class DeviceReader:
         dev.reasons = self._supported_reasons(dev)
         dev.nvlinks = self._active_nvlinks(dev)
         dev.gpm = self._open_gpm(dev)
-        dev.fields = self.field_list(dev)
+        dev.static_samples = self._static_samples(dev)
+        self._plan_calls(dev)
+        self.plan_fields(dev)
         return dev
 
     def _read_mig_mode(self, dev: Device) -> None:
@@ -231,10 +313,9 @@ class DeviceReader:
                            dev.ident.index, dev.ident.name)
 
     def _read_maxima(self, dev: Device) -> None:
-        h, nvml = dev.handle, self.nvml
-        sm = self.call(dev, "sm_clock_max", "nvmlDeviceGetMaxClockInfo", h, getattr(nvml, "NVML_CLOCK_SM", CLOCK_SM))
-        mem = self.call(dev, "mem_clock_max", "nvmlDeviceGetMaxClockInfo", h,
-                        getattr(nvml, "NVML_CLOCK_MEM", CLOCK_MEM))
+        h = dev.handle
+        sm = self.call(dev, "sm_clock_max", "nvmlDeviceGetMaxClockInfo", h, self._clock_sm)
+        mem = self.call(dev, "mem_clock_max", "nvmlDeviceGetMaxClockInfo", h, self._clock_mem)
         dev.sm_clock_max_hz = None if sm is None else float(sm) * 1e6
         dev.mem_clock_max_hz = None if mem is None else float(mem) * 1e6
         # Max of the GPU and its slot together: what the link could train to.
@@ -244,8 +325,8 @@ class DeviceReader:
     def _supported_reasons(self, dev: Device) -> tuple[tuple[int, Labels], ...]:
         h = dev.handle
         mask = self.call_first(dev, (
-            ("clock_events_supported", "nvmlDeviceGetSupportedClocksEventReasons", (h,), {}),
-            ("clock_throttle_supported", "nvmlDeviceGetSupportedClocksThrottleReasons", (h,), {}),
+            ("clock_events_supported", "nvmlDeviceGetSupportedClocksEventReasons", (h,)),
+            ("clock_throttle_supported", "nvmlDeviceGetSupportedClocksThrottleReasons", (h,)),
         ))
         return tuple((bit, dev.with_label("reason", name)) for name, bit in REASONS
                      if mask is None or int(mask) & bit)
@@ -283,14 +364,65 @@ class DeviceReader:
         metrics = RATIO_METRICS + PCIE_METRICS + (NVLINK_METRICS if dev.nvlinks else ())
         return GpmSampler(self.nvml, dev.handle, metrics, self._gpm_min_interval_s)
 
-    def field_list(self, dev: Device) -> list[tuple[int, int]]:
-        """The fields batched into one nvmlDeviceGetFieldValues call. With GPM, PCIe and NVLink
-        rates come from GPM instead, so their counters are not read."""
-        fields = [(FI_MEMORY_TEMP, 0)]
-        if dev.gpm is None:
-            fields += [(fid, 0) for fid in _PCIE_FIELDS]
-            fields += [(fid, link) for link in dev.nvlinks for fid in _NVLINK_FIELDS]
-        return [f for f in fields if f not in dev.absent_fields]
+    def _static_samples(self, dev: Device) -> tuple[Sample, ...]:
+        """The samples whose values cannot change until NVML is re-initialised, built once."""
+        out = []
+        if dev.sm_clock_max_hz is not None:
+            out.append(Sample("llm_gpu_sm_clock_max_hertz", dev.labels, dev.sm_clock_max_hz))
+        if dev.mem_clock_max_hz is not None:
+            out.append(Sample("llm_gpu_memory_clock_max_hertz", dev.labels, dev.mem_clock_max_hz))
+        max_labels = dev.with_label("state", "max")
+        if dev.pcie_max_gen is not None:
+            out.append(Sample("llm_gpu_pcie_link_generation", max_labels, float(dev.pcie_max_gen)))
+        if dev.pcie_max_width is not None:
+            out.append(Sample("llm_gpu_pcie_link_width", max_labels, float(dev.pcie_max_width)))
+        out.append(Sample("llm_gpu_info", dev.info_labels, 1.0))
+        out.append(Sample("llm_gpu_up", dev.labels, 1.0))
+        return tuple(out)
+
+    def _plan_calls(self, dev: Device) -> None:
+        """The alternatives of the calls that have a newer and an older form, newest first."""
+        h = dev.handle
+        dev.memory_calls = (("memory_info", "nvmlDeviceGetMemoryInfo", (h,)),)
+        if self._memory_v2 is not None:
+            # v2 splits out driver-reserved memory; drivers before 510 lack it (FunctionNotFound).
+            dev.memory_calls = (("memory_info_v2", "nvmlDeviceGetMemoryInfo", (h, self._memory_v2)),
+                                *dev.memory_calls)
+        sensor = self._temperature_gpu
+        dev.temperature_calls = (
+            ("temperature_v", "nvmlDeviceGetTemperatureV", (h, sensor)),
+            ("temperature", "nvmlDeviceGetTemperature", (h, sensor)),
+        )
+        dev.reason_calls = (
+            ("clock_events", "nvmlDeviceGetCurrentClocksEventReasons", (h,)),
+            ("clock_throttle", "nvmlDeviceGetCurrentClocksThrottleReasons", (h,)),
+        )
+        # The unversioned call raises NVMLLibraryMismatchError on drivers without _v3; try _v2 then.
+        dev.process_calls = (
+            ("processes", "nvmlDeviceGetComputeRunningProcesses", (h,)),
+            ("processes_v2", "nvmlDeviceGetComputeRunningProcesses_v2", (h,)),
+        )
+
+    def plan_fields(self, dev: Device) -> None:
+        """Choose what the GPU's one nvmlDeviceGetFieldValues call asks for; again whenever a field
+        drops out or GPM goes away. With GPM, PCIe and NVLink rates come from GPM instead, so their
+        counters are not read."""
+        if "field_values" in dev.absent:
+            specs: tuple[FieldSpec, ...] = ()
+        else:
+            wanted = [FieldSpec(FI_MEMORY_TEMP, 0, "", GAUGE, "llm_gpu_memory_temperature_celsius", dev.labels)]
+            wanted += [FieldSpec(fid, 0, group, sink, name, dev.with_label(*extra) if extra else dev.labels)
+                       for group, fid, sink, name, extra in _CALL_BACKED if group not in dev.by_call]
+            if dev.gpm is None:
+                wanted += [
+                    FieldSpec(FI_PCIE_TX_BYTES, 0, "", PCIE_BYTES, "llm_gpu_pcie_tx_bytes_per_second", dev.labels),
+                    FieldSpec(FI_PCIE_RX_BYTES, 0, "", PCIE_BYTES, "llm_gpu_pcie_rx_bytes_per_second", dev.labels),
+                ]
+                wanted += [FieldSpec(fid, link, "", NVLINK_KIB, direction=direction)
+                           for link in dev.nvlinks for direction, fid in enumerate(_NVLINK_FIELDS)]
+            specs = tuple(s for s in wanted if (s.fid, s.scope) not in dev.absent_fields)
+        dev.field_specs = specs
+        dev.fields = [(s.fid, s.scope) for s in specs]
 
     # -- every cycle ------------------------------------------------------------------------
 
@@ -299,17 +431,19 @@ class DeviceReader:
         out: list[Sample] = []
         self._read_utilization(dev, out)
         self._read_memory(dev, out)
-        self._read_power(dev, out)
+        self._read_power(dev, now, out)
         self._read_temperature(dev, out)
         self._read_clocks(dev, out)
-        self._read_pcie(dev, out)
-        self._read_errors(dev, out)
+        self._read_pcie_link(dev, out)
         self._read_gpm(dev, now, out)  # first: if GPM turns out absent, counters are read this cycle
+        if dev.by_call:
+            # Before the batch: a group the batch refuses this cycle is read by call from the next,
+            # never twice in one cycle.
+            self._read_by_call(dev, out)
         self._read_fields(dev, now, out)
         if want_engine:
             self._read_engine_memory(dev, engine_pids, out)
-        out.append(Sample("llm_gpu_info", dev.info_labels, 1.0))
-        out.append(Sample("llm_gpu_up", dev.labels, 1.0))
+        out.extend(dev.static_samples)
         return out
 
     def _read_utilization(self, dev: Device, out: list[Sample]) -> None:
@@ -319,13 +453,7 @@ class DeviceReader:
             out.append(Sample("llm_gpu_memory_utilization_ratio", dev.labels, util.memory / 100.0))
 
     def _read_memory(self, dev: Device, out: list[Sample]) -> None:
-        h = dev.handle
-        v2 = getattr(self.nvml, "nvmlMemory_v2", None)
-        calls: tuple[Call, ...] = (("memory_info", "nvmlDeviceGetMemoryInfo", (h,), {}),)
-        if v2 is not None:
-            # v2 splits out driver-reserved memory; drivers before 510 lack it (FunctionNotFound).
-            calls = (("memory_info_v2", "nvmlDeviceGetMemoryInfo", (h,), {"version": v2}),) + calls
-        mem = self.call_first(dev, calls)
+        mem = self.call_first(dev, dev.memory_calls)
         if mem is None:
             return
         out.append(Sample("llm_gpu_memory_used_bytes", dev.labels, float(mem.used)))
@@ -334,137 +462,157 @@ class DeviceReader:
         if reserved is not None:
             out.append(Sample("llm_gpu_memory_reserved_bytes", dev.labels, float(reserved)))
 
-    def _read_power(self, dev: Device, out: list[Sample]) -> None:
-        h = dev.handle
-        power_mw = self.call(dev, "power", "nvmlDeviceGetPowerUsage", h)
+    def _read_power(self, dev: Device, now: float, out: list[Sample]) -> None:
+        power_mw = self.call(dev, "power", "nvmlDeviceGetPowerUsage", dev.handle)
         if power_mw is not None:
             out.append(Sample("llm_gpu_power_watts", dev.labels, power_mw / 1000.0))
-        limit_mw = self.call(dev, "power_limit", "nvmlDeviceGetEnforcedPowerLimit", h)
-        if limit_mw is not None:
-            out.append(Sample("llm_gpu_power_limit_watts", dev.labels, limit_mw / 1000.0))
-        energy_mj = self.call(dev, "energy", "nvmlDeviceGetTotalEnergyConsumption", h)
-        if energy_mj is not None:
-            joules = self._energy.update(dev.ident.uuid, energy_mj / 1000.0)
-            out.append(Sample("llm_gpu_energy_joules_total", dev.labels, joules))
+        if now >= dev.power_limit_due:
+            limit_mw = self.call(dev, "power_limit", "nvmlDeviceGetEnforcedPowerLimit", dev.handle)
+            if limit_mw is None:
+                dev.power_limit = None  # absent, or failed this cycle: asked again next cycle
+            else:
+                dev.power_limit = Sample("llm_gpu_power_limit_watts", dev.labels, limit_mw / 1000.0)
+                dev.power_limit_due = now + POWER_LIMIT_REFRESH_S
+        if dev.power_limit is not None:
+            out.append(dev.power_limit)
 
     def _read_temperature(self, dev: Device, out: list[Sample]) -> None:
-        h = dev.handle
-        sensor = getattr(self.nvml, "NVML_TEMPERATURE_GPU", TEMPERATURE_GPU)
-        celsius = self.call_first(dev, (
-            ("temperature_v", "nvmlDeviceGetTemperatureV", (h, sensor), {}),
-            ("temperature", "nvmlDeviceGetTemperature", (h, sensor), {}),
-        ))
+        celsius = self.call_first(dev, dev.temperature_calls)
         if celsius is not None:
             out.append(Sample("llm_gpu_temperature_celsius", dev.labels, float(celsius)))
 
     def _read_clocks(self, dev: Device, out: list[Sample]) -> None:
-        h, nvml = dev.handle, self.nvml
-        sm = self.call(dev, "sm_clock", "nvmlDeviceGetClockInfo", h, getattr(nvml, "NVML_CLOCK_SM", CLOCK_SM))
+        h = dev.handle
+        sm = self.call(dev, "sm_clock", "nvmlDeviceGetClockInfo", h, self._clock_sm)
         if sm is not None:
             out.append(Sample("llm_gpu_sm_clock_hertz", dev.labels, sm * 1e6))
-        mem = self.call(dev, "mem_clock", "nvmlDeviceGetClockInfo", h, getattr(nvml, "NVML_CLOCK_MEM", CLOCK_MEM))
+        mem = self.call(dev, "mem_clock", "nvmlDeviceGetClockInfo", h, self._clock_mem)
         if mem is not None:
             out.append(Sample("llm_gpu_memory_clock_hertz", dev.labels, mem * 1e6))
-        if dev.sm_clock_max_hz is not None:
-            out.append(Sample("llm_gpu_sm_clock_max_hertz", dev.labels, dev.sm_clock_max_hz))
-        if dev.mem_clock_max_hz is not None:
-            out.append(Sample("llm_gpu_memory_clock_max_hertz", dev.labels, dev.mem_clock_max_hz))
         if not dev.reasons:
             return
-        mask = self.call_first(dev, (
-            ("clock_events", "nvmlDeviceGetCurrentClocksEventReasons", (h,), {}),
-            ("clock_throttle", "nvmlDeviceGetCurrentClocksThrottleReasons", (h,), {}),
-        ))
+        mask = self.call_first(dev, dev.reason_calls)
         if mask is not None:
-            mask = int(mask)
-            for bit, labels in dev.reasons:
-                out.append(Sample("llm_gpu_clock_event_active", labels, 1.0 if mask & bit else 0.0))
+            out.extend(self._reason_samples(dev, int(mask)))
 
-    def _read_pcie(self, dev: Device, out: list[Sample]) -> None:
+    def _reason_samples(self, dev: Device, mask: int) -> tuple[Sample, ...]:
+        """One sample per supported reason. The mask seldom changes between cycles, so the samples
+        of the last one are kept (a single entry, so bounded)."""
+        last = dev.reason_samples
+        if last is not None and last[0] == mask:
+            return last[1]
+        samples = tuple(Sample("llm_gpu_clock_event_active", labels, 1.0 if mask & bit else 0.0)
+                        for bit, labels in dev.reasons)
+        dev.reason_samples = (mask, samples)
+        return samples
+
+    def _read_pcie_link(self, dev: Device, out: list[Sample]) -> None:
+        """The link as trained now (the maxima are static samples)."""
         h = dev.handle
-        link_state = (
-            ("llm_gpu_pcie_link_generation", "current",
-             self.call(dev, "pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration", h)),
-            ("llm_gpu_pcie_link_generation", "max", dev.pcie_max_gen),
-            ("llm_gpu_pcie_link_width", "current", self.call(dev, "pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", h)),
-            ("llm_gpu_pcie_link_width", "max", dev.pcie_max_width),
-        )
-        for name, state, value in link_state:
-            if value is not None:
-                out.append(Sample(name, dev.with_label("state", state), float(value)))
-        replays = self.call(dev, "pcie_replay", "nvmlDeviceGetPcieReplayCounter", h)
-        if replays is not None:
-            out.append(Sample("llm_gpu_pcie_replay_errors_total", dev.labels, float(replays)))
+        gen = self.call(dev, "pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration", h)
+        if gen is not None:
+            out.append(Sample("llm_gpu_pcie_link_generation", dev.with_label("state", "current"), float(gen)))
+        width = self.call(dev, "pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", h)
+        if width is not None:
+            out.append(Sample("llm_gpu_pcie_link_width", dev.with_label("state", "current"), float(width)))
 
-    def _read_errors(self, dev: Device, out: list[Sample]) -> None:
-        h, nvml = dev.handle, self.nvml
-        volatile = getattr(nvml, "NVML_VOLATILE_ECC", VOLATILE_ECC)
-        for ecc_type, code in (("corrected", getattr(nvml, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)),
-                               ("uncorrected", getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1))):
-            count = self.call(dev, "ecc_" + ecc_type, "nvmlDeviceGetTotalEccErrors", h, code, volatile)
-            if count is not None:
-                out.append(Sample("llm_gpu_ecc_errors_total", dev.with_label("type", ecc_type), float(count)))
-        rows = self.call(dev, "remapped_rows", "nvmlDeviceGetRemappedRows", h)
-        if rows is not None:
-            for state, value in zip(("correctable", "uncorrectable", "pending", "failed"), rows, strict=False):
-                out.append(Sample("llm_gpu_remapped_rows", dev.with_label("state", state), float(value)))
+    def _read_by_call(self, dev: Device, out: list[Sample]) -> None:
+        """The call-backed values the field batch refused, one dedicated call each."""
+        h = dev.handle
+        for group in sorted(dev.by_call):
+            if group == "energy":
+                energy_mj = self.call(dev, "energy", "nvmlDeviceGetTotalEnergyConsumption", h)
+                if energy_mj is not None:
+                    joules = self._energy.update(dev.ident.uuid, energy_mj / 1000.0)
+                    out.append(Sample("llm_gpu_energy_joules_total", dev.labels, joules))
+            elif group in ("ecc_corrected", "ecc_uncorrected"):
+                count = self.call(dev, group, "nvmlDeviceGetTotalEccErrors", h, self._ecc_types[group],
+                                  self._volatile_ecc)
+                if count is not None:
+                    labels = dev.with_label("type", group.removeprefix("ecc_"))
+                    out.append(Sample("llm_gpu_ecc_errors_total", labels, float(count)))
+            elif group == "pcie_replay":
+                replays = self.call(dev, "pcie_replay", "nvmlDeviceGetPcieReplayCounter", h)
+                if replays is not None:
+                    out.append(Sample("llm_gpu_pcie_replay_errors_total", dev.labels, float(replays)))
+            elif group == "remapped_rows":
+                rows = self.call(dev, "remapped_rows", "nvmlDeviceGetRemappedRows", h)
+                if rows is not None:
+                    for state, value in zip(REMAPPED_STATES, rows, strict=False):
+                        out.append(Sample("llm_gpu_remapped_rows", dev.with_label("state", state), float(value)))
 
     def _read_fields(self, dev: Device, now: float, out: list[Sample]) -> None:
-        if not dev.fields:
+        specs = dev.field_specs
+        if not specs:
             return
         values = self.call(dev, "field_values", "nvmlDeviceGetFieldValues", dev.handle, dev.fields)
         if values is None:
+            if "field_values" in dev.absent:
+                # Refused as a whole: the call-backed values go back to their own calls.
+                dev.by_call.update(CALL_BACKED_GROUPS)
+                self.plan_fields(dev)
             return
-        nvlink: dict[int, list[float]] = {fid: [0.0, 0.0] for fid in _NVLINK_FIELDS}  # sum KiB, max t
+        uuid = dev.ident.uuid
+        nvlink_kib = [0.0, 0.0]  # tx, rx: summed over the links
+        nvlink_t = [0.0, 0.0]  # tx, rx: time of the newest reading
         nvlink_complete = True
-        dropped: list[tuple[int, int]] = []
-        for (fid, scope), value in zip(dev.fields, values, strict=False):
-            ret = int(value.nvmlReturn)
-            if ret != 0:
-                if self._field_failed(dev, fid, scope, ret):
-                    dropped.append((fid, scope))
-                nvlink_complete = nvlink_complete and fid not in nvlink
+        replan = False
+        for spec, value in zip(specs, values, strict=False):
+            ret = value.nvmlReturn
+            if ret:
+                replan = self._field_failed(dev, spec, int(ret)) or replan
+                nvlink_complete = nvlink_complete and spec.sink != NVLINK_KIB
                 continue
-            number = field_value(value)
-            t = value.timestamp / 1e6 if value.timestamp else now
-            if fid == FI_MEMORY_TEMP:
-                out.append(Sample("llm_gpu_memory_temperature_celsius", dev.labels, number))
-            elif fid in _PCIE_FIELDS:
-                name = ("llm_gpu_pcie_tx_bytes_per_second" if fid == FI_PCIE_TX_BYTES
-                        else "llm_gpu_pcie_rx_bytes_per_second")
-                rate = self._rates.update((dev.ident.uuid, fid), number, t, _VALUE_WRAP.get(int(value.valueType)))
+            number = float(getattr(value.value, _VALUE_MEMBER.get(value.valueType, "ullVal")))
+            sink = spec.sink
+            if sink == NVLINK_KIB:  # checked first: most of the batch on a GPU without GPM
+                direction = spec.direction
+                nvlink_kib[direction] += number
+                t = value.timestamp / 1e6 if value.timestamp else now
+                if t > nvlink_t[direction]:
+                    nvlink_t[direction] = t
+            elif sink == GAUGE:
+                out.append(Sample(spec.name, spec.labels, number))
+            elif sink == ENERGY:
+                out.append(Sample(spec.name, spec.labels, self._energy.update(uuid, number / 1000.0)))
+            else:  # PCIE_BYTES
+                t = value.timestamp / 1e6 if value.timestamp else now
+                rate = self._rates.update((uuid, spec.fid), number, t, _VALUE_WRAP.get(value.valueType))
                 if rate is not None:
-                    out.append(Sample(name, dev.labels, rate))
-            elif fid in nvlink:
-                nvlink[fid][0] += number
-                nvlink[fid][1] = max(nvlink[fid][1], t)
-        if dropped:
-            dev.absent_fields.update(dropped)
-            dev.fields = self.field_list(dev)
+                    out.append(Sample(spec.name, spec.labels, rate))
+        if replan:
+            self.plan_fields(dev)
         if dev.nvlinks and nvlink_complete and dev.gpm is None:
-            self._nvlink_rates(dev, nvlink, out)
+            self._nvlink_rates(dev, nvlink_kib, nvlink_t, out)
 
-    def _nvlink_rates(self, dev: Device, nvlink: dict[int, list[float]], out: list[Sample]) -> None:
+    def _nvlink_rates(self, dev: Device, kib: list[float], newest: list[float], out: list[Sample]) -> None:
         """Rates of the per-link counters summed over every active link (only a sum over the same
         links is comparable between cycles, hence the links in the key)."""
-        for fid, name in ((FI_NVLINK_DATA_TX, "llm_gpu_nvlink_tx_bytes_per_second"),
-                          (FI_NVLINK_DATA_RX, "llm_gpu_nvlink_rx_bytes_per_second")):
-            kib, t = nvlink[fid]
+        for direction, (fid, name) in enumerate(zip(_NVLINK_FIELDS, _NVLINK_RATES, strict=True)):
+            t = newest[direction]
             if t == 0.0:
                 continue
-            rate = self._rates.update((dev.ident.uuid, fid, dev.nvlinks), kib, t)
+            rate = self._rates.update((dev.ident.uuid, fid, dev.nvlinks), kib[direction], t)
             if rate is not None:
                 out.append(Sample(name, dev.labels, rate * KIB))
 
-    def _field_failed(self, dev: Device, fid: int, scope: int, ret: int) -> bool:
-        """Handle one field's nvmlReturn; True when the field should not be asked for again."""
+    def _field_failed(self, dev: Device, spec: FieldSpec, ret: int) -> bool:
+        """Handle one field's nvmlReturn; True when the batch must be planned again without it."""
         kind = classify_code(ret)
         if kind is Kind.LOST:
-            raise GpuLost(f"field {fid}", _ReturnCode(ret))
-        if kind is Kind.ABSENT:
-            self._log_absent(dev, f"field {fid}/{scope}", f"nvmlReturn {ret}")
-            return True
-        return False
+            raise GpuLost(f"field {spec.fid}", _ReturnCode(ret))
+        if kind is not Kind.ABSENT:
+            return False
+        if spec.group:
+            # Its dedicated call may still answer: asked from the next cycle (it logs if not).
+            self._once.log(logging.DEBUG, ("by_call", dev.ident.uuid, spec.group),
+                           "GPU %s: field %s refused in the batch (nvmlReturn %s); %s read by its own call",
+                           dev.ident.index, spec.fid, ret, spec.group)
+            dev.by_call.add(spec.group)
+        else:
+            self._log_absent(dev, f"field {spec.fid}/{spec.scope}", f"nvmlReturn {ret}")
+            dev.absent_fields.add((spec.fid, spec.scope))
+        return True
 
     def _read_gpm(self, dev: Device, now: float, out: list[Sample]) -> None:
         sampler = dev.gpm
@@ -483,7 +631,7 @@ class DeviceReader:
                 self._log_absent(dev, "gpm", describe(exc))
                 sampler.close()
                 dev.gpm = None
-                dev.fields = self.field_list(dev)
+                self.plan_fields(dev)
             return
         if result is None:
             return
@@ -495,12 +643,7 @@ class DeviceReader:
                            dev.ident.index, name, ret)
 
     def _read_engine_memory(self, dev: Device, engine_pids: frozenset[int] | None, out: list[Sample]) -> None:
-        h = dev.handle
-        # The unversioned call raises NVMLLibraryMismatchError on drivers without _v3; try _v2 then.
-        procs = self.call_first(dev, (
-            ("processes", "nvmlDeviceGetComputeRunningProcesses", (h,), {}),
-            ("processes_v2", "nvmlDeviceGetComputeRunningProcesses_v2", (h,), {}),
-        ))
+        procs = self.call_first(dev, dev.process_calls)
         if procs is None:
             return
         total = 0

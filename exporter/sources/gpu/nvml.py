@@ -80,6 +80,7 @@ class _Generation:
     cuda_version: str
     xid: XidWatcher | None = None
     needs_reinit: bool = False
+    identity_attrs: tuple[str, str, str, str, str] | None = None  # see NvmlSource._identity_attrs
 
 
 class _InitFailure(Exception):
@@ -106,7 +107,8 @@ class _XidCounts:
 
     def of(self, uuid: str) -> dict[str, int]:
         with self.lock:
-            return dict(self.counts.get(uuid, {}))
+            per_gpu = self.counts.get(uuid)
+            return dict(per_gpu) if per_gpu else {}
 
 
 class NvmlSource:
@@ -227,23 +229,35 @@ class NvmlSource:
 
     def _xid_samples(self, ident: GpuIdentity, labels: Labels) -> list[Sample]:
         counts = self._xids.of(ident.uuid) if ident.uuid else {}
+        if not counts:  # the usual case: no XID since the exporter started
+            return []
         return [Sample("llm_gpu_xid_errors_total", make_labels(labels + (("xid", code),)), float(n))
                 for code, n in sorted(counts.items())]
 
     def _attrs(self, gen: _Generation, lost: list[GpuIdentity]) -> dict[str, str]:
-        idents = sorted([d.ident for d in gen.devices] + gen.unopened, key=lambda i: i.index)
+        gpus, names, uuids, pci_bus_ids, mig = self._identity_attrs(gen)
         return {
-            "gpus": str(len(idents)),
-            "names": ",".join(i.name for i in idents),
-            "uuids": ",".join(i.uuid for i in idents),
-            "pci_bus_ids": ",".join(i.pci_bus_id for i in idents),
+            "gpus": gpus,
+            "names": names,
+            "uuids": uuids,
+            "pci_bus_ids": pci_bus_ids,
             "state": "gpu_lost" if lost else "ok",
             "lost": ",".join(str(i.index) for i in sorted(lost, key=lambda i: i.index)),
             "driver_version": gen.driver_version,
             "cuda_version": gen.cuda_version,
-            "mig": ",".join(d.mig_mode for d in gen.devices),
-            "gpm": ",".join("1" if d.gpm is not None else "0" for d in gen.devices),
+            "mig": mig,
+            "gpm": ",".join("1" if d.gpm is not None else "0" for d in gen.devices),  # GPM may fall away
         }
+
+    @staticmethod
+    def _identity_attrs(gen: _Generation) -> tuple[str, str, str, str, str]:
+        """gpus, names, uuids, pci_bus_ids and mig attrs: fixed for a generation, so joined once."""
+        if gen.identity_attrs is None:
+            idents = sorted([d.ident for d in gen.devices] + gen.unopened, key=lambda i: i.index)
+            gen.identity_attrs = (str(len(idents)), ",".join(i.name for i in idents),
+                                  ",".join(i.uuid for i in idents), ",".join(i.pci_bus_id for i in idents),
+                                  ",".join(d.mig_mode for d in gen.devices))
+        return gen.identity_attrs
 
     def _schedule_retry(self, now: float) -> None:
         self._retry_at = now + self._retry_delay
@@ -283,7 +297,7 @@ class NvmlSource:
             raise _init_failure(nvml, exc) from exc
         if count == 0:
             raise _InitFailure("no_gpus", "NVML reports no GPU")
-        self._reader.nvml = nvml
+        self._reader.bind(nvml)
         gen = _Generation(nvml=nvml, devices=[], unopened=[], driver_version=driver, cuda_version=cuda)
         for index in range(count):
             try:
