@@ -20,6 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 REQUESTS = 400
 CPU_WINDOW_S = 20.0
 WARMUP = 20
+FRESH_SCRAPES = 15
 
 
 def _process(command: list[str], ready_url: str):
@@ -60,6 +61,19 @@ def _cpu_and_rss(pid: int, url: str, window_s: float) -> tuple[float, float, flo
     time.sleep(window_s)
     cpu_after, cycles_after = _process_cpu_seconds(pid), _cycles(url)
     return (cpu_after - cpu_before) / window_s, _rss_mb(pid), cycles_after - cycles_before
+
+
+def _first_scrapes_of_a_cycle(url: str, count: int) -> list[float]:
+    """A cycle's page is rendered by its first scrape; Prometheus, scraping every 15 s against a
+    1 s collection interval, only ever makes first scrapes. Each one here waits for a new cycle."""
+    durations = []
+    with httpx.Client(timeout=5) as client:
+        for _ in range(count):
+            time.sleep(1.05)
+            started = time.perf_counter()
+            client.get(url).raise_for_status()
+            durations.append(time.perf_counter() - started)
+    return durations
 
 
 def run() -> list[tuple[str, str]]:
@@ -109,14 +123,17 @@ def run() -> list[tuple[str, str]]:
         for client in clients.values():
             client.close()
         lines = httpx.get(ours_url).text.count("\n")
+        fresh = _first_scrapes_of_a_cycle(ours_url, FRESH_SCRAPES)
         cpu_share, rss_mb, cycles = _cpu_and_rss(exporter.pid, ours_url, CPU_WINDOW_S)
     ours_p50, ours_p99 = _percentiles(durations["llm-exporter"])
     rows.append(("/metrics payload, 8 GPUs + 4 engines + host (lines / KB)",
                  f"{lines} / {sizes['llm-exporter'] / 1024:.0f}"))
     rows.append(("llm-exporter /metrics p50 / p99 (ms)", f"{ours_p50:.2f} / {ours_p99:.2f}"))
+    rows.append((f"llm-exporter first scrape of a cycle (renders the page), p50 / max of {FRESH_SCRAPES} (ms)",
+                 f"{statistics.median(fresh) * 1000:.2f} / {max(fresh) * 1000:.2f}"))
     rows.append(("requests that failed (ours / node_exporter)",
                  f"{failures['llm-exporter']} / {failures.get('node_exporter', '-')}"))
-    rows.append((f"exporter CPU share of one core at 1 s interval, over {CPU_WINDOW_S:.0f} s (target < 2%)",
+    rows.append((f"exporter CPU share of one core at 1 s interval, over {CPU_WINDOW_S:.0f} s, scraped at both ends (target < 2%)",
                  f"{cpu_share * 100:.2f}%"))
     rows.append(("exporter CPU per collection cycle (ms)", f"{cpu_share * CPU_WINDOW_S / max(cycles, 1) * 1000:.1f}"))
     rows.append(("exporter RSS after the run (MB, target < 80)", f"{rss_mb:.1f}"))
@@ -124,6 +141,8 @@ def run() -> list[tuple[str, str]]:
         node_p50, node_p99 = _percentiles(durations["node_exporter"])
         rows.append(("node_exporter /metrics p50 / p99 (ms), same run", f"{node_p50:.2f} / {node_p99:.2f}"))
         rows.append(("ratio ours / node_exporter at p50 (target <= 0.5)", f"{ours_p50 / node_p50:.2f}"))
+        rows.append(("ratio ours (first scrape of a cycle) / node_exporter at p50",
+                     f"{statistics.median(fresh) * 1000 / node_p50:.2f}"))
     else:
         rows.append(("node_exporter", "not installed (make bench installs prometheus-node-exporter)"))
     return rows

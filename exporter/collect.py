@@ -1,5 +1,6 @@
 """The collection loop: gather every source concurrently into one immutable Snapshot, derive,
-render once, and swap the result in. /metrics only ever reads the latest finished result.
+and swap the result in. /metrics only ever reads the latest finished result, rendered at most
+once: by the first scrape that asks for it.
 
 A source that overruns its timeout is reported as failed for that cycle. Its call is not
 cancelled (a blocking NVML call in a thread cannot be), but no second call is started while it is
@@ -38,19 +39,29 @@ class SourceHealth:
 
 @dataclass(frozen=True, slots=True)
 class Published:
-    """A finished cycle: the snapshot and its rendered exposition."""
+    """A finished cycle: the snapshot and its samples, rendered on first request per format.
+
+    Collection runs every second, Prometheus usually scrapes every 15-60 s: rendering every cycle
+    would format pages nobody reads. The first scrape of a cycle pays the render (a few ms, on the
+    event loop, so two scrapes never render the same page twice); the rest get the bytes."""
 
     snapshot: Snapshot
-    text: bytes
     samples: tuple[Sample, ...]
     renderer: Renderer = field(default_factory=Renderer)
-    _openmetrics: list = field(default_factory=list)
+    _rendered: dict[bool, bytes] = field(default_factory=dict)
+
+    @property
+    def text(self) -> bytes:
+        return self._render(openmetrics=False)
 
     def openmetrics(self) -> bytes:
-        # Rendered on first request only; most scrapers ask for the text format.
-        if not self._openmetrics:
-            self._openmetrics.append(self.renderer.render(self.samples, openmetrics=True))
-        return self._openmetrics[0]
+        return self._render(openmetrics=True)
+
+    def _render(self, *, openmetrics: bool) -> bytes:
+        body = self._rendered.get(openmetrics)
+        if body is None:
+            body = self._rendered[openmetrics] = self.renderer.render(self.samples, openmetrics=openmetrics)
+        return body
 
 
 def _no_derive(snapshot: Snapshot, previous: Snapshot | None) -> tuple[Sample, ...]:
@@ -153,7 +164,7 @@ class Collector:
         snapshot = Snapshot(snapshot.taken_at, snapshot.results, derived)
         self.cycles += 1
         samples = (*snapshot.samples(include_derived=True), *self.self_health(snapshot))
-        published = Published(snapshot, self.renderer.render(samples), tuple(samples), self.renderer)
+        published = Published(snapshot, tuple(samples), self.renderer)
         self.latest = published
         self._last_cycle_s = time.perf_counter() - started
         self._ready.set()

@@ -1,7 +1,8 @@
-"""Snapshot -> Prometheus exposition bytes, rendered once per snapshot and then served as is.
+"""Snapshot -> Prometheus exposition bytes, rendered at most once per snapshot and then served as is.
 
-Rendering on every scrape would cost more than node_exporter's whole scrape (design.md), so the
-collection loop calls `render` once per cycle and the server hands out the cached bytes."""
+Rendering on every scrape would cost more than node_exporter's whole scrape (design.md), so a
+cycle's page is rendered by the first scrape that asks for it (collect.Published) and the server
+hands out the cached bytes after that."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from exporter.collect import Collector
+from exporter.expose import Renderer
 from exporter.snapshot import Sample, labels_of
 from exporter.sources.base import SourceData, SourceError
 
@@ -183,4 +184,27 @@ def test_openmetrics_rendering_ends_with_eof():
         assert body.endswith(b"# EOF\n")
         assert b"# TYPE llm_exporter_collections counter" in body
         assert published.openmetrics() is body  # rendered once
+    asyncio.run(scenario())
+
+
+def test_a_cycle_is_rendered_only_when_asked_and_only_once_per_format():
+    async def scenario():
+        renders: list[bool] = []
+
+        class CountingRenderer(Renderer):
+            __slots__ = ()
+
+            def render(self, samples, *, openmetrics=False):
+                renders.append(openmetrics)
+                return super().render(samples, openmetrics=openmetrics)
+
+        collector = Collector([ScriptedSource("a", 3)], interval_s=1.0)
+        collector.renderer = CountingRenderer()
+        await collector.collect_once()
+        await collector.collect_once()
+        assert renders == []  # nobody scraped: nothing formatted
+        published = collector.latest
+        assert published.text == published.text and b"# EOF" in published.openmetrics()
+        assert published.openmetrics().endswith(b"# EOF\n")
+        assert renders == [False, True]
     asyncio.run(scenario())
