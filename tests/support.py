@@ -8,6 +8,7 @@ import os
 import socket
 import ssl
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -115,25 +116,29 @@ def serve_in_background(handler: type[http.server.BaseHTTPRequestHandler]) -> tu
 def background_process(command: list[str], ready_url: str, *, timeout: float = 30.0,
                        env: dict[str, str] | None = None, cwd: str | None = None) -> Iterator[subprocess.Popen]:
     """Start `command`, wait until `ready_url` answers 200 (or fail with the tail of its stderr),
-    yield the process, then terminate it (kill after 10 s)."""
+    yield the process, then terminate it (kill after 10 s). Its stderr goes to a temporary file,
+    not a pipe: a process logging into a pipe nobody reads blocks once 64 KiB are buffered
+    (node_exporter logs a line per failing collector per scrape)."""
     import httpx
 
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd,
-                               env=env if env is not None else dict(os.environ))
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(ready_url, timeout=1).status_code == 200:
-                    break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{command[0]} did not become ready: {process.stderr.read().decode()[-1000:]}")
-            time.sleep(0.1)
-        yield process
-    finally:
-        process.terminate()
+    with tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, cwd=cwd,
+                                   env=env if env is not None else dict(os.environ))
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            deadline = time.monotonic() + timeout
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(ready_url, timeout=1).status_code == 200:
+                        break
+                if process.poll() is not None or time.monotonic() > deadline:
+                    stderr.seek(0)
+                    raise RuntimeError(f"{command[0]} did not become ready: {stderr.read().decode()[-1000:]}")
+                time.sleep(0.1)
+            yield process
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
