@@ -150,7 +150,7 @@ failing source's series are absent, not zero: panels that read it go blank rathe
 """, [target(EX.sel("llm_exporter_source_up"), "{{source}} {{instance}}")], mappings=BOOL_UP, w=12, h=6,
             steps=thresholds((None, "red"), (1, "green"))),
         timeseries("Collection duration", """
-Wall time of each source's last collection and of the whole cycle (sources, derive, render). A source near the
+Wall time of each source's last collection and of the whole cycle (sources and derive). A source near the
 collection interval or its timeout delays nothing (scrapes read the last snapshot) but makes its data stale.
 """, [target(EX.sel("llm_exporter_collect_duration_seconds"), "{{source}} {{instance}}"),
       target(EX.sel("llm_exporter_cycle_duration_seconds"), "whole cycle {{instance}}")],
