@@ -241,6 +241,33 @@ def test_openmetrics_matches_prometheus_client(page: str) -> None:
 def test_types_are_recorded() -> None:
     page = "# HELP a_total A.\n# TYPE a_total counter\na_total 1\n# TYPE b histogram\nb_count 0\n"
     assert parse(page).types == {"a_total": "counter", "b": "histogram"}
+    cache = LabelCache()  # comment lines are cached: a warm parse still records every TYPE
+    for _ in range(2):
+        assert parse(page, label_cache=cache).types == {"a_total": "counter", "b": "histogram"}
+    with pytest.raises(ExpositionError):  # a malformed TYPE line fails warm as it did cold
+        for _ in range(2):
+            parse("# TYPE broken\na 1\n", label_cache=cache)
+
+
+def test_one_filter_is_asked_once_per_series_and_comments_are_bounded() -> None:
+    asked: list[str] = []
+
+    class Wanted(set):
+        def __contains__(self, name: object) -> bool:
+            asked.append(str(name))
+            return super().__contains__(name)
+
+    wanted = Wanted({"keep_me"})
+    page = 'keep_me{a="1"} 1\ndrop_me{a="1"} 2\n'
+    cache = LabelCache()
+    for _ in range(3):  # the normalizer passes its set's bound __contains__ anew on every page
+        result = parse(page, keep=wanted.__contains__, label_cache=cache)
+        assert [s[0] for s in result.samples] == ["keep_me"] and result.dropped_samples == 1
+    assert sorted(asked) == ["drop_me", "keep_me"]
+    small = LabelCache(max_entries=20)
+    for chunk in range(5):
+        parse("".join(f"# HELP m{chunk}_{i} text {i}\n" for i in range(15)) + "m 1\n", label_cache=small)
+        assert len(small) <= 20
 
 
 # --- (c): units ------------------------------------------------------------------------------------

@@ -69,18 +69,26 @@ class Exposition:
     openmetrics_eof: bool = False
 
 
-class LabelCache:
-    """Parsed label blocks keyed by their raw text, and parsed line heads (`name{labels}`, the text
-    before a sample line's value) keyed by theirs. Keep one per target across scrapes. Bounded:
-    both are cleared when together they hold max_entries, which costs one re-parse per series and
-    never grows without limit (a cardinality bomb cannot pin memory)."""
+_UNSEEN = object()
 
-    __slots__ = ("_entries", "_heads", "max_entries")
+
+class LabelCache:
+    """Parsed label blocks keyed by their raw text, parsed line heads (`name{labels}`, the text
+    before a sample line's value) keyed by theirs, and comment lines (what a TYPE line declares).
+    Keep one per target across scrapes. Bounded: all are cleared when together they hold
+    max_entries, which costs one re-parse per series and never grows without limit (a cardinality
+    bomb cannot pin memory)."""
+
+    __slots__ = ("_comments", "_entries", "_heads", "_heads_keep", "max_entries")
 
     def __init__(self, max_entries: int = MAX_CACHED_LABEL_SETS) -> None:
         self._entries: dict[str, Labels] = {}
-        # head -> (name, labels), labels None while only dropped (`keep`) samples had this head
+        # head -> (name, labels); labels None when the `keep` filter drops the series
         self._heads: dict[str, tuple[str, Labels | None]] = {}
+        # The filter whose verdicts _heads holds: another filter starts them afresh.
+        self._heads_keep: Callable[[str], bool] | None = None
+        # comment line -> (family, type) for a TYPE line, None for any other comment
+        self._comments: dict[str, tuple[str, str] | None] = {}
         self.max_entries = max_entries
 
     def get(self, raw: str, line_number: int) -> Labels:
@@ -96,13 +104,24 @@ class LabelCache:
             self._make_room()
         self._heads[head] = (name, labels)
 
+    def _remember_comment(self, line: str, declared: tuple[str, str] | None) -> None:
+        self._make_room()
+        self._comments[line] = declared
+
+    def _use_filter(self, keep: Callable[[str], bool] | None) -> None:
+        # Bound methods of one set compare equal, so a normalizer's filter keeps its verdicts.
+        if self._heads_keep != keep:
+            self._heads.clear()
+            self._heads_keep = keep
+
     def _make_room(self) -> None:
-        if len(self._entries) + len(self._heads) >= self.max_entries:
+        if len(self) >= self.max_entries:
             self._entries.clear()
             self._heads.clear()
+            self._comments.clear()
 
     def __len__(self) -> int:
-        return len(self._entries) + len(self._heads)
+        return len(self._entries) + len(self._heads) + len(self._comments)
 
 
 def _unescape(value: str) -> str:
@@ -207,7 +226,10 @@ class _Parser:
 
     def miss(self, line: str, head: str, value: str) -> None:
         """A line whose head is not cached. The common shape `name{labels} value` is split with
-        string methods; everything else goes to the full line parser."""
+        string methods; comments are looked up whole; everything else goes to the full line parser."""
+        if line[:1] == "#":
+            self.comment(line)
+            return
         if head[-1:] == "}":
             brace = head.find("{")
             if brace < 1:
@@ -256,16 +278,23 @@ class _Parser:
             cache._make_room()
         heads[head] = (name, labels)
 
+    def comment(self, line: str) -> None:
+        """A line starting with '#': HELP and TYPE lines repeat on every page, so each is read once."""
+        declared = self.cache._comments.get(line, _UNSEEN)
+        if declared is _UNSEEN:
+            declared = _declared_type(line.strip())
+            self.cache._remember_comment(line, declared)
+        if declared is not None:
+            self.types[declared[0]] = declared[1]
+
     def line(self, line: str) -> None:
         stripped = line.strip()
         if not stripped:
             return
         if stripped[0] == "#":
-            if stripped.startswith("# TYPE"):
-                parts = stripped.split(None, 3)
-                if len(parts) < 4 or parts[1] != "TYPE":
-                    raise ExpositionError(0, "malformed TYPE line")
-                self.types[parts[2]] = parts[3].strip()
+            declared = _declared_type(stripped)
+            if declared is not None:
+                self.types[declared[0]] = declared[1]
             return
         match = _SAMPLE_RE.match(stripped)
         if match is None:
@@ -289,6 +318,16 @@ class _Parser:
         self.samples.append((name, labels, number, seconds))
 
 
+def _declared_type(comment: str) -> tuple[str, str] | None:
+    """(family, type) of a `# TYPE` line, None for other comments; a malformed TYPE line raises."""
+    if not comment.startswith("# TYPE"):
+        return None
+    parts = comment.split(None, 3)
+    if len(parts) < 4 or parts[1] != "TYPE":
+        raise ExpositionError(0, "malformed TYPE line")
+    return parts[2], parts[3].strip()
+
+
 def parse(
     text: str,
     *,
@@ -304,6 +343,7 @@ def parse(
     lines = body.split("\n")
     cache = label_cache if label_cache is not None else LabelCache()
     limit = max_samples if max_samples is not None else -1
+    cache._use_filter(keep)
     parser = _Parser(result, cache, keep, limit, 1.0 if result.openmetrics_eof else 1000.0)
     miss = parser.miss
     get = cache._heads.get
@@ -323,17 +363,17 @@ def parse(
                         pass
                 miss(line, head, value)
         else:
-            kept = parser.kept
             for line in lines:
                 head, _, value = line.rpartition(" ")
                 entry = get(head)
                 if entry is not None and "_" not in value:
-                    if not kept(entry[0]):
+                    labels = entry[1]
+                    if labels is None:  # this filter's verdict on the series, cached with its head
                         parser.dropped += 1
                         continue
-                    if entry[1] is not None and len(samples) != limit:
+                    if len(samples) != limit:
                         try:
-                            append((entry[0], entry[1], float(value), None))
+                            append((entry[0], labels, float(value), None))
                             continue
                         except ValueError:
                             pass
