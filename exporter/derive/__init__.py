@@ -13,16 +13,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from exporter.catalog.derived import RESOURCES
 from exporter.config import Config
 from exporter.derive import bottleneck, energy, kv, quantiles, roofline, throughput
 from exporter.derive.bottleneck import Hysteresis, Signals
-from exporter.derive.view import EngineView, GpuView, Histogram, SnapshotView, build_view
+from exporter.derive.view import EngineView, GpuView, SnapshotView, ViewCache, build_view
 from exporter.derive.window import HistogramWindow, RateWindow, Scopes
-from exporter.snapshot import Sample, Snapshot, labels_of
+from exporter.snapshot import Sample, Snapshot
 from exporter.specs.gpus import GpuSpec, lookup_gpu, pcie_bytes_per_s
 from exporter.specs.models import ModelShape, UnsupportedModel, load_model
 
@@ -34,8 +33,7 @@ MAX_CACHED_SHAPES = 32
 
 
 
-@dataclass(frozen=True, slots=True)
-class TargetResult:
+class TargetResult(NamedTuple):
     """Everything derived for one target in one cycle (None: not computable or failed)."""
 
     engine: EngineView
@@ -46,7 +44,7 @@ class TargetResult:
     roof: roofline.Roofline | None
     energy: energy.Energy | None
     signals: Signals | None
-    assessment: bottleneck.Assessment | None
+    scores: Mapping[str, float] | None  # per resource (the evidence is worded for the diagnosis only)
     verdict: str | None
     rule: str
     omitted: tuple[str, ...]
@@ -101,7 +99,7 @@ class Deriver:
         self._clock = clock
         self._diagnosis: dict[str, Any] | None = None
         self._pending: tuple | None = None
-        self._le_cache: dict[str, float] = {}
+        self._views = ViewCache()
         self.last_cost_s = 0.0
         # Tests swap a stage for one that raises to check isolation.
         self.stages: dict[str, Callable[..., Any]] = {
@@ -170,7 +168,7 @@ class Deriver:
             delta = window.observe(ctx.now, hist.bounds, hist.counts)
             if delta is None:
                 continue
-            tails[kind] = quantiles.compute(kind, Histogram(hist.bounds, delta), thresholds[kind])
+            tails[kind] = quantiles.tail(kind, hist.bounds, delta, thresholds[kind])
         return tails
 
     def _roofline(self, ctx: _Ctx) -> roofline.Roofline:
@@ -184,11 +182,11 @@ class Deriver:
         decode = ctx.thr.decode_tps if ctx.thr is not None else None
         return energy.compute(ctx.gpus, rate, decode, self.config.gpu_price_per_hour, len(ctx.gpus) or ctx.tp)
 
-    def _bottleneck(self, ctx: _Ctx) -> tuple[Signals, bottleneck.Assessment, str, str]:
+    def _bottleneck(self, ctx: _Ctx) -> tuple[Signals, dict[str, float], str, str]:
         signals = self.signals(ctx)
-        assessment = bottleneck.assess(signals)
-        state = self._verdicts.get(ctx.engine.target, Hysteresis())
-        raw, rule = bottleneck.raw_verdict(signals, assessment.scores, state.verdict)
+        scores = bottleneck.scores(signals)
+        state = self._verdicts.get(ctx.engine.target) or Hysteresis()
+        raw, rule = bottleneck.raw_verdict(signals, scores, state.verdict)
         if not raw:
             raise _NotYet(rule)
         state = bottleneck.settle(state, raw, ctx.now, self.hold_cycles)
@@ -196,36 +194,38 @@ class Deriver:
         assert state.verdict is not None
         if state.verdict != raw:
             rule = f"held: {raw} must win {self.hold_cycles} cycles in a row first"
-        return signals, assessment, state.verdict, rule
+        return signals, scores, state.verdict, rule
 
     # --- signals for the verdict ------------------------------------------------------------
 
     def signals(self, ctx: _Ctx) -> Signals:
-        thr, kvc, roof, tails = ctx.thr, ctx.kv, ctx.roof, ctx.tails
+        thr, kvc, roof, tails, gpus = ctx.thr, ctx.kv, ctx.roof, ctx.tails, ctx.gpus
         host = ctx.view.host
-        values: dict[str, Any] = {"tp": ctx.tp, "gpus_known": bool(ctx.gpus)}
+        values: dict[str, Any] = _gpu_health(gpus, self.spec_for)
+        values["tp"] = ctx.tp
+        values["gpus_known"] = bool(gpus)
         if thr is not None:
-            values.update(running=thr.running, waiting=thr.waiting, mean_batch=thr.mean_batch,
-                          prefill_tps=thr.prefill_tps, decode_tps=thr.decode_tps, prefill_share=thr.prefill_share,
-                          time_source=thr.time_source, preemptions_per_s=thr.preemptions_per_s)
+            values["running"], values["waiting"], values["mean_batch"] = thr.running, thr.waiting, thr.mean_batch
+            values["prefill_tps"], values["decode_tps"] = thr.prefill_tps, thr.decode_tps
+            values["prefill_share"], values["time_source"] = thr.prefill_share, thr.time_source
+            values["preemptions_per_s"] = thr.preemptions_per_s
         if kvc is not None:
-            values.update(kv_usage=kvc.usage_ratio, kv_headroom=kvc.headroom_sequences)
+            values["kv_usage"], values["kv_headroom"] = kvc.usage_ratio, kvc.headroom_sequences
         if roof is not None:
-            values.update(hbm_gpm=_mean(g.gpm_ratio for g in roof.gpus),
-                          hbm_model=_mean(g.model_ratio for g in roof.gpus), mfu=roof.mfu)
-        values.update(tensor_active=_mean(g.get("llm_gpu_tensor_active_ratio") for g in ctx.gpus),
-                      gpu_util=_mean(g.get("llm_gpu_utilization_ratio") for g in ctx.gpus))
-        values.update(_gpu_health(ctx.gpus, self.spec_for))
-        values.update(busiest_thread=host.get("llm_engine_process_busiest_thread_cpu_ratio"),
-                      cpu_all=host.get("cpu_all"))
+            values["hbm_gpm"] = _mean([g.gpm_ratio for g in roof.gpus])
+            values["hbm_model"] = _mean([g.model_ratio for g in roof.gpus])
+            values["mfu"] = roof.mfu
+        values["tensor_active"] = _mean([g.values.get("llm_gpu_tensor_active_ratio") for g in gpus])
+        values["gpu_util"] = _mean([g.values.get("llm_gpu_utilization_ratio") for g in gpus])
+        values["busiest_thread"] = host.get("llm_engine_process_busiest_thread_cpu_ratio")
+        values["cpu_all"] = host.get("cpu_all")
         if "llm_engine_numa_mismatch" in host:
             values["numa_mismatch"] = host["llm_engine_numa_mismatch"] >= 0.5
-        for kind in ("ttft", "tbt"):
+        for kind, p99, attainment, bound in (("ttft", "ttft_p99", "ttft_attainment", "ttft_bound"),
+                                             ("tbt", "tbt_p99", "tbt_attainment", "tbt_bound")):
             tail = tails.get(kind)
             if tail is not None:
-                values[f"{kind}_p99"] = tail.quantile(0.99)
-                values[f"{kind}_attainment"] = tail.slo_attainment
-                values[f"{kind}_bound"] = tail.slo_bound
+                values[p99], values[attainment], values[bound] = tail.quantile(0.99), tail.slo_attainment, tail.slo_bound
         return Signals(**values)
 
     # --- the cycle --------------------------------------------------------------------------
@@ -243,10 +243,10 @@ class Deriver:
 
     def __call__(self, snapshot: Snapshot, previous: Snapshot | None = None) -> tuple[Sample, ...]:
         started = self._clock()
-        view = build_view(snapshot, self._le_cache)
+        view = build_view(snapshot, self._views)
         now = snapshot.taken_at
         for gpu in view.gpus:
-            joules = gpu.get(energy.ENERGY)
+            joules = gpu.values.get(energy.ENERGY)
             if joules is not None:
                 self._gpu_rates.get(gpu.key).observe(now, {energy.ENERGY: joules}, {})
         assignment, note = assign_gpus([e.target for e in view.engines], view.gpus, self.config.tensor_parallel,
@@ -286,7 +286,7 @@ class Deriver:
             omitted.append("cost per million tokens: set --gpu-price-per-hour")
         tp = self.config.tensor_parallel or max(1, len(gpus))
         ctx = _Ctx(view, engine, gpus, shape, tp, now=view.taken_at)
-        labels = labels_of(target=engine.target, model=engine.model)
+        labels = (("model", engine.model), ("target", engine.target))  # labels_of(): sorted by name
         samples: list[Sample] = []
         ctx.thr = self._run("throughput", ctx, omitted)
         ctx.kv = self._run("kv", ctx, omitted)
@@ -294,15 +294,15 @@ class Deriver:
         ctx.roof = self._run("roofline", ctx, omitted) if gpus or shape is not None else None
         ctx.energy = self._run("energy", ctx, omitted)
         decided = self._run("bottleneck", ctx, omitted)
-        signals, assessment, verdict, rule = decided if decided is not None else (None, None, None, "")
+        signals, scores, verdict, rule = decided if decided is not None else (None, None, None, "")
         for stage, fn in (("throughput", lambda: throughput.samples(ctx.thr, labels) if ctx.thr else []),
                           ("kv", lambda: kv.samples(ctx.kv, labels) if ctx.kv else []),
                           ("quantiles", lambda: _tail_samples(ctx.tails, labels)),
                           ("roofline", lambda: roofline.samples(ctx.roof, engine.target, engine.model)
                            if ctx.roof else []),
                           ("energy", lambda: energy.samples(ctx.energy, labels) if ctx.energy else []),
-                          ("bottleneck", lambda: bottleneck.samples(engine.target, verdict, assessment.scores)
-                           if verdict and assessment else [])):
+                          ("bottleneck", lambda: bottleneck.samples(engine.target, verdict, scores)
+                           if verdict and scores else [])):
             try:
                 samples.extend(fn())
             except Exception as error:  # noqa: BLE001 - same isolation for rendering a family's samples
@@ -311,7 +311,7 @@ class Deriver:
         for tail in ctx.tails.values():
             if tail.note:
                 omitted.append(tail.note)
-        result = TargetResult(engine, gpus, ctx.thr, ctx.kv, ctx.tails, ctx.roof, ctx.energy, signals, assessment,
+        result = TargetResult(engine, gpus, ctx.thr, ctx.kv, ctx.tails, ctx.roof, ctx.energy, signals, scores,
                               verdict, rule, tuple(omitted))
         return result, samples
 
@@ -358,8 +358,10 @@ def _gpu_health(gpus: Sequence[GpuView], spec_for: Callable[[str], GpuSpec | Non
     degraded, throttles, capped = [], [], []
     clock_ratios, temps = [], []
     link_util, link_what = None, ""
+    severe, power_cap = bottleneck.SEVERE_REASONS, bottleneck.POWER_CAP
     for g in gpus:
-        busy = (g.get("llm_gpu_utilization_ratio") or 0.0) >= 0.05 or "gpu_idle" not in g.reasons_active
+        get = g.values.get  # what get() reads, without a Python call per name
+        busy = (get("llm_gpu_utilization_ratio") or 0.0) >= 0.05 or "gpu_idle" not in g.reasons_active
         gen = g.link.get(("llm_gpu_pcie_link_generation", "current"))
         gen_max = g.link.get(("llm_gpu_pcie_link_generation", "max"))
         width = g.link.get(("llm_gpu_pcie_link_width", "current"))
@@ -369,23 +371,23 @@ def _gpu_health(gpus: Sequence[GpuView], spec_for: Callable[[str], GpuSpec | Non
             degraded.append(f"GPU{g.gpu} gen{gen:.0f} x{width:.0f} (max gen{gen_max:.0f} x{width_max:.0f})")
         if gen is not None and width is not None and 1 <= gen <= 6 and width > 0:
             capacity = pcie_bytes_per_s(int(gen), int(width))
-            traffic = max(g.get("llm_gpu_pcie_tx_bytes_per_second") or 0.0, g.get("llm_gpu_pcie_rx_bytes_per_second") or 0.0)
+            traffic = max(get("llm_gpu_pcie_tx_bytes_per_second") or 0.0, get("llm_gpu_pcie_rx_bytes_per_second") or 0.0)
             if traffic > 0 and (link_util is None or traffic / capacity > link_util):
                 link_util, link_what = traffic / capacity, f"GPU{g.gpu} PCIe traffic"
         spec = spec_for(g.name)
         nvlink_cap = spec.nvlink_unidirectional_bytes_per_s if spec is not None else None
-        nvl = max(g.get("llm_gpu_nvlink_tx_bytes_per_second") or 0.0, g.get("llm_gpu_nvlink_rx_bytes_per_second") or 0.0)
+        nvl = max(get("llm_gpu_nvlink_tx_bytes_per_second") or 0.0, get("llm_gpu_nvlink_rx_bytes_per_second") or 0.0)
         if nvlink_cap and nvl > 0 and (link_util is None or nvl / nvlink_cap > link_util):
             link_util, link_what = nvl / nvlink_cap, f"GPU{g.gpu} NVLink traffic"
         for reason in g.reasons_active:
-            if reason in bottleneck.SEVERE_REASONS and busy:
+            if reason in severe and busy:
                 throttles.append(f"GPU{g.gpu} {reason}")
-            elif reason == bottleneck.POWER_CAP and busy:
+            elif reason == power_cap and busy:
                 capped.append(f"GPU{g.gpu}")
-        clock, clock_max = g.get("llm_gpu_sm_clock_hertz"), g.get("llm_gpu_sm_clock_max_hertz")
+        clock, clock_max = get("llm_gpu_sm_clock_hertz"), get("llm_gpu_sm_clock_max_hertz")
         if busy and clock and clock_max:
             clock_ratios.append(clock / clock_max)
-        temp = g.get("llm_gpu_temperature_celsius")
+        temp = get("llm_gpu_temperature_celsius")
         if temp is not None:
             temps.append(temp)
     return {"degraded_links": tuple(degraded), "throttles": tuple(throttles), "power_capped": tuple(capped),
@@ -446,17 +448,18 @@ def target_diagnosis(r: TargetResult, state: Hysteresis | None) -> dict[str, Any
     out: dict[str, Any] = {"target": r.engine.target, "engine": r.engine.engine, "model": r.engine.model,
                            "verdict": r.verdict, "rule": r.rule, "omitted": list(r.omitted),
                            "numbers": _numbers(r), "gpus": _gpu_rows(r)}
-    if r.verdict is None or r.assessment is None or r.signals is None:
+    if r.verdict is None or r.scores is None or r.signals is None:
         out.update(status="unknown", scores={}, evidence=[], remedies=[], degraded_because=[])
         return out
     # The verdict's own evidence first, then the context, then what the other resources show.
     evidence: list[str] = []
-    rest = [r.assessment.evidence.get(res, ()) for res in RESOURCES if res != r.verdict]
-    for group in (r.assessment.evidence.get(r.verdict, ()), r.assessment.context, *rest):
+    assessment = bottleneck.assess(r.signals)  # the same scores, now with their words
+    rest = [assessment.evidence.get(res, ()) for res in RESOURCES if res != r.verdict]
+    for group in (assessment.evidence.get(r.verdict, ()), assessment.context, *rest):
         evidence.extend(e for e in group if e not in evidence)
     degraded = bottleneck.is_degraded(r.verdict, r.signals)
     out.update(status="degraded" if degraded else "healthy", degraded_because=degraded,
-               scores=dict(r.assessment.scores), evidence=evidence,
+               scores=dict(r.scores), evidence=evidence,
                remedies=list(bottleneck.REMEDIES[r.verdict]), since=state.since if state else None)
     return out
 

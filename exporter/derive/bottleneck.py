@@ -20,10 +20,11 @@ new one must win HOLD_CYCLES cycles in a row before it replaces it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from exporter.catalog.derived import RESOURCES
-from exporter.snapshot import Sample, labels_of
+from exporter.snapshot import Sample
 
 ROOFS = ("compute", "memory_bandwidth")
 CONSTRAINTS = ("kv_capacity", "host_cpu", "interconnect", "power_thermal")
@@ -95,8 +96,7 @@ def pct(value: float) -> str:
     return f"{value * 100:.0f}%"
 
 
-@dataclass(frozen=True, slots=True)
-class Signals:
+class Signals(NamedTuple):
     """What the verdict reads for one target; None where a source does not say."""
 
     running: float | None = None
@@ -151,96 +151,107 @@ class Assessment:
     context: tuple[str, ...]  # facts worth showing whatever the verdict
 
 
-def _compute(s: Signals) -> tuple[float, list[str]]:
-    ev = []
+# Each resource's score, and the evidence for it appended to `ev` when `ev` is a list: the
+# verdict needs the scores every cycle, the words are only built for the diagnosis.
+
+def _compute(s: Signals, ev: list[str] | None) -> float:
     # MFU is the direct measure; tensor-core activity (GPM) also counts attention and decode
     # matmuls at low efficiency, so it only stands in when there is no MFU.
     score = ramp(s.mfu, MFU_LOW, MFU_HIGH) if s.mfu is not None else ramp(s.tensor_active, 0.40, 0.80)
-    if s.mfu is not None:
-        ev.append(f"prefill MFU {pct(s.mfu)}")
-    if s.tensor_active is not None:
-        ev.append(f"tensor cores active {pct(s.tensor_active)} (GPM)")
+    if ev is not None:
+        if s.mfu is not None:
+            ev.append(f"prefill MFU {pct(s.mfu)}")
+        if s.tensor_active is not None:
+            ev.append(f"tensor cores active {pct(s.tensor_active)} (GPM)")
     if s.mfu is None and s.tensor_active is None and s.gpu_util is not None and s.prefill_share is not None:
         score = 0.8 * ramp(s.gpu_util, 0.5, 0.95) * s.prefill_share
-        ev.append(f"GPU busy {pct(s.gpu_util)} with prefill {pct(s.prefill_share)} of engine time (no MFU: "
-                  "model shape or GPU spec unknown)")
-    return score, ev
+        if ev is not None:
+            ev.append(f"GPU busy {pct(s.gpu_util)} with prefill {pct(s.prefill_share)} of engine time (no MFU: "
+                      "model shape or GPU spec unknown)")
+    return score
 
 
-def _bandwidth(s: Signals) -> tuple[float, list[str]]:
-    ev = []
+def _bandwidth(s: Signals, ev: list[str] | None) -> float:
     ratio = s.hbm_gpm if s.hbm_gpm is not None else s.hbm_model
     score = ramp(ratio, HBM_LOW, HBM_HIGH)
     if s.hbm_gpm is not None:
-        model = f"; modelled {pct(s.hbm_model)}" if s.hbm_model is not None else ""
-        ev.append(f"HBM at {pct(s.hbm_gpm)} of peak by GPM{model}")
+        if ev is not None:
+            model = f"; modelled {pct(s.hbm_model)}" if s.hbm_model is not None else ""
+            ev.append(f"HBM at {pct(s.hbm_gpm)} of peak by GPM{model}")
     elif s.hbm_model is not None:
-        ev.append(f"HBM at {pct(s.hbm_model)} of peak (modelled from decode steps/s and the model shape)")
+        if ev is not None:
+            ev.append(f"HBM at {pct(s.hbm_model)} of peak (modelled from decode steps/s and the model shape)")
     elif s.gpu_util is not None and s.prefill_share is not None:
         score = 0.8 * ramp(s.gpu_util, 0.5, 0.95) * (1.0 - s.prefill_share)
-        ev.append(f"GPU busy {pct(s.gpu_util)} with decode {pct(1 - s.prefill_share)} of engine time (no "
-                  "bandwidth figure: no GPM and no model shape)")
-    return score, ev
+        if ev is not None:
+            ev.append(f"GPU busy {pct(s.gpu_util)} with decode {pct(1 - s.prefill_share)} of engine time (no "
+                      "bandwidth figure: no GPM and no model shape)")
+    return score
 
 
-def _kv(s: Signals) -> tuple[float, list[str]]:
-    ev = []
+def _kv(s: Signals, ev: list[str] | None) -> float:
     usage = s.kv_usage
     score = 0.55 * ramp(usage, 0.80, 0.97)
-    if usage is not None:
+    if usage is not None and ev is not None:
         room = f", room for {s.kv_headroom:.0f} more sequences" if s.kv_headroom is not None else ""
         ev.append(f"KV cache {pct(usage)} used{room}")
     if s.preemptions_per_s is not None and s.preemptions_per_s > 0:
         score = max(score, 0.6 + 0.4 * ramp(usage, 0.70, 0.95))
-        ev.append(f"{s.preemptions_per_s * 60:.1f} preemptions/min (sequences evicted for lack of KV blocks)")
+        if ev is not None:
+            ev.append(f"{s.preemptions_per_s * 60:.1f} preemptions/min (sequences evicted for lack of KV blocks)")
     if (s.waiting or 0) >= 1 and usage is not None and usage >= 0.9:
         score = max(score, 0.6 + 0.4 * ramp(usage, 0.90, 0.98))
-        ev.append(f"{s.waiting:.0f} requests waiting while the KV cache is full")
-    return score, ev
+        if ev is not None:
+            ev.append(f"{s.waiting:.0f} requests waiting while the KV cache is full")
+    return score
 
 
-def _host(s: Signals, roof: float) -> tuple[float, list[str]]:
-    ev = []
+def _host(s: Signals, roof: float, ev: list[str] | None) -> float:
     score = max(ramp(s.busiest_thread, 0.70, 0.95), 0.5 * ramp(s.cpu_all, 0.85, 0.98))
-    if s.busiest_thread is not None:
-        ev.append(f"busiest engine thread at {pct(s.busiest_thread)} of a core")
-    if s.cpu_all is not None and s.cpu_all >= 0.85:
-        ev.append(f"host CPUs {pct(s.cpu_all)} busy")
+    if ev is not None:
+        if s.busiest_thread is not None:
+            ev.append(f"busiest engine thread at {pct(s.busiest_thread)} of a core")
+        if s.cpu_all is not None and s.cpu_all >= 0.85:
+            ev.append(f"host CPUs {pct(s.cpu_all)} busy")
     if score > 0 and roof >= 0.8:
         # A busy CPU next to a GPU at its roof is not what limits tokens/s.
         score *= 0.5
     if s.numa_mismatch and score > 0.3:
         score = min(1.0, score + 0.15)
-        ev.append("engine pinned to CPUs outside the GPUs' NUMA node")
-    return score, ev
+        if ev is not None:
+            ev.append("engine pinned to CPUs outside the GPUs' NUMA node")
+    return score
 
 
-def _interconnect(s: Signals) -> tuple[float, list[str]]:
-    ev = []
+def _interconnect(s: Signals, ev: list[str] | None) -> float:
     score = 0.0
     if s.degraded_links:
         score = 0.9 if s.tp > 1 else 0.45
-        ev.append("PCIe link trained down under load: " + ", ".join(s.degraded_links))
-        if s.tp > 1:
-            ev.append(f"tensor parallel over {s.tp} GPUs: every step waits on the slow link")
-    elif s.gpus_known:
+        if ev is not None:
+            ev.append("PCIe link trained down under load: " + ", ".join(s.degraded_links))
+            if s.tp > 1:
+                ev.append(f"tensor parallel over {s.tp} GPUs: every step waits on the slow link")
+    elif s.gpus_known and ev is not None:
         ev.append("PCIe links at their maximum generation and width")
     if s.link_util is not None:
         score = max(score, ramp(s.link_util, 0.6, 0.9) * (1.0 if s.tp > 1 else 0.6))
-        if s.link_util >= 0.5:
+        if s.link_util >= 0.5 and ev is not None:
             ev.append(f"{s.link_util_what} at {pct(s.link_util)} of link capacity")
-    return score, ev
+    return score
 
 
-def _power(s: Signals) -> tuple[float, list[str]]:
-    ev = []
+def _power(s: Signals, ev: list[str] | None) -> float:
     drop = ramp(None if s.clock_ratio is None else 1.0 - s.clock_ratio, 0.10, 0.35)
     score = 0.4 * drop
     if s.throttles:
         score = 1.0
-        ev.append("clock slowdown active: " + ", ".join(s.throttles))
     if s.power_capped:
         score = max(score, 0.45 + 0.5 * drop)
+    if ev is None:
+        return score
+    if s.throttles:
+        ev.append("clock slowdown active: " + ", ".join(s.throttles))
+    if s.power_capped:
         ev.append("power cap reached: " + ", ".join(s.power_capped))
     if s.clock_ratio is not None and (s.throttles or s.power_capped or drop > 0):
         ev.append(f"SM clock at {pct(s.clock_ratio)} of max")
@@ -248,7 +259,7 @@ def _power(s: Signals) -> tuple[float, list[str]]:
         ev.append(f"GPU at {s.temperature:.0f} C")
     if not ev and s.gpus_known:
         ev.append("no throttling")
-    return score, ev
+    return score
 
 
 def _context(s: Signals) -> list[str]:
@@ -274,22 +285,37 @@ def _context(s: Signals) -> list[str]:
     return out
 
 
-def assess(s: Signals) -> Assessment:
-    compute, ev_c = _compute(s)
-    bandwidth, ev_b = _bandwidth(s)
-    kv, ev_k = _kv(s)
-    host, ev_h = _host(s, max(compute, bandwidth))
-    link, ev_i = _interconnect(s)
-    power, ev_p = _power(s)
+def _scores(s: Signals, evidence: dict[str, list[str]] | None) -> dict[str, float]:
+    """Scores per resource, rounded as exported; with an `evidence` dict, the words for each too."""
+
+    def ev(resource: str) -> list[str] | None:
+        return None if evidence is None else evidence.setdefault(resource, [])
+
+    compute = _compute(s, ev("compute"))
+    bandwidth = _bandwidth(s, ev("memory_bandwidth"))
+    kv = _kv(s, ev("kv_capacity"))
+    host = _host(s, max(compute, bandwidth), ev("host_cpu"))
+    link = _interconnect(s, ev("interconnect"))
+    power = _power(s, ev("power_thermal"))
     others = max(compute, bandwidth, kv, host, link, power)
     idle = 1.0 if not s.work else max(0.0, 1.0 - 2.0 * others)
-    ev_idle = ["no requests running or waiting and no tokens generated"] if not s.work else []
+    if evidence is not None:
+        evidence["idle"] = ["no requests running or waiting and no tokens generated"] if not s.work else []
     scores = {"idle": idle, "compute": compute, "memory_bandwidth": bandwidth, "kv_capacity": kv,
               "host_cpu": host, "interconnect": link, "power_thermal": power}
-    evidence = {"idle": ev_idle, "compute": ev_c, "memory_bandwidth": ev_b, "kv_capacity": ev_k,
-                "host_cpu": ev_h, "interconnect": ev_i, "power_thermal": ev_p}
-    return Assessment({k: round(v, 4) for k, v in scores.items()},
-                      {k: tuple(v) for k, v in evidence.items()}, tuple(_context(s)))
+    return {k: round(v, 4) for k, v in scores.items()}
+
+
+def scores(s: Signals) -> dict[str, float]:
+    """assess(s).scores, without wording the evidence (what every cycle needs)."""
+    return _scores(s, None)
+
+
+def assess(s: Signals) -> Assessment:
+    evidence: dict[str, list[str]] = {}
+    scores = _scores(s, evidence)
+    order = ("idle", "compute", "memory_bandwidth", "kv_capacity", "host_cpu", "interconnect", "power_thermal")
+    return Assessment(scores, {k: tuple(evidence[k]) for k in order}, tuple(_context(s)))
 
 
 def _best(candidates: Sequence[str], scores: Mapping[str, float], current: str | None) -> str:
@@ -320,8 +346,7 @@ def raw_verdict(s: Signals, scores: Mapping[str, float], current: str | None) ->
     return "idle", f"no resource above {ROOF_MIN}: headroom"
 
 
-@dataclass(frozen=True, slots=True)
-class Hysteresis:
+class Hysteresis(NamedTuple):
     verdict: str | None = None
     since: float = 0.0
     pending: str | None = None
@@ -330,14 +355,15 @@ class Hysteresis:
 
 def settle(state: Hysteresis, raw: str, now: float, hold_cycles: int = HOLD_CYCLES) -> Hysteresis:
     """Adopt `raw` at once the first time; later, only after it won `hold_cycles` cycles in a row."""
+    # Built directly rather than with dataclasses.replace(), which inspects the fields each call.
     if state.verdict is None:
         return Hysteresis(raw, now)
     if raw == state.verdict:
-        return replace(state, pending=None, streak=0)
+        return Hysteresis(state.verdict, state.since)
     streak = state.streak + 1 if raw == state.pending else 1
     if streak >= hold_cycles:
         return Hysteresis(raw, now)
-    return replace(state, pending=raw, streak=streak)
+    return Hysteresis(state.verdict, state.since, raw, streak)
 
 
 def is_degraded(verdict: str, s: Signals) -> list[str]:
@@ -355,7 +381,7 @@ def is_degraded(verdict: str, s: Signals) -> list[str]:
 def samples(target: str, verdict: str, scores: Mapping[str, float]) -> list[Sample]:
     out = []
     for resource in RESOURCES:
-        labels = labels_of(target=target, resource=resource)
+        labels = (("resource", resource), ("target", target))  # labels_of(): sorted by name
         out.append(Sample("llm_bottleneck", labels, 1.0 if resource == verdict else 0.0))
         out.append(Sample("llm_bottleneck_score", labels, scores.get(resource, 0.0)))
     return out

@@ -8,7 +8,7 @@ tokens/s x 1e6. Both are omitted while nothing is generated (no made-up infinity
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from exporter.derive.view import GpuView
 from exporter.snapshot import Labels, Sample
@@ -17,8 +17,7 @@ ENERGY = "llm_gpu_energy_joules_total"
 POWER = "llm_gpu_power_watts"
 
 
-@dataclass(frozen=True, slots=True)
-class Energy:
+class Energy(NamedTuple):
     power_watts: float | None = None
     power_source: str = ""
     joules_per_token: float | None = None

@@ -8,7 +8,7 @@ omitted without it. Headroom = free tokens / the current mean context per runnin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from exporter.derive.throughput import Throughput
 from exporter.derive.view import KV_CAPACITY, EngineView
@@ -16,8 +16,7 @@ from exporter.snapshot import Labels, Sample
 from exporter.specs.models import ModelShape, kv_bytes_per_token
 
 
-@dataclass(frozen=True, slots=True)
-class KvCache:
+class KvCache(NamedTuple):
     usage_ratio: float | None = None
     used_tokens: float | None = None
     capacity_tokens: float | None = None

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from exporter.derive.view import Histogram
 from exporter.expose import format_value
 from exporter.snapshot import Labels, Sample
 
 QUANTILES = (0.5, 0.95, 0.99)
+_INF = float("inf")
 SERIES = (
     ("llm_time_to_first_token_seconds", "llm_ttft_window_seconds", "llm_ttft_slo_attainment_ratio", "ttft"),
     ("llm_inter_token_latency_seconds", "llm_tbt_window_seconds", "llm_tbt_slo_attainment_ratio", "tbt"),
@@ -50,22 +51,21 @@ def histogram_quantile(q: float, bounds: Sequence[float], cumulative: Sequence[f
 
 def slo_bound(bounds: Sequence[float], threshold: float) -> float | None:
     """The largest finite bucket bound at or below the threshold (with float tolerance)."""
-    best = None
-    for b in bounds:
-        if b != float("inf") and b <= threshold * (1 + 1e-9):
-            best = b
-    return best
+    limit = threshold * (1 + 1e-9)
+    for b in reversed(bounds):  # the last match in bucket order, found without scanning them all
+        if b != _INF and b <= limit:
+            return b
+    return None
 
 
 def attainment(bounds: Sequence[float], cumulative: Sequence[float], bound: float) -> float | None:
     total = cumulative[-1] if cumulative else 0.0
     if total <= 0:
         return None
-    return cumulative[list(bounds).index(bound)] / total
+    return cumulative[bounds.index(bound)] / total
 
 
-@dataclass(frozen=True, slots=True)
-class Tail:
+class Tail(NamedTuple):
     kind: str  # ttft | tbt | e2e
     count: float  # observations in the window
     quantiles: tuple[tuple[float, float], ...]  # (q, seconds)
@@ -79,16 +79,21 @@ class Tail:
 
 
 def compute(kind: str, delta: Histogram, threshold: float | None) -> Tail:
-    qs = tuple((q, v) for q in QUANTILES if (v := histogram_quantile(q, delta.bounds, delta.counts)) is not None)
+    return tail(kind, delta.bounds, delta.counts, threshold)
+
+
+def tail(kind: str, bounds: Sequence[float], counts: Sequence[float], threshold: float | None) -> Tail:
+    """compute() on the bucket bounds and window counts as they are (no Histogram to build)."""
+    qs = tuple((q, v) for q in QUANTILES if (v := histogram_quantile(q, bounds, counts)) is not None)
     bound = att = None
     note = ""
     if threshold is not None:
-        bound = slo_bound(delta.bounds, threshold)
+        bound = slo_bound(bounds, threshold)
         if bound is None:
             note = f"no {kind} bucket bound at or below the SLO {threshold:g}s: attainment omitted"
         else:
-            att = attainment(delta.bounds, delta.counts, bound)
-    return Tail(kind, delta.counts[-1] if delta.counts else 0.0, qs, threshold, bound, att, note)
+            att = attainment(bounds, counts, bound)
+    return Tail(kind, counts[-1] if counts else 0.0, qs, threshold, bound, att, note)
 
 
 def samples(tail: Tail, window_name: str, slo_name: str, labels: Labels) -> list[Sample]:

@@ -11,7 +11,7 @@ Prefill MFU = 2 x active params x prefill tokens/s / (GPUs x peak dense FLOPS).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from exporter.derive.kv import KvCache
 from exporter.derive.throughput import Throughput
@@ -56,8 +56,7 @@ def prefill_mfu(shape: ModelShape, prefill_tps: float, total_peak_flops: float) 
     return 2.0 * active_params(shape) * prefill_tps / total_peak_flops
 
 
-@dataclass(frozen=True, slots=True)
-class GpuRoof:
+class GpuRoof(NamedTuple):
     gpu: str
     name: str
     peak_bandwidth: float | None
@@ -82,8 +81,7 @@ class GpuRoof:
         return self.peak_flops / self.peak_bandwidth
 
 
-@dataclass(frozen=True, slots=True)
-class Roofline:
+class Roofline(NamedTuple):
     gpus: tuple[GpuRoof, ...]
     mfu: float | None = None
     decode_bytes_per_step: float | None = None

@@ -7,11 +7,13 @@ listed here are kept: everything else is skipped with one set look-up per sample
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import add, itemgetter
 from types import MappingProxyType
+from typing import Any, NamedTuple
 
-from exporter.snapshot import Sample, Snapshot
+from exporter.snapshot import Labels, Sample, Snapshot
 
 ENGINE_SUMS = frozenset({
     "llm_prompt_tokens_total", "llm_generation_tokens_total", "llm_prefill_seconds_total",
@@ -47,8 +49,7 @@ HOST_GAUGES = frozenset({"llm_engine_process_busiest_thread_cpu_ratio", "llm_eng
 HOST_CPU = "llm_host_cpu_busy_ratio"
 
 
-@dataclass(frozen=True, slots=True)
-class Histogram:
+class Histogram(NamedTuple):
     """Cumulative bucket counts summed over ranks; `bounds` ascending, +Inf last."""
 
     bounds: tuple[float, ...]
@@ -56,8 +57,7 @@ class Histogram:
     sum: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class EngineView:
+class EngineView(NamedTuple):
     target: str
     source: str
     engine: str
@@ -71,8 +71,7 @@ class EngineView:
         return self.sums.get(name)
 
 
-@dataclass(frozen=True, slots=True)
-class GpuView:
+class GpuView(NamedTuple):
     gpu: str
     uuid: str
     name: str
@@ -110,47 +109,151 @@ def _sort_gpu(gpu: str) -> tuple[int, str]:
     return (int(gpu), gpu) if gpu.isdigit() else (1 << 30, gpu)
 
 
-def _le(text: str, cache: dict[str, float]) -> float:
-    value = cache.get(text)
-    if value is None:
-        value = float("inf") if text == "+Inf" else float(text)
-        if len(cache) < 4096:  # bucket bounds are few; the bound keeps odd input from growing it
-            cache[text] = value
-    return value
+# --- layouts: what each sample position of a source means, worked out once per layout ---------
+#
+# A source emits the same series in the same order every cycle; only the values change. Parsing
+# labels (`le`, `rank`, `gpu`) and grouping samples is therefore done once per source and layout;
+# each cycle only checks that the names and label tuples are unchanged (C-level tuple
+# comparisons, that mostly stop at identity) and gathers the values it needs by position. Every
+# sum keeps the order of the samples (0.0 + v1 + v2 ...): the results are bit-for-bit those of a
+# loop over the samples.
+
+_NAME, _LABELS, _VALUE = itemgetter(0), itemgetter(1), itemgetter(2)
+_PAD = -1  # where ViewCache.read puts a 0.0 after the picked values: pads a ragged group
+
+Getter = Callable[[tuple], tuple]
 
 
-def _engine_view(source: str, attrs: Mapping[str, str], samples: tuple[Sample, ...],
-                 le_cache: dict[str, float]) -> EngineView:
-    sums: dict[str, float] = {}
-    buckets: dict[str, dict[float, float]] = {}
-    hist_sums: dict[str, float] = {}
-    usage: dict[str, float] = {}
-    capacity: dict[str, float] = {}
-    model = attrs.get("model", "")
-    for s in samples:
+def _getter(indices: Sequence[int]) -> Getter:
+    """The items at `indices`, as a tuple, in one C-level call."""
+    if not indices:
+        return lambda items: ()
+    if len(indices) == 1:  # itemgetter of one index returns the bare item
+        only = indices[0]
+        return lambda items: (items[only],)
+    return itemgetter(*indices)
+
+
+@dataclass(frozen=True, slots=True)
+class _Groups:
+    """Keys in first-seen order, each the sum of the values at its indices, in sample order.
+
+    Stored as layers (layer j gets each key's j-th value) so a cycle adds whole layers with map(),
+    not one sample at a time. Keys with fewer values are padded with _PAD, a 0.0 added last: a
+    running total that starts at 0.0 is never -0.0, so adding 0.0 leaves it unchanged."""
+
+    keys: tuple
+    layers: tuple[Getter, ...]
+
+    @classmethod
+    def of(cls, indices: dict[Any, list[int]]) -> _Groups:
+        depth = max(map(len, indices.values()), default=0)
+        layers = tuple(_getter([idx[j] if j < len(idx) else _PAD for idx in indices.values()])
+                       for j in range(depth))
+        return cls(tuple(indices), layers)
+
+    def totals(self, values: tuple[float, ...]) -> tuple[float, ...]:
+        totals = (0.0,) * len(self.keys)
+        for layer in self.layers:
+            totals = tuple(map(add, totals, layer(values)))
+        return totals
+
+    def mapping(self, values: tuple[float, ...]) -> dict:
+        return dict(zip(self.keys, self.totals(values), strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class _Latest:
+    """Keys in first-seen order, each the value at its last index (a gauge per rank)."""
+
+    keys: tuple
+    values: Getter
+
+    @classmethod
+    def of(cls, latest: dict[Any, int]) -> _Latest:
+        return cls(tuple(latest), _getter(tuple(latest.values())))
+
+    def mapping(self, values: tuple[float, ...]) -> dict:
+        return dict(zip(self.keys, self.values(values), strict=True))
+
+
+class _Picker:
+    """Positions of the samples a layout uses; indices in the layout count only those."""
+
+    def __init__(self) -> None:
+        self.positions: list[int] = []
+
+    def take(self, position: int) -> int:
+        self.positions.append(position)
+        return len(self.positions) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class _EngineLayout:
+    pick: Getter  # the samples used, out of the source's samples
+    totals: _Groups  # every sum of the view at once: sums, then histogram sums, then bucket counts
+    sum_names: tuple[str, ...]  # totals[:len(sum_names)]
+    hist_sum_names: tuple[str, ...]  # the next len(hist_sum_names) totals
+    histograms: tuple[tuple[str, tuple[float, ...], int, int], ...]  # (name, bounds, start, stop) in totals
+    capacity: _Latest  # per rank
+    usage: _Latest  # per rank
+    model: str  # the first non-empty `model` label of a sample used, for engines without the attr
+
+
+def _engine_layout(samples: tuple[Sample, ...]) -> _EngineLayout:
+    picker = _Picker()
+    sums: dict[str, list[int]] = {}
+    capacity: dict[str, int] = {}
+    usage: dict[str, int] = {}
+    hist_sums: dict[str, list[int]] = {}
+    buckets: dict[str, dict[float, list[int]]] = {}
+    bounds_of: dict[str, float] = {}  # one float per `le` text, as a cycle would see it
+    model = ""
+    for position, s in enumerate(samples):
         name = s.name
         if name in ENGINE_SUMS:
-            sums[name] = sums.get(name, 0.0) + s.value
+            i = picker.take(position)
+            sums.setdefault(name, []).append(i)
             if name == KV_CAPACITY:
-                capacity[s.label("rank")] = s.value
+                capacity[s.label("rank")] = i
         elif name in _BUCKETS:
-            bound = _le(s.label("le"), le_cache)
-            per = buckets.setdefault(name[:-7], {})
-            per[bound] = per.get(bound, 0.0) + s.value
+            text = s.label("le")
+            bound = bounds_of.get(text)
+            if bound is None:
+                bound = bounds_of[text] = float("inf") if text == "+Inf" else float(text)
+            buckets.setdefault(name[:-7], {}).setdefault(bound, []).append(picker.take(position))
         elif name == KV_USAGE:
-            usage[s.label("rank")] = s.value
+            usage[s.label("rank")] = picker.take(position)
         elif name in _HIST_SUMS:
-            hist_sums[name[:-4]] = hist_sums.get(name[:-4], 0.0) + s.value
+            hist_sums.setdefault(name[:-4], []).append(picker.take(position))
         else:
             continue
         if not model:
             model = s.label("model")
-    histograms = {}
+    groups: dict[Any, list[int]] = {("sum", name): idx for name, idx in sums.items()}
+    groups.update({("hist_sum", hist): idx for hist, idx in hist_sums.items()})
+    histograms = []
     for hist, per in buckets.items():
         if float("inf") not in per:
             continue  # a histogram without +Inf is malformed: no total to rank against
         bounds = tuple(sorted(per))
-        histograms[hist] = Histogram(bounds, tuple(per[b] for b in bounds), hist_sums.get(hist))
+        start = len(groups)
+        groups.update({("bucket", hist, b): per[b] for b in bounds})
+        histograms.append((hist, bounds, start, len(groups)))
+    return _EngineLayout(_getter(picker.positions), _Groups.of(groups), tuple(sums), tuple(hist_sums),
+                         tuple(histograms), _Latest.of(capacity), _Latest.of(usage), model)
+
+
+def _engine_view(source: str, attrs: Mapping[str, str], layout: _EngineLayout, values: tuple[float, ...]
+                 ) -> EngineView:
+    totals = layout.totals.totals(values)
+    split = len(layout.sum_names)
+    sums = dict(zip(layout.sum_names, totals[:split], strict=True))
+    hist_sums = dict(zip(layout.hist_sum_names, totals[split:split + len(layout.hist_sum_names)], strict=True))
+    histograms = {hist: Histogram(bounds, totals[start:stop], hist_sums.get(hist))
+                  for hist, bounds, start, stop in layout.histograms}
+    usage = layout.usage.mapping(values)
+    capacity = layout.capacity.mapping(values)
     kv_used: float | None = None
     kv_ratio: float | None = None
     if usage and capacity and set(usage) <= set(capacity):
@@ -163,7 +266,7 @@ def _engine_view(source: str, attrs: Mapping[str, str], samples: tuple[Sample, .
         target=attrs.get("target", source.removeprefix("engine:")),
         source=source,
         engine=attrs.get("engine", "unknown"),
-        model=model,
+        model=attrs.get("model", "") or layout.model,
         sums=MappingProxyType(sums),
         histograms=MappingProxyType(histograms),
         kv_used_tokens=kv_used,
@@ -171,39 +274,130 @@ def _engine_view(source: str, attrs: Mapping[str, str], samples: tuple[Sample, .
     )
 
 
-def _gpu_views(samples: tuple[Sample, ...]) -> tuple[GpuView, ...]:
-    values: dict[str, dict[str, float]] = {}
-    links: dict[str, dict[tuple[str, str], float]] = {}
-    reasons: dict[str, list[str]] = {}
-    ident: dict[str, tuple[str, str]] = {}
+@dataclass(frozen=True, slots=True)
+class _GpuLayout:
+    gpu: str
+    gauges: _Latest  # family -> value
+    link: _Latest  # (family, state) -> value
+    reasons: tuple[str, ...]  # of its clock-event samples, sorted; a reason is active when >= 0.5
+    reason_values: Getter
+    # Identity comes from the GPU's first sample that counts this cycle: an inactive clock event
+    # does not, so the clock events before its first other sample are tried first.
+    clock_idents: tuple[tuple[int, str, str], ...]  # (index, uuid, name)
+    ident: tuple[str, str] | None  # (uuid, name) of its first other sample
+
+    def identity(self, values: tuple[float, ...]) -> tuple[str, str] | None:
+        for i, uuid, name in self.clock_idents:
+            if not values[i] < 0.5:
+                return uuid, name
+        return self.ident
+
+    def active_reasons(self, values: tuple[float, ...]) -> tuple[str, ...]:
+        # Sorted already: filtering keeps the order.
+        return tuple([r for r, v in zip(self.reasons, self.reason_values(values), strict=True) if not v < 0.5])
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuSourceLayout:
+    pick: Getter  # the samples used, out of the source's samples
+    gpus: tuple[_GpuLayout, ...]  # in GPU index order
+
+
+def _gpu_layout(samples: tuple[Sample, ...]) -> _GpuSourceLayout:
+    picker = _Picker()
+    gauges: dict[str, dict[str, int]] = {}
+    links: dict[str, dict[tuple[str, str], int]] = {}
+    reasons: dict[str, list[tuple[str, int]]] = {}
+    clock_idents: dict[str, list[tuple[int, str, str]]] = {}
+    idents: dict[str, tuple[str, str]] = {}
     # Sources reuse one label tuple per device, so each distinct tuple is read once; keyed by
     # id() because tuple hashes are not cached and every sample here stays alive for the call.
     parsed: dict[int, dict[str, str]] = {}
-    kinds = _GPU_KINDS
-    for s in samples:
-        kind = kinds.get(s.name)
-        if kind is None or (kind == 2 and s.value < 0.5):
-            continue  # inactive clock-event reasons (most of them) carry nothing to derive from
+    for position, s in enumerate(samples):
+        kind = _GPU_KINDS.get(s.name)
+        if kind is None:
+            continue
+        i = picker.take(position)
         labels = parsed.get(id(s.labels))
         if labels is None:
             labels = parsed[id(s.labels)] = dict(s.labels)
         gpu = labels.get("gpu", "")
         if kind == 0:
-            values.setdefault(gpu, {})[s.name] = s.value
+            gauges.setdefault(gpu, {})[s.name] = i
         elif kind == 1:
-            links.setdefault(gpu, {})[(s.name, labels.get("state", ""))] = s.value
+            links.setdefault(gpu, {})[(s.name, labels.get("state", ""))] = i
         else:
-            reasons.setdefault(gpu, []).append(labels.get("reason", ""))
-        if gpu not in ident:
-            ident[gpu] = (labels.get("uuid", ""), labels.get("name", ""))
+            reasons.setdefault(gpu, []).append((labels.get("reason", ""), i))
+        if gpu in idents:
+            continue
+        if kind == 2:
+            clock_idents.setdefault(gpu, []).append((i, labels.get("uuid", ""), labels.get("name", "")))
+        else:
+            idents[gpu] = (labels.get("uuid", ""), labels.get("name", ""))
+    layouts = []
+    for gpu in sorted(idents.keys() | clock_idents.keys(), key=_sort_gpu):
+        by_reason = sorted(reasons.get(gpu, ()), key=itemgetter(0))
+        layouts.append(_GpuLayout(gpu, _Latest.of(gauges.get(gpu, {})), _Latest.of(links.get(gpu, {})),
+                                  tuple(r for r, _ in by_reason), _getter([i for _, i in by_reason]),
+                                  tuple(clock_idents.get(gpu, ())), idents.get(gpu)))
+    return _GpuSourceLayout(_getter(picker.positions), tuple(layouts))
+
+
+def _gpu_views(layout: _GpuSourceLayout, values: tuple[float, ...]) -> tuple[GpuView, ...]:
     views = []
-    for gpu in sorted(ident, key=_sort_gpu):
-        if values.get(gpu, {}).get("llm_gpu_up") == 0.0:
+    for gpu in layout.gpus:
+        ident = gpu.identity(values)
+        if ident is None:
+            continue  # only inactive clock events this cycle: nothing to derive from
+        gauges = gpu.gauges.mapping(values)
+        if gauges.get("llm_gpu_up") == 0.0:
             continue  # a lost GPU: its other series are absent, nothing to derive from
-        uuid, name = ident[gpu]
-        views.append(GpuView(gpu, uuid, name, MappingProxyType(values.get(gpu, {})),
-                             MappingProxyType(links.get(gpu, {})), tuple(sorted(reasons.get(gpu, ())))))
+        # Inactive clock-event reasons (most of them) carry nothing to derive from.
+        views.append(GpuView(gpu.gpu, *ident, MappingProxyType(gauges), MappingProxyType(gpu.link.mapping(values)),
+                             gpu.active_reasons(values)))
     return tuple(views)
+
+
+class ViewCache:
+    """The layouts build_view worked out, by source, kept between cycles (one Deriver's state).
+
+    Which samples a layout uses depends on their names only, and what it makes of them on their
+    labels: a layout is reused while the names of all the source's samples, and the label tuples
+    of the samples it uses, are equal to those it was built from. Only sources of the last
+    snapshot are kept, and at most `max_sources`."""
+
+    def __init__(self, max_sources: int = 64) -> None:
+        self.max_sources = max_sources
+        self._layouts: dict[str, tuple[Callable[[tuple[Sample, ...]], Any], tuple[str, ...],
+                                       tuple[Labels, ...], Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._layouts)
+
+    def read(self, source: str, samples: tuple[Sample, ...], build: Callable[[tuple[Sample, ...]], Any]
+             ) -> tuple[Any, tuple[float, ...]]:
+        """The source's layout (built again when needed) and the values of the samples it uses,
+        in its order, followed by the 0.0 that _PAD points at."""
+        # One column at a time: zip(*samples) would make an iterator per sample, garbage enough
+        # to bring the cyclic GC round.
+        names = tuple(map(_NAME, samples))
+        known = self._layouts.get(source)
+        if known is not None and known[0] is build and known[1] == names:
+            layout = known[3]
+            used = layout.pick(samples)
+            if tuple(map(_LABELS, used)) == known[2]:
+                return layout, (*map(_VALUE, used), 0.0)
+        layout = build(samples)
+        used = layout.pick(samples)
+        self._layouts.pop(source, None)
+        while len(self._layouts) >= self.max_sources:
+            del self._layouts[next(iter(self._layouts))]  # the longest-standing layout goes first
+        self._layouts[source] = (build, names, tuple(map(_LABELS, used)), layout)
+        return layout, (*map(_VALUE, used), 0.0)
+
+    def keep_only(self, sources: Collection[str]) -> None:
+        for source in [s for s in self._layouts if s not in sources]:
+            del self._layouts[source]
 
 
 def _host(samples: tuple[Sample, ...]) -> dict[str, float]:
@@ -216,8 +410,8 @@ def _host(samples: tuple[Sample, ...]) -> dict[str, float]:
     return host
 
 
-def build_view(snapshot: Snapshot, le_cache: dict[str, float] | None = None) -> SnapshotView:
-    le_cache = {} if le_cache is None else le_cache
+def build_view(snapshot: Snapshot, cache: ViewCache | None = None) -> SnapshotView:
+    cache = ViewCache() if cache is None else cache
     engines: list[EngineView] = []
     down: list[EngineDown] = []
     gpus: tuple[GpuView, ...] = ()
@@ -228,18 +422,19 @@ def build_view(snapshot: Snapshot, le_cache: dict[str, float] | None = None) -> 
         kind = result.attrs.get("kind", "")
         if kind == "engine" or name.startswith("engine:"):
             if result.ok:
-                engines.append(_engine_view(name, result.attrs, result.samples, le_cache))
+                engines.append(_engine_view(name, result.attrs, *cache.read(name, result.samples, _engine_layout)))
             else:
                 down.append(EngineDown(result.attrs.get("target", name.removeprefix("engine:")), name,
                                        result.error_reason or "failed"))
         elif name == "gpu" or kind == "gpu":
             gpu_source = "ok" if result.ok else (result.error_reason or "failed")
             if result.ok:
-                gpus = _gpu_views(result.samples)
+                gpus = _gpu_views(*cache.read(name, result.samples, _gpu_layout))
         elif name == "host" or kind == "host":
             host_source = "ok" if result.ok else (result.error_reason or "failed")
             if result.ok:
                 host = _host(result.samples)
+    cache.keep_only(snapshot.results)
     engines.sort(key=lambda e: e.target)
     down.sort(key=lambda d: d.target)
     return SnapshotView(snapshot.taken_at, tuple(engines), tuple(down), gpus, gpu_source,

@@ -9,8 +9,17 @@ gap is at most what was really counted (no spike).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from itertools import islice
+from operator import add
+from typing import NamedTuple
+
+
+def _elementwise(op: Callable[[float, float], float], a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
+    """op(a[i], b[i]) for every i, in one C-level pass; unequal lengths raise as zip(strict=True)."""
+    if len(a) != len(b):
+        return tuple(op(x, y) for x, y in zip(a, b, strict=True))  # raises the same ValueError
+    return tuple(map(op, a, b))
 
 
 class ResetSafe:
@@ -33,8 +42,7 @@ class ResetSafe:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class Point:
+class Point(NamedTuple):
     ts: float
     counters: Mapping[str, float]  # reset-adjusted
     gauges: Mapping[str, float]
@@ -62,18 +70,15 @@ class RateWindow:
         while len(self._points) > 2 and self._points[1].ts <= ts - self.window_s:
             self._points.popleft()
 
-    def _baseline(self, key: str) -> Point | None:
-        for point in self._points:
-            if key in point.counters:
-                return point
-        return None
-
     def increase(self, key: str) -> tuple[float, float] | None:
         """(increase, seconds) of counter `key` over the window, or None with fewer than 2 points."""
         if not self._points or key not in self._points[-1].counters:
             return None
-        first, last = self._baseline(key), self._points[-1]
-        if first is None or first is last or last.ts <= first.ts:
+        last = self._points[-1]
+        for first in self._points:  # the baseline: the oldest point that has the counter
+            if key in first.counters:
+                break
+        if first is last or last.ts <= first.ts:
             return None
         return last.counters[key] - first.counters[key], last.ts - first.ts
 
@@ -84,9 +89,7 @@ class RateWindow:
     def mean(self, key: str) -> float | None:
         """Mean of gauge `key` over the points inside the window (the baseline point excluded
         when others exist, so the mean covers the same span as the rates)."""
-        points = list(self._points)
-        if len(points) > 1:
-            points = points[1:]
+        points = islice(self._points, 1 if len(self._points) > 1 else 0, None)  # no copy of the deque
         vals = [p.gauges[key] for p in points if key in p.gauges]
         return sum(vals) / len(vals) if vals else None
 
@@ -106,14 +109,15 @@ class HistogramWindow:
         self._offset: tuple[float, ...] = ()
         self.last_seen = float("-inf")
 
-    def _adjust(self, counts: tuple[float, ...]) -> tuple[float, ...]:
+    def _offset_for(self, counts: tuple[float, ...]) -> tuple[float, ...]:
+        """What to add to `counts` to undo the resets seen so far."""
         # All buckets of a histogram restart together; a drop of the total (last bucket) is a reset.
         if not self._offset or len(self._offset) != len(counts):
             self._offset = (0.0,) * len(counts)
         elif self._last and counts[-1] < self._last[-1]:
-            self._offset = tuple(o + last for o, last in zip(self._offset, self._last, strict=True))
+            self._offset = _elementwise(add, self._offset, self._last)
         self._last = counts
-        return tuple(c + o for c, o in zip(counts, self._offset, strict=True))
+        return self._offset
 
     def __len__(self) -> int:
         return len(self._checkpoints)
@@ -126,17 +130,19 @@ class HistogramWindow:
             self._bounds = bounds
             self._checkpoints.clear()
             self._last, self._offset = (), ()
-        current = self._adjust(counts)
+        offset = self._offset_for(counts)
         self.last_seen = ts
         if not self._checkpoints or ts - self._checkpoints[-1][0] >= self.step_s:
-            self._checkpoints.append((ts, current))
+            self._checkpoints.append((ts, _elementwise(add, counts, offset)))
         # The newest checkpoint at or before the window start is the baseline; older ones go.
         while len(self._checkpoints) > 1 and self._checkpoints[1][0] <= ts - self.window_s:
             self._checkpoints.popleft()
         base_ts, base = self._checkpoints[0]
         if base_ts >= ts:
             return None
-        return tuple(max(0.0, c - b) for c, b in zip(current, base, strict=True))
+        # max(0.0, adjusted - base) per bucket in one pass: the adjusted counts (counts + offset)
+        # are only kept when they make a checkpoint, and builtin max() would cost a call each.
+        return tuple([d if (d := c + o - b) > 0.0 else 0.0 for c, o, b in zip(counts, offset, base, strict=True)])
 
 
 class Scopes:
