@@ -360,7 +360,7 @@ def _gpu_health(gpus: Sequence[GpuView], spec_for: Callable[[str], GpuSpec | Non
     link_util, link_what = None, ""
     severe, power_cap = bottleneck.SEVERE_REASONS, bottleneck.POWER_CAP
     for g in gpus:
-        get = g.values.get  # what get() reads, without a Python call per name
+        get = g.values.get  # g.get() without a Python call per name
         busy = (get("llm_gpu_utilization_ratio") or 0.0) >= 0.05 or "gpu_idle" not in g.reasons_active
         gen = g.link.get(("llm_gpu_pcie_link_generation", "current"))
         gen_max = g.link.get(("llm_gpu_pcie_link_generation", "max"))

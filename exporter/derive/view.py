@@ -1,8 +1,10 @@
-"""One pass over a Snapshot into the small per-target and per-GPU views the derivations read.
+"""A Snapshot turned into the small per-target and per-GPU views the derivations read.
 
 Snapshot.values() scans every sample per call; with 4 targets x 8 GPUs and dozens of look-ups a
 cycle that would cost milliseconds, so the derivations read this index instead. Only the names
-listed here are kept: everything else is skipped with one set look-up per sample.
+listed here are kept. What each sample of a source means (which sum, which bucket, which GPU) is
+worked out once per source and kept in a ViewCache while the source's series stay the same; a
+cycle then only gathers values by position (see "layouts" below).
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ _GPU_KINDS: Mapping[str, int] = MappingProxyType(
 HOST_GAUGES = frozenset({"llm_engine_process_busiest_thread_cpu_ratio", "llm_engine_numa_mismatch",
                          "llm_engine_process_found"})
 HOST_CPU = "llm_host_cpu_busy_ratio"
+
+
+# The records built every cycle (here and in the other derive modules) are NamedTuples: immutable
+# like frozen dataclasses, but a frozen dataclass sets every field through object.__setattr__,
+# which costs several times more per record.
 
 
 class Histogram(NamedTuple):
@@ -121,10 +128,10 @@ def _sort_gpu(gpu: str) -> tuple[int, str]:
 _NAME, _LABELS, _VALUE = itemgetter(0), itemgetter(1), itemgetter(2)
 _PAD = -1  # where ViewCache.read puts a 0.0 after the picked values: pads a ragged group
 
-Getter = Callable[[tuple], tuple]
+_Getter = Callable[[tuple], tuple]
 
 
-def _getter(indices: Sequence[int]) -> Getter:
+def _getter(indices: Sequence[int]) -> _Getter:
     """The items at `indices`, as a tuple, in one C-level call."""
     if not indices:
         return lambda items: ()
@@ -143,7 +150,7 @@ class _Groups:
     running total that starts at 0.0 is never -0.0, so adding 0.0 leaves it unchanged."""
 
     keys: tuple
-    layers: tuple[Getter, ...]
+    layers: tuple[_Getter, ...]
 
     @classmethod
     def of(cls, indices: dict[Any, list[int]]) -> _Groups:
@@ -158,16 +165,13 @@ class _Groups:
             totals = tuple(map(add, totals, layer(values)))
         return totals
 
-    def mapping(self, values: tuple[float, ...]) -> dict:
-        return dict(zip(self.keys, self.totals(values), strict=True))
-
 
 @dataclass(frozen=True, slots=True)
 class _Latest:
     """Keys in first-seen order, each the value at its last index (a gauge per rank)."""
 
     keys: tuple
-    values: Getter
+    values: _Getter
 
     @classmethod
     def of(cls, latest: dict[Any, int]) -> _Latest:
@@ -190,7 +194,7 @@ class _Picker:
 
 @dataclass(frozen=True, slots=True)
 class _EngineLayout:
-    pick: Getter  # the samples used, out of the source's samples
+    pick: _Getter  # the samples used, out of the source's samples
     totals: _Groups  # every sum of the view at once: sums, then histogram sums, then bucket counts
     sum_names: tuple[str, ...]  # totals[:len(sum_names)]
     hist_sum_names: tuple[str, ...]  # the next len(hist_sum_names) totals
@@ -280,7 +284,7 @@ class _GpuLayout:
     gauges: _Latest  # family -> value
     link: _Latest  # (family, state) -> value
     reasons: tuple[str, ...]  # of its clock-event samples, sorted; a reason is active when >= 0.5
-    reason_values: Getter
+    reason_values: _Getter
     # Identity comes from the GPU's first sample that counts this cycle: an inactive clock event
     # does not, so the clock events before its first other sample are tried first.
     clock_idents: tuple[tuple[int, str, str], ...]  # (index, uuid, name)
@@ -299,7 +303,7 @@ class _GpuLayout:
 
 @dataclass(frozen=True, slots=True)
 class _GpuSourceLayout:
-    pick: Getter  # the samples used, out of the source's samples
+    pick: _Getter  # the samples used, out of the source's samples
     gpus: tuple[_GpuLayout, ...]  # in GPU index order
 
 
