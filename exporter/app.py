@@ -33,7 +33,7 @@ log = logging.getLogger("llm_exporter")
 # and old collections per second, and a full collection of the long-lived caches every few
 # seconds (tens of ms, holding the GIL while /metrics waits). Refcounting frees nearly all of it;
 # the collector only has to find the rare cycle, so it runs after this many net new containers.
-GC_YOUNG_THRESHOLD = 50_000
+GC_YOUNG_THRESHOLD = 10_000
 
 
 class _Server(uvicorn.Server):
