@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tests.support import QuietServer, background_process, free_port
+from tests.support import PROMETHEUS_TEXT, QuietServer, background_process, free_port, send_body
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENGINE_BODY = (ROOT / "tests" / "fixtures" / "engines" / "vllm-v0.11__documented.prom").read_bytes()
@@ -143,12 +143,8 @@ class ChurningEngines:
                 else:
                     self.send(ENGINE_BODY)
 
-            def send(self, body: bytes, status: int = 200, ctype: str = "text/plain; version=0.0.4") -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+            def send(self, body: bytes, status: int = 200, ctype: str = PROMETHEUS_TEXT) -> None:
+                send_body(self, body, status, ctype)
 
             def log_message(self, *args: object) -> None:
                 return

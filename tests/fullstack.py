@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tests.support import free_port, wait_until
+from tests.support import free_port, send_body, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIME_SCALE = 0.01  # 1h -> 36s, 5m -> 3s, for: 15m -> 9s
@@ -147,11 +147,7 @@ class EngineProxy:
                     self.send_error(502)
                     return
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    self.send_response(200)
-                    self.send_header("Content-Type", ctype)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
+                    send_body(self, body, 200, ctype)
 
             def log_message(self, *args: object) -> None:
                 return

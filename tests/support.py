@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+PROMETHEUS_TEXT = "text/plain; version=0.0.4"
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -27,7 +29,7 @@ class EngineBehaviour:
 
     body: bytes = b""
     status: int = 200
-    content_type: str = "text/plain; version=0.0.4"
+    content_type: str = PROMETHEUS_TEXT
     delay_s: float = 0.0
     expect_authorization: str | None = None  # when set, any other Authorization gets 401
     requests: int = 0
@@ -36,6 +38,26 @@ class EngineBehaviour:
     @property
     def authorizations_seen(self) -> list[str | None]:
         return [headers.get("Authorization") for headers in self.headers_seen]
+
+
+def send_body(handler: http.server.BaseHTTPRequestHandler, body: bytes, status: int = 200,
+              content_type: str = PROMETHEUS_TEXT) -> None:
+    """One whole response with a Content-Length (keep-alive handlers need it)."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout`."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -52,11 +74,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if expected is not None and self.headers.get("Authorization") != expected:
             body, status = b"unauthorized\n", 401
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.send_response(status)
-            self.send_header("Content-Type", behaviour.content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_body(self, body, status, behaviour.content_type)
 
     def log_message(self, *args: object) -> None:
         return
@@ -136,9 +154,4 @@ def background_process(command: list[str], ready_url: str, *, timeout: float = 3
                 time.sleep(0.1)
             yield process
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)

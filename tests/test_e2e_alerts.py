@@ -12,7 +12,8 @@ The tests run in file order on ONE stack, each leaving the scenario where the ne
    target's latency/SLO alerts that Prometheus still fires as suppressed by it, and none of them
    reaches the receiver while it is down; GPU and host series keep flowing.
 3. engine back and the twin back to decode-heavy: the backlog drains and both alerts resolve (the
-   drain takes about 2.7x as long as the surge lasted: that is queueing, not a delay in the pipeline).
+   drain takes about 2.8x as long as the surge lasted: that is queueing, not a delay in the pipeline).
+   They may resolve early, during the engine's gap, and fire again: recovery is read from the state.
 4. thermal-throttle: LLMGPUSlowdownWhileServing fires and the verdict, read through Prometheus,
    flips to llm_bottleneck{resource="power_thermal"} == 1.
 5. the engine restarted (its counters start from zero): rate() of prompt and generation tokens
@@ -31,7 +32,7 @@ import time
 
 import pytest
 
-from tests.fullstack import TARGET, FullStack, full_stack, logs
+from tests.fullstack import TARGET, TWIN_SPEED, FullStack, full_stack, logs
 from tests.support import wait_until
 
 TTFT_BURN = "LLMTimeToFirstTokenErrorBudgetBurn"
@@ -84,6 +85,7 @@ def test_overload_pages_the_ttft_burn_and_the_p99_alert_with_labels_and_numbers(
     assert stack.value(f'llm_bottleneck{{target="{TARGET}",resource="power_thermal"}}') == 0.0
 
     stack.scenario("overload")  # 60 twin-seconds (6 s) of normal load, then arrivals at 2x capacity
+    stack.marks["overload"] = time.monotonic()
     _wait(stack, lambda: stack.receiver.alerts(TTFT_BURN, status="firing", long=fast["long"])
           and stack.receiver.alerts(TTFT_P99, status="firing"), 60, "the TTFT page and p99 alert did not arrive")
 
@@ -158,34 +160,45 @@ def test_engine_killed_pages_engine_down_and_inhibits_its_latency_alerts(stack: 
         stack.marks["recovered"] = time.monotonic()
 
 
-@pytest.mark.timeout(220)
+# How long the backlog takes to drain, per second the surge lasted (decode-heavy leaves 15% of
+# capacity to work it off; the twin alone measured 2.8). The surge lasts as long as tests 1-2 wait
+# for their alerts, longer on a slow machine, so the drain is given time in proportion.
+DRAIN_PER_SURGE_SECOND = 4.0
+SURGE_DELAY_S = 60.0 / TWIN_SPEED  # the overload scenario's normal traffic before the surge
+
+
+@pytest.mark.timeout(400)
 def test_overload_alerts_resolve_after_back_to_decode_heavy(stack: FullStack):
     since = stack.marks.get("recovered")
     if since is None:
         stack.scenario("decode-heavy")
         since = time.monotonic()
+    surge_s = max(0.0, since - stack.marks.get("overload", since) - SURGE_DELAY_S)
     fast = stack.scaled["burn_rates"][0]
     _wait(stack, lambda: stack.receiver.alerts(ENGINE_DOWN, status="resolved", since=since), 20,
           "LLMEngineDown did not resolve")
 
+    # Recovery is read from the state, not from the first "resolved": the alerts also resolve while
+    # the engine is down (their series vanish) and fire again when it is back with the backlog.
+    p99_rule = f'target_model:llm_time_to_first_token_seconds:p99_{stack.scaled["rate_window"]}'
+
+    def drained() -> bool:
+        waiting, p99 = stack.value(f'llm_requests_waiting{{target="{TARGET}"}}'), stack.value(p99_rule)
+        return waiting == 0.0 and p99 is not None and p99 < 5.0
+
+    _wait(stack, drained, 30 + DRAIN_PER_SURGE_SECOND * surge_s,
+          f"the backlog of a {surge_s:.0f} s surge did not drain ({p99_rule} < 5 s, nothing waiting)")
+
     def resolved() -> bool:
-        return (stack.receiver.last_status(TTFT_BURN, long=fast["long"]) == "resolved"
+        active = {a["alertname"] for a in stack.alerts_since(0) if a.get("target") == TARGET
+                  and (a["alertname"] == TTFT_P99 or a.get("long") == fast["long"])}
+        return (not active
+                and stack.receiver.last_status(TTFT_BURN, long=fast["long"]) == "resolved"
                 and stack.receiver.last_status(TTFT_P99) == "resolved"
                 and bool(stack.receiver.alerts(TTFT_BURN, status="resolved", since=since, long=fast["long"]))
                 and bool(stack.receiver.alerts(TTFT_P99, status="resolved", since=since)))
 
-    # The surge's backlog drains at 15% of capacity (decode-heavy runs at 85%): about 2.5x as long
-    # as the surge lasted, so about 60 s here.
-    _wait(stack, resolved, 130, "the TTFT page and p99 alert did not resolve")
-    # The p99 alert can resolve through its traffic floor while the last backlogged requests (with
-    # their long TTFTs) still finish, so the rule's own window is waited for, not read once.
-    p99_rule = f'target_model:llm_time_to_first_token_seconds:p99_{stack.scaled["rate_window"]}'
-
-    def p99_recovered() -> bool:
-        p99 = stack.value(p99_rule)
-        return p99 is not None and p99 < 5.0
-
-    _wait(stack, p99_recovered, 60, f"{p99_rule} stayed at or above 5 s after recovery")
+    _wait(stack, resolved, 40, "the TTFT page and p99 alert did not resolve once the backlog drained")
 
 
 @pytest.mark.timeout(60)

@@ -14,7 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import catalog
-from tests.support import fake_engine, free_port, wait_until
+from tests.support import fake_engine, free_port, stop_process, wait_until
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "engines"
 
@@ -32,11 +32,7 @@ def exporter_process(*args: str) -> Iterator[str]:
         assert ready, f"exporter never became ready: {process.stderr.read() if process.poll() is not None else ''}"
         yield base
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process)
         assert process.returncode in (0, -15), process.stderr.read()
 
 

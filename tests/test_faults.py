@@ -42,7 +42,7 @@ from exporter.sources.engines.scrape import EngineSource
 from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
 from tests import fake_pynvml as F
 from tests.exporter_process import running_exporter
-from tests.support import serve_in_background
+from tests.support import PROMETHEUS_TEXT, send_body, serve_in_background
 from tests.test_collect import ScriptedSource
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
@@ -86,12 +86,8 @@ class FaultyEngines:
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     getattr(self, "serve_" + path)(owner.requests[path])
 
-            def send(self, body: bytes, status: int = 200, ctype: str = "text/plain; version=0.0.4") -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+            def send(self, body: bytes, status: int = 200, ctype: str = PROMETHEUS_TEXT) -> None:
+                send_body(self, body, status, ctype)
 
             def serve_good(self, n: int) -> None:
                 self.send(VLLM)
