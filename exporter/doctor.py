@@ -1,6 +1,7 @@
 """`llm-exporter doctor`: where is the bottleneck, as a terminal report.
 
     llm-exporter doctor --url http://HOST:9480           ask a running exporter (/api/v1/diagnosis)
+        [--ca-file CA.pem] [--username U --password-file F]  one served with --web.config.file
     llm-exporter doctor --engine http://HOST:8000/metrics --duration 10s [--model llama-3.1-8b]
                                                           sample an engine directly for a short window
     add --json for machines.
@@ -16,9 +17,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import ssl
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import httpx
@@ -58,23 +61,96 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--slo-ttft", dest="slo_ttft", help="TTFT SLO threshold (default 2.5s)")
     parser.add_argument("--slo-tbt", dest="slo_tbt", help="time-between-tokens SLO threshold (default 100ms)")
     parser.add_argument("--timeout", default="5s", help="HTTP timeout with --url (default 5s)")
+    parser.add_argument("--ca-file", dest="ca_file", metavar="PATH",
+                        help="CA bundle to verify an https --url exporter (default: the system's)")
+    parser.add_argument("--cert-file", dest="cert_file", metavar="PATH",
+                        help="client certificate for an exporter that requires mutual TLS (with --key-file)")
+    parser.add_argument("--key-file", dest="key_file", metavar="PATH", help="the client certificate's key")
+    parser.add_argument("--username", help="basic auth user for --url (an exporter with basic_auth_users)")
+    parser.add_argument("--password-file", dest="password_file", metavar="PATH",
+                        help="file holding that user's password (never taken on the command line)")
+    parser.add_argument("--password-env", dest="password_env", metavar="VAR",
+                        help="environment variable holding that user's password")
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     return parser
 
 
 # --- getting a diagnosis ----------------------------------------------------------------------
 
-def fetch_diagnosis(url: str, timeout_s: float) -> dict[str, Any]:
+MAX_DIAGNOSIS_BYTES = 8 << 20  # a diagnosis is a few KB per target; anything this big is not one
+
+
+@dataclass(frozen=True)
+class ExporterAccess:
+    """How to reach an exporter served with --web.config.file: whom to trust, who we are."""
+
+    verify: ssl.SSLContext | bool = True
+    auth: tuple[str, str] | None = None
+
+
+def exporter_access(args: argparse.Namespace, env: Mapping[str, str]) -> ExporterAccess:
+    """--ca-file and basic auth for --url. Raises ConfigError naming the option, never the secret."""
+    from exporter.sources.engines.auth import CredentialError, read_secret_file
+
+    given = [(flag, value) for flag, value in (
+        ("--ca-file", args.ca_file), ("--cert-file", args.cert_file), ("--key-file", args.key_file),
+        ("--username", args.username), ("--password-file", args.password_file),
+        ("--password-env", args.password_env)) if value]
+    if given and not args.url:
+        raise ConfigError(*given[0], "applies to --url only; an --engine target takes ca_file=, username= "
+                          "and password_file= in its spec")
+    verify: ssl.SSLContext | bool = True
+    if args.ca_file or args.cert_file or args.key_file:
+        try:
+            verify = ssl.create_default_context(cafile=args.ca_file)
+        except (OSError, ssl.SSLError) as error:
+            raise ConfigError("--ca-file", args.ca_file, f"not a readable CA bundle ({error})") from None
+    if bool(args.cert_file) != bool(args.key_file):
+        named = ("--cert-file", args.cert_file) if args.cert_file else ("--key-file", args.key_file)
+        raise ConfigError(*named, "a client certificate needs both --cert-file and --key-file")
+    if args.cert_file:
+        try:
+            verify.load_cert_chain(args.cert_file, args.key_file)  # type: ignore[union-attr]
+        except (OSError, ssl.SSLError) as error:
+            raise ConfigError("--cert-file", args.cert_file, f"cannot load it with --key-file ({error})") from None
+    if not (args.username or args.password_file or args.password_env):
+        return ExporterAccess(verify)
+    if args.username is None or bool(args.password_file) == bool(args.password_env):
+        raise ConfigError("--username", args.username or "", "basic auth needs --username and one of "
+                          "--password-file or --password-env")
+    if args.password_env:
+        password = env.get(args.password_env, "")
+        if not password:
+            raise ConfigError("--password-env", args.password_env, "is not set or empty")
+    else:
+        try:
+            password = read_secret_file(args.password_file)
+        except CredentialError as error:
+            raise ConfigError("--password-file", args.password_file, str(error)) from None
+    return ExporterAccess(verify, (args.username, password))
+
+
+def fetch_diagnosis(url: str, timeout_s: float, access: ExporterAccess | None = None) -> dict[str, Any]:
     """GET <exporter>/api/v1/diagnosis. Raises RuntimeError with a readable reason."""
+    access = access or ExporterAccess()
     endpoint = url.rstrip("/") + "/api/v1/diagnosis"
     try:
-        response = httpx.get(endpoint, timeout=timeout_s)
+        with httpx.Client(timeout=timeout_s, verify=access.verify, auth=access.auth) as client, \
+                client.stream("GET", endpoint) as response:
+            if response.status_code == 401:
+                hint = "wrong --username or password" if access.auth else "it wants basic auth: --username and --password-file"
+                raise RuntimeError(f"{endpoint} answered HTTP 401 ({hint})")
+            if response.status_code != 200:
+                raise RuntimeError(f"{endpoint} answered HTTP {response.status_code}")
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > MAX_DIAGNOSIS_BYTES:
+                    raise RuntimeError(f"{endpoint} answered more than {MAX_DIAGNOSIS_BYTES >> 20} MiB")
     except httpx.HTTPError as error:
         raise RuntimeError(f"cannot reach {endpoint}: {type(error).__name__}: {error}") from None
-    if response.status_code != 200:
-        raise RuntimeError(f"{endpoint} answered HTTP {response.status_code}")
     try:
-        doc = response.json()
+        doc = json.loads(body)
     except ValueError:
         raise RuntimeError(f"{endpoint} did not answer JSON (is it an llm-exporter?)") from None
     if not isinstance(doc, dict):
@@ -160,8 +236,10 @@ def command_doctor(args: argparse.Namespace, env: Mapping[str, str], out: TextIO
     try:
         if args.url:
             source = f"{redact_url(args.url)} (exporter)"
-            diagnosis = fetch_diagnosis(args.url, parse_duration(args.timeout, "timeout"))
+            access = exporter_access(args, env)
+            diagnosis = fetch_diagnosis(args.url, parse_duration(args.timeout, "timeout"), access)
         else:
+            exporter_access(args, env)  # refuses the --url-only options
             config = _engine_config(args, env)
             duration = parse_duration(args.duration, "duration")
             source = ", ".join(redact_url(t.url) for t in config.engines) + f" (sampled for {duration:g}s)"

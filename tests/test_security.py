@@ -5,6 +5,7 @@ request-controlled fetches (no `?target=`)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pathlib
 import ssl
@@ -338,3 +339,84 @@ def test_a_target_parameter_changes_nothing_and_fetches_nothing():
             snapshot = httpx.get(base + "/api/v1/snapshot", params={"target": url}, timeout=5).json()
             assert set(snapshot["sources"]) == {"a"}
         assert behaviour.requests == 0
+
+
+# --- doctor against an exporter served with TLS and basic auth -------------------------------------
+
+def _doctor(argv: list[str], env: dict[str, str], capsys) -> tuple[int, str, str]:
+    from exporter.cli import run
+
+    code = run(["doctor", *argv], env)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_doctor_reaches_a_tls_and_basic_auth_exporter_with_ca_file_and_password_file(tmp_path, capsys):
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    web = tmp_path / "web.yml"
+    _write_yaml(web, {"tls_server_config": _server_cert(ca, tmp_path),
+                      "basic_auth_users": {"doctor": _hash("s3cret-pw")}})
+    secret = tmp_path / "password"
+    secret.write_text("s3cret-pw\n")
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-it\n")
+    with running_exporter(_config(web), [ScriptedSource("a")], tls=_client(ca)) as base:
+        assert base.startswith("https://")
+        # The system's trust store does not know the throwaway CA.
+        code, out, _ = _doctor(["--url", base, "--json"], {}, capsys)
+        assert code == 3 and "CERTIFICATE_VERIFY_FAILED" in json.loads(out)["error"], out
+        code, out, _ = _doctor(["--url", base, "--ca-file", str(ca_file)], {}, capsys)
+        assert code == 3 and "HTTP 401 (it wants basic auth" in out, out
+        code, out, _ = _doctor(["--url", base, "--ca-file", str(ca_file), "--username", "doctor",
+                                "--password-file", str(wrong)], {}, capsys)
+        assert code == 3 and "HTTP 401 (wrong --username or password)" in out, out
+        for credentials, env in ((["--password-file", str(secret)], {}),
+                                 (["--password-env", "DOCTOR_PW"], {"DOCTOR_PW": "s3cret-pw"})):
+            code, out, err = _doctor(["--url", base, "--ca-file", str(ca_file), "--username", "doctor",
+                                      *credentials, "--json"], env, capsys)
+            doc = json.loads(out)
+            assert "error" not in doc and "diagnosis" in doc and doc["exit_code"] == code, doc
+            assert "s3cret-pw" not in out + err
+
+
+def test_doctor_presents_a_client_certificate_to_a_mutual_tls_exporter(tmp_path, capsys):
+    server_ca, client_ca = trustme.CA(), trustme.CA()
+    client_ca.cert_pem.write_to_path(str(tmp_path / "clients.crt"))
+    server_ca.cert_pem.write_to_path(str(tmp_path / "server-ca.pem"))
+    web = tmp_path / "web.yml"
+    _write_yaml(web, {"tls_server_config": {**_server_cert(server_ca, tmp_path), "client_ca_file": "clients.crt",
+                                            "client_auth_type": "RequireAndVerifyClientCert"}})
+    good = client_ca.issue_cert("doctor@example")
+    good.cert_chain_pems[0].write_to_path(str(tmp_path / "doctor.crt"))
+    good.private_key_pem.write_to_path(str(tmp_path / "doctor.key"))
+    trust = ["--ca-file", str(tmp_path / "server-ca.pem")]
+    with running_exporter(_config(web), [ScriptedSource("a")], tls=_client(server_ca, good)) as base:
+        code, out, _ = _doctor(["--url", base, *trust, "--json"], {}, capsys)
+        assert code == 3 and "cannot reach" in json.loads(out)["error"], out
+        code, out, _ = _doctor(["--url", base, *trust, "--cert-file", str(tmp_path / "doctor.crt"),
+                                "--key-file", str(tmp_path / "doctor.key"), "--json"], {}, capsys)
+        doc = json.loads(out)
+        assert "error" not in doc and "diagnosis" in doc, doc
+
+
+NOT_PEM = __file__  # a file that exists everywhere and is no certificate
+
+
+@pytest.mark.parametrize(("argv", "env", "named"), [
+    (["--url", "https://127.0.0.1:9", "--username", "u"], {}, "--username"),
+    (["--url", "https://127.0.0.1:9", "--password-file", "/nonexistent/pw"], {}, "--username"),
+    (["--url", "https://127.0.0.1:9", "--username", "u", "--password-file", "/nonexistent/pw"], {},
+     "--password-file='/nonexistent/pw': No such file"),
+    (["--url", "https://127.0.0.1:9", "--username", "u", "--password-env", "UNSET_PW"], {}, "--password-env='UNSET_PW'"),
+    (["--url", "https://127.0.0.1:9", "--ca-file", "/nonexistent/ca.pem"], {}, "--ca-file='/nonexistent/ca.pem'"),
+    (["--url", "https://127.0.0.1:9", "--cert-file", NOT_PEM], {}, "needs both --cert-file and --key-file"),
+    (["--url", "https://127.0.0.1:9", "--cert-file", NOT_PEM, "--key-file", NOT_PEM], {},
+     f"--cert-file={NOT_PEM!r}: cannot load it"),
+    (["--engine", "http://127.0.0.1:9/metrics", "--ca-file", NOT_PEM], {}, "applies to --url only"),
+])
+def test_doctor_access_options_are_checked_before_anything_is_fetched(argv, env, named, capsys):
+    code, out, err = _doctor(argv, env, capsys)
+    assert code == 2, (out, err)
+    assert named in err and err.count("\n") == 1, err
