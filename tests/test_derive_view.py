@@ -6,6 +6,7 @@ import math
 import random
 from types import MappingProxyType
 
+from exporter.derive import view as view_module
 from exporter.derive.view import ViewCache, build_view
 from exporter.snapshot import Labels, Sample, Snapshot, SourceResult
 
@@ -126,6 +127,19 @@ def test_view_cache_keeps_only_live_sources_and_stays_bounded():
     for i in range(20):  # more sources in one snapshot than the bound: the oldest layouts go
         assert len(cache) <= 4
         cache.read(f"engine:x{i}", tuple(engine), lambda samples: _Layout())
+
+
+def test_view_cache_reuses_every_layout_when_there_are_more_sources_than_its_bound(monkeypatch):
+    builds = []
+    real = view_module._engine_layout
+    monkeypatch.setattr(view_module, "_engine_layout", lambda samples: builds.append(1) or real(samples))
+    cache = ViewCache(max_sources=4)
+    engine, gpu = engine_samples(1.0), gpu_samples(1.0)
+    sources = tuple(f"t{j}" for j in range(10))
+    for cycle in range(3):
+        view = build_view(snapshot(float(cycle), engine, gpu, sources=sources), cache)
+        assert len(view.engines) == 10
+    assert len(builds) == 10  # built in the first cycle, reused in the next two
 
 
 class _Layout:

@@ -514,10 +514,14 @@ def test_warm_state_follows_target_kind_and_limit() -> None:
               normalize(text, target="a", state=NormalizerState(), kind=kind))
 
 
-def test_normalize_if_unchanged_replays_only_a_repeated_page_and_matches_the_full_pass() -> None:
+def test_normalize_if_unchanged_replays_only_a_repeated_page_and_matches_the_full_pass(monkeypatch) -> None:
     page = (FIXTURES / "vllm-v0.11__documented.prom").read_text()
     state = NormalizerState()
+    parses: list[str] = []
+    real_parse = normalize_module.parse
+    monkeypatch.setattr(normalize_module, "parse", lambda text, **kw: parses.append(text) or real_parse(text, **kw))
     assert normalize_if_unchanged(page, target="t", kind=None, state=state) is None  # nothing recorded
+    assert not parses and state.last_kind is None  # and nothing parsed or noted for the full pass to repeat
     first = normalize(page, target="t", state=state)
     normalize(page, target="t", state=state)  # the repeat records the plan
     replayed = normalize_if_unchanged(page.replace(" 12.0\n", " 13.0\n"), target="t", kind=None, state=state)

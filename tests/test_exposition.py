@@ -388,6 +388,14 @@ INVALID = {
 }
 
 
+def test_comments_that_only_start_like_type_are_comments() -> None:
+    text = "# TYPES of metrics below\n# TYPEfoo bar baz\n# TYPE foo counter\nfoo_total 1\n"
+    for cache in (None, LabelCache()):
+        result = parse(text, label_cache=cache)
+        assert [s[:3] for s in result.samples] == [("foo_total", (), 1.0)]
+        assert result.types == {"foo": "counter"}
+
+
 @pytest.mark.parametrize("text", list(INVALID.values()), ids=list(INVALID))
 def test_invalid_inputs_raise(text: str) -> None:
     with pytest.raises(ExpositionError):

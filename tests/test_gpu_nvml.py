@@ -650,6 +650,15 @@ def test_reset_safe_totals_never_decrease() -> None:
     assert out == [10.0, 20.0, 23.0, 28.0, 29.0, 32.0]
 
 
+def test_reset_safe_totals_hold_a_reading_a_hair_below_the_last_instead_of_adding_a_lifetime() -> None:
+    totals = ResetSafeTotals()
+    # Two readers of one energy counter (the field, then the dedicated call) differ by 1 mJ.
+    assert [totals.update("gpu", r) for r in (1e9, 1e9 - 1, 1e9 + 5)] == [1e9, 1e9, 1e9 + 5]
+    assert totals.update("gpu", 10.0) == 1e9 + 5 + 10  # a real reset still counts
+    small = ResetSafeTotals()  # a small counter's drop is a reset however small the step
+    assert [small.update("ecc", r) for r in (2.0, 1.0)] == [2.0, 3.0]
+
+
 def test_nvlink_link_that_fails_once_skips_the_rate_for_that_cycle() -> None:
     fake = FakeNvml(["a100"], "busy")
     source = make_source(fake, xid_events=False)
@@ -751,6 +760,35 @@ def test_a_counter_the_field_batch_refuses_is_read_with_its_own_call() -> None:
     assert one(data, "llm_gpu_ecc_errors_total", type="uncorrected") == 0.0  # still from the batch
     assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 1
     assert fake.calls["nvmlDeviceGetTotalEccErrors"] == 1
+
+
+def test_a_counter_the_batch_keeps_answering_without_a_value_moves_to_its_own_call() -> None:
+    fake = FakeNvml(["h100"], "busy")
+    original = fake._field
+    no_data = {"cycles": 1}  # energy: NO_DATA in the batch for this many cycles
+
+    def energy_without_data(dev, fid, scope):
+        out = original(dev, fid, scope)
+        if fid == F.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION and no_data["cycles"] > 0:
+            out.nvmlReturn = F.NVML_ERROR_NO_DATA
+        return out
+
+    fake._field = energy_without_data
+    source = make_source(fake, xid_events=False)
+    # One miss costs one sample; the batch answers again and keeps the value.
+    assert values(collect(source), "llm_gpu_energy_joules_total") == []
+    no_data["cycles"] = 0
+    fake.advance(1.0)
+    assert len(values(collect(source), "llm_gpu_energy_joules_total")) == 1
+    # Misses that last hand the value to its own call, and the series comes back.
+    no_data["cycles"] = 10**6
+    seen = []
+    for _ in range(2 + 2):
+        fake.advance(1.0)
+        seen.append(len(values(collect(source), "llm_gpu_energy_joules_total")))
+    close(source)
+    assert seen == [0, 0, 0, 1], seen
+    assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 1
 
 
 def test_field_batch_refused_as_a_whole_falls_back_to_one_call_per_value() -> None:

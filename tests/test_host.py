@@ -223,6 +223,21 @@ def test_busiest_thread_is_read_once_per_window_and_repeated_between(tmp_path: p
     assert source.engine.tracked_threads == {4242, 4243, 4250, 4251}
 
 
+def test_a_window_that_closes_without_uptime_stays_open_for_the_next(tmp_path: pathlib.Path) -> None:
+    fx = Fixture("dual_socket_ok", tmp_path)
+    source = fx.source()
+    _, second = fx.two_cycles(source)  # the window closed at uptime 86405
+    assert busiest(second) == pytest.approx(0.98)
+    (fx.proc / "uptime").unlink()
+    fx.now = 9.5
+    assert busiest(source.collect_sync()) is None  # no time base: no ratio
+    # The next close measures from the last good one: 180 ticks of the tokenizer in 9 s.
+    set_utime(fx.proc / "4242" / "task" / "4243" / "stat", 88490 + 180)
+    set_uptime(fx, 86414.0)
+    fx.now = 14.0
+    assert busiest(source.collect_sync()) == pytest.approx(180 / 900)
+
+
 def test_a_new_engine_opens_a_new_window(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
     pidfile = fx.root / "engine.pid"

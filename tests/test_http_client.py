@@ -213,6 +213,53 @@ def test_an_idle_connection_is_not_reused_past_the_expiry(monkeypatch):
     assert server.accepts == 3
 
 
+@pytest.mark.parametrize("after_body", [
+    b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",  # then hangs up
+    b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nSTALE\n",  # a stray answer, connection kept
+])
+def test_bytes_that_arrive_on_an_idle_connection_are_never_read_as_the_next_answer(after_body):
+    def handler(sock: socket.socket, head: bytes, index: int) -> bool:
+        answer()(sock, head, index)
+        if index == 0:
+            time.sleep(0.01)
+            sock.sendall(after_body)
+            return b"close" not in after_body
+        return True
+    with RawServer(handler) as server:
+        assert fetch(server.url(), times=2, between=lambda i: time.sleep(0.1)) == [BODY, BODY]
+    assert server.accepts == 2
+
+
+def test_a_hung_resolver_holds_one_lookup_in_the_clients_own_thread(monkeypatch):
+    real, release, lookups = socket.getaddrinfo, threading.Event(), []
+
+    def hung_resolver(host, *args, **kwargs):
+        if host == "engine.example":
+            lookups.append(threading.current_thread().name)
+            release.wait(10)
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hung_resolver)
+    with RawServer(answer()) as server:
+        client = HttpClient(f"http://engine.example:{server.port}/metrics", timeout_s=0.2)
+
+        async def run() -> bytes:
+            for _ in range(10):  # more cycles than the default executor has threads
+                with pytest.raises(SourceError) as caught:
+                    await client.get(max_body=1 << 20)
+                assert caught.value.reason == "timeout"
+                await asyncio.wait_for(asyncio.to_thread(lambda: None), 1.0)  # the shared pool is free
+            release.set()
+            try:
+                return await client.get(max_body=1 << 20)  # the one lookup, finished, is used
+            finally:
+                await client.aclose()
+        assert asyncio.run(run()) == BODY
+    assert len(lookups) == 1 and lookups[0].startswith("resolve"), lookups
+    assert server.requests[0].split(b"\r\n")[1] == f"Host: engine.example:{server.port}".encode()
+
+
 def test_a_kept_connection_dropped_instead_of_answered_is_reported_not_retried():
     # An engine dying mid-request must show as down (as with httpx), not be papered over by a retry.
     def first_only(sock, head, index):

@@ -368,7 +368,8 @@ class ViewCache:
     Which samples a layout uses depends on their names only, and what it makes of them on their
     labels: a layout is reused while the names of all the source's samples, and the label tuples
     of the samples it uses, are equal to those it was built from. Only sources of the last
-    snapshot are kept, and at most `max_sources`."""
+    snapshot are kept, and at most `max_sources` (raised to the snapshot's source count, so
+    that a large configuration never evicts the layout the same cycle needs next)."""
 
     def __init__(self, max_sources: int = 64) -> None:
         self.max_sources = max_sources
@@ -416,6 +417,7 @@ def _host(samples: tuple[Sample, ...]) -> dict[str, float]:
 
 def build_view(snapshot: Snapshot, cache: ViewCache | None = None) -> SnapshotView:
     cache = ViewCache() if cache is None else cache
+    cache.max_sources = max(cache.max_sources, len(snapshot.results))
     engines: list[EngineView] = []
     down: list[EngineDown] = []
     gpus: tuple[GpuView, ...] = ()

@@ -197,7 +197,8 @@ class EngineTracker:
         ratio = None
         if uptime is not None and self._prev_uptime is not None:
             ratio = busiest_thread_ratio(self._prev_threads, current, uptime - self._prev_uptime, self._clk_tck)
-        self._prev_threads, self._prev_uptime = current, uptime
+        if uptime is not None:  # else the window stays open: one missed read costs one window
+            self._prev_threads, self._prev_uptime = current, uptime
         self._next_thread_window = now + BUSIEST_THREAD_WINDOW_S - _WINDOW_SLACK_S
         return ratio
 

@@ -319,11 +319,14 @@ class _Parser:
 
 
 def _declared_type(comment: str) -> tuple[str, str] | None:
-    """(family, type) of a `# TYPE` line, None for other comments; a malformed TYPE line raises."""
+    """(family, type) of a `# TYPE` line, None for other comments (`# TYPES of ...` is one, as in
+    prometheus_client); a TYPE line without a family and a type raises."""
     if not comment.startswith("# TYPE"):
         return None
     parts = comment.split(None, 3)
-    if len(parts) < 4 or parts[1] != "TYPE":
+    if len(parts) < 2 or parts[1] != "TYPE":
+        return None
+    if len(parts) < 4:
         raise ExpositionError(0, "malformed TYPE line")
     return parts[2], parts[3].strip()
 
@@ -336,7 +339,8 @@ def parse(
     max_samples: int | None = None,
 ) -> Exposition:
     """Parse an exposition. `keep(name)` filters samples before their labels are parsed;
-    dropped ones are only counted. `max_samples` bounds the kept samples (cardinality bomb):
+    dropped ones are only counted. With a `label_cache`, `keep` must be pure: its verdicts are
+    cached with the cache's heads while an equal `keep` is passed (a frozenset's __contains__). `max_samples` bounds the kept samples (cardinality bomb):
     the rest are counted in `dropped_samples`."""
     result = Exposition()
     body, result.openmetrics_eof = _split_at_eof(text)

@@ -14,6 +14,8 @@ This client does only what a scrape needs:
   payload cap; one deadline (asyncio.timeout) over connect, TLS, request, headers and body;
 - no redirects, no proxies, no .netrc, no environment at all: only the configured URL is ever
   fetched, with the credentials given by the caller;
+- a host name is resolved in the client's own thread, one lookup at a time, so a hung resolver
+  costs one thread per target and never the event loop's shared executor;
 - failures raise SourceError with the reasons EngineSource has always used: timeout, connection,
   tls, http_status, too_large. Messages carry the redacted URL, never a header value.
 """
@@ -22,7 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
+import ipaddress
 import re
+import socket
 import ssl
 import time
 import urllib.parse
@@ -55,8 +60,12 @@ class _Connection:
         self.loop = asyncio.get_running_loop()
 
     def usable(self) -> bool:
+        # Bytes that arrived while idle (a 408 before the server hangs up, junk after a body) would
+        # be read as the next answer: such a connection is dropped. StreamReader has no public
+        # "buffered" accessor; _buffer has been there since Python 3.4.
         return (self.loop is asyncio.get_running_loop() and not self.writer.transport.is_closing()
-                and not self.reader.at_eof() and time.monotonic() - self.idle_since < KEEPALIVE_EXPIRY_S)
+                and not self.reader.at_eof() and not getattr(self.reader, "_buffer", b"")
+                and time.monotonic() - self.idle_since < KEEPALIVE_EXPIRY_S)
 
     def abort(self) -> None:
         try:
@@ -104,6 +113,9 @@ class HttpClient:
         self._head = f"GET {target} HTTP/1.1\r\n".encode("ascii") + self._encode_headers(fixed)
         self._idle: _Connection | None = None
         self._closed = False
+        self._literal = _is_ip_literal(self._host)
+        self._resolver: concurrent.futures.ThreadPoolExecutor | None = None
+        self._resolving: asyncio.Future | None = None
 
     @staticmethod
     def _encode_headers(headers: Mapping[str, str]) -> bytes:
@@ -127,10 +139,45 @@ class HttpClient:
             raise SourceError("credentials", "a request header contains a line break or NUL") from None
 
     async def _connect(self) -> _Connection:
-        reader, writer = await asyncio.open_connection(
-            self._host, self._port, ssl=self._tls, server_hostname=self._host if self._tls else None,
-            limit=self.max_head_bytes)
-        return _Connection(reader, writer)
+        tls_name = self._host if self._tls else None
+        if self._literal:
+            reader, writer = await asyncio.open_connection(
+                self._host, self._port, ssl=self._tls, server_hostname=tls_name, limit=self.max_head_bytes)
+            return _Connection(reader, writer)
+        failure: OSError | None = None
+        for family, address in await self._resolve():
+            try:
+                reader, writer = await asyncio.open_connection(
+                    address, self._port, ssl=self._tls, server_hostname=tls_name, family=family,
+                    limit=self.max_head_bytes)
+            except ssl.SSLCertVerificationError:
+                raise
+            except OSError as error:  # the next address, as asyncio's own connect would
+                failure = error
+                continue
+            return _Connection(reader, writer)
+        raise failure or OSError(f"{self._host} resolved to no address")
+
+    async def _resolve(self) -> list[tuple[int, str]]:
+        """(family, address) for the host name, resolved in this client's own thread, one lookup
+        at a time. asyncio would resolve in the loop's default executor, where a hung resolver
+        (a lookup outlives our deadline) would pile up one stuck lookup per cycle and starve the
+        GPU, host and normalize work that shares that pool."""
+        loop = asyncio.get_running_loop()
+        if self._resolving is None or self._resolving.get_loop() is not loop:
+            if self._resolver is None:
+                self._resolver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="resolve")
+            self._resolving = loop.run_in_executor(self._resolver, socket.getaddrinfo, self._host, self._port,
+                                                   socket.AF_UNSPEC, socket.SOCK_STREAM)
+        lookup = self._resolving
+        try:
+            infos = await asyncio.shield(lookup)  # a timeout leaves the lookup to finish for the next cycle
+        except OSError as error:
+            raise OSError(f"cannot resolve {self._host}: {error.strerror or error}") from None
+        finally:
+            if lookup.done() and self._resolving is lookup:
+                self._resolving = None  # resolve afresh for the next connection
+        return [(family, sockaddr[0]) for family, _, _, _, sockaddr in infos]
 
     async def get(self, *, headers: Mapping[str, str] | None = None, max_body: int) -> bytes:
         """The body of a 200 answer; anything else raises SourceError."""
@@ -263,6 +310,9 @@ class HttpClient:
 
     async def aclose(self) -> None:
         self._closed = True
+        if self._resolver is not None:
+            self._resolver.shutdown(wait=False, cancel_futures=True)  # a hung lookup ends on its own
+            self._resolver = None
         conn, self._idle = self._idle, None
         if conn is None:
             return
@@ -275,6 +325,14 @@ class HttpClient:
                 await conn.writer.wait_closed()
         except (TimeoutError, OSError, ssl.SSLError):
             conn.abort()
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 class _Failure(Exception):

@@ -301,6 +301,8 @@ def normalize_if_unchanged(
 
 def _normalize(text: str, target: str, kind: str | None, state: NormalizerState, max_series: int,
                *, replay_only: bool) -> NormalizedScrape | None:
+    if replay_only and state._plan is None:
+        return None  # nothing to replay: parsing here would only be repeated by the full pass
     notes: dict[str, None] = {}
     kind = _resolve_kind(text, kind, state, notes)
     compiled = _COMPILED[kind]

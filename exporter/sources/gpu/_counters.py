@@ -40,9 +40,16 @@ class CounterRates:
         self._last.pop(key, None)
 
 
+RESET_TOLERANCE = 1e-3
+"""A drop smaller than this share of the last reading is not a reset: the energy counter can be
+read by its field or by its own call (one may take over from the other), and two readers of one
+counter can differ by a few mJ. Read as a reset, that would add the GPU's whole lifetime again."""
+
+
 class ResetSafeTotals:
     """Keeps a counter monotonic across resets of its source (the energy counter restarts at 0
-    when the driver reloads): on a drop, the last value before it is added to an offset."""
+    when the driver reloads): on a drop, the last value before it is added to an offset; a drop
+    within RESET_TOLERANCE holds the total where it was."""
 
     def __init__(self) -> None:
         self._state: dict[Hashable, tuple[float, float]] = {}
@@ -50,6 +57,8 @@ class ResetSafeTotals:
     def update(self, key: Hashable, raw: float) -> float:
         last_raw, offset = self._state.get(key, (raw, 0.0))
         if raw < last_raw:
+            if raw >= last_raw * (1.0 - RESET_TOLERANCE):
+                return offset + last_raw
             offset += last_raw
         self._state[key] = (raw, offset)
         return offset + raw

@@ -79,6 +79,10 @@ _VALUE_WRAP = {1: float(2**32), 6: float(2**16)}
 
 KIB = 1024.0
 
+FIELD_MISSES_BEFORE_CALL = 3
+"""Cycles in a row a call-backed field may come back without a value (NO_DATA, NOT_READY, ...)
+before its dedicated call takes over: a transient miss costs one sample, a lasting one no series."""
+
 POWER_LIMIT_REFRESH_S = 10.0
 """How long a reading of the enforced power limit is reused (it changes only when a cap is set)."""
 
@@ -167,6 +171,7 @@ class Device:
     field_specs: tuple[FieldSpec, ...] = ()
     fields: list[tuple[int, int]] = field(default_factory=list)
     by_call: set[str] = field(default_factory=set)  # call-backed groups the batch refused
+    field_misses: dict[str, int] = field(default_factory=dict)  # group -> cycles in a row without a value
     absent: set[str] = field(default_factory=set)
     absent_fields: set[tuple[int, int]] = field(default_factory=set)
     lost: bool = False
@@ -564,6 +569,8 @@ class DeviceReader:
                 nvlink_complete = nvlink_complete and spec.sink != NVLINK_KIB
                 continue
             number = float(getattr(value.value, _VALUE_MEMBER.get(value.valueType, "ullVal")))
+            if dev.field_misses and spec.group:
+                dev.field_misses.pop(spec.group, None)
             sink = spec.sink
             if sink == NVLINK_KIB:  # checked first: most of the batch on a GPU without GPM
                 direction = spec.direction
@@ -602,7 +609,11 @@ class DeviceReader:
         if kind is Kind.LOST:
             raise GpuLost(f"field {spec.fid}", _ReturnCode(ret))
         if kind is not Kind.ABSENT:
-            return False
+            if not spec.group:
+                return False
+            misses = dev.field_misses[spec.group] = dev.field_misses.get(spec.group, 0) + 1
+            if misses < FIELD_MISSES_BEFORE_CALL:
+                return False
         if spec.group:
             # Its dedicated call may still answer: asked from the next cycle (it logs if not).
             self._once.log(logging.DEBUG, ("by_call", dev.ident.uuid, spec.group),
