@@ -183,7 +183,7 @@ def render() -> str:
         "`llm-exporter run` takes its settings from, in this order of precedence: a command-line flag,",
         f"an environment variable `{ENV_PREFIX}<KEY>`, a YAML file (`--config PATH` or `{ENV_PREFIX}CONFIG`),",
         "then the default. Every setting is validated once at start: a bad value prints one line naming",
-        "the setting and exits with status 2. Durations take `500ms`, `2s`, `1m` or plain seconds.",
+        "the setting and exits with status 2. Durations take `500ms`, `2s`, `1m`, `1h` or plain seconds; the interval is at least 100ms.",
         "Keys a YAML file has that no setting knows are kept for later stages, not rejected.",
         "",
         "## `llm-exporter run`",

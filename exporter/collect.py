@@ -146,8 +146,8 @@ class Collector:
 
     def _log_state(self, name: str, state: str, message: str) -> None:
         health = self.health[name]
-        if state == health.last_state:
-            return
+        if state == health.last_state or (state == "busy" and health.last_state not in ("", "ok")):
+            return  # busy: the collection that failed before is still running, the same outage
         previous, health.last_state = health.last_state, state
         if state == "ok":
             if previous:

@@ -23,6 +23,7 @@ GPU_BACKENDS = ("auto", "nvml", "sim", "none")
 DEFAULT_LISTEN = "0.0.0.0:9480"
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_ENGINE_TIMEOUT_S = 0.8
+MIN_INTERVAL_S = 0.1  # below this the collector would spin (a cycle itself takes a few ms of CPU)
 DEFAULT_MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 ENV_PREFIX = "LLM_EXPORTER_"
 _TARGET_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
@@ -80,6 +81,12 @@ class EngineTarget:
     ca_file: str | None = None  # CA bundle for an https:// engine (default: the system store)
     insecure_skip_verify: bool = False
 
+    def __repr__(self) -> str:
+        # The URL may carry user:password@ (YAML, LLM_EXPORTER_ENGINES): shown redacted, as in logs.
+        shown = (f"{f.name}={redact_url(self.url) if f.name == 'url' else getattr(self, f.name)!r}"
+                 for f in dataclasses.fields(self))
+        return f"EngineTarget({', '.join(shown)})"
+
     @property
     def auth_kind(self) -> str:
         if self.bearer_token_file or self.bearer_token_env:
@@ -122,21 +129,28 @@ class Config:
 
     @property
     def listen(self) -> str:
-        return f"{self.listen_host}:{self.listen_port}"
+        return f"{_bracket(self.listen_host)}:{self.listen_port}"
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def redact_url(url: str) -> str:
-    """Drop user:password@ from a URL before it is logged, labelled or shown."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    """Drop user:password@ from a URL before it is logged, labelled or shown. Never raises: a URL
+    urllib cannot split (a bad port, an unclosed IPv6 bracket) loses its userinfo by pattern."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.username is None and parts.password is None:
+            return url
+        _, _, hostport = parts.netloc.rpartition("@")
+    except ValueError:
+        return _URL_USERINFO.sub(r"\1", url)
+    return urllib.parse.urlunsplit((parts.scheme, hostport, parts.path, parts.query, parts.fragment))
 
 
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]+@")
+# user:password@ after a scheme; quotes may be part of a password, so only / and spaces end it.
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
 
 
 class RedactUrlCredentials(logging.Filter):
@@ -174,10 +188,10 @@ def parse_duration(value: object, field_name: str) -> float:
     if isinstance(value, int | float):
         seconds = float(value)
     else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m)?\s*", str(value))
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*", str(value))
         if not match:
             raise ConfigError(field_name, value, "expected a duration like 1s or 500ms")
-        seconds = float(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[match.group(2)]
+        seconds = float(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}[match.group(2)]
     if not 0 < seconds <= 3600:
         raise ConfigError(field_name, value, "must be > 0 and at most 1h")
     return seconds
@@ -192,7 +206,10 @@ def _default_target_name(url: str) -> str:
 
 
 def normalize_engine_url(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as error:  # an unclosed IPv6 bracket, ...
+        raise ConfigError("engine", redact_url(url), f"not a URL ({error})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError("engine", redact_url(url), "expected an http:// or https:// URL with a host")
     try:
@@ -347,8 +364,10 @@ def reject_command_line_secrets(specs: object) -> None:
         url, *rest = spec.strip().split(",")
         keys = {item.partition("=")[0].strip() for item in rest}
         secret_keys = sorted(keys & INLINE_SECRET_KEYS)
-        if secret_keys or urllib.parse.urlsplit(url).password is not None:
-            what = secret_keys[0] if secret_keys else "user:password@ in the URL"
+        # Any userinfo: a token is often passed as the user name alone (http://TOKEN@host/).
+        _, _, authority = url.partition("://")
+        if secret_keys or "@" in authority.split("/", 1)[0]:
+            what = secret_keys[0] if secret_keys else "user[:password]@ in the URL"
             raise ConfigError("engine", redact_url(url),
                               f"{what}: a secret on the command line is visible to every local user; {_SECRET_ADVICE}")
 
@@ -422,6 +441,8 @@ def build_config(settings: Mapping[str, Any], env: Mapping[str, str] | None = No
     if isinstance(host_block, Mapping):
         for key, value in host_block.items():
             flat.setdefault("host_enabled" if key == "enabled" else str(key), value)
+    elif host_block is not None:  # `host: false` is read as `host: {enabled: false}`
+        flat.setdefault("host_enabled", _as_bool(host_block, "host"))
     unknown = set(flat) - _FIELDS - {"extra"}
     extra = dict(flat.pop("extra", {}) or {})
     for key in unknown:
@@ -430,6 +451,9 @@ def build_config(settings: Mapping[str, Any], env: Mapping[str, str] | None = No
     if "listen" in flat:
         values["listen_host"], values["listen_port"] = parse_listen(str(flat["listen"]))
     interval = parse_duration(flat.get("interval", flat.get("interval_s", DEFAULT_INTERVAL_S)), "interval")
+    if interval < MIN_INTERVAL_S:
+        raise ConfigError("interval", flat.get("interval", flat.get("interval_s")),
+                          f"at least {MIN_INTERVAL_S * 1000:g}ms: a collection cycle costs a few ms of CPU")
     values["interval_s"] = interval
     engine_timeout = parse_duration(
         flat.get("engine_timeout", flat.get("engine_timeout_s", min(DEFAULT_ENGINE_TIMEOUT_S, interval))),

@@ -5,6 +5,7 @@ Every handler only reads the Collector's latest finished result; none waits on a
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,8 +18,27 @@ from exporter.collect import Collector
 from exporter.expose import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 
 
+@functools.lru_cache(maxsize=32)  # scrapers send the same Accept header every time
 def _wants_openmetrics(accept: str) -> bool:
-    return "application/openmetrics-text" in accept
+    """OpenMetrics when the client rates it above zero and at least as high as the text format
+    (Prometheus asks for it at q=0.5 before text/plain at q=0.3); media types are case-blind."""
+    openmetrics = text = 0.0
+    for item in accept.lower().split(","):
+        media, *params = item.split(";")
+        quality = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        media = media.strip()
+        if media == "application/openmetrics-text":
+            openmetrics = max(openmetrics, quality)
+        elif media in ("text/plain", "text/*", "*/*"):
+            text = max(text, quality)
+    return openmetrics > 0 and openmetrics >= text
 
 
 def _json_number(value: float) -> float | str:
@@ -91,7 +111,7 @@ class MetricsEndpoint:
 
     async def _serve(self, scope: dict, send: Any) -> None:
         if scope.get("method") not in ("GET", "HEAD"):
-            await _send(send, 405, b"method not allowed\n", b"text/plain")
+            await _send(send, 405, b"method not allowed\n", b"text/plain", extra=[(b"allow", b"GET, HEAD")])
             return
         published = self.collector.latest
         if published is None:
@@ -108,8 +128,10 @@ class MetricsEndpoint:
         await _send(send, 200, b"" if scope.get("method") == "HEAD" else body, content_type, len(body))
 
 
-async def _send(send: Any, status: int, body: bytes, content_type: bytes, length: int | None = None) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body) if length is None else length).encode())]
+async def _send(send: Any, status: int, body: bytes, content_type: bytes, length: int | None = None,
+                extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body) if length is None else length).encode()),
+               *(extra or ())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -117,25 +139,25 @@ async def _send(send: Any, status: int, body: bytes, content_type: bytes, length
 def create_app(collector: Collector, *, max_concurrent_scrapes: int = 4) -> MetricsEndpoint:
     app = FastAPI(title="llm-exporter", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.get("/healthz")
+    @app.api_route("/healthz", methods=["GET", "HEAD"])  # probes and uptime checkers may use HEAD
     async def healthz() -> Response:
         return Response("ok\n", media_type="text/plain")
 
-    @app.get("/readyz")
+    @app.api_route("/readyz", methods=["GET", "HEAD"])
     async def readyz() -> Response:
         if collector.ready:
             return Response("ready\n", media_type="text/plain")
         return Response("not ready: no collection finished yet\n", status_code=503, media_type="text/plain")
 
-    @app.get("/api/v1/snapshot")
+    @app.api_route("/api/v1/snapshot", methods=["GET", "HEAD"])
     async def snapshot() -> JSONResponse:
         return JSONResponse(snapshot_json(collector))
 
-    @app.get("/api/v1/diagnosis")
+    @app.api_route("/api/v1/diagnosis", methods=["GET", "HEAD"])
     async def diagnosis() -> JSONResponse:
         return JSONResponse(diagnosis_json(collector))
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def index() -> HTMLResponse:
         from exporter.status_page import render as render_status
 

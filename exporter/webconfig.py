@@ -211,6 +211,22 @@ def parse_web_config(path: str) -> WebConfig:
     return WebConfig(tls, MappingProxyType(users), tuple(watched))
 
 
+def named_files(path: str) -> tuple[str, ...]:
+    """The certificate, key and CA paths a web config file names, read leniently (never raises):
+    after a failed reload they are watched too, so creating a file it names retries the reload."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+        block = data.get("tls_server_config") if isinstance(data, Mapping) else None
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return ()
+    if not isinstance(block, Mapping):
+        return ()
+    base_dir = os.path.dirname(os.path.abspath(path))
+    return tuple(os.path.join(base_dir, block[key].strip()) for key in ("cert_file", "key_file", "client_ca_file")
+                 if isinstance(block.get(key), str) and block[key].strip())
+
+
 def fingerprint(paths: tuple[str, ...]) -> bytes:
     """Hash of each file's stat and contents (a few KiB each): catches edits that keep the
     mtime and size, atomic renames, and Kubernetes' symlink swaps of mounted secrets."""
@@ -304,6 +320,7 @@ class WebConfigManager:
         except WebConfigError as error:
             raise ConfigError("web_config_file", path, str(error)) from None
         self._fingerprint = fingerprint(self.current.watched)
+        self._also_watched: tuple[str, ...] = ()  # files a rejected edit names
         self.last_reload_successful = True
         self.last_success_ts = clock()
         self.reloads_failed = 0
@@ -346,7 +363,7 @@ class WebConfigManager:
 
     def check(self) -> bool | None:
         """Poll once: None when nothing changed, else whether the reload succeeded."""
-        current_fp = fingerprint(self.current.watched)
+        current_fp = fingerprint(self.current.watched + self._also_watched)
         if current_fp == self._fingerprint:
             return None
         try:
@@ -354,8 +371,10 @@ class WebConfigManager:
             if (new.tls is None) != (self.current.tls is None):
                 raise WebConfigError("turning TLS on or off needs a restart of the exporter")
         except WebConfigError as error:
-            # Remember what was seen so one bad edit logs one line, not one per poll.
-            self._fingerprint = current_fp
+            # Remember what was seen so one bad edit logs one line, not one per poll; and watch
+            # the files it names, so that creating a missing one retries without touching it.
+            self._also_watched = tuple(p for p in named_files(self.path) if p not in self.current.watched)
+            self._fingerprint = fingerprint(self.current.watched + self._also_watched)
             self.last_reload_successful = False
             self.reloads_failed += 1
             log.warning("web config %s not reloaded, keeping the last good one: %s", self.path, error)
@@ -364,6 +383,7 @@ class WebConfigManager:
         if new.tls is not None:
             self._apply_connection_settings(new.tls)
         self._fingerprint = fingerprint(new.watched)
+        self._also_watched = ()
         self.last_reload_successful = True
         self.last_success_ts = self.clock()
         log.info("web config %s reloaded (tls=%s, basic_auth_users=%d)", self.path,

@@ -151,6 +151,35 @@ def test_one_log_line_per_state_change(caplog: pytest.LogCaptureFixture):
     assert messages == ["source flappy failing: connection: refused", "source flappy recovered"]
 
 
+def test_a_source_slower_than_its_timeout_logs_one_line_not_one_per_cycle(caplog: pytest.LogCaptureFixture):
+    class SlowSource(ScriptedSource):
+        """Answers each call only when the test releases it: timeout, then busy while it runs on."""
+
+        def __init__(self, name: str) -> None:
+            super().__init__(name)
+            self.releases: list[asyncio.Event] = []
+
+        async def collect(self) -> SourceData:
+            self.releases.append(asyncio.Event())
+            await self.releases[-1].wait()
+            return await super().collect()
+
+    async def scenario():
+        source = SlowSource("slow")
+        collector = Collector([source], interval_s=1.0, timeouts={"slow": 0.02})
+        for _ in range(4):  # timeout, busy, (released) timeout, busy
+            await collector.collect_once()
+            await collector.collect_once()
+            source.releases[-1].set()
+            await asyncio.sleep(0)
+        return collector
+    caplog.set_level("INFO", logger="llm_exporter.collect")
+    collector = asyncio.run(scenario())
+    messages = [r.getMessage() for r in caplog.records if r.name == "llm_exporter.collect"]
+    assert messages == ["source slow failing: timeout: no answer within 0.02s"], messages
+    assert collector.health["slow"].errors == {"timeout": 4, "busy": 4}
+
+
 def test_derive_failure_keeps_source_samples():
     def broken_derive(snapshot, previous):
         raise RuntimeError("bad formula")

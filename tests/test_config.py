@@ -51,6 +51,10 @@ def test_engine_flag_syntax_and_env_list():
     ({"gpu_backend": "cuda"}, "gpu_backend"),
     ({"max_payload_bytes": "12"}, "max_payload_bytes"),
     ({"log_level": "loud"}, "log_level"),
+    ({"interval": "10ms"}, "interval"),  # below MIN_INTERVAL_S: the collector would spin
+    ({"engines": ["http://[::1/metrics"]}, "engine"),  # urllib's own ValueError, as a config error
+    ({"engines": ["http://u:pw@host:abc/metrics"]}, "engine"),
+    ({"host": "maybe"}, "host"),
 ])
 def test_bad_values_name_the_field(flags, field):
     with pytest.raises(ConfigError) as caught:
@@ -69,12 +73,37 @@ def test_bad_yaml_file(tmp_path):
 def test_parse_duration_units():
     assert parse_duration("500ms", "x") == 0.5
     assert parse_duration("1m", "x") == 60.0
+    assert parse_duration("1h", "x") == 3600.0  # the documented upper bound is itself accepted
     assert parse_duration(2, "x") == 2.0
 
 
 def test_redact_url_drops_credentials():
     assert redact_url("http://user:secret@h:8000/metrics") == "http://h:8000/metrics"
     assert redact_url("http://h/metrics") == "http://h/metrics"
+    assert redact_url("http://user:secret@[::1]:8000/metrics") == "http://[::1]:8000/metrics"
+    assert redact_url("http://user:pa'ss@h/metrics") == "http://h/metrics"
+    # URLs urllib cannot split still lose their userinfo, and redact_url never raises
+    assert redact_url("http://u:hunter2@host:abc/metrics") == "http://host:abc/metrics"
+    assert redact_url("http://u:hunter2@[::1/metrics") == "http://[::1/metrics"
+
+
+def test_no_repr_or_str_of_a_config_shows_a_url_password():
+    config = load_config({}, {"LLM_EXPORTER_ENGINES": "http://scraper:hunter2@vllm:8000/metrics"})
+    for text in (repr(config), str(config), repr(config.engines[0])):
+        assert "hunter2" not in text and "url='http://vllm:8000/metrics'" in text, text
+    assert config.engines[0].url == "http://scraper:hunter2@vllm:8000/metrics"  # still used to scrape
+
+
+def test_host_false_in_yaml_disables_the_host_source(tmp_path):
+    path = tmp_path / "c.yaml"
+    for text, enabled in (("host: false\n", False), ("host: off\n", False), ("host: {enabled: true}\n", True)):
+        path.write_text(text)
+        assert load_config({"config": str(path)}, {}).host_enabled is enabled, text
+
+
+def test_ipv6_listen_keeps_its_brackets():
+    config = load_config({"listen": "[::]:9480"}, {})
+    assert config.listen == "[::]:9480" and config.listen_host == "::"
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -86,12 +115,15 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess:
     (["run", "--engine", "http://x:8000,kind=nope"], "engine.kind='nope'"),
     (["run", "--interval", "-1"], "interval='-1'"),
     (["run", "--engine", "not a url"], "invalid engine="),
+    (["run", "--engine", "http://[::1/metrics"], "invalid engine="),
+    (["run", "--engine", "http://SEKRIT-TOKEN@host:8000/metrics"], "user[:password]@ in the URL"),
 ])
 def test_cli_exits_2_with_one_line(args, needle):
     result = _run_cli(*args, "--gpu-backend", "none", "--no-host")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], result.stderr
+    assert "SEKRIT" not in result.stderr
 
 
 def test_cli_port_in_use_exits_2():

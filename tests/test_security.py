@@ -236,6 +236,22 @@ def test_bad_web_config_at_reload_keeps_the_last_good_one(tmp_path, fast_reload,
         assert wait_until(lambda: httpx.get(base + "/metrics", timeout=5).status_code == 200, timeout=10)
 
 
+def test_a_reload_that_names_files_not_there_yet_succeeds_once_they_appear(tmp_path, caplog):
+    ca = trustme.CA()
+    web = tmp_path / "web.yml"
+    _write_yaml(web, {"tls_server_config": _server_cert(ca, tmp_path, "old")})
+    manager = webconfig.WebConfigManager(str(web))
+    assert manager.check() is None
+    # cert-manager style: the config is edited to name the new pair before the pair is written.
+    new_cert = ca.issue_cert("127.0.0.1")
+    _write_yaml(web, {"tls_server_config": {"cert_file": "new.crt", "key_file": "new.key"}})
+    assert manager.check() is False and manager.check() is None  # one failure, logged once
+    new_cert.cert_chain_pems[0].write_to_path(str(tmp_path / "new.crt"))
+    new_cert.private_key_pem.write_to_path(str(tmp_path / "new.key"))
+    assert manager.check() is True  # the files appearing is enough; web.yml was not touched again
+    assert manager.current.tls.cert_file == str(tmp_path / "new.crt") and manager.last_reload_successful
+
+
 def test_turning_tls_off_at_reload_is_refused(tmp_path, fast_reload):
     ca = trustme.CA()
     web = tmp_path / "web.yml"

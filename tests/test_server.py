@@ -35,7 +35,30 @@ def test_metrics_text_and_openmetrics_and_json():
         assert snapshot["sources"]["a"]["ok"] is True
         assert snapshot["sources"]["a"]["samples"][0]["value"] == 4
         assert httpx.get(base + "/healthz", timeout=5).text == "ok\n"
-        assert httpx.post(base + "/metrics", timeout=5).status_code == 405
+        refused = httpx.post(base + "/metrics", timeout=5)
+        assert refused.status_code == 405 and refused.headers["allow"] == "GET, HEAD"
+        for path in ("/metrics", "/healthz", "/readyz", "/api/v1/snapshot", "/api/v1/diagnosis", "/"):
+            head, get = httpx.head(base + path, timeout=5), httpx.get(base + path, timeout=5)
+            assert head.status_code == 200 and head.content == b"", path
+            assert head.headers["content-type"] == get.headers["content-type"], path
+
+
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"
+                     "application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;"
+                     "escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1")
+
+
+def test_accept_header_negotiation_honours_quality_and_case():
+    from exporter.server import _wants_openmetrics
+
+    assert _wants_openmetrics(PROMETHEUS_ACCEPT)
+    assert _wants_openmetrics("Application/OpenMetrics-Text; version=1.0.0")
+    assert _wants_openmetrics("text/plain, application/openmetrics-text")  # a tie goes to OpenMetrics
+    assert not _wants_openmetrics("application/openmetrics-text;q=0, text/plain")
+    assert not _wants_openmetrics("text/plain;q=0.9, application/openmetrics-text;q=0.5")
+    assert not _wants_openmetrics("application/openmetrics-text;q=oops")
+    assert not _wants_openmetrics("")
+    assert not _wants_openmetrics("*/*")
 
 
 def test_readyz_is_503_before_first_collection_and_metrics_too():

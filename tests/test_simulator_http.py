@@ -134,6 +134,8 @@ def test_in_process_servers_and_control_endpoints() -> None:
                 assert r.status_code == 200
                 assert (await client.get(twins[0].url + "/sim/gpu")).json()["scenario"] == "overload"
                 assert (await client.post(twins[0].url + "/sim/scenario?name=bogus")).status_code == 400
+                for body in ({"scenario": ["overload"]}, {"scenario": 3}, ["overload"]):
+                    assert (await client.post(twins[0].url + "/sim/scenario", json=body)).status_code == 400, body
                 assert (await client.post(twins[0].url + "/sim/scenario?name=pcie-degraded")).status_code == 409
                 assert (await client.post(twins[0].url + "/sim/restart")).json()["restarts"] == 1
         finally:

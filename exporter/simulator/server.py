@@ -65,7 +65,7 @@ def build_app(clock: RealtimeClock) -> FastAPI:
             except ValueError:
                 body = {}
             name = body.get("scenario") if isinstance(body, dict) else None
-        if not name:
+        if not name or not isinstance(name, str):
             return JSONResponse({"error": "give ?name=S or a JSON body {\"scenario\": S}"}, status_code=400)
         clock.sync()
         try:
