@@ -13,7 +13,7 @@ import signal
 import socket
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import uvicorn
 
@@ -53,6 +53,12 @@ class _Server(uvicorn.Server):
     def stop(self) -> None:
         self.should_exit = True
         self._exit_requested.set()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # serve() owns SIGINT/SIGTERM (loop signal handlers that set its stop event); uvicorn's
+        # own capture would replace them for the life of the server and raise them again after.
+        yield
 
 
 def tune_gc() -> None:
@@ -169,7 +175,6 @@ async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
         app, log_level="warning", access_log=False, lifespan="off", http="h11", ws="none",
         limit_concurrency=256, timeout_keep_alive=30, h11_max_incomplete_event_size=16384,
         ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None))
-    server.install_signal_handlers = lambda: None  # we own the signals
     loop = asyncio.get_running_loop()
     # Signal handlers can only be installed from the main thread; when serve() runs on another
     # thread (tests run the exporter in-process), the caller sets `stop` instead.
