@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import os
+import shutil
 import socket
 import ssl
 import subprocess
@@ -32,6 +33,7 @@ class EngineBehaviour:
     content_type: str = PROMETHEUS_TEXT
     delay_s: float = 0.0
     expect_authorization: str | None = None  # when set, any other Authorization gets 401
+    headers: dict[str, str] = field(default_factory=dict)  # extra response headers (Location, ...)
     requests: int = 0
     headers_seen: list[dict[str, str]] = field(default_factory=list)
 
@@ -41,13 +43,27 @@ class EngineBehaviour:
 
 
 def send_body(handler: http.server.BaseHTTPRequestHandler, body: bytes, status: int = 200,
-              content_type: str = PROMETHEUS_TEXT) -> None:
+              content_type: str = PROMETHEUS_TEXT, headers: dict[str, str] | None = None) -> None:
     """One whole response with a Content-Length (keep-alive handlers need it)."""
     handler.send_response(status)
     handler.send_header("Content-Type", content_type)
     handler.send_header("Content-Length", str(len(body)))
+    for name, value in (headers or {}).items():
+        handler.send_header(name, value)
     handler.end_headers()
     handler.wfile.write(body)
+
+
+def promtool_check_metrics(exposition: bytes) -> None:
+    """`promtool check metrics` passes on `exposition`. `make test` installs promtool (Debian
+    package prometheus), so a missing one fails rather than skips."""
+    import pytest
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found on PATH; `make test` installs it (Debian package prometheus)")
+    out = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
 
 
 def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
@@ -74,7 +90,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if expected is not None and self.headers.get("Authorization") != expected:
             body, status = b"unauthorized\n", 401
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            send_body(self, body, status, behaviour.content_type)
+            send_body(self, body, status, behaviour.content_type, behaviour.headers)
 
     def log_message(self, *args: object) -> None:
         return

@@ -233,7 +233,7 @@ def test_a_cycle_is_rendered_only_when_asked_and_only_once_per_format():
         await collector.collect_once()
         assert renders == []  # nobody scraped: nothing formatted
         published = collector.latest
-        assert published.text == published.text and b"# EOF" in published.openmetrics()
+        assert published.text is published.text and b"# EOF" in published.openmetrics()  # cached, not rebuilt
         assert published.openmetrics().endswith(b"# EOF\n")
         assert renders == [False, True]
     asyncio.run(scenario())

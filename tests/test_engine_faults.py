@@ -107,11 +107,13 @@ def test_duplicate_series_and_nan_do_not_fail_the_target():
 
 
 def test_the_scrape_sends_an_accept_header_and_never_follows_redirects():
-    with fake_engine(b"", status=302) as (url, behaviour):
+    page = b'vllm:num_requests_running{model_name="m"} 1\n'
+    with fake_engine(page) as (elsewhere, elsewhere_seen), \
+            fake_engine(b"", status=302, headers={"Location": elsewhere}) as (url, behaviour):
         published = _collect(url)
     assert _value(published, "llm_exporter_collect_errors_total", source="engine:t", reason="http_status") == 1.0
     assert "text/plain" in behaviour.headers_seen[0]["Accept"]
-    assert behaviour.requests == 1  # the Location header was not followed
+    assert behaviour.requests == 1 and elsewhere_seen.requests == 0  # the Location was not followed
 
 
 def _bomb(n: int) -> bytes:

@@ -244,8 +244,8 @@ def test_types_are_recorded() -> None:
     cache = LabelCache()  # comment lines are cached: a warm parse still records every TYPE
     for _ in range(2):
         assert parse(page, label_cache=cache).types == {"a_total": "counter", "b": "histogram"}
-    with pytest.raises(ExpositionError):  # a malformed TYPE line fails warm as it did cold
-        for _ in range(2):
+    for _ in range(2):  # a malformed TYPE line fails warm (cached comment) as it did cold
+        with pytest.raises(ExpositionError):
             parse("# TYPE broken\na 1\n", label_cache=cache)
 
 

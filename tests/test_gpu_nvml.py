@@ -7,7 +7,6 @@ import asyncio
 import dataclasses
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from exporter.sources.base import SourceData, SourceError
 from exporter.sources.gpu._counters import CounterRates, ResetSafeTotals
 from exporter.sources.gpu._device import POWER_LIMIT_REFRESH_S, normalise_bus_id
 from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
+from tests.support import promtool_check_metrics
 
 GPU_FAMILIES = {f.name for f in gpu_catalog.FAMILIES}
 
@@ -144,11 +144,9 @@ def test_golden_folder_has_no_stale_cases() -> None:
     assert present == expected
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 @pytest.mark.parametrize("path", sorted((GOLDEN / "gpu").glob("*.metrics")), ids=lambda p: p.stem)
 def test_golden_passes_promtool(path) -> None:
-    out = subprocess.run(["promtool", "check", "metrics"], input=path.read_bytes(), capture_output=True)
-    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+    promtool_check_metrics(path.read_bytes())
 
 
 def test_every_gpu_family_is_emitted_and_catalogued() -> None:
@@ -810,7 +808,7 @@ def test_field_batch_refused_as_a_whole_falls_back_to_one_call_per_value() -> No
 def test_field_batch_decodes_pynvml_ctypes_structs() -> None:
     """The fake answers field reads with plain objects, pynvml with a ctypes array of
     c_nvmlFieldValue_t: the source must read both the same way."""
-    pynvml = pytest.importorskip("pynvml")
+    import pynvml  # nvidia-ml-py: a dependency of the project, always there
 
     def render_two_cycles(as_ctypes: bool) -> bytes:
         fake = FakeNvml(["a100", "l4"], "busy")  # NVLink counters; PCIe counters; refused fields

@@ -10,6 +10,7 @@ import pathlib
 import re
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -34,6 +35,7 @@ from exporter.sources.host_proc import (
     socket_inode,
 )
 from exporter.sources.host_process import busiest_thread_ratio, choose_root, numa_mismatch
+from tests.support import promtool_check_metrics, wait_until
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "host"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "proc").is_dir())
@@ -101,12 +103,9 @@ def test_golden_second_cycle(case: str, tmp_path: pathlib.Path, assert_golden) -
     assert_golden(f"host/{case}.metrics", render(second.samples).decode())
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 @pytest.mark.parametrize("case", CASES)
 def test_golden_passes_promtool(case: str) -> None:
-    path = pathlib.Path(__file__).resolve().parent / "golden" / "host" / f"{case}.metrics"
-    out = subprocess.run(["promtool", "check", "metrics"], input=path.read_bytes(), capture_output=True)
-    assert out.returncode == 0, out.stdout + out.stderr
+    promtool_check_metrics((pathlib.Path(__file__).resolve().parent / "golden" / "host" / f"{case}.metrics").read_bytes())
 
 
 def test_every_sample_has_a_catalogued_family(tmp_path: pathlib.Path) -> None:
@@ -436,9 +435,9 @@ def test_no_selector_exports_no_engine_series(tmp_path: pathlib.Path) -> None:
 
 
 def test_bad_options_are_rejected() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="engine_process_name"):
         HostOptions(engine_process_name="vllm(")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="engine_port"):
         HostOptions(engine_port=70000)
 
 
@@ -672,9 +671,21 @@ def test_name_search_never_finds_the_exporter_itself() -> None:
 
     assert os.getpid() in self_and_parent("/proc")
     assert self_and_parent(str(FIXTURES / "dual_socket_ok" / "proc")) == ()  # no `self` link there
-    # This test process's command line matches its own name; it must not be picked.
+    # This test process's command line matches its own name; it (and its parent) must not be picked.
     own_comm = pathlib.Path(f"/proc/{os.getpid()}/comm").read_text().strip()
-    assert find_by_name("/proc", re.compile(re.escape(own_comm)), exclude=self_and_parent("/proc")) != os.getpid()
+    assert find_by_name("/proc", re.compile(re.escape(own_comm)), exclude=self_and_parent("/proc")) \
+        not in self_and_parent("/proc")
+    # And `exclude` is what keeps a match out: a process whose command line carries a unique token
+    # is found, unless excluded.
+    token = f"llm-exporter-test-{os.getpid()}-{time.monotonic_ns()}"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", token])
+    try:
+        pattern = re.compile(re.escape(token))
+        assert wait_until(lambda: find_by_name("/proc", pattern) == child.pid, timeout=10)
+        assert find_by_name("/proc", pattern, exclude=(child.pid,)) is None
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_unparsable_file_is_omitted_not_fatal(tmp_path: pathlib.Path) -> None:

@@ -341,10 +341,10 @@ def test_a_body_over_the_cap_is_refused(framing):
         sock.sendall(b"HTTP/1.0 200 OK\r\n\r\n" + big)
         return False
     with RawServer(handler) as server:
-        started = time.monotonic()
         error = failure(server.url(), cap=64 * 1024)
+    # Refused as soon as it was known: with Content-Length, before a body that never comes (waiting
+    # for it would end in the server's hang-up, reason `connection`, or the 2 s timeout).
     assert error.reason == "too_large", error.message
-    assert time.monotonic() - started < 0.9  # refused as soon as it was known, not at the end
 
 
 def test_a_gzip_body_is_decoded_and_capped_after_decoding():
@@ -366,7 +366,7 @@ def test_a_slow_drip_is_cut_at_the_deadline():
         error = failure(server.url(), timeout=0.3)
         elapsed = time.monotonic() - started
     assert error.reason == "timeout" and "body not complete within 0.3s" in error.message
-    assert elapsed < 0.8
+    assert elapsed < 2.0  # the drip would last 4 s: it was cut at the deadline, not read to the end
 
 
 def test_no_answer_is_a_timeout():

@@ -159,7 +159,7 @@ def test_traffic_fast_forwards_much_faster_than_real_time() -> None:
 
     # 15 minutes of 70B chat traffic on 2 x H200 (about 25,000 engine steps); an hour takes ~4x this.
     twin = Twin(TwinConfig(scenario="decode-heavy", model="llama-3.1-70b", gpu="NVIDIA H200", gpus=2, epoch=0.0))
-    start = time.perf_counter()
+    start = time.thread_time()  # CPU time: a guard against a pathological slowdown, not a benchmark
     twin.fast_forward(900)
-    assert time.perf_counter() - start < 8
+    assert time.thread_time() - start < 8
     assert twin.engine.counters.finished > 1000
