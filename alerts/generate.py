@@ -35,9 +35,16 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG: dict = {
     # Selects the exporter's series (all llm_* families come from the exporter's scrape job).
     "exporter_selector": 'job="llm-exporter"',
-    # The labels that identify one exporter (one sidecar, one host). GPU and host series carry no
-    # `target`, so they are joined to their engine's series on these.
+    # The labels that identify one exporter (one sidecar, one host): Alertmanager's inhibitions
+    # match on them.
     "exporter_labels": ("job", "instance"),
+    # The labels that join GPU series (no `target`) to the engine series of the engines using those
+    # GPUs: LLMGPUSlowdownWhileServing and LLMEngineWithoutGPUMetrics. ("job", "instance") when
+    # one exporter serves both (sidecar, one exporter per host). In the DaemonSet layout
+    # (deploy/kubernetes/daemonset) GPU series come from the node's exporter and engine series
+    # from the sidecars, so join on the node: ("job", "node"), with every PodMonitor/ServiceMonitor
+    # setting `node` from __meta_kubernetes_pod_node_name (the shipped ones do).
+    "gpu_join_labels": ("job", "instance"),
     # Labels summed away when recording per-target rules; everything else is kept (`without`).
     # Add "instance" (or "pod") here to get fleet-wide SLOs per target name and model.
     "aggregate_away": ("rank",),
@@ -100,7 +107,12 @@ CONFIG: dict = {
     "xid_critical": (48, 62, 64, 74, 79, 95, 119, 120),
     "xid_warning": (13, 31, 43, 45, 63, 92, 94),
     "xid_window": "1h",
+    "ecc_window": "1h",  # LLMGPUUncorrectableECCErrors: new uncorrected errors within this window
     "slowdown_reasons": ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"),
+    # Throttled for more than slowdown_ratio of slowdown_window, for slowdown_for: a slowdown that
+    # comes and goes (power brake 2 minutes of every 3) counts, a short spike does not.
+    "slowdown_window": "5m",
+    "slowdown_ratio": 0.5,
     "slowdown_for": "5m",
     "pcie_load_utilization": 0.5,  # GPU busy share above which a trained-down link matters
     "pcie_for": "10m",
@@ -111,10 +123,20 @@ CONFIG: dict = {
     "bottleneck_resources": ("host_cpu", "power_thermal"),
     "bottleneck_for": "30m",
     # Pipeline.
+    # LLMEngineDown pages for an engine that was up within engine_up_lookback and is down for
+    # engine_down_for. An engine not up at all in that lookback (a new pod still loading its model,
+    # or one down for longer than the lookback) is LLMEngineNotStarted, a ticket after
+    # engine_not_started_for (the overlays' startup probe gives a model 15 minutes too).
     "engine_down_for": "2m",
+    "engine_up_lookback": "6h",
+    "engine_not_started_for": "15m",
+    # Self-health of the GPU and host sources (engine sources are LLMEngineDown's).
     "source_failing_for": "10m",
-    "source_stale_seconds": 300,
-    "source_stale_for": "2m",
+    # LLMExporterSourceFlapping: a source failing on and off (failed in more than source_flapping_ratio
+    # of the scrapes over source_flapping_window, with more than one recovery), for source_flapping_for.
+    "source_flapping_window": "15m",
+    "source_flapping_ratio": 0.1,
+    "source_flapping_for": "15m",
     "exporter_down_for": "5m",
     "exporter_absent_for": "10m",
     "no_gpu_metrics_for": "15m",
@@ -171,8 +193,13 @@ def without(*extra: str, cfg: dict = CONFIG) -> str:
     return f"without ({', '.join((*cfg['aggregate_away'], *extra))})"
 
 
-def on_exporter(cfg: dict = CONFIG) -> str:
-    return ", ".join(cfg["exporter_labels"])
+def on_gpu_join(cfg: dict = CONFIG) -> str:
+    return ", ".join(cfg["gpu_join_labels"])
+
+
+def gpu_join_who(cfg: dict = CONFIG) -> str:
+    """The join labels other than `job`, as template values: who a joined alert is about."""
+    return ", ".join(f"{{{{ $labels.{label} }}}}" for label in cfg["gpu_join_labels"] if label != "job")
 
 
 def fmt_num(value: float) -> str:
@@ -409,18 +436,24 @@ def hardware(cfg: dict) -> list[dict]:
     crit, warn = set(cfg["xid_critical"]), set(cfg["xid_warning"])
     if crit & warn:
         raise ValueError(f"XID codes in both the critical and the warning list: {sorted(crit & warn)}")
-    xw, ex = cfg["xid_window"], on_exporter(cfg)
+    xw, join = cfg["xid_window"], on_gpu_join(cfg)
+    sw = cfg["slowdown_window"]
     slowdown = sel("llm_gpu_clock_event_active", f'reason=~"{regex_of(cfg["slowdown_reasons"])}"', cfg=cfg)
     current, maximum = 'state="current"', 'state="max"'
+    ecc = sel("llm_gpu_ecc_errors_total", 'type="uncorrected"', cfg=cfg)
     rules = []
     for name, sev, codes in (("LLMGPUXidCritical", "critical", cfg["xid_critical"]),
                              ("LLMGPUXidWarning", "warning", cfg["xid_warning"])):
         series = sel("llm_gpu_xid_errors_total", f'xid=~"{regex_of(codes)}"', cfg=cfg)
+        # A series is created by its first event, and increase() of a new series is 0: the second
+        # branch catches a series with no sample at all in the window before the last one. (Not
+        # `unless S offset 1h`: that single point is missing after any scrape gap an hour ago,
+        # and an old XID would page again.)
         rules.append(alert(
             name,
             f"increase({series}[{xw}]) > 0\n"
             f"or\n"
-            f"({series} unless {series} offset {xw})",
+            f"({series} unless max_over_time({series}[{xw}] offset {xw}))",
             sev, "XID {{ $labels.xid }} on GPU {{ $labels.gpu }}.",
             f"{GPU} reported XID {{{{ $labels.xid }}}} ({{{{ $value | humanize }}}} events in the last "
             f"{xw}).",
@@ -428,10 +461,10 @@ def hardware(cfg: dict) -> list[dict]:
         ))
     rules += [
         alert("LLMGPUUncorrectableECCErrors",
-              sel("llm_gpu_ecc_errors_total", 'type="uncorrected"', cfg=cfg) + " > 0",
-              "critical", "Uncorrectable ECC errors on GPU {{ $labels.gpu }}.",
-              f"{GPU} has {{{{ $value | humanize }}}} uncorrected (double-bit) ECC errors since the "
-              f"driver loaded.", cfg=cfg),
+              f"increase({ecc}[{cfg['ecc_window']}]) > 0",
+              "critical", "New uncorrectable ECC errors on GPU {{ $labels.gpu }}.",
+              f"{GPU} counted {{{{ $value | humanize }}}} new uncorrected (double-bit) ECC errors in "
+              f"the last {cfg['ecc_window']}.", cfg=cfg),
         alert("LLMGPURowRemapFailure",
               sel("llm_gpu_remapped_rows", 'state="failed"', cfg=cfg) + " > 0",
               "critical", "Row remapping failed on GPU {{ $labels.gpu }}.",
@@ -442,12 +475,13 @@ def hardware(cfg: dict) -> list[dict]:
               f"{GPU}: a memory row remap is pending; it takes effect at the next GPU reset.",
               "15m", cfg=cfg),
         alert("LLMGPUSlowdownWhileServing",
-              f"{slowdown} == 1\n"
-              f"and on ({ex})\n"
-              f"(sum by ({ex}) ({sel('llm_requests_running', cfg=cfg)}) > 0)",
+              f"avg_over_time({slowdown}[{sw}]) > {fmt_num(cfg['slowdown_ratio'])}\n"
+              f"and on ({join})\n"
+              f"(sum by ({join}) (max_over_time({sel('llm_requests_running', cfg=cfg)}[{sw}])) > 0)",
               "warning", "GPU {{ $labels.gpu }} is throttled ({{ $labels.reason }}) while serving.",
-              f"{GPU} has clock event {{{{ $labels.reason }}}} active while its engine runs requests: "
-              f"clocks, and so tokens/s, are held down by heat or power.",
+              f"{GPU} had clock event {{{{ $labels.reason }}}} active {{{{ $value | humanizePercentage }}}} "
+              f"of the last {sw} while its engine ran requests: clocks, and so tokens/s, are held down "
+              f"by heat or power.",
               cfg["slowdown_for"], cfg=cfg),
     ]
     load = f"{sel('llm_gpu_utilization_ratio', cfg=cfg)} > {fmt_num(cfg['pcie_load_utilization'])}"
@@ -495,26 +529,49 @@ def hardware(cfg: dict) -> list[dict]:
 
 
 def pipeline(cfg: dict) -> list[dict]:
-    ex = on_exporter(cfg)
+    join, who = on_gpu_join(cfg), gpu_join_who(cfg)
     job = cfg["exporter_selector"]
+    lookback = cfg["engine_up_lookback"]
+    # Up at any time in the lookback, whatever `engine` label it had then: an engine whose kind is
+    # detected is engine="unknown" until its first successful scrape.
+    was_up = f"max without (engine) (max_over_time({sel('llm_engine_up', cfg=cfg)}[{lookback}])) == 1"
+    not_engine = 'source!~"engine:.*"'
+    sw = cfg["source_flapping_window"]
     rules = [
-        alert("LLMEngineDown", f"{sel('llm_engine_up', cfg=cfg)} == 0",
+        alert("LLMEngineDown",
+              f"{sel('llm_engine_up', cfg=cfg)} == 0\n"
+              f"and ignoring (engine)\n"
+              f"{was_up}",
               "critical", "Engine target {{ $labels.target }} is down.",
               "The exporter on {{ $labels.instance }} cannot scrape or parse the /metrics of engine "
-              "target {{ $labels.target }} ({{ $labels.engine }}).",
+              f"target {{{{ $labels.target }}}} ({{{{ $labels.engine }}}}), which was up within the last "
+              f"{lookback}.",
               cfg["engine_down_for"], cfg=cfg),
-        alert("LLMExporterSourceFailing", f"{sel('llm_exporter_source_up', cfg=cfg)} == 0",
+        alert("LLMEngineNotStarted",
+              f"{sel('llm_engine_up', cfg=cfg)} == 0\n"
+              f"unless ignoring (engine)\n"
+              f"{was_up}",
+              "warning", "Engine target {{ $labels.target }} has not come up.",
+              "The exporter on {{ $labels.instance }} has not been able to scrape the /metrics of engine "
+              f"target {{{{ $labels.target }}}} at any time in the last {lookback}: a new engine still "
+              f"loading its model after {cfg['engine_not_started_for']}, or failing to start, or one down "
+              f"for longer than {lookback}.",
+              cfg["engine_not_started_for"], cfg=cfg),
+        alert("LLMExporterSourceFailing", f"{sel('llm_exporter_source_up', not_engine, cfg=cfg)} == 0",
               "warning", "Exporter source {{ $labels.source }} is failing.",
               "The {{ $labels.source }} source of the exporter on {{ $labels.instance }} has failed "
               f"every collection for {cfg['source_failing_for']}; its series are missing.",
               cfg["source_failing_for"], cfg=cfg),
-        alert("LLMExporterSourceStale",
-              f"time() - {sel('llm_exporter_last_success_timestamp_seconds', cfg=cfg)}\n"
-              f"> {fmt_num(cfg['source_stale_seconds'])}",
-              "warning", "Exporter source {{ $labels.source }} is stale.",
-              "The {{ $labels.source }} source on {{ $labels.instance }} last succeeded "
-              "{{ $value | humanizeDuration }} ago.",
-              cfg["source_stale_for"], cfg=cfg),
+        alert("LLMExporterSourceFlapping",
+              f"1 - avg_over_time({sel('llm_exporter_source_up', not_engine, cfg=cfg)}[{sw}])\n"
+              f"  > {fmt_num(cfg['source_flapping_ratio'])}\n"
+              f"and\n"
+              f"changes({sel('llm_exporter_source_up', not_engine, cfg=cfg)}[{sw}]) > 2",
+              "warning", "Exporter source {{ $labels.source }} fails on and off.",
+              "The {{ $labels.source }} source of the exporter on {{ $labels.instance }} failed in "
+              f"{{{{ $value | humanizePercentage }}}} of the scrapes over the last {sw}, recovering in "
+              "between: its series keep dropping out (gaps in graphs, stale series, alert timers reset).",
+              cfg["source_flapping_for"], cfg=cfg),
         alert("LLMExporterDown", f"up{{{job}}} == 0",
               "warning", "llm-exporter {{ $labels.instance }} is down.",
               "Prometheus cannot scrape llm-exporter at {{ $labels.instance }}: its engine, GPU and "
@@ -527,12 +584,15 @@ def pipeline(cfg: dict) -> list[dict]:
               "Every other llm-exporter alert is blind.",
               cfg["exporter_absent_for"], cfg=cfg),
         alert("LLMEngineWithoutGPUMetrics",
-              f"group by ({ex}) ({sel('llm_engine_up', cfg=cfg)} == 1)\n"
-              f"unless on ({ex})\n"
-              f"group by ({ex}) ({sel('llm_gpu_up', cfg=cfg)})",
-              "warning", "Engine metrics but no GPU metrics from {{ $labels.instance }}.",
-              "The exporter on {{ $labels.instance }} serves engine metrics but no llm_gpu_* series: "
-              "the GPU source is off, failing, or cannot see the GPUs (device plugin, NVML library).",
+              f"group by ({join}) ({sel('llm_engine_up', cfg=cfg)} == 1)\n"
+              f"unless on ({join})\n"
+              f"group by ({join}) ({sel('llm_gpu_up', cfg=cfg)})",
+              "warning", f"Engine metrics but no GPU metrics from {who}.",
+              (f"The exporter on {who} serves engine metrics but no llm_gpu_* series: "
+               if "instance" in cfg["gpu_join_labels"] else
+               f"Engines on {who} serve metrics but no exporter with the same {join} serves llm_gpu_* "
+               f"series: ")
+              + "the GPU source is off, failing, or cannot see the GPUs (device plugin, NVML library).",
               cfg["no_gpu_metrics_for"], cfg=cfg),
     ]
     return [{"name": "llm-exporter.pipeline.alerts", "rules": rules}]
@@ -599,22 +659,26 @@ def alertmanager(areas: dict[str, list[dict]], cfg: dict = CONFIG) -> dict:
     engine_scoped = [n for a in ("slo", "latency", "saturation") for n in names.get(a, [])]
     gpu_scoped = [n for n in names.get("hardware", []) if n.startswith("LLMGPU") and n != "LLMGPULost"]
     inhibit = []
-    if "LLMEngineDown" in names.get("pipeline", []) and engine_scoped:
-        inhibit.append({
-            "source_matchers": ['alertname="LLMEngineDown"'],
-            "target_matchers": [f'alertname=~"{regex_of(engine_scoped)}"'],
-            "equal": [*exporter_labels, "target"],
-        })
+    for source in ("LLMEngineDown", "LLMEngineNotStarted"):
+        if source in names.get("pipeline", []) and engine_scoped:
+            inhibit.append({
+                "source_matchers": [f'alertname="{source}"'],
+                "target_matchers": [f'alertname=~"{regex_of(engine_scoped)}"'],
+                "equal": [*exporter_labels, "target"],
+            })
     if "LLMGPULost" in names.get("hardware", []) and gpu_scoped:
         inhibit.append({
             "source_matchers": ['alertname="LLMGPULost"'],
             "target_matchers": [f'alertname=~"{regex_of(gpu_scoped)}"'],
             "equal": [*exporter_labels, "gpu"],
         })
-    if {"LLMGPUXidCritical", "LLMGPUXidWarning"} <= set(names.get("hardware", [])):
+    # A critical XID on a GPU (XID 48 is the double-bit ECC event itself) already pages for it.
+    xid_scoped = [n for n in ("LLMGPUXidWarning", "LLMGPUUncorrectableECCErrors") if n in names.get("hardware", [])]
+    if "LLMGPUXidCritical" in names.get("hardware", []) and xid_scoped:
         inhibit.append({
             "source_matchers": ['alertname="LLMGPUXidCritical"'],
-            "target_matchers": ['alertname="LLMGPUXidWarning"'],
+            "target_matchers": [f'alertname=~"{regex_of(xid_scoped)}"' if len(xid_scoped) > 1
+                                else f'alertname="{xid_scoped[0]}"'],
             "equal": [*exporter_labels, "gpu"],
         })
     if {"LLMExporterAbsent", "LLMExporterDown"} <= set(names.get("pipeline", [])):

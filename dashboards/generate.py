@@ -147,6 +147,15 @@ load). UIDs are the MD5 of the file name, so links and bookmarks survive regener
 | `model` | `label_values(llm_requests_running{...}, model)` | engine series and derived series with a model |
 | `gpu` | `label_values(llm_gpu_up{...}, gpu)` (GPU dashboard) | per-GPU series |
 
+Several exporters may name their targets alike (the Kubernetes sidecar calls every target `engine`)
+and every exporter has a GPU 0, so every series split by target or GPU keeps `instance` too, in its
+aggregation and its legend. Panels that stack the parts of a whole (prefill vs decode share, a request's
+queue/prefill/decode time, finished requests by reason) repeat once per selected `$target` and combine
+that target's exporters, so one stack is one target. Where a family differs by engine, a panel falls back
+per engine target (`or on (instance, target, model)`) and its description says which engines feed which
+series. Threshold lines of the bottleneck verdict come from `exporter/derive/bottleneck.py`
+(`dashboards/verdict.py`).
+
 The selectors live in one dict, `SELECTORS` in `dashboards/lib.py`. SLO thresholds, objectives and
 saturation thresholds drawn on the panels come from `alerts/generate.py`'s `CONFIG`, so the lines are
 where the alerts fire. Latency quantiles, SLO ratios and token rates read the recording rules of
@@ -155,11 +164,12 @@ where the alerts fire. Latency quantiles, SLO ratios and token rates read the re
 ## What the demo shows
 
 `tests/test_dashboards_live.py` runs the real Prometheus against `llm-exporter demo` (decode-heavy and
-kv-pressure) and evaluates every query below. The queries that have no data there are listed in that
-test with the reason: the simulated GPU does not model XID, ECC, row remapping, PCIe replays, the NVML
-memory busy share, SM occupancy, HBM temperature, driver-reserved or per-process memory; the demo sets
-no GPU price (cost per 1M tokens); the sysfs GPU PCIe/NUMA panels need a real NVIDIA device; collection
-errors appear only after a failure.
+kv-pressure) and evaluates every query below; two more demos serving the SGLang and TGI expositions show
+the fallback panels (prefix-cache gauge, TPOT, requests without a finish reason). The queries that have
+no data there are listed in that test with the reason: the simulated GPU does not model XID, ECC, row
+remapping, PCIe replays, the NVML memory busy share, SM occupancy, HBM temperature, driver-reserved or
+per-process memory; the demo sets no GPU price (cost per 1M tokens); the sysfs GPU PCIe/NUMA panels need
+a real NVIDIA device; collection errors appear only after a failure.
 """
 
 

@@ -3,6 +3,7 @@ memory, power, clocks, interconnect and hardware errors."""
 
 from __future__ import annotations
 
+from dashboards import verdict
 from dashboards.lib import (
     BOOL_ACTIVE,
     BOOL_UP,
@@ -51,12 +52,12 @@ Utilization (NVML) is a busy-time share: 1 when one kernel ran all period, howev
 SM active and tensor active (GPM) say how much compute was used; DRAM bandwidth utilization (GPM) says how
 much of the memory roof was used. Decode at the roof shows DRAM high, tensor low and utilization high.
 Memory busy share is NVML's memory-controller busy time, not a fraction of bandwidth.
-""", [target(G.sel("llm_gpu_utilization_ratio"), "GPU {{gpu}} utilization"),
-      target(G.sel("llm_gpu_sm_active_ratio"), "GPU {{gpu}} SM active"),
-      target(G.sel("llm_gpu_tensor_active_ratio"), "GPU {{gpu}} tensor active"),
-      target(G.sel("llm_gpu_dram_bandwidth_utilization_ratio"), "GPU {{gpu}} DRAM bandwidth"),
-      target(G.sel("llm_gpu_memory_utilization_ratio"), "GPU {{gpu}} memory busy share"),
-      target(G.sel("llm_gpu_sm_occupancy_ratio"), "GPU {{gpu}} SM occupancy")],
+""", [target(G.sel("llm_gpu_utilization_ratio"), "GPU {{gpu}} ({{instance}}) utilization"),
+      target(G.sel("llm_gpu_sm_active_ratio"), "GPU {{gpu}} ({{instance}}) SM active"),
+      target(G.sel("llm_gpu_tensor_active_ratio"), "GPU {{gpu}} ({{instance}}) tensor active"),
+      target(G.sel("llm_gpu_dram_bandwidth_utilization_ratio"), "GPU {{gpu}} ({{instance}}) DRAM bandwidth"),
+      target(G.sel("llm_gpu_memory_utilization_ratio"), "GPU {{gpu}} ({{instance}}) memory busy share"),
+      target(G.sel("llm_gpu_sm_occupancy_ratio"), "GPU {{gpu}} ({{instance}}) SM occupancy")],
         unit="percentunit", w=24, h=9, minimum=0, maximum=1,
         overrides=[color_override(".*utilization$", "text"), color_override(".*DRAM bandwidth$", "purple"),
                    color_override(".*tensor active$", "blue")]))
@@ -64,37 +65,46 @@ Memory busy share is NVML's memory-controller busy time, not a fraction of bandw
     lay.row("Roofline: how close to the HBM and compute roofs")
     lay.add(
         timeseries("Achieved vs peak HBM bandwidth", """
-Achieved HBM bandwidth per GPU: source=model is decode steps/s x (weight bytes + KV bytes read per step)
-/ tensor-parallel GPUs; source=gpm is measured (DRAM_BW_UTIL x peak). Peak (dashed) is the card's spec.
-When achieved sits near peak, decode is at the memory roof: only fewer bytes per step (quantized weights or KV)
-or more sequences per weight read (bigger batch) raise tokens/s.
-""", [target(f"max by (target, gpu, source) ({TG.sel('llm_hbm_bandwidth_bytes_per_second')})",
-             "{{source}} GPU {{gpu}} {{target}}"),
-      target(f"max by (gpu) (\n  {TG.sel('llm_hbm_bandwidth_bytes_per_second', MODELLED)}\n"
+Achieved HBM bandwidth per GPU of each exporter: source=model is decode steps/s x (weight bytes + KV bytes read
+per step) / tensor-parallel GPUs; source=gpm is measured (DRAM_BW_UTIL x peak). Peak (dashed) is each card's
+spec, per exporter and GPU index, so mixed cards keep their own roofs. When achieved sits near peak, decode is at
+the memory roof: only fewer bytes per step (quantized weights or KV) or more sequences per weight read (bigger
+batch) raise tokens/s.
+""", [target(f"max by (instance, target, gpu, source) ({TG.sel('llm_hbm_bandwidth_bytes_per_second')})",
+             "{{source}} GPU {{gpu}} {{target}} ({{instance}})"),
+      target(f"max by (instance, gpu) (\n  {TG.sel('llm_hbm_bandwidth_bytes_per_second', MODELLED)}\n"
              f"  / ({TG.sel('llm_hbm_bandwidth_efficiency_ratio', MODELLED)} > 0)\n)",
-             "peak GPU {{gpu}}")],
+             "peak GPU {{gpu}} ({{instance}})")],
             unit="Bps", w=12, minimum=0, overrides=[color_override("^peak.*", "red", dashed=True)]),
-        timeseries("HBM bandwidth efficiency (share of peak)", """
-Achieved / peak HBM bandwidth. Above about 0.7 decode is bandwidth-bound (the memory_bandwidth verdict).
-The gap between gpm and model is traffic the model does not explain: prefill, activations, other processes.
-Low efficiency with high utilization points at small batches, CPU gaps between steps or the interconnect.
-""", [target(TG.sel("llm_hbm_bandwidth_efficiency_ratio"), "{{source}} GPU {{gpu}} {{target}}")],
+        timeseries("HBM bandwidth efficiency (share of peak)", f"""
+Achieved / peak HBM bandwidth. The verdict's memory_bandwidth score reads the mean over the target's GPUs
+(gpm when the GPU has GPM, else model): 0 up to {verdict.pct(verdict.HBM_LOW)} (yellow line), rising linearly to 1 at
+{verdict.pct(verdict.HBM_HIGH)}. At {verdict.pct(verdict.HBM_ROOF)} (purple line) it reaches {verdict.ROOF_MIN}, the score a
+roof needs: from there memory_bandwidth is the verdict unless a constraint scores {verdict.CONSTRAINT_MIN} or more or
+compute scores at least as high (ties go to compute). The gap between gpm and model is traffic the model does not explain: prefill,
+activations, other processes. Low efficiency with high utilization points at small batches, CPU gaps between
+steps or the interconnect.
+""", [target(TG.sel("llm_hbm_bandwidth_efficiency_ratio"), "{{source}} GPU {{gpu}} {{target}} ({{instance}})")],
             unit="percentunit", w=12, minimum=0, maximum=1, threshold_style="dashed",
-            steps=thresholds((None, "transparent"), (0.3, "yellow"), (0.7, "purple"))),
+            steps=thresholds((None, "transparent"), (verdict.HBM_LOW, "yellow"), (verdict.HBM_ROOF, "purple"))),
     )
     lay.add(
-        timeseries("Prefill MFU", """
+        timeseries("Prefill MFU", f"""
 Model FLOPs utilization of prefill = 2 x active parameters x prompt tokens/s / (GPUs x peak dense FLOPS).
-Prefill is compute-bound: above about 0.5 it is at the compute roof (the compute verdict), and only fewer
-FLOPs (FP8, prefix caching) or more TFLOPS help. Low MFU with long TTFT points at queueing, not compute.
-""", [target(TM.sel("llm_prefill_mfu_ratio"), "{{target}} {{model}}")], unit="percentunit", w=12, minimum=0,
-            threshold_style="dashed", steps=thresholds((None, "transparent"), (0.2, "yellow"), (0.5, "blue"))),
+Prefill is compute-bound. The verdict's compute score is 0 up to {verdict.pct(verdict.MFU_LOW)} MFU (yellow line),
+rising linearly to 1 at {verdict.pct(verdict.MFU_HIGH)}; at {verdict.pct(verdict.MFU_ROOF)} (blue line) it reaches
+{verdict.ROOF_MIN}, the score a roof needs: from there compute is the verdict unless a constraint scores
+{verdict.CONSTRAINT_MIN} or more or memory_bandwidth scores higher. At the compute roof only fewer FLOPs (FP8, prefix
+caching) or more TFLOPS help. Low MFU with long TTFT points at queueing, not compute.
+""", [target(TM.sel("llm_prefill_mfu_ratio"), "{{target}} {{model}} ({{instance}})")], unit="percentunit", w=12,
+            minimum=0, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (verdict.MFU_LOW, "yellow"), (verdict.MFU_ROOF, "blue"))),
         timeseries("Decode steps/s and mean batch size", """
 Each decode step reads all weights once and emits one token per running sequence, so decode tokens/s =
 steps/s x batch. Steps/s is the per-sequence token rate (1 / TBT); it falls slowly as the batch grows because
 each step also reads more KV cache. A batch that does not grow under load is capped by KV or batch limits.
-""", [target(TM.sel("llm_decode_steps_per_second"), "steps/s {{target}}"),
-      target(TM.sel("llm_mean_batch_size"), "batch {{target}}")], unit="short", w=12, minimum=0,
+""", [target(TM.sel("llm_decode_steps_per_second"), "steps/s {{target}} ({{instance}})"),
+      target(TM.sel("llm_mean_batch_size"), "batch {{target}} ({{instance}})")], unit="short", w=12, minimum=0,
             overrides=[{"matcher": {"id": "byRegexp", "options": "^batch.*"},
                         "properties": [{"id": "custom.axisPlacement", "value": "right"},
                                        {"id": "unit", "value": "short"}]}]),
@@ -106,19 +116,21 @@ each step also reads more KV cache. A batch that does not grow under load is cap
 Used vs installed device memory. Engines preallocate most of it on purpose (weights + a KV pool sized to the
 rest), so "90% used" is normal; what matters is the KV headroom on the Overview. Reserved is the driver's
 share; engine processes is what the engine's own PIDs hold (needs hostPID in containers).
-""", [target(G.sel("llm_gpu_memory_used_bytes"), "GPU {{gpu}} used"),
-      target(G.sel("llm_gpu_memory_total_bytes"), "GPU {{gpu}} total"),
-      target(G.sel("llm_gpu_memory_reserved_bytes"), "GPU {{gpu}} reserved by driver"),
-      target(G.sel("llm_gpu_engine_memory_used_bytes"), "GPU {{gpu}} engine processes")],
+""", [target(G.sel("llm_gpu_memory_used_bytes"), "GPU {{gpu}} ({{instance}}) used"),
+      target(G.sel("llm_gpu_memory_total_bytes"), "GPU {{gpu}} ({{instance}}) total"),
+      target(G.sel("llm_gpu_memory_reserved_bytes"), "GPU {{gpu}} ({{instance}}) reserved by driver"),
+      target(G.sel("llm_gpu_engine_memory_used_bytes"), "GPU {{gpu}} ({{instance}}) engine processes")],
             unit="bytes", w=12, minimum=0, overrides=[color_override(".*total$", "red", dashed=True)]),
         timeseries("Where device memory goes: KV pool vs weights and the rest", """
-Per exporter (one engine's GPUs): the KV cache pool the engine allocated, the part of it in use, and the rest of
-used memory (weights, activations, CUDA graphs, other processes) = GPU memory used - KV pool. KV, not
+Per exporter, all its engines and GPUs together: the KV cache pools the engines allocated, the part in use,
+and the rest of used memory (weights, activations, CUDA graphs, other processes) = GPU memory used - KV pools.
+Only $job and $instance apply: GPU memory carries no target or model label, so both sides of the subtraction
+take every target, model and GPU of the exporter ($target, $model and $gpu do not narrow this panel). KV, not
 weights, decides concurrency: a bigger pool (quantized weights, higher memory fraction) fits more sequences.
-""", [target(f"sum by (job, instance) ({TM.sel('llm_kv_cache_capacity_bytes')})", "KV pool {{instance}}"),
-      target(f"sum by (job, instance) ({TM.sel('llm_kv_cache_used_bytes')})", "KV in use {{instance}}"),
+""", [target(f"sum by (job, instance) ({EX.sel('llm_kv_cache_capacity_bytes')})", "KV pool {{instance}}"),
+      target(f"sum by (job, instance) ({EX.sel('llm_kv_cache_used_bytes')})", "KV in use {{instance}}"),
       target(f"sum by (job, instance) ({EX.sel('llm_gpu_memory_used_bytes')})\n"
-             f"- on (job, instance)\nsum by (job, instance) ({TM.sel('llm_kv_cache_capacity_bytes')})",
+             f"- on (job, instance)\nsum by (job, instance) ({EX.sel('llm_kv_cache_capacity_bytes')})",
              "weights + activations + other {{instance}}")],
             unit="bytes", w=12, minimum=0),
     )
@@ -128,20 +140,20 @@ weights, decides concurrency: a bigger pool (quantized weights, higher memory fr
         timeseries("Power vs limit", """
 Board power against the enforced limit. Decode at the bandwidth roof often draws well below the limit;
 prefill near the limit with sw_power_cap active means clocks are held down by power, not by heat.
-""", [target(G.sel("llm_gpu_power_watts"), "GPU {{gpu}} power"),
-      target(G.sel("llm_gpu_power_limit_watts"), "GPU {{gpu}} limit")],
+""", [target(G.sel("llm_gpu_power_watts"), "GPU {{gpu}} ({{instance}}) power"),
+      target(G.sel("llm_gpu_power_limit_watts"), "GPU {{gpu}} ({{instance}}) limit")],
             unit="watt", w=8, minimum=0, overrides=[color_override(".*limit$", "red", dashed=True)]),
         timeseries("Clocks as a share of max", """
 Current SM and memory clock / their maximum. A SM clock well below max while busy, with a throttle reason
 below, is the power/thermal bottleneck: tokens/s falls with the clock and a faster GPU would throttle too.
-""", [target(f"{G.sel('llm_gpu_sm_clock_hertz')}\n/\n{G.sel('llm_gpu_sm_clock_max_hertz')}", "GPU {{gpu}} SM"),
+""", [target(f"{G.sel('llm_gpu_sm_clock_hertz')}\n/\n{G.sel('llm_gpu_sm_clock_max_hertz')}", "GPU {{gpu}} ({{instance}}) SM"),
       target(f"{G.sel('llm_gpu_memory_clock_hertz')}\n/\n{G.sel('llm_gpu_memory_clock_max_hertz')}",
-             "GPU {{gpu}} memory")], unit="percentunit", w=8, minimum=0, maximum=1.05),
+             "GPU {{gpu}} ({{instance}}) memory")], unit="percentunit", w=8, minimum=0, maximum=1.05),
         timeseries("Temperature", """
 GPU die and HBM temperature. Slowdown usually starts in the mid 80s C (card-specific); a sawtooth of
 temperature with clocks dropping at the top is failing cooling, not load.
-""", [target(G.sel("llm_gpu_temperature_celsius"), "GPU {{gpu}} die"),
-      target(G.sel("llm_gpu_memory_temperature_celsius"), "GPU {{gpu}} HBM")],
+""", [target(G.sel("llm_gpu_temperature_celsius"), "GPU {{gpu}} ({{instance}}) die"),
+      target(G.sel("llm_gpu_memory_temperature_celsius"), "GPU {{gpu}} ({{instance}}) HBM")],
             unit="celsius", w=8, threshold_style="dashed",
             steps=thresholds((None, "transparent"), (83, "orange"), (90, "red"))),
     )
@@ -149,7 +161,7 @@ temperature with clocks dropping at the top is failing cooling, not load.
 Each reason NVML reports, red while active. gpu_idle and applications_clocks_setting are benign;
 sw_power_cap means the power limit holds clocks down; hw_slowdown, hw_thermal_slowdown, sw_thermal_slowdown
 and hw_power_brake_slowdown while serving are the power_thermal bottleneck (alert LLMGPUSlowdownWhileServing).
-""", [target(G.sel("llm_gpu_clock_event_active"), "GPU {{gpu}} {{reason}}")], mappings=BOOL_ACTIVE, w=24, h=8))
+""", [target(G.sel("llm_gpu_clock_event_active"), "GPU {{gpu}} ({{instance}}) {{reason}}")], mappings=BOOL_ACTIVE, w=24, h=8))
 
     lay.row("Interconnect")
     lay.add(
@@ -157,13 +169,13 @@ and hw_power_brake_slowdown while serving are the power_thermal bottleneck (aler
 Bytes/s over PCIe (host <-> GPU). A Gen5 x16 link moves about 63 GB/s each way, Gen4 about 32, Gen3 about 16.
 Traffic near the trained link's rate during tensor-parallel decode means all-reduce over PCIe is the step's
 bottleneck (interconnect verdict).
-""", [target(G.sel("llm_gpu_pcie_tx_bytes_per_second"), "GPU {{gpu}} tx"),
-      target(G.sel("llm_gpu_pcie_rx_bytes_per_second"), "GPU {{gpu}} rx")], unit="Bps", w=8, minimum=0),
+""", [target(G.sel("llm_gpu_pcie_tx_bytes_per_second"), "GPU {{gpu}} ({{instance}}) tx"),
+      target(G.sel("llm_gpu_pcie_rx_bytes_per_second"), "GPU {{gpu}} ({{instance}}) rx")], unit="Bps", w=8, minimum=0),
         timeseries("NVLink traffic", """
 Bytes/s over NVLink, all links. With tensor parallelism every layer all-reduces activations between GPUs;
 NVLink keeps that off PCIe. Zero traffic with TP > 1 means the GPUs talk over PCIe (check topology).
-""", [target(G.sel("llm_gpu_nvlink_tx_bytes_per_second"), "GPU {{gpu}} tx"),
-      target(G.sel("llm_gpu_nvlink_rx_bytes_per_second"), "GPU {{gpu}} rx")], unit="Bps", w=8, minimum=0),
+""", [target(G.sel("llm_gpu_nvlink_tx_bytes_per_second"), "GPU {{gpu}} ({{instance}}) tx"),
+      target(G.sel("llm_gpu_nvlink_rx_bytes_per_second"), "GPU {{gpu}} ({{instance}}) rx")], unit="Bps", w=8, minimum=0),
         table("PCIe link: generation and width vs max", """
 The PCIe link as trained now against the most the GPU and slot support. Idle GPUs train down to save power
 (normal); current below max under load is a bad riser, slot or BIOS setting and halves host transfers.
@@ -180,7 +192,7 @@ The PCIe link as trained now against the most the GPU and slot support. Idle GPU
         state_timeline("GPU reachable", """
 Whether NVML could read the GPU this cycle (llm_gpu_up). Down means fallen off the bus, driver error or a
 reset in progress: its other series disappear, XID counts stay.
-""", [target(G.sel("llm_gpu_up"), "GPU {{gpu}} {{instance}}")], mappings=BOOL_UP, w=12, h=6,
+""", [target(G.sel("llm_gpu_up"), "GPU {{gpu}} ({{instance}})")], mappings=BOOL_UP, w=12, h=6,
             steps=thresholds((None, "red"), (1, "green"))),
         table("XID errors in the time range", """
 XID events per GPU and code over the dashboard's time range. 48, 62, 64, 74, 79, 95, 119, 120 are
@@ -193,9 +205,9 @@ See docs/alerts.md for the lists.
 Volatile ECC counts since the driver loaded (corrected single-bit are absorbed; any uncorrected one is
 critical), remapped rows by state (pending waits for a GPU reset, failed needs service), and PCIe replays/s
 (link-level retransmissions: a bad link before it trains down).
-""", [target(G.sel("llm_gpu_ecc_errors_total"), "GPU {{gpu}} ECC {{type}}"),
-      target(G.sel("llm_gpu_remapped_rows"), "GPU {{gpu}} rows {{state}}"),
-      target(G.rate("llm_gpu_pcie_replay_errors_total"), "GPU {{gpu}} PCIe replays/s")],
+""", [target(G.sel("llm_gpu_ecc_errors_total"), "GPU {{gpu}} ({{instance}}) ECC {{type}}"),
+      target(G.sel("llm_gpu_remapped_rows"), "GPU {{gpu}} ({{instance}}) rows {{state}}"),
+      target(G.rate("llm_gpu_pcie_replay_errors_total"), "GPU {{gpu}} ({{instance}}) PCIe replays/s")],
         unit="short", w=24, h=7, minimum=0))
     return dashboard(FILENAME, TITLE, "Per GPU: utilization read correctly, HBM roofline, MFU, memory, power, "
                      "clocks and throttling, PCIe/NVLink, hardware errors (llm-exporter).", lay,

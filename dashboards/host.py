@@ -3,8 +3,8 @@ the GPUs' PCIe links from sysfs, and the exporter's own health."""
 
 from __future__ import annotations
 
+from dashboards import verdict
 from dashboards.lib import (
-    ALERTS,
     BOOL_UP,
     Layout,
     Promql,
@@ -48,20 +48,26 @@ moving the work off that thread will.
              "busiest core {{instance}}")],
             unit="percentunit", w=12, minimum=0, maximum=1,
             overrides=[color_override("^busiest.*", "orange")]),
-        timeseries("Engine process: busiest thread and cores used", """
+        timeseries("Engine process: busiest thread and cores used", f"""
 The engine's busiest thread (0..1 of one core) and the CPU cores the engine process uses in total.
-A busiest thread near 1 while the GPU waits between steps is the host_cpu bottleneck: the Python scheduler,
-tokenizer or detokenizer cannot feed the GPU fast enough.
+A busy thread while the GPU waits between steps is the host_cpu bottleneck: the Python scheduler, tokenizer
+or detokenizer cannot feed the GPU fast enough. The verdict's host_cpu score from the busiest thread is 0 up to
+{verdict.pct(verdict.HOST_THREAD_START)} of a core (orange line), rising linearly to 1 at
+{verdict.pct(verdict.HOST_THREAD_FULL)}; at {verdict.pct(verdict.HOST_THREAD_VERDICT)} (red line) it reaches
+{verdict.CONSTRAINT_MIN}, where host_cpu becomes the verdict unless another constraint scores higher. The lines hold for the plain case: the score is
+halved while a roof (compute or HBM) scores 0.8 or more, and raised by 0.15 once above 0.3 when the engine is
+pinned off its GPUs' NUMA node.
 """, [target(EX.sel("llm_engine_process_busiest_thread_cpu_ratio"), "busiest thread {{instance}}"),
       target(EX.rate("llm_engine_process_cpu_seconds_total"), "cores used {{instance}}")],
             unit="percentunit", w=12, minimum=0, threshold_style="dashed",
-            steps=thresholds((None, "transparent"), (0.9, "red")),
+            steps=thresholds((None, "transparent"), (verdict.HOST_THREAD_START, "orange"),
+                             (verdict.HOST_THREAD_VERDICT, "red")),
             overrides=[right_axis("^cores used.*", "short")]),
     )
     lay.add(state_timeline("CPU busy per core", """
 Each core's busy share over time (green idle, red saturated). A single hot row is one thread pinned to one core;
 a whole NUMA node's block hot and the other cold is placement, see the NUMA row.
-""", [target(EX.sel("llm_host_cpu_busy_ratio", NOT_ALL), "cpu {{cpu}}")], unit="percentunit", w=24, h=8,
+""", [target(EX.sel("llm_host_cpu_busy_ratio", NOT_ALL), "cpu {{cpu}} ({{instance}})")], unit="percentunit", w=24, h=8,
         color={"mode": "continuous-GrYlRd"}, minimum=0, maximum=1, merge=False, show_values="never"))
     lay.add(
         timeseries("Load average vs cores", """
@@ -100,8 +106,8 @@ on both nodes, pin each tensor-parallel rank to its GPU's node.
 Used (total - free; page cache counts as used) and total RAM of each NUMA node. One node full and the other
 empty, with the engine on the full one, means its allocations spill to the remote node.
 """, [target(f"{EX.sel('llm_host_numa_memory_total_bytes')}\n- {EX.sel('llm_host_numa_memory_free_bytes')}",
-             "node {{node}} used"),
-      target(EX.sel("llm_host_numa_memory_total_bytes"), "node {{node}} total")],
+             "node {{node}} ({{instance}}) used"),
+      target(EX.sel("llm_host_numa_memory_total_bytes"), "node {{node}} ({{instance}}) total")],
             unit="bytes", w=12, minimum=0, overrides=[color_override(".*total$", "red", dashed=True)]),
         timeseries("Host memory", """
 RAM in use (total - available) against total. The engine's pinned host buffers and CPU KV offload live here;
@@ -120,13 +126,14 @@ memory or I/O. CPU pressure while the engine serves means its threads queue for 
 reclaim or swap stalls.
 """, [target(EX.sel("llm_host_pressure_waiting_ratio", 'window="10s"'), "{{resource}} {{instance}}")],
             unit="percentunit", w=12, minimum=0, maximum=1),
-        timeseries("Host CPU bottleneck score vs decode tokens/s", """
-The verdict's host_cpu score per target (0..1; 0.6 makes it the verdict) next to the target's decode tokens/s.
-A score that rises with load while tokens/s flattens is the CPU limiting the GPU.
-""", [target(T.sel("llm_bottleneck_score", 'resource="host_cpu"'), "host_cpu score {{target}}"),
-      target(TM.sel("llm_decode_tokens_per_second"), "decode tok/s {{target}} {{model}}")],
+        timeseries("Host CPU bottleneck score vs decode tokens/s", f"""
+The verdict's host_cpu score per target (0..1; at {verdict.CONSTRAINT_MIN}, the red line, a constraint becomes the
+verdict) next to the target's decode tokens/s. A score that rises with load while tokens/s flattens is the CPU
+limiting the GPU.
+""", [target(T.sel("llm_bottleneck_score", 'resource="host_cpu"'), "host_cpu score {{target}} ({{instance}})"),
+      target(TM.sel("llm_decode_tokens_per_second"), "decode tok/s {{target}} {{model}} ({{instance}})")],
             unit="percentunit", w=12, minimum=0, threshold_style="dashed",
-            steps=thresholds((None, "transparent"), (0.6, "red")),
+            steps=thresholds((None, "transparent"), (verdict.CONSTRAINT_MIN, "red")),
             overrides=[right_axis("^decode.*", "suffix: tok/s")]),
     )
 
@@ -157,12 +164,12 @@ collection interval or its timeout delays nothing (scrapes read the last snapsho
             unit="s", w=12, h=6, minimum=0),
     )
     lay.add(
-        timeseries("Time since last successful collection", f"""
-Seconds since each source last succeeded. It stays near the interval while healthy; above
-{ALERTS['source_stale_seconds']} s LLMExporterSourceStale fires.
+        timeseries("Time since last successful collection", """
+Seconds since each source last succeeded. It stays near the interval while healthy and grows while
+every collection fails (LLMExporterSourceFailing for the GPU and host sources, LLMEngineDown for an
+engine); a source that fails on and off shows as a saw-tooth (LLMExporterSourceFlapping).
 """, [target(f"time() - {EX.sel('llm_exporter_last_success_timestamp_seconds')}", "{{source}} {{instance}}")],
-            unit="s", w=8, minimum=0, threshold_style="dashed",
-            steps=thresholds((None, "transparent"), (ALERTS["source_stale_seconds"], "red"))),
+            unit="s", w=8, minimum=0),
         timeseries("Collection errors by reason", """
 Failed collections per second by source and reason code (timeout, connection, parse, ...). Pair with Source
 status: a steady trickle of timeouts on one engine target usually means its /metrics page is too large or slow.
@@ -172,7 +179,7 @@ status: a steady trickle of timeouts on one engine target usually means its /met
 /metrics requests answered 503 because too many scrapes were in flight, and series dropped by the
 cardinality limits. Both should stay at 0; drops mean an engine exposes more label values than the limit.
 """, [target(EX.rate("llm_exporter_scrapes_rejected_total"), "scrapes rejected/s {{instance}}"),
-      target(EX.rate("llm_exporter_series_dropped_total"), "series dropped/s {{source}}")],
+      target(EX.rate("llm_exporter_series_dropped_total"), "series dropped/s {{source}} {{instance}}")],
             unit="short", w=8, minimum=0),
     )
     lay.add(table("Exporter build", """

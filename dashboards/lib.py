@@ -43,17 +43,19 @@ SELECTORS: dict[str, str] = {
 RATE = "$__rate_interval"
 
 
-def _load_alert_config() -> dict:
-    """alerts/generate.py's CONFIG (SLO thresholds and objectives, saturation thresholds)."""
+def _load_alerts_generate() -> Any:
+    """alerts/generate.py as a module: its CONFIG (SLO thresholds and objectives, burn-rate pairs,
+    saturation thresholds) and its duration helpers."""
     path = ROOT / "alerts" / "generate.py"
     spec = importlib.util.spec_from_file_location("_llm_exporter_alerts_generate", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.CONFIG
+    return module
 
 
-ALERTS = _load_alert_config()
+ALERTS_GENERATE = _load_alerts_generate()
+ALERTS = ALERTS_GENERATE.CONFIG
 
 
 class Promql:
@@ -261,6 +263,19 @@ def text(title: str, description: str, content: str, *, w: int = 24, h: int = 4)
             "options": {"mode": "markdown", "content": content.strip(),
                         "code": {"language": "plaintext", "showLineNumbers": False, "showMiniMap": False}}}
     return Panel(body, w, h)
+
+
+def repeat_per(panel: Panel, variable: str, *, max_per_row: int = 4) -> Panel:
+    """One copy of the panel per selected value of `variable` (Grafana's panel repeat), side by side.
+
+    Grafana sizes horizontal copies from the full row (24 / values, at most max_per_row per row), so
+    the panel must be a full-width one; put the variable in the title so each copy names its value."""
+    if panel.w != 24:
+        raise ValueError(f"{panel.title}: a repeated panel is full width (24), not {panel.w}")
+    if f"${variable}" not in panel.title:
+        raise ValueError(f"{panel.title}: a panel repeated per ${variable} names it in its title")
+    panel.body.update({"repeat": variable, "repeatDirection": "h", "maxPerRow": max_per_row})
+    return panel
 
 
 def color_override(name_regex: str, color: str, *, dashed: bool = False) -> dict:

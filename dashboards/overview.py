@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from dashboards import verdict
 from dashboards.lib import (
     ALERTS,
+    ALERTS_GENERATE,
     Layout,
+    Panel,
     Promql,
     color_override,
     dashboard,
     divide,
     heatmap,
+    repeat_per,
     standard_variables,
     stat,
     state_timeline,
@@ -20,6 +24,7 @@ from dashboards.lib import (
     value_map,
 )
 from exporter.catalog.derived import RESOURCES
+from exporter.derive.bottleneck import HOLD_CYCLES
 
 FILENAME = "llm-serving-overview.json"
 TITLE = "LLM Serving / Overview"
@@ -30,6 +35,17 @@ TM = Promql("target_model")
 TTFT = ALERTS["slos"]["ttft"]
 TBT = ALERTS["slos"]["tbt"]
 WINDOW = ALERTS["rate_window"]  # the recording rules' window, e.g. 5m
+ITL = "llm_inter_token_latency_seconds"
+TPOT = "llm_time_per_output_token_seconds"
+# One engine's series: the labels fallbacks (`or on (...)`) match on, so a fallback fills in per
+# engine target, not for the whole selection.
+ENGINE = ("instance", "target", "model")
+ON_ENGINE = f"on ({', '.join(ENGINE)})"
+BY_ENGINE = f"by ({', '.join(ENGINE)})"
+# The burn-rate windows of the alert pairs (alerts/generate.py CONFIG["burn_rates"]), shortest first.
+BURN_WINDOWS = sorted({w for br in ALERTS["burn_rates"] for w in (br["short"], br["long"])},
+                      key=ALERTS_GENERATE.duration_seconds)
+BURN_COLORS = ("yellow", "orange", "red", "dark-red")  # the pairs' factors, lowest first
 
 # One colour per verdict, grouped by kind: roofs blue/purple, constraints warm, idle grey.
 RESOURCE_COLORS = {
@@ -53,12 +69,65 @@ def verdict_code_expr() -> str:
     return "sum by (instance, target) (\n  " + "\n  or ".join(terms) + "\n)"
 
 
+QUANTILES = tuple(round(q * 100) for q in ALERTS["quantiles"])  # the recording rules' quantiles: 50, 95, 99
+
+
 def quantile_targets(metric: str) -> list[dict]:
-    return [target(rule(f"{metric}:p{q}_{WINDOW}"), f"p{q} {{{{target}}}} {{{{model}}}}") for q in (50, 95, 99)]
+    return [target(rule(f"{metric}:p{q}_{WINDOW}"), f"p{q} {{{{target}}}} {{{{model}}}} ({{{{instance}}}})")
+            for q in QUANTILES]
+
+
+def labelled(expr: str, label: str, value: str) -> str:
+    """expr with a constant label added (label_replace from the empty label, which always matches)."""
+    return f'label_replace(\n  {expr},\n  "{label}", "{value}", "", ""\n)'
+
+
+def tbt_quantile(q: int) -> str:
+    """The q-th percentile time between tokens of each engine: inter-token latency (ITL, per gap) from the
+    recording rule where the engine exports it, else the engine's time per output token (TPOT, each
+    request's mean gap) over the same window. `measure` says which."""
+    itl = rule(f"{ITL}:p{q}_{WINDOW}")
+    tpot = (f"histogram_quantile({q / 100:g}, sum by ({', '.join((*ENGINE, 'le'))}) "
+            f"({TM.rate(TPOT + '_bucket', window=WINDOW)}))")
+    return f"{labelled(itl, 'measure', 'ITL')}\nor {ON_ENGINE}\n{labelled(tpot, 'measure', 'TPOT')}"
+
+
+NO_REASON = "unreported"
+
+
+def finished_by_reason() -> str:
+    """Finished requests/s by reason over the selection (one repeated panel per target): the finish-reason
+    counter where the engine has it, else llm_requests_total, else the e2e latency histogram's count, each
+    engine target (instance, target, model) taking the first it has."""
+    with_reason = f"sum by ({', '.join((*ENGINE, 'reason'))}) ({TM.rate('llm_requests_finished_total')})"
+    fallbacks = [labelled(f"sum {BY_ENGINE} ({TM.rate(name)})", "reason", NO_REASON)
+                 for name in ("llm_requests_total", "llm_e2e_request_latency_seconds_count")]
+    return "sum by (reason) (\n" + f"\nor {ON_ENGINE}\n".join((with_reason, *fallbacks)) + "\n)"
 
 
 def burn(metric: str, window: str, objective: float) -> str:
     return f"(1 - {rule(f'{metric}:slo_good_ratio_rate{window}')}) / {round(1 - objective, 10)}"
+
+
+def burn_panel(key: str, w: int) -> Panel:
+    spec = ALERTS["slos"][key]
+    name = key.upper()
+    pairs = sorted(ALERTS["burn_rates"], key=lambda br: -br["factor"])
+    fmt = ALERTS_GENERATE.fmt_num
+    said = "; ".join(
+        f"{br['severity']}: above {fmt(br['factor'])}x over both {br['long']} and {br['short']} "
+        f"(budget gone in {ALERTS_GENERATE.budget_left(ALERTS['slo_period'], br['factor'])})" for br in pairs)
+    factors = sorted({br["factor"] for br in pairs})
+    assert len(factors) <= len(BURN_COLORS), "one colour per burn-rate factor"
+    return timeseries(f"{name} error budget burn rate", f"""
+How fast the {name} SLO ({spec['objective']:.0%} within {spec['threshold_seconds']} s) spends its
+{ALERTS['slo_period']} error budget, over each window an alert reads ({', '.join(BURN_WINDOWS)}): 1 = exactly on
+budget. An alert pair fires when both of its windows burn above its factor (the dashed lines) with enough
+traffic; {said}. Read a pair as its two lines both above their line.
+""", [target(burn(spec["metric"], win, spec["objective"]), f"{win} {{{{target}}}} {{{{model}}}} ({{{{instance}}}})")
+      for win in BURN_WINDOWS],
+        unit="suffix:x", w=w, h=8, minimum=0, threshold_style="dashed",
+        steps=thresholds((None, "transparent"), *zip(factors, BURN_COLORS, strict=False)))
 
 
 def build() -> dict:
@@ -71,7 +140,7 @@ def build() -> dict:
 The resource that limits each engine target now (llm_bottleneck == 1). compute and memory_bandwidth are
 roofs: a loaded, healthy engine sits on one (prefill on compute, decode on HBM bandwidth). kv_capacity,
 host_cpu, interconnect and power_thermal are constraints: the fix is elsewhere than a faster GPU.
-""", [target(f'{T.sel("llm_bottleneck")} == 1', "{{target}}: {{resource}}")],
+""", [target(f'{T.sel("llm_bottleneck")} == 1', "{{target}} ({{instance}}): {{resource}}")],
              w=6, text_mode="name", color_mode="none", graph=False),
         stat("Engine targets up", """
 Engine targets whose /metrics the exporter scraped and parsed this cycle, out of all configured
@@ -89,9 +158,10 @@ Worst p99 time to first token over {WINDOW} among the selected targets. Red at t
              steps=thresholds((None, "green"), (TTFT["threshold_seconds"] * 0.8, "orange"),
                               (TTFT["threshold_seconds"], "red"))),
         stat(f"TBT p99 ({WINDOW})", f"""
-Worst p99 time between tokens (inter-token latency) over {WINDOW}. Red at the SLO threshold
-({TBT['threshold_seconds']} s): the stream visibly stutters for readers.
-""", [target(f'max({rule(f"llm_inter_token_latency_seconds:p99_{WINDOW}")})', "p99")], unit="s", w=3,
+Worst p99 time between tokens over {WINDOW}: inter-token latency (vLLM, SGLang, LMDeploy, NIM), else time per
+output token (TGI, trtllm-serve: each request's mean gap, so its tail is lower than the gaps'). Red at the SLO
+threshold ({TBT['threshold_seconds']} s): the stream visibly stutters for readers.
+""", [target(f"max(\n{tbt_quantile(99)}\n)", "p99")], unit="s", w=3,
              steps=thresholds((None, "green"), (TBT["threshold_seconds"] * 0.8, "orange"),
                               (TBT["threshold_seconds"], "red"))),
         stat("KV cache usage (max)", f"""
@@ -109,21 +179,24 @@ flat means the engine is at its batch or KV limit; TTFT grows with it.
     )
 
     lay.row("Bottleneck verdict and its evidence")
-    lay.add(state_timeline("Bottleneck verdict over time", """
+    lay.add(state_timeline("Bottleneck verdict over time", f"""
 One row per engine target; the colour is the verdict (llm_bottleneck). The diagnosis order of the source
 documents: is there load, then is prefill or decode slow, then compute, HBM bandwidth, KV capacity, CPU,
-interconnect, power/thermal. The verdict has hysteresis (3 cycles to change), so short blips do not flap it.
+interconnect, power/thermal. The verdict has hysteresis ({HOLD_CYCLES} cycles to change), so short blips do
+not flap it.
 "The most expensive mistake is upgrading a part that was never the bottleneck."
 """, [target(verdict_code_expr(), "{{target}} ({{instance}})")], mappings=verdict_map, w=24, h=5,
         steps=thresholds((None, "text"))))
     lay.add(
-        timeseries("Evidence: score per resource", """
+        timeseries("Evidence: score per resource", f"""
 How strongly the evidence points at each resource (llm_bottleneck_score, 0..1; formulas in
-docs/diagnosis.md). A constraint wins at 0.6, a roof at 0.35. Two high roofs at once usually mean a mix of
-prefill and decode; a constraint next to a high roof is the thing holding the GPU off its roof.
-""", [target(T.sel("llm_bottleneck_score"), "{{target}} {{resource}}")], unit="percentunit", minimum=0,
-            maximum=1, w=12, threshold_style="dashed",
-            steps=thresholds((None, "transparent"), (0.35, "blue"), (0.6, "red"))),
+docs/diagnosis.md). A constraint (kv_capacity, host_cpu, interconnect, power_thermal) becomes the verdict at
+{verdict.CONSTRAINT_MIN} (red line); a roof (compute, memory_bandwidth) at {verdict.ROOF_MIN} (blue line) when no
+constraint does. Two high roofs at once usually mean a mix of prefill and decode; a constraint next to a high
+roof is the thing holding the GPU off its roof.
+""", [target(T.sel("llm_bottleneck_score"), "{{target}} ({{instance}}) {{resource}}")], unit="percentunit",
+            minimum=0, maximum=1, w=12, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (verdict.ROOF_MIN, "blue"), (verdict.CONSTRAINT_MIN, "red"))),
         table("Evidence now", """
 The scores and the verdict right now, one row per target and resource. Read the highest score first, then
 the verdict column (1 = the verdict). GET /api/v1/diagnosis on the exporter says the same in words, with
@@ -143,32 +216,47 @@ tail; offline batch jobs about total tokens/s.
 """, quantile_targets("llm_time_to_first_token_seconds"), unit="s", w=8, threshold_style="dashed",
             steps=thresholds((None, "transparent"), (TTFT["threshold_seconds"], "red"))),
         timeseries(f"Time between tokens (p50/p95/p99, {WINDOW})", f"""
-TBT / inter-token latency = one decode step. Each step reads all weights plus the KV cache of every
-running sequence, so it is mostly bound by HBM bandwidth and grows with batch size and context length.
-The red line is the SLO threshold ({TBT['threshold_seconds']} s for {TBT['objective']:.0%} of gaps).
-""", quantile_targets("llm_inter_token_latency_seconds"), unit="s", w=8, threshold_style="dashed",
+TBT = one decode step. Each step reads all weights plus the KV cache of every running sequence, so it is
+mostly bound by HBM bandwidth and grows with batch size and context length. measure=ITL is the inter-token
+latency histogram, per gap (vLLM, SGLang, LMDeploy, NIM); engines without it show measure=TPOT, the time per
+output token histogram, one observation per request of its mean gap (TGI, trtllm-serve): its tail is lower,
+since a request's slow gaps are averaged with its fast ones. The red line is the SLO threshold
+({TBT['threshold_seconds']} s for {TBT['objective']:.0%} of gaps; the SLO and its alerts read ITL only).
+""", [target(tbt_quantile(q), f"p{q} {{{{measure}}}} {{{{target}}}} {{{{model}}}} ({{{{instance}}}})")
+      for q in QUANTILES], unit="s", w=8, threshold_style="dashed",
             steps=thresholds((None, "transparent"), (TBT["threshold_seconds"], "red"))),
         timeseries(f"End-to-end latency (p50/p95/p99, {WINDOW})", """
 Request latency from arrival to the last token: TTFT + output tokens x TBT. Long answers dominate it, so
 compare it with the output length before blaming the engine.
 """, quantile_targets("llm_e2e_request_latency_seconds"), unit="s", w=8),
     )
+    lay.add(repeat_per(
+        timeseries(f"Where a request's time goes: $target (mean, {WINDOW})", f"""
+One panel per engine target: mean queue, prefill and decode time per request, stacked, so the top of the stack
+is about the mean request latency. A growing queue share means capacity (batch or KV) is the limit, a prefill
+share long prompts, a decode share long answers or slow steps. Each part is sum of the histogram's _sum rate /
+sum of its _count rate over {WINDOW}: the mean over all requests of the target, so exporters that report the same
+target name (the Kubernetes sidecar names every target "engine") are averaged together, weighted by requests;
+pick one $instance to see one. Queue time: vLLM, SGLang, TGI, trtllm-serve, LMDeploy; prefill and decode time:
+vLLM, trtllm-serve, LMDeploy.
+""", [target(divide(TM.sum_rate(f"{phase}_sum", window=WINDOW), TM.sum_rate(f"{phase}_count", window=WINDOW)),
+             name)
+      for name, phase in (("queue", "llm_request_queue_time_seconds"), ("prefill", "llm_request_prefill_time_seconds"),
+                          ("decode", "llm_request_decode_time_seconds"))],
+            unit="s", w=24, h=7, stack=True, fill=40, legend_calcs=("mean", "lastNotNull")), "target"))
     lay.add(
-        timeseries(f"Where a request's time goes (mean, {WINDOW})", """
-Mean queue, prefill and decode time per finished request, stacked. A growing queue share means capacity
-(batch or KV) is the limit, a prefill share long prompts, a decode share long answers or slow steps.
-""", [target(rule(f"llm_request_queue_time_seconds:mean{WINDOW}"), "queue {{target}}"),
-      target(rule(f"llm_request_prefill_time_seconds:mean{WINDOW}"), "prefill {{target}}"),
-      target(rule(f"llm_request_decode_time_seconds:mean{WINDOW}"), "decode {{target}}")],
-            unit="s", w=8, stack=True, fill=40),
         heatmap("TTFT distribution", """
 Requests per second in each TTFT bucket (the engine's own bucket bounds). Two bands usually mean two kinds
 of traffic (short chat and long RAG prompts) and deserve separate SLOs or routing.
-""", [target(f"sum by (le) ({TM.rate('llm_time_to_first_token_seconds_bucket')})")], w=8),
+""", [target(f"sum by (le) ({TM.rate('llm_time_to_first_token_seconds_bucket')})")], w=12),
         heatmap("Time-between-tokens distribution", """
-Token gaps per second in each inter-token-latency bucket. A second band well above the main one is decode
-steps that also carried a prefill (no chunked prefill) or preemption recompute.
-""", [target(f"sum by (le) ({TM.rate('llm_inter_token_latency_seconds_bucket')})")], w=8),
+Token gaps per second in each inter-token-latency bucket (vLLM, SGLang, LMDeploy, NIM); for an engine target
+without that histogram, requests per second in each time-per-output-token bucket instead (TGI, trtllm-serve:
+one observation per request, its mean gap). With both kinds of engine selected the heatmap mixes the two;
+select one $target to read one. A second band well above the main one is decode steps that also carried a
+prefill (no chunked prefill) or preemption recompute.
+""", [target(f"sum by (le) (\n  {TM.rate(ITL + '_bucket')}\n  or {ON_ENGINE}\n  {TM.rate(TPOT + '_bucket')}\n)")],
+            w=12),
     )
 
     lay.row("SLO attainment and error budget")
@@ -176,37 +264,36 @@ steps that also carried a prefill (no chunked prefill) or preemption recompute.
         stat(f"TTFT SLO attainment ({WINDOW})", f"""
 Share of requests with TTFT <= {TTFT['threshold_seconds']} s over {WINDOW} (bucket le = threshold / count).
 Red below the objective ({TTFT['objective']:.2%}).
-""", [target(rule(f"llm_time_to_first_token_seconds:slo_good_ratio_rate{WINDOW}"), "{{target}} {{model}}")],
+""", [target(rule(f"llm_time_to_first_token_seconds:slo_good_ratio_rate{WINDOW}"),
+              "{{target}} {{model}} ({{instance}})")],
              unit="percentunit", w=4, h=8, decimals=2, minimum=0, maximum=1,
              steps=thresholds((None, "red"), (TTFT["objective"], "green"))),
         stat(f"TBT SLO attainment ({WINDOW})", f"""
 Share of token gaps <= {TBT['threshold_seconds']} s over {WINDOW}. Red below the objective
-({TBT['objective']:.2%}).
-""", [target(rule(f"llm_inter_token_latency_seconds:slo_good_ratio_rate{WINDOW}"), "{{target}} {{model}}")],
+({TBT['objective']:.2%}). Like the SLO alerts it reads the inter-token latency histogram (vLLM, SGLang,
+LMDeploy, NIM); engines with only time per output token (TGI, trtllm-serve) have no TBT SLO.
+""", [target(rule(f"llm_inter_token_latency_seconds:slo_good_ratio_rate{WINDOW}"),
+              "{{target}} {{model}} ({{instance}})")],
              unit="percentunit", w=4, h=8, decimals=2, minimum=0, maximum=1,
              steps=thresholds((None, "red"), (TBT["objective"], "green"))),
-        timeseries("Error budget burn rate", f"""
-How fast each SLO spends its {ALERTS['slo_period']} error budget: 1 = exactly on budget, 14.4 = the whole
-budget gone in about two days. The alerts page when both a long and a short window burn above a line
-(14.4x over 1h and 5m, 6x over 6h and 30m) and open a ticket at 1x over 3d and 6h.
-""", [target(burn(TTFT["metric"], w, TTFT["objective"]), f"TTFT {w} {{{{target}}}}") for w in ("5m", "1h", "6h")]
-            + [target(burn(TBT["metric"], w, TBT["objective"]), f"TBT {w} {{{{target}}}}") for w in ("5m", "1h", "6h")],
-            unit="suffix:x", w=16, h=8, minimum=0, threshold_style="dashed",
-            steps=thresholds((None, "transparent"), (1, "yellow"), (6, "orange"), (14.4, "red"))),
+        burn_panel("ttft", w=8),
+        burn_panel("tbt", w=8),
     )
     lay.add(
         timeseries("SLO attainment in the exporter's window", """
 The same good-event shares computed by the exporter over its sliding window (--quantile-window), with the
-le bucket it used. Available without Prometheus recording rules; the two should agree.
-""", [target(TM.sel("llm_ttft_slo_attainment_ratio"), "TTFT <= {{le}}s {{target}}"),
-      target(TM.sel("llm_tbt_slo_attainment_ratio"), "TBT <= {{le}}s {{target}}")],
+le bucket it used. Available without Prometheus recording rules; the two should agree. TBT, as in the
+recording rules, is the inter-token latency histogram: none for TGI and trtllm-serve.
+""", [target(TM.sel("llm_ttft_slo_attainment_ratio"), "TTFT <= {{le}}s {{target}} ({{instance}})"),
+      target(TM.sel("llm_tbt_slo_attainment_ratio"), "TBT <= {{le}}s {{target}} ({{instance}})")],
             unit="percentunit", w=12, decimals=3, maximum=1),
         timeseries("p99 tails in the exporter's window", """
 TTFT, TBT and end-to-end p99 computed by the exporter from its own window of the engine histograms
 (llm_*_window_seconds). They match histogram_quantile over the same window and need no recording rules.
-""", [target(TM.sel("llm_ttft_window_seconds", 'quantile="0.99"'), "TTFT p99 {{target}}"),
-      target(TM.sel("llm_tbt_window_seconds", 'quantile="0.99"'), "TBT p99 {{target}}"),
-      target(TM.sel("llm_e2e_window_seconds", 'quantile="0.99"'), "E2E p99 {{target}}")],
+TBT is from the inter-token latency histogram only (none for TGI and trtllm-serve).
+""", [target(TM.sel("llm_ttft_window_seconds", 'quantile="0.99"'), "TTFT p99 {{target}} ({{instance}})"),
+      target(TM.sel("llm_tbt_window_seconds", 'quantile="0.99"'), "TBT p99 {{target}} ({{instance}})"),
+      target(TM.sel("llm_e2e_window_seconds", 'quantile="0.99"'), "E2E p99 {{target}} ({{instance}})")],
             unit="s", w=12, log_scale=True),
     )
 
@@ -216,43 +303,50 @@ TTFT, TBT and end-to-end p99 computed by the exporter from its own window of the
 Prompt tokens processed (prefill) and output tokens generated (decode) per second. Prefill is mostly
 compute-bound and fast per token; decode produces one token per sequence per step and is mostly bound by
 HBM bandwidth. Solid: the exporter's short window; dashed: the {WINDOW} recording rules.
-""", [target(TM.sel("llm_prefill_tokens_per_second"), "prefill {{target}}"),
-      target(TM.sel("llm_decode_tokens_per_second"), "decode {{target}}"),
-      target(rule(f"llm_prompt_tokens:rate{WINDOW}"), f"prefill {WINDOW} {{{{target}}}}"),
-      target(rule(f"llm_generation_tokens:rate{WINDOW}"), f"decode {WINDOW} {{{{target}}}}")],
-            unit="suffix: tok/s", w=12,
+""", [target(TM.sel("llm_prefill_tokens_per_second"), "prefill {{target}} ({{instance}})"),
+      target(TM.sel("llm_decode_tokens_per_second"), "decode {{target}} ({{instance}})"),
+      target(rule(f"llm_prompt_tokens:rate{WINDOW}"), f"prefill {WINDOW} {{{{target}}}} ({{{{instance}}}})"),
+      target(rule(f"llm_generation_tokens:rate{WINDOW}"), f"decode {WINDOW} {{{{target}}}} ({{{{instance}}}})")],
+            unit="suffix: tok/s", w=8,
             overrides=[color_override(f"^prefill {WINDOW}.*", "blue", dashed=True),
                        color_override(f"^decode {WINDOW}.*", "green", dashed=True),
                        color_override("^prefill [^0-9].*", "blue"), color_override("^decode [^0-9].*", "green")]),
-        timeseries("Share of engine time: prefill vs decode", """
-Which phase the engine spends its time in (llm_phase_time_ratio). Decode-dominated engines are
-bandwidth-bound: look at HBM efficiency on the GPU dashboard. Prefill-dominated ones are compute-bound: look
-at MFU and tensor activity.
-""", [target(TM.sel("llm_phase_time_ratio"), "{{phase}} {{target}}")], unit="percentunit", w=12, stack=True,
-            fill=60, minimum=0, maximum=1),
-    )
-    lay.add(
         timeseries("Requests running and waiting", """
 Running = the batch the engine steps together; waiting = admitted but not scheduled. Batching raises total
 tokens/s (one weight read serves every running sequence) but raises TBT and, with a queue, TTFT. Mean batch
 size is the exporter's average of running over its window.
-""", [target(rule("llm_requests_running:sum"), "running {{target}}"),
-      target(rule("llm_requests_waiting:sum"), "waiting {{target}}"),
-      target(TM.sel("llm_mean_batch_size"), "mean batch {{target}}")], unit="short", w=8,
+""", [target(rule("llm_requests_running:sum"), "running {{target}} ({{instance}})"),
+      target(rule("llm_requests_waiting:sum"), "waiting {{target}} ({{instance}})"),
+      target(TM.sel("llm_mean_batch_size"), "mean batch {{target}} ({{instance}})")], unit="short", w=8,
             overrides=[color_override("^waiting.*", "orange")]),
-        timeseries("Finished requests by reason", """
-Requests finished per second by reason: stop (natural end), length (hit max tokens), abort (client gave up,
-often a symptom of high TTFT), error. A rising abort share is a latency problem seen by users.
-""", [target(f"sum by (instance, target, model, reason) ({TM.rate('llm_requests_finished_total')})",
-             "{{reason}} {{target}}")], unit="reqps", w=8, stack=True, fill=40,
-            overrides=[color_override("^abort.*", "orange"), color_override("^error.*", "red")]),
         timeseries(f"Preemptions ({WINDOW})", """
 Sequences preempted (vLLM) or retracted (SGLang) per second because the KV cache ran out. Each one is
 recomputed or swapped later: tokens/s is wasted and tail latency jumps. Anything above 0 means the KV cache,
 not compute, caps concurrency.
-""", [target(rule(f"llm_preemptions:rate{WINDOW}"), "{{target}} {{model}}")], unit="short", w=8, minimum=0,
-            threshold_style="area", steps=thresholds((None, "transparent"), (1e-9, "red"))),
+""", [target(rule(f"llm_preemptions:rate{WINDOW}"), "{{target}} {{model}} ({{instance}})")], unit="short", w=8,
+            minimum=0, threshold_style="area", steps=thresholds((None, "transparent"), (1e-9, "red"))),
     )
+    lay.add(repeat_per(
+        timeseries("Share of engine time: prefill vs decode ($target)", """
+One panel per engine target: which phase the engine spends its time in (llm_phase_time_ratio), prefill and
+decode stacked to 1. Exporters that report the same target name (the Kubernetes sidecar names every target
+"engine") are averaged, each exporter weighing the same; pick one $instance to see one. Decode-dominated
+engines are bandwidth-bound: look at HBM efficiency on the GPU dashboard. Prefill-dominated ones are
+compute-bound: look at MFU and tensor activity.
+""", [target(f"avg by (phase) ({TM.sel('llm_phase_time_ratio')})", "{{phase}}")], unit="percentunit", w=24,
+            h=7, stack=True, fill=60, minimum=0, maximum=1, legend_calcs=("mean", "lastNotNull")), "target"))
+    lay.add(repeat_per(
+        timeseries("Finished requests by reason ($target)", f"""
+One panel per engine target: requests finished per second by reason, stacked to the target's total: stop
+(natural end), length (hit max tokens), abort (client gave up, often a symptom of high TTFT), error, other.
+A rising abort share is a latency problem seen by users. Reasons come from llm_requests_finished_total (vLLM,
+TGI, Triton, trtllm-serve, NIM). Engines that count requests without a reason show them as
+reason="{NO_REASON}": llm_requests_total (SGLang), else the count of the end-to-end latency histogram, one
+per finished request (LMDeploy). Exporters that report the same target name are added up.
+""", [target(finished_by_reason(), "{{reason}}")], unit="reqps", w=24, h=7, stack=True, fill=40,
+            legend_calcs=("mean", "lastNotNull"),
+            overrides=[color_override("^abort.*", "orange"), color_override("^error.*", "red"),
+                       color_override(f"^{NO_REASON}$", "text")]), "target"))
 
     lay.row("KV cache")
     lay.add(
@@ -260,30 +354,35 @@ not compute, caps concurrency.
 Fraction of the KV cache in use (max over ranks). KV bytes per token = 2 x layers x kv_heads x head_dim x
 bytes per element, so long contexts fill it long before the batch limit. Above
 {ALERTS['kv_cache_usage_ratio']:.0%} for long the engine waits or preempts.
-""", [target(rule("llm_kv_cache_usage_ratio:max"), "{{target}} {{model}}")], unit="percentunit", w=8, minimum=0,
+""", [target(rule("llm_kv_cache_usage_ratio:max"), "{{target}} {{model}} ({{instance}})")], unit="percentunit",
+            w=8, minimum=0,
             maximum=1, threshold_style="dashed",
             steps=thresholds((None, "transparent"), (0.9, "orange"), (ALERTS["kv_cache_usage_ratio"], "red"))),
         timeseries("KV cache used vs capacity", """
 KV cache in bytes: used and the pool the engine allocated at start (capacity tokens x bytes per token).
 An 80-layer, 8-KV-head, 128-dim FP16 model needs 320 KiB per token, about 31 GiB per 100K tokens: the pool
 size, not the weights, decides how many requests fit.
-""", [target(TM.sel("llm_kv_cache_used_bytes"), "used {{target}}"),
-      target(TM.sel("llm_kv_cache_capacity_bytes"), "capacity {{target}}")], unit="bytes", w=8, minimum=0,
+""", [target(TM.sel("llm_kv_cache_used_bytes"), "used {{target}} ({{instance}})"),
+      target(TM.sel("llm_kv_cache_capacity_bytes"), "capacity {{target}} ({{instance}})")], unit="bytes", w=8, minimum=0,
             overrides=[color_override("^capacity.*", "red", dashed=True)]),
         timeseries("KV headroom: sequences that still fit", """
 How many more sequences of the current mean context fit in the free KV cache. Near 0 with requests waiting
 means new requests queue for memory, not for compute; raising batch limits cannot help.
-""", [target(TM.sel("llm_kv_cache_headroom_sequences"), "{{target}} {{model}}")], unit="short", w=8,
+""", [target(TM.sel("llm_kv_cache_headroom_sequences"), "{{target}} {{model}} ({{instance}})")], unit="short", w=8,
             minimum=0, decimals=0, threshold_style="dashed",
             steps=thresholds((None, "red"), (ALERTS["headroom_min_sequences"], "transparent"))),
     )
     lay.add(
         timeseries("Prefix cache hit ratio", """
-Share of prompt tokens found in the prefix cache (hits / queries). Hits skip prefill work entirely: a high
-ratio lowers TTFT and prefill compute; a drop after a deploy often means the shared system prompt changed.
-""", [target(divide(f"sum by (instance, target, model) ({TM.rate('llm_prefix_cache_hits_total')})",
-                    f"sum by (instance, target, model) ({TM.rate('llm_prefix_cache_queries_total')})"),
-             "{{target}} {{model}}")], unit="percentunit", w=12, minimum=0, maximum=1),
+Share of prompt tokens found in the prefix cache. vLLM: hits / queries, the rates of llm_prefix_cache_hits_total
+and llm_prefix_cache_queries_total. Engines without the queries counter (SGLang, trtllm-serve): the engine's
+own hit-rate gauge, llm_prefix_cache_hit_ratio (mean over ranks), over whatever window the engine computes
+it. Hits skip prefill work entirely: a high ratio lowers TTFT and prefill compute; a drop after a deploy often
+means the shared system prompt changed.
+""", [target(divide(f"sum {BY_ENGINE} ({TM.rate('llm_prefix_cache_hits_total')})",
+                    f"sum {BY_ENGINE} ({TM.rate('llm_prefix_cache_queries_total')})")
+             + f"\nor {ON_ENGINE}\navg {BY_ENGINE} ({TM.sel('llm_prefix_cache_hit_ratio')})",
+             "{{target}} {{model}} ({{instance}})")], unit="percentunit", w=12, minimum=0, maximum=1),
         stat("KV cache bytes per token", """
 2 (K and V) x layers x KV heads x head dim x bytes per element, from the model shape. GQA/MQA shrink it by
 using fewer KV heads; KV-cache quantization halves it again. Absent when the model shape is unknown.
@@ -295,11 +394,14 @@ using fewer KV heads; KV-cache quantization halves it again. Absent when the mod
         timeseries("Energy per generated token", """
 GPU energy per output token: GPU energy rate of the target's GPUs / decode tokens/s. Larger batches share
 each step's energy across more tokens, so it falls with batch size until latency limits stop you.
-""", [target(TM.sel("llm_energy_joules_per_token"), "{{target}} {{model}}")], unit="joule", w=12, minimum=0),
+""", [target(TM.sel("llm_energy_joules_per_token"), "{{target}} {{model}} ({{instance}})")], unit="joule", w=12,
+            minimum=0),
         timeseries("Cost per 1M generated tokens", """
-Price per GPU-hour x GPUs / decode tokens/s x 1e6, in the currency of --gpu-price-per-hour (absent when no
-price is configured). Compare it across batch limits and quantization settings, not across time of day.
-""", [target(TM.sel("llm_cost_per_million_tokens"), "{{target}} {{model}}")], unit="none", w=12, decimals=3,
+Price per GPU-hour x GPUs / 3600 / decode tokens/s x 1e6 (the hourly price of the target's GPUs per second,
+over the tokens generated in that second, for a million tokens), in the currency of --gpu-price-per-hour
+(absent when no price is configured). Compare it across batch limits and quantization settings, not across
+time of day.
+""", [target(TM.sel("llm_cost_per_million_tokens"), "{{target}} {{model}} ({{instance}})")], unit="none", w=12, decimals=3,
             minimum=0),
     )
     return dashboard(FILENAME, TITLE, "Where the bottleneck is, latency against the SLO, throughput, KV cache "

@@ -102,6 +102,38 @@ def test_promtool_unit_tests():
     assert not failed, "\n".join(failed)
 
 
+# Unit tests of rules rendered with a non-default CONFIG: (test file, CONFIG overrides). The test
+# file is copied next to the rendered rule files, which it names without a directory.
+VARIANTS = {
+    "daemonset": (ALERTS / "tests" / "variants" / "daemonset-test.yaml", {"gpu_join_labels": ("job", "node")}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_promtool_unit_tests_of_config_variants(variant, tmp_path):
+    promtool = tool("promtool")
+    test_file, overrides = VARIANTS[variant]
+    for area, groups in generate.build({**generate.CONFIG, **overrides}).items():
+        (tmp_path / f"{area}.yaml").write_text(generate.HEADER + generate.dump({"groups": groups}))
+    shutil.copy(test_file, tmp_path / test_file.name)
+    result = run(promtool, "test", "rules", tmp_path / test_file.name, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_monitor_labels_the_node_for_the_daemonset_join():
+    """docs/alerts.md: the DaemonSet layout joins GPU and engine series on ("job", "node"), so every
+    PodMonitor and ServiceMonitor (node exporters and sidecars alike) must set `node`."""
+    relabel = {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
+    monitors = []
+    for path in sorted((ROOT / "deploy" / "kubernetes").rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") in ("PodMonitor", "ServiceMonitor"):
+                monitors.append(path.relative_to(ROOT))
+                for endpoint in doc["spec"].get("podMetricsEndpoints") or doc["spec"]["endpoints"]:
+                    assert relabel in endpoint.get("relabelings", []), f"{path}: no `node` relabeling"
+    assert len(monitors) >= 3, monitors
+
+
 def test_amtool_check_config():
     amtool = tool("amtool")
     result = run(amtool, "check-config", ALERTMANAGER)
@@ -264,7 +296,7 @@ def _test_cases() -> list[tuple[pathlib.Path, dict]]:
 
 
 def test_unit_test_files_have_a_header_and_named_cases():
-    for path in TEST_FILES:
+    for path in [*TEST_FILES, *(f for f, _ in VARIANTS.values())]:
         assert path.read_text().startswith("# "), f"{path.name}: no header comment explaining its scenarios"
     for path, case in _test_cases():
         assert case.get("name"), f"{path.name}: a test case without `name:`"

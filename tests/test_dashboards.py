@@ -14,7 +14,11 @@ import sys
 import pytest
 
 from dashboards import generate
+from dashboards.lib import ALERTS
 from dashboards.promql import PromqlSyntaxError, metric_names
+from exporter import catalog
+from exporter.derive import bottleneck
+from exporter.sources.engines.normalize import KINDS, coverage
 from tests.conftest import ROOT
 
 DASHBOARDS = {name: json.loads(text) for name, text in generate.build_all().items()}
@@ -231,3 +235,345 @@ def test_docs_list_every_panel():
         for p in panels(d):
             if p["type"] != "row":
                 assert f"| {p['title']} |" in docs, p["title"]
+
+
+# ------------------------------------------------------------------------------------------------
+# What the panels' queries mean: several engines, several exporters
+# ------------------------------------------------------------------------------------------------
+def all_panels() -> list[tuple[str, dict]]:
+    return [(d["title"], p) for d in DASHBOARDS.values() for p in panels(d) if p["type"] != "row"]
+
+
+def panel(title: str) -> dict:
+    found = [p for _, p in all_panels() if p["title"] == title]
+    assert len(found) == 1, (title, len(found))
+    return found[0]
+
+
+def line_values(p: dict) -> list[float]:
+    return [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"] if s["value"] is not None]
+
+
+def _skip(expr: str, i: int) -> int:
+    """Index just past the string or bracketed block starting at expr[i]."""
+    if expr[i] in "\"'`":
+        j = i + 1
+        while expr[j] != expr[i]:
+            j += 2 if expr[j] == "\\" else 1
+        return j + 1
+    close = {"(": ")", "{": "}", "[": "]"}[expr[i]]
+    depth, j = 0, i
+    while True:
+        if expr[j] in "\"'`":
+            j = _skip(expr, j)
+            continue
+        if expr[j] == expr[i]:
+            depth += 1
+        elif expr[j] == close:
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+
+
+def top_level(expr: str) -> tuple[list[tuple[int, int]], list[str]]:
+    """The spans of expr's top-level parenthesised groups and its top-level words."""
+    groups, words, i = [], [], 0
+    while i < len(expr):
+        c = expr[i]
+        if c in "\"'`{[":
+            i = _skip(expr, i)
+        elif c == "(":
+            end = _skip(expr, i)
+            groups.append((i, end))
+            i = end
+        elif c.isalpha() or c == "_":
+            m = re.match(r"[A-Za-z_:][A-Za-z0-9_:]*", expr[i:])
+            assert m
+            words.append((i, m.group(0)))
+            i += m.end()
+        else:
+            i += 1
+    return groups, words
+
+
+LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
+
+
+def split_on(expr: str, keyword: str) -> list[str]:
+    _, words = top_level(expr)
+    cuts = [i for i, w in words if w == keyword]
+    bounds = [0, *cuts, len(expr)]
+    return [expr[a + (len(keyword) if k else 0):b] for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
+
+
+def family_read(name: str) -> str:
+    """The catalogue family a sample name or a recording rule (target_model:<sample>:<op>) reads."""
+    sample = name.split(":")[1] if name.startswith("target_model:") else name
+    for candidate in (sample, sample + "_total"):
+        fam = catalog.FAMILIES.get(candidate) or catalog.family_of(candidate)
+        if fam is not None:
+            return fam.name
+    raise AssertionError(f"{name}: no family")
+
+
+def has_data(expr: str, families: set[str]) -> bool:
+    """Whether expr can return a series when exactly `families` are exported: `or` takes either side,
+    everything else (functions, arithmetic, `and`) needs all of its parts; `unless` its left side."""
+    alternatives = split_on(expr, "or")
+    if len(alternatives) > 1:
+        return any(has_data(a, families) for a in alternatives)
+    expr = split_on(expr, "unless")[0]
+    groups, words = top_level(expr)
+    inner, rest, last = [], [], 0
+    for start, end in groups:
+        before = [(i, w) for i, w in words if i < start]
+        if before and before[-1][1] in LABEL_LISTS and not expr[before[-1][0] + len(before[-1][1]):start].strip():
+            continue  # a label list (`by (...)`, `on (...)`), not a sub-expression
+        inner.append(expr[start + 1:end - 1])
+        rest.append(expr[last:start] + "()")
+        last = end
+    rest.append(expr[last:])
+    names = metric_names("".join(rest))
+    return all(family_read(n) in families for n in names) and all(has_data(e, families) for e in inner)
+
+
+def selectors(expr: str) -> list[str]:
+    return [m.group(1) for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*\{([^}]*)\}", expr)]
+
+
+def clauses(expr: str) -> list[tuple[str, set[str]]]:
+    return [(m.group(1), {label.strip() for label in m.group(2).split(",") if label.strip()})
+            for m in re.finditer(r"\b(by|on|without|ignoring)\s*\(([^)]*)\)", expr)]
+
+
+def test_the_presence_evaluator_reads_or_as_either_side():
+    assert has_data("sum by (a) (rate(llm_prefix_cache_hits_total{x=\"1\"}[5m]))", {"llm_prefix_cache_hits_total"})
+    assert not has_data("(sum (rate(llm_prefix_cache_hits_total[5m])))\n/\n(sum (rate(llm_prefix_cache_queries_total"
+                        "[5m])) > 0)", {"llm_prefix_cache_hits_total"})
+    assert has_data("(a_b)/(llm_prefix_cache_queries_total > 0) or on (x) avg by (x) (llm_prefix_cache_hit_ratio)"
+                    .replace("a_b", "llm_prefix_cache_hits_total"), {"llm_prefix_cache_hit_ratio"})
+    assert has_data('max(label_replace(target_model:llm_inter_token_latency_seconds:p99_5m, "m", "v", "", ""))',
+                    {"llm_inter_token_latency_seconds"})
+
+
+def test_every_aggregation_and_legend_over_gpu_or_target_series_keeps_instance():
+    """GPU 0 of every exporter, and the target `engine` of every Kubernetes sidecar, are different
+    series: an aggregation that keeps gpu or target but drops instance merges them into one line,
+    and a legend without instance shows them under one name."""
+    for dash, p in all_panels():
+        for t in p.get("targets", []):
+            where = (dash, p["title"], t["refId"])
+            for kind, labels in clauses(t["expr"]):
+                if labels & {"gpu", "target"}:
+                    assert "instance" in labels, (*where, kind, labels)
+            legend = t["legendFormat"]
+            if "{{gpu}}" in legend or "{{target}}" in legend:
+                assert "{{instance}}" in legend, (*where, legend)
+    peak = panel("Achieved vs peak HBM bandwidth")["targets"]
+    assert all(("instance", {"instance"} <= labels) for _, labels in clauses(peak[1]["expr"]))
+
+
+def test_every_query_scopes_all_its_selectors_alike():
+    """Both sides of a binary operation read the same selection: a filter on one side only (KV pools
+    of $target subtracted from every GPU of the exporter) mixes engines."""
+    for dash, p in all_panels():
+        for t in p.get("targets", []):
+            variables = {frozenset(re.findall(r"\$(\w+)", s)) for s in selectors(t["expr"])}
+            assert len(variables) <= 1, (dash, p["title"], t["refId"], variables)
+
+
+def test_panels_that_ignore_a_variable_say_so():
+    """A panel reading series that carry a target label without $target (GPU memory has no target, so
+    the memory split is per exporter) says in its description which variables do not apply."""
+    for dash, p in all_panels():
+        exprs = [t["expr"] for t in p.get("targets", [])]
+        families = {catalog.family_of(n) for e in exprs for n in metric_names(e)} - {None}
+        used = {v for e in exprs for s in selectors(e) for v in re.findall(r"\$(\w+)", s)}
+        for label in ("target", "model"):
+            if any(label in f.labels for f in families) and label not in used:
+                assert f"${label}" in p["description"], (dash, p["title"], label)
+    memory = panel("Where device memory goes: KV pool vs weights and the rest")
+    assert "$job and $instance apply" in " ".join(memory["description"].split())
+
+
+def outer_aggregations(expr: str) -> list[tuple[str, set[str]]]:
+    """The top-level operands of expr (split on arithmetic and comparison operators, outer parentheses
+    removed), each as (aggregation, by labels); ("", set()) for a number, ("?", ...) for anything else."""
+    expr = expr.strip()
+    groups, words = top_level(expr)
+    if len(groups) == 1 and groups[0] == (0, len(expr)):
+        return outer_aggregations(expr[1:-1])
+    depth_zero = list(expr)
+    for start, end in groups:
+        depth_zero[start:end] = ["("] + [" "] * (end - start - 2) + [")"]
+    flat = "".join(depth_zero)
+    cuts = [m.start() for m in re.finditer(r"(?<![=!<>])[-+*/<>](?!=)", flat)]
+    bounds = [-1, *cuts, len(expr)]
+    out = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        operand = expr[a + 1:b].strip()
+        if re.fullmatch(r"[0-9.]+", operand):
+            out.append(("", set()))
+            continue
+        if operand.startswith("(") and operand.endswith(")") and _skip(operand, 0) == len(operand):
+            out += outer_aggregations(operand[1:-1])
+            continue
+        m = re.match(r"(sum|avg|max|min|count)\s*(?:by\s*\(([^)]*)\))?\s*\(", operand)
+        if m and _skip(operand, m.end() - 1) == len(operand):
+            out.append((m.group(1), {x.strip() for x in (m.group(2) or "").split(",") if x.strip()}))
+        else:
+            out.append(("?", set()))
+    return out
+
+
+def test_stacked_panels_stack_the_parts_of_one_target():
+    """A stack adds its series up, so it may only stack the parts of one whole: each stacked panel is
+    repeated per $target and every query aggregates instance, target and model away (one series per
+    part). Stacking N targets' shares reaches N; stacking two exporters' means adds latencies."""
+    stacked = [(dash, p) for dash, p in all_panels() if p["type"] == "timeseries"
+               and p["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] != "none"]
+    assert len(stacked) >= 3
+    for dash, p in stacked:
+        assert p.get("repeat") == "target" and p["repeatDirection"] == "h", (dash, p["title"])
+        assert p["gridPos"]["w"] == 24 and p["gridPos"]["x"] == 0, (dash, p["title"])
+        for t in p["targets"]:
+            operands = outer_aggregations(t["expr"])
+            for agg, labels in operands:
+                assert agg != "?", (dash, p["title"], t["refId"], t["expr"])
+                assert not labels & {"instance", "target", "model", "gpu"}, (dash, p["title"], t["refId"], labels)
+            assert not re.search(r"\{\{(instance|target|model|gpu)\}\}", t["legendFormat"]), (p["title"], t)
+
+
+def test_stack_check_reads_the_outer_aggregation():
+    assert outer_aggregations("avg by (phase) (x{a=\"1\"})") == [("avg", {"phase"})]
+    assert outer_aggregations("(sum (rate(a[5m])))\n/\n(sum (rate(b[5m])) > 0)") == [
+        ("sum", set()), ("sum", set()), ("", set())]
+    assert outer_aggregations("x{a=~\"$b\"}") == [("?", set())]
+    assert outer_aggregations("sum by (instance, reason) (x) or y")[0][0] == "?"
+
+
+# The thresholds the verdict code uses, computed here from exporter/derive/bottleneck.py.
+HBM_ROOF = bottleneck.HBM_LOW + bottleneck.ROOF_MIN * (bottleneck.HBM_HIGH - bottleneck.HBM_LOW)
+MFU_ROOF = bottleneck.MFU_LOW + bottleneck.ROOF_MIN * (bottleneck.MFU_HIGH - bottleneck.MFU_LOW)
+
+
+def score(resource: str, **signals: float) -> float:
+    return bottleneck.scores(bottleneck.Signals(**signals))[resource]  # type: ignore[arg-type]
+
+
+def percentages(text: str) -> set[float]:
+    return {round(float(m) / 100, 4) for m in re.findall(r"(\d+(?:\.\d+)?)%", text)}
+
+
+def decimals(text: str) -> set[float]:
+    return {float(m) for m in re.findall(r"(?<![\d.])(0\.\d+)", text)}
+
+
+@pytest.mark.parametrize(("title", "signal", "resource", "low", "line", "high", "minimum"), [
+    ("HBM bandwidth efficiency (share of peak)", "hbm_gpm", "memory_bandwidth",
+     bottleneck.HBM_LOW, HBM_ROOF, bottleneck.HBM_HIGH, bottleneck.ROOF_MIN),
+    ("Prefill MFU", "mfu", "compute", bottleneck.MFU_LOW, MFU_ROOF, bottleneck.MFU_HIGH, bottleneck.ROOF_MIN),
+    ("Engine process: busiest thread and cores used", "busiest_thread", "host_cpu", 0.70, 0.85, 0.95,
+     bottleneck.CONSTRAINT_MIN),
+])
+def test_verdict_lines_sit_where_the_verdict_code_changes(title, signal, resource, low, line, high, minimum):
+    """The dashed lines are where the score starts to rise and where it reaches the minimum a roof (or
+    a constraint) needs to be the verdict; the description's numbers are exactly those."""
+    p = panel(title)
+    assert line_values(p) == pytest.approx([low, line]), (title, line_values(p))
+    assert score(resource, **{signal: low}) == 0 < score(resource, **{signal: low + 0.01})
+    assert score(resource, **{signal: line}) >= minimum > score(resource, **{signal: line - 0.002})
+    assert score(resource, **{signal: high}) == 1 > score(resource, **{signal: high - 0.01})
+    text = " ".join(p["description"].split())
+    assert percentages(text) == {round(v, 4) for v in (low, line, high)}, (title, text)
+    assert {bottleneck.ROOF_MIN, bottleneck.CONSTRAINT_MIN} & decimals(text) >= {minimum}, text
+
+
+def test_busiest_thread_caveats_match_the_verdict_code():
+    text = " ".join(panel("Engine process: busiest thread and cores used")["description"].split())
+    assert "halved while a roof (compute or HBM) scores 0.8 or more" in text
+    assert "raised by 0.15 once above 0.3" in text
+    roof_at_08 = bottleneck.HBM_LOW + 0.8 * (bottleneck.HBM_HIGH - bottleneck.HBM_LOW)
+    plain = score("host_cpu", busiest_thread=0.9)
+    assert score("host_cpu", busiest_thread=0.9, hbm_gpm=roof_at_08) == pytest.approx(plain / 2, abs=1e-4)
+    assert score("host_cpu", busiest_thread=0.9, hbm_gpm=roof_at_08 - 0.01) == plain
+    assert score("host_cpu", busiest_thread=0.9, numa_mismatch=True) == pytest.approx(plain + 0.15)
+    assert score("host_cpu", busiest_thread=0.7 + 0.25 * 0.29, numa_mismatch=True) < 0.3
+
+
+def test_score_panels_draw_the_verdict_minimums():
+    for title in ("Evidence: score per resource", "Host CPU bottleneck score vs decode tokens/s"):
+        p = panel(title)
+        text = " ".join(p["description"].split())
+        assert set(line_values(p)) <= {bottleneck.ROOF_MIN, bottleneck.CONSTRAINT_MIN}, title
+        assert bottleneck.CONSTRAINT_MIN in line_values(p)
+        assert decimals(text) == set(line_values(p)), (title, text)
+
+
+# Which engine feeds which family (the alias tables), and the panels that must show every engine
+# that exports what they read.
+ENGINE_FAMILIES = {kind: set(coverage(kind)) for kind in KINDS}
+# How the descriptions name them.
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "llamacpp": "llama.cpp", "triton": "Triton",
+                "trtllm": "trtllm-serve", "lmdeploy": "LMDeploy", "nim": "NIM"}
+COVERED_PANELS = {
+    "Prefix cache hit ratio": {"llm_prefix_cache_queries_total", "llm_prefix_cache_hits_total",
+                               "llm_prefix_cache_hit_ratio"},
+    "TBT p99 (5m)": {"llm_inter_token_latency_seconds", "llm_time_per_output_token_seconds"},
+    "Time between tokens (p50/p95/p99, 5m)": {"llm_inter_token_latency_seconds",
+                                              "llm_time_per_output_token_seconds"},
+    "Time-between-tokens distribution": {"llm_inter_token_latency_seconds", "llm_time_per_output_token_seconds"},
+    "Finished requests by reason ($target)": {"llm_requests_finished_total", "llm_requests_total",
+                                              "llm_e2e_request_latency_seconds"},
+}
+
+
+@pytest.mark.parametrize("title", sorted(COVERED_PANELS))
+def test_panels_show_every_engine_that_exports_their_data(title):
+    assert set(ENGINE_NAMES) == set(KINDS)
+    """SGLang and trtllm-serve report the prefix cache as a hit-ratio gauge, TGI and trtllm-serve time
+    between tokens as TPOT, SGLang and LMDeploy requests without a finish reason: the panel falls back
+    to those, per engine target, instead of staying blank."""
+    p = panel(title)
+    shown = []
+    for kind, families in ENGINE_FAMILIES.items():
+        if families & COVERED_PANELS[title]:
+            assert all(has_data(t["expr"], families) for t in p["targets"]), (title, kind)
+            shown.append(kind)
+    assert len(shown) >= 3, shown
+    for kind in shown:
+        assert ENGINE_NAMES[kind] in p["description"], (title, kind)
+
+
+def test_cost_description_states_the_formula_the_exporter_applies():
+    help_text = " ".join(catalog.family_of("llm_cost_per_million_tokens").help.split())
+    formula = re.search(r"= (.*?);", help_text).group(1)
+    assert "/ 3600" in formula
+    text = " ".join(panel("Cost per 1M generated tokens")["description"].split())
+    assert formula.lower() in text.lower(), (formula, text)
+
+
+@pytest.mark.parametrize("slo", sorted(ALERTS["slos"]))
+def test_burn_rate_panel_shows_every_alert_pair(slo):
+    """Each multi-window alert pair (alerts/generate.py burn_rates) can be read from the panel: both of
+    its windows are plotted (as recording rules that exist) and its factor is a line."""
+    spec = ALERTS["slos"][slo]
+    burn_panels = [p for _, p in all_panels() if "burn rate" in p["title"]
+                   and any(f"{spec['metric']}:slo_good_ratio" in t["expr"] for t in p["targets"])]
+    assert len(burn_panels) == 1, [p["title"] for p in burn_panels]
+    p = burn_panels[0]
+    rules = generate.recording_rules()
+    windows = {}
+    for t in p["targets"]:
+        names = metric_names(t["expr"])
+        assert len(names) == 1 and names <= rules, names
+        m = re.fullmatch(rf"target_model:{spec['metric']}:slo_good_ratio_rate(\w+)", names.pop())
+        assert m, t["expr"]
+        windows[m.group(1)] = t["legendFormat"]
+        assert t["legendFormat"].startswith(m.group(1) + " "), t["legendFormat"]
+    text = " ".join(p["description"].split())
+    for br in ALERTS["burn_rates"]:
+        assert {br["long"], br["short"]} <= set(windows), (br, sorted(windows))
+        assert br["factor"] in line_values(p), br
+        assert f"{br['factor']:g}x over both {br['long']} and {br['short']}" in text, br

@@ -13,6 +13,14 @@ Two demos run side by side, scraped by one Prometheus as two instances of job "l
   preemptions counted, a growing queue, verdict kv_capacity, so the saturated panels are
   exercised too. The exporter, its scrape and Prometheus all run in real time.
 
+Two more demos serve the SGLang and TGI expositions (decode-heavy, real time): engines without
+vLLM's prefix-cache counters, inter-token-latency histogram or finish reasons. Only the panels that
+fall back to what those engines export are evaluated for them.
+
+All four exporters name their engine target `demo-0`, as the Kubernetes sidecar names every target
+`engine`: with $instance at All, the per-GPU and per-target panels must keep the exporters apart and
+the stacked panels must stack one target's parts, not the exporters' series on top of each other.
+
 Rate windows: the recording rules use 5m (and up to 3d) windows. The test neither waits 5
 minutes nor rewrites the rules: rate()/increase() return a value as soon as two samples fall in
 the window, and with scrape_interval and evaluation_interval at 1 s every rule has data a few
@@ -50,6 +58,8 @@ from tests.support import free_port, wait_until
 SPEED = 8.0
 DEADLINE_S = 75.0
 SCENARIOS = ("decode-heavy", "kv-pressure")
+# Engine formats other than vLLM's, each one more demo (decode-heavy, real time).
+FORMATS = ("sglang", "tgi")
 
 # (dashboard title, panel title, refId) -> (reason, strict). strict: the query must return nothing
 # here (what the simulator does not model); not strict: depends on the machine running the test.
@@ -88,7 +98,7 @@ NO_DATA: dict[tuple[str, str, str], tuple[str, bool]] = {
 @dataclass
 class Stack:
     prometheus: str
-    instances: dict[str, str]  # scenario -> instance label (host:port of its exporter)
+    instances: dict[str, str]  # scenario or engine format -> instance label (host:port of its exporter)
     models: dict[str, str]
 
 
@@ -123,12 +133,15 @@ def stack(tmp_path_factory):
         pytest.fail("prometheus not found on PATH; `make debs` installs the Debian package. This test never skips.")
     tmp = tmp_path_factory.mktemp("prometheus")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    ports = {scenario: free_port() for scenario in SCENARIOS}
+    ports = {name: free_port() for name in (*SCENARIOS, *FORMATS)}
     processes: list[tuple[subprocess.Popen, int]] = []
     try:
-        for scenario, port in ports.items():
+        for name, port in ports.items():
+            scenario = name if name in SCENARIOS else "decode-heavy"
             args = ["demo", "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--scenario", scenario]
-            if scenario != "decode-heavy":
+            if name in FORMATS:
+                args += ["--engine-format", name]
+            elif scenario != "decode-heavy":
                 args += ["--speed", str(SPEED)]
             processes.append((subprocess.Popen([sys.executable, "-m", "exporter.cli", *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                                stderr=subprocess.PIPE, text=True), signal.SIGINT))
@@ -155,7 +168,7 @@ def stack(tmp_path_factory):
         assert wait_until(ready, timeout=30, interval=0.2), "prometheus did not become ready"
         for process, _ in processes:
             assert process.poll() is None, process.stderr.read() if process.stderr else ""
-        instances = {scenario: f"127.0.0.1:{port}" for scenario, port in ports.items()}
+        instances = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
         models: dict[str, str] = {}
 
         def scraped() -> bool:
@@ -163,7 +176,7 @@ def stack(tmp_path_factory):
                 result = _query(prometheus, f'llm_requests_running{{job="llm-exporter", instance="{instance}"}}')
                 if not result:
                     return False
-                models[scenario] = result[0]["metric"]["model"]
+                models[scenario] = result[0]["metric"].get("model", "")
             return True
 
         assert wait_until(scraped, timeout=30, interval=0.5), "Prometheus never scraped both demos"
@@ -257,3 +270,67 @@ def test_saturation_panels_tell_the_two_scenarios_apart(stack: Stack):
     assert (_value(stack, "decode-heavy", "KV cache usage (max)") or 0) < 0.9
     assert _value(stack, "decode-heavy", "Preemptions (5m)") == 0
     assert _value(stack, "decode-heavy", verdict) != kv_code
+
+
+def _series(stack: Stack, title: str, ref: str = "A", *, instance: str, model: str = ".*") -> list[dict]:
+    expr = substitute(_panel_expr(title, ref), instance=instance, model=model)
+    return [r for r in _query(stack.prometheus, expr) if math.isfinite(float(r["value"][1]))]
+
+
+def _eventually(predicate, what: str) -> None:
+    assert wait_until(predicate, timeout=DEADLINE_S, interval=1.0), what
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(("engine_format", "title", "expect"), [
+    ("sglang", "Prefix cache hit ratio", {}),
+    ("sglang", "Finished requests by reason ($target)", {"reason": "unreported"}),
+    ("sglang", "Time between tokens (p50/p95/p99, 5m)", {"measure": "ITL"}),
+    ("tgi", "Finished requests by reason ($target)", {}),
+    ("tgi", "TBT p99 (5m)", {}),
+    ("tgi", "Time between tokens (p50/p95/p99, 5m)", {"measure": "TPOT"}),
+    ("tgi", "Time-between-tokens distribution", {}),
+])
+def test_fallback_panels_show_engines_without_the_vllm_families(stack: Stack, engine_format: str, title: str,
+                                                                 expect: dict[str, str]):
+    """SGLang has no prefix-cache queries counter (its hit-rate gauge is read instead) and no finish
+    reasons (llm_requests_total, as reason "unreported"); TGI has no inter-token latency histogram (its
+    time per output token is read, measure="TPOT")."""
+    instance = stack.instances[engine_format]
+
+    def shown() -> bool:
+        series = _series(stack, title, instance=instance)
+        return bool(series) and all(r["metric"].get(k) == v for r in series for k, v in expect.items())
+
+    _eventually(shown, f"{engine_format} / {title}: {_series(stack, title, instance=instance)}")
+
+
+@pytest.mark.timeout(150)
+def test_exporters_with_the_same_target_name_stay_apart(stack: Stack):
+    """Every exporter calls its target demo-0 and its GPU 0. With $instance at All the roofline keeps one
+    achieved and one peak line per exporter's GPU, the per-target panels one series per exporter, and a
+    stacked panel (repeated per target) one series per part: the exporters are combined, not stacked."""
+    every = "|".join(stack.instances.values())
+    roofline = {stack.instances[s] for s in SCENARIOS}  # the vLLM demos have a model shape and a GPU spec
+
+    def apart() -> bool:
+        achieved = _series(stack, "Achieved vs peak HBM bandwidth", "A", instance=every)
+        peak = _series(stack, "Achieved vs peak HBM bandwidth", "B", instance=every)
+        return ({r["metric"]["instance"] for r in achieved} >= roofline
+                and {r["metric"]["instance"] for r in peak} >= roofline)
+
+    _eventually(apart, "the roofline merges the exporters' GPU 0")
+    peak = _series(stack, "Achieved vs peak HBM bandwidth", "B", instance=every)
+    assert len(peak) == len({(r["metric"]["instance"], r["metric"]["gpu"]) for r in peak})
+    verdicts = _series(stack, "Bottleneck verdict over time", instance=every)
+    assert len({r["metric"]["instance"] for r in verdicts}) == len(verdicts) >= 2
+    for title, parts in (("Share of engine time: prefill vs decode ($target)", "phase"),
+                         ("Finished requests by reason ($target)", "reason")):
+        _eventually(lambda title=title: bool(_series(stack, title, instance=every)), title)
+        for t in [q for q in all_queries() if q[1] == title]:
+            series = _series(stack, title, t[2], instance=every)
+            keys = [r["metric"].get(parts) for r in series]
+            assert len(keys) == len(set(keys)), (title, [r["metric"] for r in series])
+            assert not any({"instance", "target"} & set(r["metric"]) for r in series), title
+    phases = _series(stack, "Share of engine time: prefill vs decode ($target)", instance=every)
+    assert sum(float(r["value"][1]) for r in phases) == pytest.approx(1.0, abs=0.01)
