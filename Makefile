@@ -12,6 +12,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
+	@$(PY) -c "import ensurepip" 2>/dev/null || { \
+	  echo "installing python3-venv (Debian ships ensurepip, which venv needs, apart from python3)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends python3-venv; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
@@ -24,15 +27,22 @@ debs:
 	command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
 	command -v prometheus-node-exporter >/dev/null 2>&1 || missing="$$missing prometheus-node-exporter"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	updated=""; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	  $(SUDO) apt-get update -qq && updated=1 && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	  if [ -d /run/systemd/system ]; then \
+	    for svc in $$missing; do case $$svc in prometheus*) \
+	      echo "stopping the $$svc service the package started (the tests run their own, on free ports)"; \
+	      $(SUDO) systemctl disable --now $$svc >/dev/null 2>&1 || true;; esac; done; \
+	  fi; \
 	fi; \
 	optional=""; \
 	command -v kubectl >/dev/null 2>&1 || optional="$$optional kubectl"; \
 	command -v systemd-analyze >/dev/null 2>&1 || optional="$$optional systemd"; \
 	if [ -n "$$optional" ]; then \
 	  echo "installing optional Debian packages:$$optional (the kustomize and systemd checks need them)"; \
+	  [ -n "$$updated" ] || $(SUDO) apt-get update -qq || true; \
 	  for pkg in $$optional; do \
 	    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$pkg \
 	      || echo "$$pkg not installable here: its checks in tests/test_deploy.py will say so and skip"; \

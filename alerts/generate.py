@@ -42,7 +42,7 @@ CONFIG: dict = {
     # GPUs: LLMGPUSlowdownWhileServing and LLMEngineWithoutGPUMetrics. ("job", "instance") when
     # one exporter serves both (sidecar, one exporter per host). In the DaemonSet layout
     # (deploy/kubernetes/daemonset) GPU series come from the node's exporter and engine series
-    # from the sidecars, so join on the node: ("job", "node"), with every PodMonitor/ServiceMonitor
+    # from the sidecars, so join on the node: ("job", "kubernetes_node"), with every PodMonitor/ServiceMonitor
     # setting `node` from __meta_kubernetes_pod_node_name (the shipped ones do).
     "gpu_join_labels": ("job", "instance"),
     # Labels summed away when recording per-target rules; everything else is kept (`without`).

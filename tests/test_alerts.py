@@ -105,7 +105,7 @@ def test_promtool_unit_tests():
 # Unit tests of rules rendered with a non-default CONFIG: (test file, CONFIG overrides). The test
 # file is copied next to the rendered rule files, which it names without a directory.
 VARIANTS = {
-    "daemonset": (ALERTS / "tests" / "variants" / "daemonset-test.yaml", {"gpu_join_labels": ("job", "node")}),
+    "daemonset": (ALERTS / "tests" / "variants" / "daemonset-test.yaml", {"gpu_join_labels": ("job", "kubernetes_node")}),
 }
 
 
@@ -121,9 +121,9 @@ def test_promtool_unit_tests_of_config_variants(variant, tmp_path):
 
 
 def test_every_monitor_labels_the_node_for_the_daemonset_join():
-    """docs/alerts.md: the DaemonSet layout joins GPU and engine series on ("job", "node"), so every
+    """docs/alerts.md: the DaemonSet layout joins GPU and engine series on ("job", "kubernetes_node"), so every
     PodMonitor and ServiceMonitor (node exporters and sidecars alike) must set `node`."""
-    relabel = {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
+    relabel = {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "kubernetes_node"}
     monitors = []
     for path in sorted((ROOT / "deploy" / "kubernetes").rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
