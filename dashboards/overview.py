@@ -374,10 +374,10 @@ means new requests queue for memory, not for compute; raising batch limits canno
     )
     lay.add(
         timeseries("Prefix cache hit ratio", """
-Share of prompt tokens found in the prefix cache. vLLM: hits / queries, the rates of llm_prefix_cache_hits_total
-and llm_prefix_cache_queries_total. Engines without the queries counter (SGLang, trtllm-serve): the engine's
-own hit-rate gauge, llm_prefix_cache_hit_ratio (mean over ranks), over whatever window the engine computes
-it. Hits skip prefill work entirely: a high ratio lowers TTFT and prefill compute; a drop after a deploy often
+Share of prompt tokens found in the prefix cache: hits / queries, the rates of llm_prefix_cache_hits_total
+and llm_prefix_cache_queries_total (vLLM; SGLang and trtllm-serve from their cached and prompt token counters,
+once the first hit has been counted). Engines with only a hit-rate gauge: llm_prefix_cache_hit_ratio (mean over
+ranks), over whatever window the engine computes it. Hits skip prefill work entirely: a high ratio lowers TTFT and prefill compute; a drop after a deploy often
 means the shared system prompt changed.
 """, [target(divide(f"sum {BY_ENGINE} ({TM.rate('llm_prefix_cache_hits_total')})",
                     f"sum {BY_ENGINE} ({TM.rate('llm_prefix_cache_queries_total')})")

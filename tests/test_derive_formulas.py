@@ -284,3 +284,178 @@ def test_slo_bound_is_the_closest_at_or_below_the_threshold():
 
 def test_weight_bytes_of_the_seed_model_is_about_140_gb():
     assert weight_bytes(SEED_70B) == pytest.approx(141e9, rel=0.01)
+
+
+# --- prefix-cache hits are not computed (review item 1) -------------------------------------------
+
+def _windowed(views: list[tuple[float, EngineView]]) -> throughput.Throughput:
+    window = RateWindow(60.0)
+    for t, view in views:
+        throughput.observe(window, view, t)
+    return throughput.compute(views[-1][1], window)
+
+
+def test_prefix_cache_hits_are_taken_out_of_the_prompt_rate_before_mfu():
+    # vLLM counts cached prompt tokens in prompt_tokens_total. 40,000 prompt tok/s of which
+    # 36,000 tok/s are prefix-cache hits (90%): the GPUs compute 4,000 tok/s. Without a mean
+    # prompt length MFU falls back to 2 x active params (2 x 8,030,261,248 = 16.06 GFLOP/token):
+    # 16.06e9 x 4,000 / 989.5e12 = 0.0649 (the prompt rate alone gave 0.649).
+    thr = _windowed([(float(t), engine_view(llm_prompt_tokens_total=40_000.0 * t,
+                                            llm_prefix_cache_hits_total=36_000.0 * t)) for t in (0, 10, 20)])
+    assert thr.prefill_tps == pytest.approx(40_000.0)  # the exported prompt rate is unchanged
+    assert thr.prefill_computed_tps == pytest.approx(4_000.0)
+    assert thr.prefix_hit_share == pytest.approx(0.9)
+    spec = lookup_gpu("h100-sxm")
+    roof = roofline.compute([], [], BUILTIN["llama-3.1-8b"], 1, thr, None)
+    assert roof.mfu is None  # no GPUs known: no MFU (unchanged)
+    from exporter.derive.view import GpuView
+
+    gpu = GpuView("0", "GPU-0", spec.nvml_name, {}, {}, ())
+    roof = roofline.compute([gpu], [spec], BUILTIN["llama-3.1-8b"], 1, thr, None)
+    assert roof.mfu == pytest.approx(2 * 8_030_261_248 * 4_000 / 989.5e12)
+    assert roof.mfu == pytest.approx(0.0649, abs=5e-5)
+
+
+def test_engines_with_only_a_hit_ratio_gauge_use_it():
+    # vLLM V0 / TRT-LLM report a hit ratio, no hit counter: 40,000 x (1 - 0.9) = 4,000 tok/s computed.
+    views = [(float(t), EngineView("t", "engine:t", "vllm", "m", {"llm_prompt_tokens_total": 40_000.0 * t}, {},
+                                   None, None, prefix_hit_ratio=0.9)) for t in (0, 10, 20)]
+    thr = _windowed(views)
+    assert thr.prefill_computed_tps == pytest.approx(4_000.0)
+    assert thr.hit_source == "prefix-cache hit ratio"
+    # Without any prefix-cache series every prompt token counts as computed.
+    thr = _windowed([(float(t), engine_view(llm_prompt_tokens_total=40_000.0 * t)) for t in (0, 10)])
+    assert thr.prefill_computed_tps == thr.prefill_tps == pytest.approx(40_000.0)
+    assert thr.prefix_hit_share is None
+
+
+# --- MFU FLOPs per prompt token (review item 5) ----------------------------------------------------
+
+def test_mfu_flops_follow_the_mean_prompt_length_and_the_cached_prefix():
+    # Llama-3.1-8B: layer matmuls 32 x (41,943,040 attention + 176,160,768 MLP) = 6,979,321,856
+    # params -> 13,958,643,712 FLOP/token. Prompts of 4,096 tokens: mean context 2,048, attention
+    # 4 x 32 layers x 32 heads x 128 x 2,048 = 1,073,741,824; the output projection runs once per
+    # prompt: 2 x 128,256 x 4,096 / 4,096 = 256,512 per token. Sum 15,032,642,048 FLOP/token.
+    # At 30,000 tok/s on 989.5 TFLOPS: 0.4558 (2 x active params gave 0.4869).
+    shape = BUILTIN["llama-3.1-8b"]
+    assert roofline.prefill_flops_per_token(shape, 4096) == pytest.approx(15_032_642_048)
+    assert roofline.prefill_mfu(shape, 30_000, 989.5e12, 4096) == pytest.approx(0.45576, abs=1e-5)
+    assert roofline.prefill_mfu(shape, 30_000, 989.5e12) == pytest.approx(0.48693, abs=1e-5)  # no prompt length
+    # Half of each prompt from the prefix cache: 2,048 computed tokens at positions 2,048..4,095,
+    # mean context 3,072: attention 1,610,612,736, output projection 1,050,673,152 / 2,048 = 513,024.
+    assert roofline.prefill_flops_per_token(shape, 4096, 0.5) == pytest.approx(15_569_769_472)
+
+
+def test_mean_prompt_length_comes_from_the_request_histogram():
+    # One request of 4,096 prompt tokens finishes per second: 4,096 prompt tok/s of which 2,048
+    # tok/s are prefix-cache hits, so 2,048 tok/s computed with half of each prompt cached, at
+    # 15,569,769,472 FLOP/token (above): MFU = 15,569,769,472 x 2,048 / 989.5e12 = 0.0322.
+    views = [(float(t), engine_view(llm_prompt_tokens_total=4_096.0 * t, llm_prefix_cache_hits_total=2_048.0 * t,
+                                    llm_request_prompt_tokens_sum=4_096.0 * t, llm_request_prompt_tokens_count=1.0 * t))
+             for t in (0, 10, 20)]
+    thr = _windowed(views)
+    assert thr.mean_prompt_tokens == pytest.approx(4_096.0)
+    spec = lookup_gpu("h100-sxm")
+    from exporter.derive.view import GpuView
+
+    roof = roofline.compute([GpuView("0", "GPU-0", spec.nvml_name, {}, {}, ())], [spec], BUILTIN["llama-3.1-8b"],
+                            1, thr, None)
+    assert roof.mfu == pytest.approx(15_569_769_472 * 2_048 / 989.5e12)
+    assert roof.mfu == pytest.approx(0.0322, abs=5e-5)
+
+
+# --- weight-only quantization multiplies in 16 bits (review item 3) --------------------------------
+
+def test_weight_only_4_and_8_bit_use_the_bf16_peak_and_fp8_w8a8_the_fp8_peak():
+    import dataclasses
+
+    from exporter.specs.models import FP8, INT8, WEIGHT_ONLY
+
+    spec = lookup_gpu("h100-sxm")
+    base = BUILTIN["llama-3.1-8b"]
+    awq = dataclasses.replace(base, dtype_bytes=0.5)  # kind not stated: fewer than 8 bits is weight-only
+    assert roofline.peak_flops(spec, awq) == 989.5e12  # was the FP8 1,979 TFLOPS
+    # AWQ at 30,000 tok/s: 2 x 8.03e9 x 30,000 / 989.5e12 = 0.487 (the FP8 peak halved it to 0.243).
+    assert roofline.prefill_mfu(awq, 30_000, roofline.peak_flops(spec, awq)) == pytest.approx(0.487, abs=5e-4)
+    gptq8 = dataclasses.replace(base, dtype_bytes=1.0, quantization=WEIGHT_ONLY)  # INT8 weight-only
+    assert roofline.peak_flops(spec, gptq8) == 989.5e12
+    assert roofline.peak_flops(spec, dataclasses.replace(base, dtype_bytes=1.0, quantization=FP8)) == 1979e12
+    # FP8 W8A8 on a card without FP8 (A100) runs in BF16; INT8 W8A8 on A100 runs at 2 x 312 = 624 TOPS.
+    a100 = lookup_gpu("a100-sxm4-80gb")
+    assert roofline.peak_flops(a100, dataclasses.replace(base, dtype_bytes=1.0, quantization=FP8)) == 312e12
+    assert roofline.peak_flops(a100, dataclasses.replace(base, dtype_bytes=1.0, quantization=INT8)) == 624e12
+
+
+# --- data-parallel ranks (review item 6) ------------------------------------------------------------
+
+def test_data_parallel_ranks_each_read_their_own_weights():
+    # DP=2 x TP=1 on 2 H100s, each rank: batch 32, 100 steps/s, 40,000 KV tokens; the engine view
+    # sums the ranks (batch 64, 6,400 tok/s, 80,000 KV tokens). Per GPU = one rank's traffic:
+    # 100 x (weights read for 32 tokens 15,009,849,344 B + 40,000 x 131,072 B KV) = 2.0253e12 B/s.
+    # Counting the weights once and splitting them over both GPUs gave 1.27e12 (0.63x).
+    from exporter.derive.view import GpuView
+    from exporter.specs.models import weight_bytes_read_per_step
+
+    shape = BUILTIN["llama-3.1-8b"]
+    spec = lookup_gpu("h100-sxm")
+    assert weight_bytes_read_per_step(shape, 32) == 15_009_849_344
+    thr = throughput.Throughput(decode_tps=6_400.0, mean_batch=64.0, steps_per_s=100.0)
+    cache = kv.KvCache(used_tokens=80_000.0, mean_context=1_250.0)
+    gpus = [GpuView(str(i), f"GPU-{i}", spec.nvml_name, {}, {}, ()) for i in range(2)]
+    roof = roofline.compute(gpus, [spec, spec], shape, 1, thr, cache, ranks=2)
+    assert roof.gpus[0].model_bandwidth == pytest.approx(100 * (15_009_849_344 + 40_000 * 131_072))
+    assert roof.gpus[0].model_bandwidth == pytest.approx(2.0253e12, rel=1e-4)
+
+
+def test_single_sequence_ceiling_of_moe_reads_the_active_experts():
+    # Mixtral 8x7B: 12,879,925,248 active params (2 of 8 experts) in BF16 = 25.76 GB per token:
+    # 2e12 / 25.76e9 = 77.6 tok/s. All 46.7e9 params gave 21.4.
+    ceiling = roofline.single_sequence_ceiling(BUILTIN["mixtral-8x7b"], 2e12)
+    assert ceiling == pytest.approx(2e12 / (12_879_925_248 * 2))
+    assert ceiling == pytest.approx(77.64, abs=0.01)
+
+
+# --- counter resets per data-parallel rank (review item 2) ----------------------------------------
+
+def test_one_rank_restarting_adds_only_what_that_rank_counted():
+    # Two ranks at 1,000 tok/s each (5,000 per 5 s); rank 1 restarts between t=15 and t=20 and
+    # counts 5,000 after its restart. Over the 15 s window ending at 20: rank 0 +15,000, rank 1
+    # +10,000 before the restart and +5,000 after = 30,000 / 15 s = 2,000 tok/s (the sum-level
+    # reset read 230,000 -> 125,000 as a restart of everything: 9,666.7 tok/s).
+    window = RateWindow(15.0)
+    rates = []
+    for t, r0, r1 in ((0, 100_000, 100_000), (5, 105_000, 105_000), (10, 110_000, 110_000),
+                      (15, 115_000, 115_000), (20, 120_000, 5_000), (25, 125_000, 10_000)):
+        window.observe(float(t), {("g", "rank=0"): float(r0), ("g", "rank=1"): float(r1)}, {})
+        rates.append(window.rate("g"))
+    assert rates[1:] == [pytest.approx(2_000.0)] * 5
+
+
+def test_a_rank_that_vanishes_or_appears_is_a_reset_of_that_rank_only():
+    safe = ResetSafe()
+    assert safe.adjust({("g", "0"): 100.0, ("g", "1"): 100.0}) == {"g": 200.0}
+    assert safe.adjust({("g", "0"): 110.0}) == {"g": 210.0}  # rank 1 gone: its 100 stays in the sum
+    assert safe.adjust({("g", "0"): 120.0, ("g", "1"): 105.0}) == {"g": 225.0}  # back where it was: +5
+    assert safe.adjust({("g", "0"): 130.0}) == {"g": 235.0}
+    assert safe.adjust({("g", "0"): 140.0, ("g", "1"): 7.0}) == {"g": 252.0}  # back lower: restarted, +7
+    # A rank never seen before starts at its first value (as a new series in rate()): no jump.
+    assert safe.adjust({("g", "0"): 150.0, ("g", "1"): 17.0, ("g", "2"): 9_000.0}) == {"g": 272.0}
+
+
+def test_histogram_window_handles_a_reset_per_rank():
+    # Two ranks each add 50 TTFT observations per 5 s; rank 1 restarts at t=20 (1,150 -> 50).
+    # Window count since t=0: 4 x 100 = 400 (a reset of the sum read 1,550).
+    win = HistogramWindow(300.0)
+    bounds = (0.5, float("inf"))
+    delta = None
+    for t, r0, r1 in ((0, 1_000, 1_000), (5, 1_050, 1_050), (10, 1_100, 1_100), (15, 1_150, 1_150),
+                      (20, 1_200, 50)):
+        s0, s1 = (r0 / 2, float(r0)), (r1 / 2, float(r1))
+        delta = win.observe(float(t), bounds, (s0[0] + s1[0], s0[1] + s1[1]), (("rank=0", s0), ("rank=1", s1)))
+    assert delta == (200.0, 400.0)
+    # Rank 1 vanishes: its observations stay counted; it comes back where it left off.
+    delta = win.observe(25.0, bounds, (625.0, 1_250.0), (("rank=0", (625.0, 1_250.0)),))
+    assert delta == (225.0, 450.0)
+    delta = win.observe(30.0, bounds, (650.0 + 50.0, 1_300.0 + 100.0),
+                        (("rank=0", (650.0, 1_300.0)), ("rank=1", (50.0, 100.0))))
+    assert delta == (275.0, 550.0)

@@ -202,3 +202,93 @@ def test_state_is_bounded_when_targets_come_and_go():
     for i in range(200):
         deriver(snapshot(float(i), targets=(f"t{i // 5}",)), None)
     assert len(deriver._rates) <= 10 and len(deriver._hists) <= 10 and len(deriver._verdicts) <= 1
+
+
+# --- review fixes -------------------------------------------------------------------------------
+
+def test_two_roofs_at_full_score_are_told_apart_by_how_far_past_their_ramp_they_are():
+    # MFU 0.55 -> compute position (0.55 - 0.20) / 0.30 = 1.17; HBM 0.90 -> (0.90 - 0.30) / 0.40
+    # = 1.50. Both scores clamp to 1.0; the HBM roof is further past its ramp (by order: compute).
+    s = Signals(**{**BUSY, "mfu": 0.55, "hbm_gpm": 0.90})
+    scores = assess(s).scores
+    assert scores["compute"] == scores["memory_bandwidth"] == 1.0
+    assert raw_verdict(s, scores, None)[0] == "memory_bandwidth"
+    # MFU 0.80 (position 2.0) vs HBM 0.75 (1.125): compute.
+    s = Signals(**{**BUSY, "mfu": 0.80, "hbm_gpm": 0.75})
+    assert raw_verdict(s, assess(s).scores, None)[0] == "compute"
+    # The sticky margin still comes first: a standing verdict keeps a tie.
+    s = Signals(**{**BUSY, "mfu": 0.55, "hbm_gpm": 0.90})
+    assert raw_verdict(s, assess(s).scores, "compute")[0] == "compute"
+
+
+def test_decode_at_the_hbm_roof_with_prefix_hits_is_not_called_compute():
+    # The reviewer's case: 40,000 prompt tok/s of which 90% are prefix-cache hits, HBM at 78%.
+    # MFU on computed tokens: 2 x 8.03e9 x 4,000 / 989.5e12 = 0.065 -> compute score 0,
+    # bandwidth ramp(0.78, 0.30, 0.70) = 1.0 -> memory_bandwidth (MFU 0.649 said compute).
+    from exporter.derive import roofline
+    from exporter.derive import throughput as thr_mod
+    from exporter.specs.gpus import lookup_gpu
+    from exporter.specs.models import BUILTIN
+
+    spec = lookup_gpu("h100-sxm")
+    gpu = GpuView("0", "GPU-0", spec.nvml_name, {}, {}, ())
+    thr = thr_mod.Throughput(prefill_tps=40_000.0, prefill_computed_tps=4_000.0, prefix_hit_share=0.9)
+    mfu = roofline.compute([gpu], [spec], BUILTIN["llama-3.1-8b"], 1, thr, None).mfu
+    assert mfu == pytest.approx(0.0649, abs=5e-5)
+    s = Signals(running=64, mean_batch=64, prefill_tps=40_000, decode_tps=3_000, mfu=mfu, hbm_gpm=0.78,
+                hbm_model=0.7, prefix_hit_share=0.9)
+    assert raw_verdict(s, assess(s).scores, None)[0] == "memory_bandwidth"
+    assert any("prefix cache served 90%" in e for e in assess(s).evidence["compute"])
+
+
+def ranked_snapshot(t: float, ranks: dict[str, float], gpus: int = 2) -> Snapshot:
+    """One vLLM target with data-parallel ranks: rank -> generation tokens counted so far."""
+    samples = []
+    for rank, generated in ranks.items():
+        labels = labels_of(target="a", engine="vllm", model="llama-3.1-8b", rank=rank)
+        samples += [Sample("llm_generation_tokens_total", labels, generated),
+                    Sample("llm_prompt_tokens_total", labels, generated),
+                    Sample("llm_requests_running", labels, 32.0),
+                    Sample("llm_kv_cache_usage_ratio", labels, 0.4),
+                    Sample("llm_kv_cache_capacity_tokens", labels, 100_000.0)]
+    results = {"engine:a": SourceResult("engine:a", True, 0.0, t, tuple(samples), attrs=MappingProxyType(
+        {"kind": "engine", "target": "a", "engine": "vllm", "model": "llama-3.1-8b"})),
+               "gpu": SourceResult("gpu", True, 0.0, t, gpu_samples(gpus, t))}
+    return Snapshot(1_000.0 + t, MappingProxyType(results))
+
+
+def test_deriver_handles_a_reset_of_one_data_parallel_rank():
+    # Each rank generates 1,000 tok/s; rank 1 restarts at t=20 (115,000 -> 5,000). The decode
+    # rate stays 2,000 tok/s (a reset of the summed counter read 9,666.7 tok/s).
+    deriver = build_deriver(Config(interval_s=5.0))
+    rates = []
+    for t, r0, r1 in ((0, 100_000, 100_000), (5, 105_000, 105_000), (10, 110_000, 110_000),
+                      (15, 115_000, 115_000), (20, 120_000, 5_000), (25, 125_000, 10_000)):
+        out = deriver(ranked_snapshot(float(t), {"0": float(r0), "1": float(r1)}), None)
+        rates += [s.value for s in out if s.name == "llm_decode_tokens_per_second"]
+    assert rates == [pytest.approx(2_000.0)] * 5
+
+
+def test_deriver_counts_data_parallel_ranks_in_the_modelled_bandwidth():
+    # DP=2 on 2 GPUs (no --tensor-parallel): TP = 2 GPUs / 2 ranks = 1. Each rank: batch 32 at
+    # 1,000 tok/s -> 31.25 steps/s, 40,000 KV tokens (0.4 x 100,000). Per GPU:
+    # 31.25 x (15,009,849,344 + 40,000 x 131,072) = 6.329e11 B/s.
+    deriver = build_deriver(Config(interval_s=5.0))
+    out: tuple[Sample, ...] = ()
+    for t in range(4):
+        out = deriver(ranked_snapshot(5.0 * t, {"0": 5_000.0 * t, "1": 5_000.0 * t}), None)
+    model = [s.value for s in out if s.name == "llm_hbm_bandwidth_bytes_per_second" and s.label("source") == "model"]
+    assert model == [pytest.approx(31.25 * (15_009_849_344 + 40_000 * 131_072))] * 2
+
+
+def test_kv_cache_dtype_setting_next_to_the_model():
+    # --kv-cache-dtype fp8: 2 x 32 layers x 8 KV heads x 128 x 1 byte = 65,536 B/token (BF16: 131,072).
+    def bytes_per_token(deriver: Deriver) -> float:
+        out = run(deriver, 2)
+        return next(s.value for s in out if s.name == "llm_kv_cache_bytes_per_token")
+
+    assert bytes_per_token(build_deriver(Config())) == 131_072
+    assert bytes_per_token(build_deriver(Config(extra={"kv_cache_dtype": "fp8"}))) == 65_536
+    deriver = build_deriver(Config(extra={"kv_cache_dtype": "fp7"}))
+    assert bytes_per_token(deriver) == 131_072
+    assert any("kv_cache_dtype ignored" in o for o in deriver.diagnosis()["targets"]["a"]["omitted"])

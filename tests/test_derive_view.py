@@ -78,6 +78,24 @@ def test_a_bucket_missing_on_one_rank_still_sums_the_others():
     assert hist.bounds == (0.1, 0.5, math.inf) and hist.counts == (1.0, 3.0, 5.0)
 
 
+def test_view_keeps_each_ranks_series_for_per_rank_reset_handling():
+    samples = engine_samples(1.0, ranks=("0",)) + engine_samples(2.0, ranks=("1",), les=("0.5", "+Inf"))
+    engine = build_view(snapshot(1.0, samples, [])).engines[0]
+    assert engine.ranks == 2
+    assert engine.get("llm_prompt_tokens_total") == 300.0
+    assert engine.series["llm_prompt_tokens_total", "model=m,rank=0"] == 100.0
+    assert engine.series["llm_prompt_tokens_total", "model=m,rank=1"] == 200.0
+    hist = engine.histograms[TTFT]
+    # Rank 1 has no 0.1 bucket: 0.0 there, as in the sum (1 + 0, 2 + 2, 3 + 4).
+    assert hist.counts == (1.0, 4.0, 7.0)
+    assert hist.series == (("model=m,rank=0", (1.0, 2.0, 3.0)), ("model=m,rank=1", (0.0, 2.0, 4.0)))
+    single = build_view(snapshot(1.0, engine_samples(1.0, ranks=("0",)), [])).engines[0]
+    assert single.ranks == 1 and single.histograms[TTFT].series == (("model=m,rank=0", (1.0, 2.0, 3.0)),)
+    assert dict(single.series) == {("llm_prompt_tokens_total", "model=m,rank=0"): 100.0,
+                                   ("llm_requests_running", "model=m,rank=0"): 3.0,
+                                   ("llm_kv_cache_capacity_tokens", "model=m,rank=0"): 1000.0}
+
+
 def _changed(rng: random.Random, samples: list[Sample]) -> list[Sample]:
     """The same engine page with one change a layout must notice."""
     out = list(samples)

@@ -22,7 +22,7 @@ from exporter.sources.engines.normalize import NormalizedScrape, detect_kind, no
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "engines"
 PAGES = sorted(path.name for path in FIXTURES.glob("*.prom"))
-PREFIX_KIND = {"triton_trtllm": "triton"}
+PREFIX_KIND = {"triton_trtllm": "triton", "triton_vllm": "vllm", "dynamo_trtllm": "trtllm"}
 TARGET = "engine-under-test"
 
 
@@ -201,6 +201,33 @@ def test_vllm_v08_prefix_blocks_become_tokens(engine_server: str) -> None:
     assert value(result, "llm_kv_cache_capacity_tokens") == 20000 * 16
 
 
+def test_vllm_v090_gpu_prefix_cache_counts_tokens(engine_server: str) -> None:
+    # Same names as 0.8, but the HELP says tokens: not multiplied by block_size (16)
+    result = scrape(engine_server, "vllm-v0.9.0__crafted_from_source.prom")
+    assert value(result, "llm_prefix_cache_queries_total", rank="0") == 80000
+    assert value(result, "llm_prefix_cache_hits_total", rank="0") == 20000
+    assert value(result, "llm_kv_cache_capacity_tokens", rank="0") == 20000 * 16
+    assert value(result, "llm_kv_cache_usage_ratio", rank="0") == 0.25
+
+
+def test_triton_vllm_backend_is_read_as_vllm(engine_server: str) -> None:
+    result = scrape(engine_server, "triton_vllm-backend__crafted_from_source.prom")
+    assert (result.kind, result.flavor, result.model) == ("vllm", "triton-vllm", "vllm_model")
+    assert value(result, "llm_requests_running") == 7
+    assert value(result, "llm_requests_waiting") == 2
+    assert value(result, "llm_kv_cache_usage_ratio") == 0.6
+    assert value(result, "llm_prompt_tokens_total") == 1000
+    assert value(result, "llm_time_to_first_token_seconds_count") == 42
+    assert value(result, "llm_inter_token_latency_seconds_count") == 4158
+    # Triton's core counters carry what the backend lacks
+    assert value(result, "llm_requests_finished_total", reason="other") == 42
+    assert value(result, "llm_requests_finished_total", reason="error") == 3
+    assert value(result, "llm_request_duration_seconds_total") == 84.0
+    assert value(result, "llm_request_queue_seconds_total") == 0.25
+    assert {s.label("model") for s in result.samples} == {"vllm_model"}
+    assert not any(s.label("rank") for s in result.samples)
+
+
 # ---------------------------------------------------------------------------------------------
 # SGLang
 
@@ -219,7 +246,8 @@ def test_sglang_current_itl_capacity_and_tp_copies(engine_server: str) -> None:
     assert value(result, "llm_kv_cache_capacity_tokens") == 220544
     assert value(result, "llm_kv_cache_usage_ratio") == 0.4137
     assert value(result, "llm_prefix_cache_hits_total") == 1312500
-    assert value(result, "llm_prefix_cache_hit_ratio") == 0.3125
+    assert value(result, "llm_prefix_cache_queries_total") == 4.2e6  # prompt tokens
+    assert "llm_prefix_cache_hit_ratio" not in names(result)  # cache_hit_rate: last prefill batch only
     assert value(result, "llm_requests_total") == 5120
     assert "llm_requests_finished_total" not in names(result)
     assert not any(s.label("rank") for s in result.samples)
@@ -231,8 +259,24 @@ def test_sglang_v04_renamed_tpot_is_itl(engine_server: str) -> None:
     assert value(result, "llm_time_to_first_token_seconds_sum") == pytest.approx(2351897.9474117756)
     assert buckets(result, "llm_time_to_first_token_seconds")[0] == "0.001"
     assert value(result, "llm_requests_waiting") == 2826
-    assert value(result, "llm_prefix_cache_hit_ratio") == pytest.approx(0.007507552643049313)
+    # cache_hit_rate is not mapped, and without cached_tokens_total no prefix-cache series at all
+    assert not any(name.startswith("llm_prefix_cache") for name in names(result))
     assert "llm_time_per_output_token_seconds_count" not in names(result)
+
+
+def test_sglang_dp_attention_keeps_every_dp_rank(engine_server: str) -> None:
+    result = scrape(engine_server, "sglang-dp_attention__crafted_from_source.prom")
+    # DP rank 1 reports with tp_rank="2", moe_ep_rank="2": kept, as rank "1"
+    assert value(result, "llm_requests_running", rank="0") == 10
+    assert value(result, "llm_requests_running", rank="1") == 30
+    assert value(result, "llm_requests_waiting", rank="1") == 12
+    assert value(result, "llm_kv_cache_usage_ratio", rank="1") == 0.95
+    assert value(result, "llm_kv_cache_capacity_tokens", rank="1") == 300000
+    assert value(result, "llm_preemptions_total", rank="1") == 5
+    # prefix cache: cached tokens (summed over cache_source) / prompt tokens
+    assert value(result, "llm_prefix_cache_hits_total") == 200000
+    assert value(result, "llm_prefix_cache_queries_total") == 500000
+    assert "llm_prefix_cache_hit_ratio" not in names(result)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,6 +365,17 @@ def test_trtllm_serve(engine_server: str) -> None:
     assert value(result, "llm_request_prefill_time_seconds_count") == 756
     assert value(result, "llm_prefix_cache_hit_ratio") == 0.21
     assert value(result, "llm_requests_running_max") == 256
+
+
+def test_dynamo_trtllm_colon_prefix(engine_server: str) -> None:
+    result = scrape(engine_server, "dynamo_trtllm-1.1.0rc5__crafted_from_source.prom")
+    assert (result.kind, result.model) == ("trtllm", "Qwen/Qwen3-0.6B")
+    assert value(result, "llm_requests_finished_total", reason="stop") == 9
+    assert value(result, "llm_requests_finished_total", reason="length") == 1
+    assert value(result, "llm_time_to_first_token_seconds_count") == 10
+    assert value(result, "llm_time_per_output_token_seconds_sum") == 0.12
+    assert value(result, "llm_e2e_request_latency_seconds_count") == 10
+    assert value(result, "llm_request_queue_time_seconds_count") == 10
 
 
 def test_trtllm_first_release_unprefixed(engine_server: str) -> None:

@@ -87,7 +87,9 @@ def test_counters_keep_their_total_suffix_in_the_schema() -> None:
     ('nv_inference_count{model="m",version="1"} 0\n', "triton"),
     ("trtllm_num_requests_running 0\n", "trtllm"),
     ('time_to_first_token_seconds_count{engine_type="undefined",model_name="undefined"} 1\n', "trtllm"),
-    ('time_to_first_token_seconds_count{model_name="m"} 1\n', "nim"),
+    ('num_request_max{model_name="m"} 256\ntime_to_first_token_seconds_count{model_name="m"} 1\n', "nim"),
+    ("trtllm:request_success_total 1\n", "trtllm"),
+    ('vllm:num_requests_running{model="m",version="1"} 1\nnv_inference_count{model="m",version="1"} 0\n', "vllm"),
     ("lmdeploy:num_requests_running 0\nvllm:x 1\n", "lmdeploy"),
     ('num_requests_running{model_name="m"} 1\nvllm:num_requests_running 1\n', "vllm"),
 ])
@@ -102,6 +104,9 @@ def test_detect_kind(text: str, kind: str) -> None:
     "\x00\x01\x02 binary",
     "node_load1 0.5\nprocess_cpu_seconds_total 1\n",
     "# just a comment mentioning sglang: and tgi_request_count\n",
+    # an unprefixed TTFT without a NIM-only name: trtllm-serve's first release (no engine_type yet)
+    # or NIM; the bare name proves neither
+    'time_to_first_token_seconds_count{model_name="m"} 1\n',
 ])
 def test_detect_kind_rejects_garbage(text: str) -> None:
     assert detect_kind(text) is None
@@ -178,13 +183,177 @@ def test_absent_model_values_mean_no_model() -> None:
 
 
 def test_sglang_keeps_rank_zero_copies_and_maps_dp_rank() -> None:
-    # dp_rank as the data-parallel label name is an assumption (engines.md: "a dp rank", unverified)
+    # SGLang's scheduler adds labels["dp_rank"] when data-parallel. Copies of every TP rank (with
+    # --enable-metrics-for-all-schedulers) are skipped without a dp_rank ...
+    text = "".join(f'sglang:num_running_reqs{{model_name="m",pp_rank="0",tp_rank="{tp}"}} {10 + tp}\n'
+                   for tp in (0, 1, 2, 3))
+    result = run(text)
+    assert [s.value for s in result.samples] == [10.0]
+    assert result.unmapped_samples == 0  # copies are skipped, not "unmapped"
+    # ... and with one they coincide per dp rank: equal copies of a gauge merge to their value
     text = "".join(
         f'sglang:num_running_reqs{{dp_rank="{dp}",model_name="m",pp_rank="0",tp_rank="{tp}"}} {10 + dp}\n'
         for dp in (0, 1) for tp in (0, 1, 2, 3))
     result = run(text)
     assert {s.label("rank"): s.value for s in result.samples} == {"0": 10.0, "1": 11.0}
-    assert result.unmapped_samples == 0  # copies are skipped, not "unmapped"
+    assert result.unmapped_samples == 0
+
+
+def test_sglang_dp_attention_ranks_are_not_tp_copies() -> None:
+    """With --enable-dp-attention DP rank d's scheduler reports its global tp_rank (and moe_ep_rank):
+    not a copy of rank 0's numbers. Every dp rank is kept, as `rank`; pp_rank still filters."""
+    labels = 'engine_type="unified",model_name="m",pp_rank="{pp}",tp_rank="{tp}",moe_ep_rank="{tp}",dp_rank="{dp}"'
+    text = "".join(f"sglang:num_running_reqs{{{labels.format(pp=pp, tp=2 * dp, dp=dp)}}} {10 * (dp + 1) + pp}\n"
+                   f"sglang:num_retracted_requests_total{{{labels.format(pp=pp, tp=2 * dp, dp=dp)}}} {dp + 1}\n"
+                   for dp in (0, 1, 2, 3) for pp in (0, 1))
+    result = run(text)
+    assert {s.label("rank"): s.value for s in result.samples if s.name == "llm_requests_running"} == {
+        "0": 10.0, "1": 20.0, "2": 30.0, "3": 40.0}
+    assert {s.label("rank"): s.value for s in result.samples if s.name == "llm_preemptions_total"} == {
+        "0": 1.0, "1": 2.0, "2": 3.0, "3": 4.0}
+    # without a dp_rank a non-zero tp_rank / moe_ep_rank is still a copy
+    assert run('sglang:num_running_reqs{model_name="m",moe_ep_rank="1",tp_rank="0"} 5\n').samples == ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefix-cache units and sources
+
+BLOCKS_HELP = ("# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries, in terms of number of queried blocks.\n"
+               "# HELP vllm:gpu_prefix_cache_hits_total GPU prefix cache hits, in terms of number of cached blocks.\n")
+TOKENS_HELP = BLOCKS_HELP.replace("queried blocks", "queried tokens").replace("cached blocks", "cached tokens")
+GPU_PREFIX = ('vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 100\n'
+              'vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 40\n')
+INFO_16 = 'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000"} 1\n'
+
+
+def _prefix(result: NormalizedScrape) -> tuple[list[float], list[float]]:
+    return get(result, "llm_prefix_cache_queries_total"), get(result, "llm_prefix_cache_hits_total")
+
+
+def test_vllm_gpu_prefix_cache_unit_follows_its_help() -> None:
+    # 0.8: HELP says blocks -> x block_size; without cache_config_info no series (not blocks as tokens)
+    assert _prefix(run(BLOCKS_HELP + GPU_PREFIX + INFO_16)) == ([1600.0], [640.0])
+    assert _prefix(run(BLOCKS_HELP + GPU_PREFIX)) == ([], [])
+    # ~0.9.0: same names, HELP says tokens -> as is, whatever the block size
+    assert _prefix(run(TOKENS_HELP + GPU_PREFIX + INFO_16)) == ([100.0], [40.0])
+    # no HELP at all: tokens (every release since 0.8.x)
+    assert _prefix(run(GPU_PREFIX + INFO_16)) == ([100.0], [40.0])
+    # the renamed counters win over the old ones, whatever their unit
+    renamed = ('vllm:prefix_cache_queries_total{engine="0",model_name="m"} 7\n'
+               'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 3\n')
+    assert _prefix(run(TOKENS_HELP + GPU_PREFIX + renamed + INFO_16)) == ([7.0], [3.0])
+    assert _prefix(run(BLOCKS_HELP + GPU_PREFIX + renamed + INFO_16)) == ([7.0], [3.0])
+
+
+def test_warm_state_follows_a_help_text_change() -> None:
+    """An upgrade from 0.8 to 0.9 keeps every sample name and label: only the HELP text changes.
+    A plan recorded on the blocks page must not be replayed on the tokens page."""
+    state = NormalizerState()
+    for text in [BLOCKS_HELP + GPU_PREFIX + INFO_16] * 3 + [TOKENS_HELP + GPU_PREFIX + INFO_16] * 3 \
+            + [BLOCKS_HELP + GPU_PREFIX + INFO_16] * 2:
+        _same(run(text, state=state), run(text, state=NormalizerState()))
+        assert normalize_if_unchanged(text, target="t", kind=None, state=state) in (None, run(text))
+
+
+def test_sglang_prefix_cache_is_cached_over_prompt_tokens() -> None:
+    rate = 'sglang:cache_hit_rate{model_name="m",tp_rank="0"} 0.0\n'
+    prompt = 'sglang:prompt_tokens_total{model_name="m"} 1000\n'
+    cached = ('sglang:cached_tokens_total{cache_source="device",model_name="m"} 300\n'
+              'sglang:cached_tokens_total{cache_source="host",model_name="m"} 100\n')
+    result = run(rate + prompt + cached)
+    assert _prefix(result) == ([1000.0], [400.0])
+    assert get(result, "llm_prompt_tokens_total") == [1000.0]
+    # the gauge is the last prefill batch's hit rate (0 after every decode log): never mapped
+    assert get(result, "llm_prefix_cache_hit_ratio") == []
+    # before the first hit SGLang has no cached_tokens sample (only HELP/TYPE): no queries either
+    idle = rate + prompt + "# HELP sglang:cached_tokens_total Number of cached prompt tokens.\n" \
+        + "# TYPE sglang:cached_tokens_total counter\n"
+    assert _prefix(run(idle)) == ([], [])
+    assert get(run(idle), "llm_prompt_tokens_total") == [1000.0]
+
+
+def test_trtllm_prompt_cached_tokens_are_prefix_cache_hits() -> None:
+    labels = '{engine_type="trtllm",model_name="m"}'
+    text = (f"trtllm_prompt_tokens_total{labels} 5000\n"
+            f"trtllm_prompt_cached_tokens_total{labels} 1200\n"
+            f"trtllm_kv_cache_hit_rate{labels} 0.3\n")
+    result = run(text)
+    assert _prefix(result) == ([5000.0], [1200.0])
+    assert get(result, "llm_prompt_tokens_total") == [5000.0]
+    assert get(result, "llm_prefix_cache_hit_ratio") == [0.3]
+    # a server without the cached-tokens counter: prompt tokens are not called queries
+    assert _prefix(run(f"trtllm_prompt_tokens_total{labels} 5000\n")) == ([], [])
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection: Triton's vLLM backend, NIM vs trtllm-serve, Dynamo's trtllm: prefix
+
+TRITON_CORE = ('nv_inference_request_success{model="vllm_model",version="1"} 42\n'
+               'nv_inference_request_failure{model="vllm_model",version="1"} 1\n')
+TRITON_VLLM = TRITON_CORE + ('vllm:num_requests_running{model="vllm_model",version="1"} 7\n'
+                             'vllm:gpu_cache_usage_perc{model="vllm_model",version="1"} 0.6\n')
+
+
+def test_triton_vllm_backend_is_vllm_with_model_label() -> None:
+    result = run(TRITON_VLLM)
+    assert (result.kind, result.flavor, result.model) == ("vllm", "triton-vllm", "vllm_model")
+    assert get(result, "llm_requests_running", model="vllm_model") == [7.0]
+    assert get(result, "llm_kv_cache_usage_ratio", model="vllm_model") == [0.6]
+    assert get(result, "llm_requests_finished_total", reason="other") == [42.0]
+    assert get(result, "llm_requests_finished_total", reason="error") == [1.0]
+    # native vLLM: its own request_success_total wins over Triton's (never both on a real page)
+    both = TRITON_CORE + 'vllm:request_success_total{model_name="m",finished_reason="stop"} 5\n'
+    assert get(run(both), "llm_requests_finished_total") == [5.0]
+
+
+def test_kept_kind_gives_way_to_a_more_specific_one() -> None:
+    # Triton registers the vLLM backend's families once the model has loaded: triton, then vllm
+    state = NormalizerState()
+    assert run(TRITON_CORE, state=state).kind == "triton"
+    result = run(TRITON_VLLM, state=state)
+    assert result.kind == "vllm" and state.last_kind == "vllm"
+    assert any("changed from triton to vllm" in note for note in result.notes)
+    _same(run(TRITON_VLLM, state=state), run(TRITON_VLLM))
+    # the vLLM model unloaded: Triton alone again
+    assert run(TRITON_CORE, state=state).kind == "triton"
+    # a kept nim gives way to trtllm-serve (same unprefixed names, engine_type on its samples)
+    state = NormalizerState()
+    assert run('num_requests_running{model_name="m"} 1\n', state=state).kind == "nim"
+    assert run(TRTLLM_RC5, state=state).kind == "trtllm"
+
+
+TRTLLM_RC5 = ('time_to_first_token_seconds_count{engine_type="undefined",model_name="undefined"} 1\n'
+              'time_to_first_token_seconds_sum{engine_type="undefined",model_name="undefined"} 0.1\n'
+              'time_to_first_token_seconds_bucket{engine_type="undefined",le="+Inf",model_name="undefined"} 1\n')
+TRTLLM_RC5_IDLE = "".join(
+    f"# HELP {name} help\n# TYPE {name} {kind}\n"
+    for name, kind in (("request_success_total", "counter"), ("e2e_request_latency_seconds", "histogram"),
+                       ("time_to_first_token_seconds", "histogram"), ("time_per_output_token_seconds", "histogram"),
+                       ("request_queue_time_seconds", "histogram")))
+
+
+def test_idle_trtllm_first_release_is_not_nim() -> None:
+    """trtllm-serve 1.1.0rc5 prints only HELP/TYPE lines until its first request; the bare
+    unprefixed names are NIM's too, so the page proves no engine (it used to read as NIM and, the
+    kind being kept, stay NIM once samples appeared)."""
+    assert detect_kind(TRTLLM_RC5_IDLE) is None
+    state = NormalizerState()
+    with pytest.raises(UnknownEngineError):
+        run(TRTLLM_RC5_IDLE, state=state)
+    result = run(TRTLLM_RC5_IDLE + TRTLLM_RC5, state=state)
+    assert result.kind == "trtllm"
+    assert get(result, "llm_time_to_first_token_seconds_count") == [1.0]
+    assert run(TRTLLM_RC5_IDLE, kind="trtllm").samples == ()  # configured: an empty, valid page
+
+
+def test_dynamo_trtllm_colon_prefix_ranks_below_current_names() -> None:
+    colon = 'trtllm:request_success_total{engine_type="trtllm",finished_reason="stop",model_name="m"} 10\n'
+    assert detect_kind(colon) == "trtllm"
+    assert get(run(colon), "llm_requests_finished_total", reason="stop") == [10.0]
+    current = 'trtllm_request_success_total{engine_type="trtllm",finished_reason="stop",model_name="m"} 12\n'
+    unprefixed = 'request_success_total{engine_type="trtllm",finished_reason="stop",model_name="m"} 11\n'
+    assert get(run(colon + current), "llm_requests_finished_total") == [12.0]
+    assert get(run(colon + unprefixed), "llm_requests_finished_total") == [11.0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,8 +493,9 @@ def test_live_sglang_names_cover_the_core_families() -> None:
     live = set((FIXTURES / "sglang-2026-llmkube_testdata.names.txt").read_text().split())
     for name in ("sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_count",
                  "sglang:token_usage", "sglang:max_total_num_tokens", "sglang:num_running_reqs",
-                 "sglang:num_queue_reqs", "sglang:prompt_tokens_total", "sglang:cache_hit_rate"):
+                 "sglang:num_queue_reqs", "sglang:prompt_tokens_total", "sglang:cached_tokens_total"):
         assert name in live and name in mapped
+    assert "sglang:cache_hit_rate" in live and "sglang:cache_hit_rate" not in mapped  # a last-batch gauge
 
 
 # ---------------------------------------------------------------------------------------------

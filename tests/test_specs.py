@@ -167,3 +167,81 @@ def test_mla_models_are_reported_unsupported() -> None:
         load_model("deepseek-ai/DeepSeek-V3")
     with pytest.raises(KeyError, match="unknown model"):
         load_model("no-such-model-7b")
+
+
+# --- quantization and dtypes in config.json (review items 3 and 4) ---------------------------------
+
+_LLAMA_8B_CFG = dict(model_type="llama", num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+                     num_key_value_heads=8, vocab_size=128256, intermediate_size=14336, torch_dtype="bfloat16")
+# 8,030,261,248 parameters (BUILTIN llama-3.1-8b); KV 2 x 32 x 8 x 128 = 65,536 elements per token.
+_PARAMS_8B = 8_030_261_248
+
+
+def _shape(**quant: object):
+    from exporter.specs.models import model_from_hf_config
+
+    cfg = dict(_LLAMA_8B_CFG, quantization_config=quant) if quant else dict(_LLAMA_8B_CFG)
+    return model_from_hf_config(cfg, "x")
+
+
+def test_compressed_tensors_fp8_w8a8_is_one_byte_and_fp8_matmuls() -> None:
+    m = _shape(quant_method="compressed-tensors", format="float-quantized", config_groups={"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"},
+        "input_activations": {"num_bits": 8, "type": "float"}}})
+    assert (m.dtype_bytes, m.quantization, m.matmul_kind) == (1.0, "fp8", "fp8")
+    assert weight_bytes(m) == _PARAMS_8B  # 8.03 GB (it read as 2 bytes: 16.06 GB)
+    assert m.kv_dtype_bytes == 2.0
+
+
+def test_compressed_tensors_w4a16_and_int8_w8a8_and_kv_scheme() -> None:
+    w4a16 = _shape(quant_method="compressed-tensors", format="pack-quantized", config_groups={"group_0": {
+        "weights": {"num_bits": 4, "type": "int"}, "input_activations": None}})
+    assert (w4a16.dtype_bytes, w4a16.quantization, w4a16.matmul_kind) == (0.5, "weight-only", "16bit")
+    w8a8 = _shape(quant_method="compressed-tensors", kv_cache_scheme={"num_bits": 8, "type": "float"},
+                  config_groups={"group_0": {"weights": {"num_bits": 8, "type": "int"},
+                                             "input_activations": {"num_bits": 8, "type": "int"}}})
+    assert (w8a8.dtype_bytes, w8a8.quantization, w8a8.kv_dtype_bytes) == (1.0, "int8", 1.0)
+    assert kv_bytes_per_token(w8a8) == 64 * KiB
+
+
+def test_modelopt_fp8_with_fp8_kv_cache() -> None:
+    m = _shape(quant_method="modelopt", quant_algo="FP8", kv_cache_quant_algo="FP8")
+    assert (m.dtype_bytes, m.quantization, m.kv_dtype_bytes) == (1.0, "fp8", 1.0)
+    nested = _shape(quant_method="modelopt", quantization={"quant_algo": "FP8"})
+    assert (nested.dtype_bytes, nested.kv_dtype_bytes) == (1.0, 2.0)
+
+
+def test_weight_only_schemes_and_bitsandbytes() -> None:
+    awq = _shape(quant_method="awq", bits=4, group_size=128)
+    assert (awq.dtype_bytes, awq.quantization, awq.matmul_kind) == (0.5, "weight-only", "16bit")
+    gptq8 = _shape(quant_method="gptq", bits=8)
+    assert (gptq8.dtype_bytes, gptq8.matmul_kind) == (1.0, "16bit")
+    bnb4 = _shape(quant_method="bitsandbytes", load_in_4bit=True, bnb_4bit_quant_type="nf4")
+    assert (bnb4.dtype_bytes, bnb4.quantization) == (0.5, "weight-only")  # was read as 2 bytes
+    bnb8 = _shape(quant_method="bitsandbytes", load_in_8bit=True)
+    assert (bnb8.dtype_bytes, bnb8.quantization) == (1.0, "weight-only")
+    fp8 = _shape(quant_method="fp8", activation_scheme="dynamic")
+    assert (fp8.dtype_bytes, fp8.matmul_kind) == (1.0, "fp8")
+
+
+def test_float32_checkpoints_are_served_in_16_bits() -> None:
+    from exporter.specs.models import model_from_hf_config
+
+    m = model_from_hf_config(dict(_LLAMA_8B_CFG, torch_dtype="float32"), "x")
+    # vLLM's dtype "auto" serves FP32 checkpoints in FP16: 2 bytes per weight and KV element
+    # (it read 4: 32.1 GB of weights, 256 KiB of KV per token).
+    assert (m.dtype_bytes, m.kv_dtype_bytes) == (2.0, 2.0)
+    assert weight_bytes(m) == 2 * _PARAMS_8B
+    assert kv_bytes_per_token(m) == 128 * KiB
+
+
+def test_kv_cache_dtype_names() -> None:
+    from exporter.specs.models import kv_cache_dtype_bytes
+
+    assert kv_cache_dtype_bytes("auto") is None
+    assert kv_cache_dtype_bytes("fp8") == kv_cache_dtype_bytes("fp8_e5m2") == 1.0
+    assert kv_cache_dtype_bytes("bfloat16") == 2.0
+    with pytest.raises(ValueError, match="unknown KV cache dtype"):
+        kv_cache_dtype_bytes("fp7")
+    with pytest.raises(ValueError, match="quantization"):
+        BUILTIN["llama-3.1-8b"].__class__(**{**_fields(BUILTIN["llama-3.1-8b"]), "quantization": "int3"})

@@ -42,8 +42,9 @@ FAMILIES = (
            "output tokens of the requests finished in the window).",
            TM, "derived"),
     family("llm_hbm_bandwidth_bytes_per_second", "gauge", "bytes/s",
-           "Achieved HBM bandwidth per GPU. source=model: decode steps/s x (weight bytes read per step + "
-           "KV used tokens x KV bytes per token) / tensor-parallel GPUs. source=gpm: "
+           "Achieved HBM bandwidth per GPU. source=model: decode steps/s x (weight bytes read per step x "
+           "data-parallel ranks + KV used tokens x KV bytes per token) / (tensor-parallel x data-parallel "
+           "GPUs); KV bytes per token from the model shape and kv_cache_dtype. source=gpm: "
            "llm_gpu_dram_bandwidth_utilization_ratio x the card's peak bandwidth (exporter/specs/gpus.py).", ("target", "gpu", "source"), "derived"),
     family("llm_hbm_bandwidth_efficiency_ratio", "gauge", "ratio",
            "Achieved HBM bandwidth / the card's peak: source=model from the formula above, source=gpm the "
@@ -51,8 +52,11 @@ FAMILIES = (
            "(prefill traffic, activations, other processes).",
            ("target", "gpu", "source"), "derived"),
     family("llm_prefill_mfu_ratio", "gauge", "ratio",
-           "Prefill model FLOPs utilization = 2 x active params x prefill tokens/s / (GPUs x peak dense "
-           "FLOPS; FP8 peak for 8-bit weights on cards with FP8, else BF16).", TM, "derived"),
+           "Prefill model FLOPs utilization = prefill FLOPs per token at the window's mean prompt length "
+           "(matmuls + attention; 2 x active params without a prompt-length histogram) x computed prompt "
+           "tokens/s (prompt tokens minus prefix-cache hits) / (GPUs x peak dense FLOPS: FP8 peak for FP8 "
+           "W8A8 models on cards with FP8, INT8 for INT8 W8A8, else BF16, weight-only AWQ/GPTQ included).",
+           TM, "derived"),
     family("llm_energy_joules_per_token", "gauge", "joules",
            "GPU energy per generated token = sum over the target's GPUs of the rate of "
            "llm_gpu_energy_joules_total (else llm_gpu_power_watts) / decode tokens/s; absent while "

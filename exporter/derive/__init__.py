@@ -10,6 +10,7 @@ input. A family that raises is dropped for that target and cycle only, logged on
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +24,7 @@ from exporter.derive.view import EngineView, GpuView, SnapshotView, ViewCache, b
 from exporter.derive.window import HistogramWindow, RateWindow, Scopes
 from exporter.snapshot import Sample, Snapshot
 from exporter.specs.gpus import GpuSpec, lookup_gpu, pcie_bytes_per_s
-from exporter.specs.models import ModelShape, UnsupportedModel, load_model
+from exporter.specs.models import ModelShape, UnsupportedModel, kv_cache_dtype_bytes, load_model
 
 log = logging.getLogger("llm_exporter.derive")
 
@@ -51,10 +52,12 @@ class TargetResult(NamedTuple):
 
 
 def assign_gpus(targets: Sequence[str], gpus: Sequence[GpuView], tp: int | None,
-                explicit: Mapping[str, Sequence[str]] | None = None) -> tuple[dict[str, tuple[GpuView, ...]], str]:
-    """Which GPUs serve which target. Explicit `target_gpus` wins; one target gets the first TP
-    GPUs (all by default); several targets get consecutive TP-sized slices in name order, or all
-    share every GPU when there are not enough for a slice each."""
+                explicit: Mapping[str, Sequence[str]] | None = None,
+                ranks: Mapping[str, int] | None = None) -> tuple[dict[str, tuple[GpuView, ...]], str]:
+    """Which GPUs serve which target. Explicit `target_gpus` wins; one target gets the first
+    TP x DP GPUs (all by default; DP: the target's data-parallel ranks, `ranks`); several targets
+    get consecutive slices of that size in name order, or all share every GPU when there are not
+    enough for a slice each."""
     by_index = {g.gpu: g for g in gpus}
     out: dict[str, tuple[GpuView, ...]] = {}
     note = ""
@@ -64,13 +67,23 @@ def assign_gpus(targets: Sequence[str], gpus: Sequence[GpuView], tp: int | None,
             out[t] = tuple(by_index[str(i)] for i in explicit[t] if str(i) in by_index)
     if not rest:
         return out, note
-    size = tp or max(1, len(gpus) // len(rest)) if gpus else 0
+    if not gpus:
+        sizes = dict.fromkeys(rest, 0)
+    elif tp:
+        sizes = {t: tp * max(1, (ranks or {}).get(t, 1)) for t in rest}
+    else:
+        sizes = dict.fromkeys(rest, max(1, len(gpus) // len(rest)))
     if len(rest) == 1:
+        size = sizes[rest[0]]
         out[rest[0]] = tuple(gpus[:size]) if size else tuple(gpus)
-    elif size * len(rest) <= len(gpus):
-        for i, t in enumerate(rest):
-            out[t] = tuple(gpus[i * size:(i + 1) * size])
-        note = f"GPUs assigned to targets in name order, {size} each (set target_gpus to say which)"
+    elif sum(sizes.values()) <= len(gpus):
+        start = 0
+        for t in rest:
+            out[t] = tuple(gpus[start:start + sizes[t]])
+            start += sizes[t]
+        each = set(sizes.values())
+        what = f"{each.pop()} each" if len(each) == 1 else "tensor_parallel x data-parallel ranks each"
+        note = f"GPUs assigned to targets in name order, {what} (set target_gpus to say which)"
     else:
         for t in rest:
             out[t] = tuple(gpus)
@@ -101,6 +114,17 @@ class Deriver:
         self._pending: tuple | None = None
         self._views = ViewCache()
         self.last_cost_s = 0.0
+        # The KV-cache dtype the engine runs with (vLLM --kv-cache-dtype), when it is not the
+        # model's own: `kv_cache_dtype` in the config's extra settings, next to `model`.
+        self._kv_bytes: float | None = None
+        self._kv_note = ""
+        kv_dtype = extra.get("kv_cache_dtype")
+        if kv_dtype is not None:
+            try:
+                self._kv_bytes = kv_cache_dtype_bytes(str(kv_dtype))
+            except ValueError as error:
+                self._kv_note = f"kv_cache_dtype ignored ({error}); KV bytes use the model's KV dtype"
+                log.warning("%s", self._kv_note)
         # Tests swap a stage for one that raises to check isolation.
         self.stages: dict[str, Callable[..., Any]] = {
             "throughput": self._throughput, "kv": self._kv, "quantiles": self._quantiles,
@@ -127,6 +151,8 @@ class Deriver:
                 found = (None, f"model shape unknown: {how} (a built-in name or a config.json path)")
             except (OSError, ValueError) as error:
                 found = (None, f"model shape unreadable ({key}): {error}")
+        if found[0] is not None and self._kv_bytes is not None:
+            found = (dataclasses.replace(found[0], kv_dtype_bytes=self._kv_bytes), found[1])
         if len(self._shapes) >= MAX_CACHED_SHAPES:
             self._shapes.clear()
         self._shapes[key] = found
@@ -165,7 +191,7 @@ class Deriver:
             if hist is None:
                 continue
             window: HistogramWindow = self._hists.get(f"{ctx.engine.target}\0{kind}")
-            delta = window.observe(ctx.now, hist.bounds, hist.counts)
+            delta = window.observe(ctx.now, hist.bounds, hist.counts, hist.series)
             if delta is None:
                 continue
             tails[kind] = quantiles.tail(kind, hist.bounds, delta, thresholds[kind])
@@ -173,14 +199,15 @@ class Deriver:
 
     def _roofline(self, ctx: _Ctx) -> roofline.Roofline:
         specs = [self.spec_for(g.name) for g in ctx.gpus]
-        return roofline.compute(ctx.gpus, specs, ctx.shape, ctx.tp, ctx.thr, ctx.kv)
+        return roofline.compute(ctx.gpus, specs, ctx.shape, ctx.tp, ctx.thr, ctx.kv, ctx.dp)
 
     def _energy(self, ctx: _Ctx) -> energy.Energy:
         def rate(gpu: GpuView) -> float | None:
             return self._gpu_rates.get(gpu.key).rate(energy.ENERGY)
 
         decode = ctx.thr.decode_tps if ctx.thr is not None else None
-        return energy.compute(ctx.gpus, rate, decode, self.config.gpu_price_per_hour, len(ctx.gpus) or ctx.tp)
+        return energy.compute(ctx.gpus, rate, decode, self.config.gpu_price_per_hour,
+                              len(ctx.gpus) or ctx.tp * ctx.dp)
 
     def _bottleneck(self, ctx: _Ctx) -> tuple[Signals, dict[str, float], str, str]:
         signals = self.signals(ctx)
@@ -209,6 +236,7 @@ class Deriver:
             values["prefill_tps"], values["decode_tps"] = thr.prefill_tps, thr.decode_tps
             values["prefill_share"], values["time_source"] = thr.prefill_share, thr.time_source
             values["preemptions_per_s"] = thr.preemptions_per_s
+            values["prefix_hit_share"] = thr.prefix_hit_share
         if kvc is not None:
             values["kv_usage"], values["kv_headroom"] = kvc.usage_ratio, kvc.headroom_sequences
         if roof is not None:
@@ -250,7 +278,8 @@ class Deriver:
             if joules is not None:
                 self._gpu_rates.get(gpu.key).observe(now, {energy.ENERGY: joules}, {})
         assignment, note = assign_gpus([e.target for e in view.engines], view.gpus, self.config.tensor_parallel,
-                                       (self.config.extra or {}).get("target_gpus"))
+                                       (self.config.extra or {}).get("target_gpus"),
+                                       {e.target: e.ranks for e in view.engines})
         out: list[Sample] = []
         results: list[TargetResult] = []
         for engine in view.engines:
@@ -284,8 +313,12 @@ class Deriver:
                 omitted.append(f"no peak spec for {', '.join(unknown)}: set gpu_spec overrides for efficiency ratios")
         if self.config.gpu_price_per_hour is None:
             omitted.append("cost per million tokens: set --gpu-price-per-hour")
-        tp = self.config.tensor_parallel or max(1, len(gpus))
-        ctx = _Ctx(view, engine, gpus, shape, tp, now=view.taken_at)
+        # Data-parallel ranks each hold a full copy of the model on TP GPUs of their own.
+        dp = max(1, engine.ranks)
+        tp = self.config.tensor_parallel or max(1, len(gpus) // dp)
+        if self._kv_note:
+            omitted.append(self._kv_note)
+        ctx = _Ctx(view, engine, gpus, shape, tp, now=view.taken_at, dp=dp)
         labels = (("model", engine.model), ("target", engine.target))  # labels_of(): sorted by name
         samples: list[Sample] = []
         ctx.thr = self._run("throughput", ctx, omitted)
@@ -332,11 +365,12 @@ class _NotYet(Exception):
 class _Ctx:
     """Per-target inputs handed from stage to stage within one cycle (never kept)."""
 
-    __slots__ = ("view", "engine", "gpus", "shape", "tp", "now", "thr", "kv", "tails", "roof", "energy")
+    __slots__ = ("view", "engine", "gpus", "shape", "tp", "dp", "now", "thr", "kv", "tails", "roof", "energy")
 
     def __init__(self, view: SnapshotView, engine: EngineView, gpus: tuple[GpuView, ...], shape: ModelShape | None,
-                 tp: int, now: float) -> None:
+                 tp: int, now: float, dp: int = 1) -> None:
         self.view, self.engine, self.gpus, self.shape, self.tp, self.now = view, engine, gpus, shape, tp, now
+        self.dp = dp
         self.thr: throughput.Throughput | None = None
         self.kv: kv.KvCache | None = None
         self.tails: dict[str, quantiles.Tail] = {}
@@ -414,7 +448,9 @@ def _numbers(r: TargetResult) -> dict[str, Any]:
         out.update(prefill_tokens_per_second=_round(thr.prefill_tps, 2), decode_tokens_per_second=_round(thr.decode_tps, 2),
                    prefill_time_share=_round(thr.prefill_share), mean_batch=_round(thr.mean_batch, 2),
                    decode_steps_per_second=_round(thr.steps_per_s, 2), running=thr.running, waiting=thr.waiting,
-                   preemptions_per_second=_round(thr.preemptions_per_s))
+                   preemptions_per_second=_round(thr.preemptions_per_s),
+                   prefill_computed_tokens_per_second=_round(thr.prefill_computed_tps, 2),
+                   prefix_cache_hit_share=_round(thr.prefix_hit_share))
     if kvc is not None:
         out.update(kv_usage_ratio=_round(kvc.usage_ratio), kv_used_tokens=_round(kvc.used_tokens, 0),
                    kv_capacity_tokens=kvc.capacity_tokens, kv_bytes_per_token=kvc.bytes_per_token,

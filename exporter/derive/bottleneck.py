@@ -12,9 +12,11 @@ and thermal. Two kinds of resource are told apart:
   that was never the bottleneck").
 
 Rules (thresholds in docs/diagnosis.md): no work -> idle; else the constraint with the highest
-score >= CONSTRAINT_MIN; else the higher roof if >= ROOF_MIN; else idle (headroom). Ties go to the
-earlier resource in the order. Hysteresis: the standing verdict needs STICKY less to stay, and a
-new one must win HOLD_CYCLES cycles in a row before it replaces it.
+score >= CONSTRAINT_MIN; else the higher roof if >= ROOF_MIN; else idle (headroom). Two roofs with
+the same score (both clamp at 1.0 once past their ramp) are told apart by how far past its ramp
+each input is (the unclamped ramp position); other ties go to the earlier resource in the order.
+Hysteresis: the standing verdict needs STICKY less to stay, and a new one must win HOLD_CYCLES
+cycles in a row before it replaces it.
 """
 
 from __future__ import annotations
@@ -92,6 +94,16 @@ def ramp(value: float | None, low: float, high: float) -> float:
     return min(1.0, max(0.0, (value - low) / (high - low)))
 
 
+def ramp_position(value: float | None, low: float, high: float) -> float:
+    """ramp() without the clamp at 1: how far past `high` a value is, in ramp widths (1.5 is half a
+    width past it). Tells apart two roofs that both score 1.0."""
+    if value is None:
+        return 0.0
+    if high <= low:
+        return 1.0 if value >= high else 0.0
+    return max(0.0, (value - low) / (high - low))
+
+
 def pct(value: float) -> str:
     return f"{value * 100:.0f}%"
 
@@ -107,6 +119,7 @@ class Signals(NamedTuple):
     prefill_share: float | None = None
     time_source: str = ""
     preemptions_per_s: float | None = None
+    prefix_hit_share: float | None = None  # of prompt tokens, served by the prefix cache
     kv_usage: float | None = None
     kv_headroom: float | None = None
     hbm_gpm: float | None = None
@@ -154,26 +167,28 @@ class Assessment:
 # Each resource's score, and the evidence for it appended to `ev` when `ev` is a list: the
 # verdict needs the scores every cycle, the words are only built for the diagnosis.
 
-def _compute(s: Signals, ev: list[str] | None) -> float:
+def _compute(s: Signals, ev: list[str] | None, r=ramp) -> float:
     # MFU is the direct measure; tensor-core activity (GPM) also counts attention and decode
     # matmuls at low efficiency, so it only stands in when there is no MFU.
-    score = ramp(s.mfu, MFU_LOW, MFU_HIGH) if s.mfu is not None else ramp(s.tensor_active, 0.40, 0.80)
+    score = r(s.mfu, MFU_LOW, MFU_HIGH) if s.mfu is not None else r(s.tensor_active, 0.40, 0.80)
     if ev is not None:
         if s.mfu is not None:
-            ev.append(f"prefill MFU {pct(s.mfu)}")
+            cached = f" (prefix cache served {pct(s.prefix_hit_share)} of prompt tokens, not computed)" \
+                if s.prefix_hit_share else ""
+            ev.append(f"prefill MFU {pct(s.mfu)}{cached}")
         if s.tensor_active is not None:
             ev.append(f"tensor cores active {pct(s.tensor_active)} (GPM)")
     if s.mfu is None and s.tensor_active is None and s.gpu_util is not None and s.prefill_share is not None:
-        score = 0.8 * ramp(s.gpu_util, 0.5, 0.95) * s.prefill_share
+        score = 0.8 * r(s.gpu_util, 0.5, 0.95) * s.prefill_share
         if ev is not None:
             ev.append(f"GPU busy {pct(s.gpu_util)} with prefill {pct(s.prefill_share)} of engine time (no MFU: "
                       "model shape or GPU spec unknown)")
     return score
 
 
-def _bandwidth(s: Signals, ev: list[str] | None) -> float:
+def _bandwidth(s: Signals, ev: list[str] | None, r=ramp) -> float:
     ratio = s.hbm_gpm if s.hbm_gpm is not None else s.hbm_model
-    score = ramp(ratio, HBM_LOW, HBM_HIGH)
+    score = r(ratio, HBM_LOW, HBM_HIGH)
     if s.hbm_gpm is not None:
         if ev is not None:
             model = f"; modelled {pct(s.hbm_model)}" if s.hbm_model is not None else ""
@@ -182,7 +197,7 @@ def _bandwidth(s: Signals, ev: list[str] | None) -> float:
         if ev is not None:
             ev.append(f"HBM at {pct(s.hbm_model)} of peak (modelled from decode steps/s and the model shape)")
     elif s.gpu_util is not None and s.prefill_share is not None:
-        score = 0.8 * ramp(s.gpu_util, 0.5, 0.95) * (1.0 - s.prefill_share)
+        score = 0.8 * r(s.gpu_util, 0.5, 0.95) * (1.0 - s.prefill_share)
         if ev is not None:
             ev.append(f"GPU busy {pct(s.gpu_util)} with decode {pct(1 - s.prefill_share)} of engine time (no "
                       "bandwidth figure: no GPM and no model shape)")
@@ -318,11 +333,24 @@ def assess(s: Signals) -> Assessment:
     return Assessment(scores, {k: tuple(evidence[k]) for k in order}, tuple(_context(s)))
 
 
-def _best(candidates: Sequence[str], scores: Mapping[str, float], current: str | None) -> str:
+def roof_positions(s: Signals) -> dict[str, float]:
+    """The roofs' scores without the clamp at 1.0 (ramp_position): how far past its roof each is."""
+    return {"compute": _compute(s, None, ramp_position), "memory_bandwidth": _bandwidth(s, None, ramp_position)}
+
+
+def _best(candidates: Sequence[str], scores: Mapping[str, float], current: str | None,
+          s: Signals | None = None) -> str:
     # Highest score (the standing verdict gets the sticky margin, so two resources with close
-    # scores do not swap every cycle); on a tie the earlier resource in the diagnosis order.
-    def key(r: str) -> tuple[float, int]:
-        return (scores[r] + (STICKY if r == current else 0.0), -RESOURCES.index(r))
+    # scores do not swap every cycle); two roofs on a tie by their unclamped positions; other
+    # ties to the earlier resource in the diagnosis order.
+    def adjusted(r: str) -> float:
+        return scores[r] + (STICKY if r == current else 0.0)
+
+    top = max(map(adjusted, candidates))
+    positions = roof_positions(s) if s is not None and sum(adjusted(r) == top for r in candidates) > 1 else {}
+
+    def key(r: str) -> tuple[float, float, int]:
+        return (adjusted(r), positions.get(r, 0.0), -RESOURCES.index(r))
 
     return max(candidates, key=key)
 
@@ -342,7 +370,7 @@ def raw_verdict(s: Signals, scores: Mapping[str, float], current: str | None) ->
         return _best(active, scores, current), f"constraint score >= {CONSTRAINT_MIN}"
     roofs = [r for r in ROOFS if passes(r, ROOF_MIN)]
     if roofs:
-        return _best(roofs, scores, current), f"roof score >= {ROOF_MIN}"
+        return _best(roofs, scores, current, s), f"roof score >= {ROOF_MIN}"
     return "idle", f"no resource above {ROOF_MIN}: headroom"
 
 

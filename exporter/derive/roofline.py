@@ -1,11 +1,20 @@
 """Roofline position: achieved HBM bandwidth per GPU (modelled and GPM-measured) and prefill MFU.
 
-Modelled, per GPU:  decode steps/s x (weight bytes read per step + KV bytes read per step) / TP.
+Modelled, per GPU:  decode steps/s x (weight bytes read per step + KV bytes read per step) / GPUs.
 Every decode step streams the weights once whatever the batch (batching shares that read) plus
-the KV cache of every running sequence; tensor parallelism splits both over the TP GPUs.
+the KV cache of every running sequence; tensor parallelism splits both over the TP GPUs. With
+data-parallel ranks (each a full copy of the weights on its own TP GPUs, all summed in one
+engine view) every rank streams its own copy for its share of the batch, so a step of all ranks
+reads DP x the weights and the bytes spread over TP x DP GPUs.
 Measured: GPM DRAM_BW_UTIL x the card's peak. The gap between the two is what the model does not
 explain (prefill traffic, activations, a wrong shape, another process on the GPU).
-Prefill MFU = 2 x active params x prefill tokens/s / (GPUs x peak dense FLOPS).
+Prefill MFU = prefill FLOPs per computed prompt token x computed prompt tokens/s / (GPUs x peak
+dense FLOPS of the type the matmuls run in). Computed prompt tokens are the prompt tokens less
+the prefix-cache hits (throughput.computed_prefill). FLOPs per computed token come from
+specs.models.prefill_flops at the window's mean prompt length (matmuls of the layers, attention
+over the earlier tokens including the cached prefix, one output projection per prompt); without
+a mean prompt length (no finished requests in the window, or an engine without the prompt-length
+histogram) they fall back to 2 x active parameters per token.
 """
 
 from __future__ import annotations
@@ -23,37 +32,65 @@ from exporter.specs.models import (
     active_params,
     flops_per_token,
     kv_bytes_per_token,
-    weight_bytes,
+    prefill_flops,
     weight_bytes_read_per_step,
 )
 
 
-def decode_bytes_per_step(shape: ModelShape, batch: float, kv_tokens: float) -> float:
-    """Bytes one decode step reads from HBM over all GPUs: weights once (MoE: the experts the
-    batch routes to) plus the KV cache of the running sequences."""
-    tokens = max(1, round(batch))
-    return weight_bytes_read_per_step(shape, tokens) + kv_tokens * kv_bytes_per_token(shape)
+def decode_bytes_per_step(shape: ModelShape, batch: float, kv_tokens: float, ranks: int = 1) -> float:
+    """Bytes one decode step reads from HBM over all GPUs: weights once per data-parallel rank
+    (MoE: the experts that rank's share of the batch routes to) plus the KV cache of the running
+    sequences (`batch` and `kv_tokens` summed over the ranks)."""
+    ranks = max(1, ranks)
+    tokens = max(1, round(batch / ranks))
+    return ranks * weight_bytes_read_per_step(shape, tokens) + kv_tokens * kv_bytes_per_token(shape)
 
 
-def modelled_bandwidth_per_gpu(steps_per_s: float, bytes_per_step: float, tp: int) -> float:
-    return steps_per_s * bytes_per_step / max(tp, 1)
+def modelled_bandwidth_per_gpu(steps_per_s: float, bytes_per_step: float, gpus: int) -> float:
+    """`gpus`: the GPUs the step's bytes spread over (TP x data-parallel ranks)."""
+    return steps_per_s * bytes_per_step / max(gpus, 1)
 
 
 def single_sequence_ceiling(shape: ModelShape, bandwidth_bytes_per_s: float, tp: int = 1) -> float:
-    """Upper bound on one sequence's decode tokens/s: every token reads all weights once
-    (the seeds' 70B FP16 on 2 TB/s -> ~14.6 tokens/s)."""
-    return bandwidth_bytes_per_s * max(tp, 1) / weight_bytes(shape)
+    """Upper bound on one sequence's decode tokens/s: every token reads all the weights it uses
+    once (the seeds' 70B FP16 on 2 TB/s -> ~14.6 tokens/s). For MoE that is the active
+    parameters (the routed experts), not all of them."""
+    return bandwidth_bytes_per_s * max(tp, 1) / (active_params(shape) * shape.dtype_bytes)
 
 
 def peak_flops(spec: GpuSpec, shape: ModelShape) -> float:
-    """FP8 tensor peak for 8-bit (or smaller) weights where the card has FP8, else BF16 dense."""
-    if shape.dtype_bytes <= 1.0 and spec.fp8_dense_flops:
+    """Dense tensor peak of the type the matmuls run in (ModelShape.matmul_kind).
+
+    FP8 W8A8 (and W4A4 FP4, for which the table has no column: FP8 is the closest roof it has)
+    uses the FP8 peak where the card has FP8. INT8 W8A8 runs on the INT8 tensor cores: as fast as
+    FP8 on the cards that have FP8 (Ada, Hopper, Blackwell), twice BF16 on Ampere. Weight-only
+    schemes (AWQ, GPTQ, bitsandbytes: 4- or 8-bit weights) dequantize to BF16/FP16 and multiply
+    there, so they, like unquantized models, get the BF16 dense peak."""
+    kind = shape.matmul_kind
+    if kind in ("fp8", "fp4") and spec.fp8_dense_flops:
         return spec.fp8_dense_flops
+    if kind == "int8":
+        return spec.fp8_dense_flops or 2.0 * spec.bf16_dense_flops
     return spec.bf16_dense_flops
 
 
-def prefill_mfu(shape: ModelShape, prefill_tps: float, total_peak_flops: float) -> float:
-    return 2.0 * active_params(shape) * prefill_tps / total_peak_flops
+def prefill_flops_per_token(shape: ModelShape, mean_prompt: float | None = None, cached_share: float = 0.0
+                            ) -> float:
+    """FLOPs per computed prompt token for prompts of `mean_prompt` tokens of which `cached_share`
+    came from the prefix cache: prefill_flops over the uncached suffix, which attends to the
+    cached prefix too. Without a mean prompt length: 2 x active parameters (the old estimate: it
+    counts the embedding gather as a matmul and leaves attention out)."""
+    if mean_prompt is None or mean_prompt < 1.0:
+        return 2.0 * active_params(shape)
+    cached = mean_prompt * min(max(cached_share, 0.0), 1.0)
+    new = max(1.0, mean_prompt - cached)
+    return prefill_flops(shape, new, start=min(cached, mean_prompt - 1.0)) / new
+
+
+def prefill_mfu(shape: ModelShape, prefill_tps: float, total_peak_flops: float, mean_prompt: float | None = None,
+                cached_share: float = 0.0) -> float:
+    """`prefill_tps`: prompt tokens/s the GPUs compute (prefix-cache hits excluded)."""
+    return prefill_flops_per_token(shape, mean_prompt, cached_share) * prefill_tps / total_peak_flops
 
 
 class GpuRoof(NamedTuple):
@@ -89,13 +126,16 @@ class Roofline(NamedTuple):
 
 
 def compute(gpus: Sequence[GpuView], specs: Sequence[GpuSpec | None], shape: ModelShape | None, tp: int,
-            thr: Throughput | None, kv: KvCache | None) -> Roofline:
+            thr: Throughput | None, kv: KvCache | None, ranks: int = 1) -> Roofline:
+    """`tp`: GPUs per data-parallel rank; `ranks`: data-parallel ranks summed in `thr` and `kv`."""
+    ranks = max(1, ranks)
     steps = thr.steps_per_s if thr is not None else None
     batch = thr.mean_batch if thr is not None else None
     kv_tokens = kv.used_tokens if kv is not None else None
     per_step = None
     if shape is not None and steps is not None and batch is not None:
-        per_step = decode_bytes_per_step(shape, batch, kv_tokens or 0.0)
+        per_step = decode_bytes_per_step(shape, batch, kv_tokens or 0.0, ranks)
+    spread = max(tp, 1) * ranks
     flops_step = None
     if shape is not None and batch is not None and batch > 0:
         context = (kv.mean_context if kv is not None else None) or 0.0
@@ -106,10 +146,10 @@ def compute(gpus: Sequence[GpuView], specs: Sequence[GpuSpec | None], shape: Mod
         peak_fl = peak_flops(spec, shape) if spec is not None and shape is not None else (
             spec.bf16_dense_flops if spec is not None else None)
         gpm = gpu.get("llm_gpu_dram_bandwidth_utilization_ratio")
-        model_bw = modelled_bandwidth_per_gpu(steps, per_step, tp) if per_step is not None and steps is not None \
+        model_bw = modelled_bandwidth_per_gpu(steps, per_step, spread) if per_step is not None and steps is not None \
             else None
         intensity = flops_step / per_step if flops_step is not None and per_step else None
-        achieved = steps * flops_step / max(tp, 1) if steps is not None and flops_step is not None else None
+        achieved = steps * flops_step / spread if steps is not None and flops_step is not None else None
         roofs.append(GpuRoof(
             gpu=gpu.gpu, name=gpu.name, peak_bandwidth=peak_bw, peak_flops=peak_fl,
             model_bandwidth=model_bw if peak_bw else None,
@@ -118,9 +158,13 @@ def compute(gpus: Sequence[GpuView], specs: Sequence[GpuSpec | None], shape: Mod
         ))
     mfu = None
     known = [s for s in specs if s is not None]
-    if shape is not None and thr is not None and thr.prefill_tps is not None and known and len(known) == len(specs):
+    computed = thr.prefill_computed_tps if thr is not None else None
+    if computed is None and thr is not None:
+        computed = thr.prefill_tps  # a Throughput built without the split: no prefix cache known
+    if shape is not None and computed is not None and known and len(known) == len(specs):
         total = sum(peak_flops(s, shape) for s in known)
-        mfu = prefill_mfu(shape, thr.prefill_tps, total) if total > 0 else None
+        mfu = prefill_mfu(shape, computed, total, thr.mean_prompt_tokens, thr.prefix_hit_share or 0.0) \
+            if total > 0 else None
     return Roofline(tuple(roofs), mfu, per_step, kv_tokens is not None)
 
 

@@ -2,6 +2,12 @@
 
 Rates are taken over a short window of reset-safe counters (window.RateWindow), so an engine
 restart never shows as a negative or huge spike and one late scrape does not make the rate jump.
+Resets are handled per data-parallel rank (per series) before the ranks are summed.
+
+Prompt tokens served from the prefix cache are counted in the prompt-token counters (vLLM,
+SGLang) but never computed: the prefill tokens the GPU computes are the prompt tokens less the
+prefix-cache hits (llm_prefix_cache_hits_total, in tokens), or, for engines that only report a
+hit ratio gauge, the prompt tokens x (1 - hit ratio). MFU is taken on those.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ COUNTERS = (
     "llm_request_decode_time_seconds_sum", "llm_request_prompt_tokens_sum", "llm_request_prompt_tokens_count",
     "llm_request_generation_tokens_sum", "llm_request_generation_tokens_count",
     "llm_e2e_request_latency_seconds_count", "llm_requests_total", "llm_batch_prefill_time_seconds_sum",
-    "llm_batch_decode_time_seconds_sum",
+    "llm_batch_decode_time_seconds_sum", "llm_prefix_cache_hits_total",
 )
+_COUNTERS = frozenset(COUNTERS)
+HIT_RATIO = "llm_prefix_cache_hit_ratio"
 # Phase time sources, best first: engine time counters and per-batch forward times are engine
 # time; per-request times overlap across the batch and so weight decode by the batch size.
 PHASE_TIMES = (
@@ -43,13 +51,39 @@ class Throughput(NamedTuple):
     running: float | None = None
     waiting: float | None = None
     mean_request_tokens: float | None = None  # prompt + output of requests finished in the window
+    mean_prompt_tokens: float | None = None  # prompt length of requests finished in the window
+    # Prompt tokens/s the GPU computes: prefill_tps less prefix-cache hits (== prefill_tps when the
+    # engine reports no prefix cache), and the share of prompt tokens the cache served.
+    prefill_computed_tps: float | None = None
+    prefix_hit_share: float | None = None
+    hit_source: str = ""  # how the prefix-cache hits were known ("" when not reported)
 
 
 def observe(window: RateWindow, engine: EngineView, ts: float) -> None:
     get = engine.sums.get  # what engine.get() reads, without a Python call per name
-    counters = {k: v for k in COUNTERS if (v := get(k)) is not None}
+    series = engine.series
+    if series is None:  # one series per name
+        counters: dict = {k: v for k in COUNTERS if (v := get(k)) is not None}
+    else:  # per (name, series): a reset of one rank is handled before the ranks are summed
+        counters = {k: v for k, v in series.items() if k[0] in _COUNTERS}
     gauges = {k: v for k in GAUGES if (v := get(k)) is not None}
+    if engine.prefix_hit_ratio is not None:
+        gauges[HIT_RATIO] = engine.prefix_hit_ratio
     window.observe(ts, counters, gauges)
+
+
+def computed_prefill(prefill_tps: float | None, hits_tps: float | None, hit_ratio: float | None
+                     ) -> tuple[float | None, float | None, str]:
+    """(prompt tokens/s computed, share served by the prefix cache, how the hits were known)."""
+    if prefill_tps is None:
+        return None, None, ""
+    if hits_tps is not None:
+        computed = min(prefill_tps, max(0.0, prefill_tps - hits_tps))
+        share = 1.0 - computed / prefill_tps if prefill_tps > 0 else None
+        return computed, share, "prefix-cache hit tokens"
+    if hit_ratio is not None and 0.0 <= hit_ratio <= 1.0:
+        return prefill_tps * (1.0 - hit_ratio), hit_ratio, "prefix-cache hit ratio"
+    return prefill_tps, None, ""
 
 
 def _share(window: RateWindow, prefill_key: str, decode_key: str) -> float | None:
@@ -91,6 +125,8 @@ def compute(engine: EngineView, window: RateWindow) -> Throughput:
         prefill_tps = window.rate("llm_request_prompt_tokens_sum")
         decode_tps = window.rate("llm_request_generation_tokens_sum")
         token_source = "finished requests' token histograms"
+    computed, hit_share, hit_source = computed_prefill(
+        prefill_tps, window.rate("llm_prefix_cache_hits_total"), window.mean(HIT_RATIO))
     mean_batch = window.mean("llm_requests_running")
     prompt = _mean_per_request(window, "llm_request_prompt_tokens_sum", "llm_request_prompt_tokens_count")
     output = _mean_per_request(window, "llm_request_generation_tokens_sum", "llm_request_generation_tokens_count")
@@ -110,6 +146,10 @@ def compute(engine: EngineView, window: RateWindow) -> Throughput:
         running=engine.get("llm_requests_running"),
         waiting=engine.get("llm_requests_waiting"),
         mean_request_tokens=(prompt + output) if prompt is not None and output is not None else None,
+        mean_prompt_tokens=prompt,
+        prefill_computed_tps=computed,
+        prefix_hit_share=hit_share,
+        hit_source=hit_source,
     )
 
 

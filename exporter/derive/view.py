@@ -5,6 +5,9 @@ cycle that would cost milliseconds, so the derivations read this index instead. 
 listed here are kept. What each sample of a source means (which sum, which bucket, which GPU) is
 worked out once per source and kept in a ViewCache while the source's series stay the same; a
 cycle then only gathers values by position (see "layouts" below).
+
+Engine values are summed over data-parallel ranks, and also kept per series (rank) so that the
+windows can tell one rank's counter reset from the others' (window.ResetSafe).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ ENGINE_SUMS = frozenset({
     "llm_request_prompt_tokens_sum", "llm_request_prompt_tokens_count",
     "llm_request_generation_tokens_sum", "llm_request_generation_tokens_count",
     "llm_e2e_request_latency_seconds_count", "llm_batch_prefill_time_seconds_sum",
-    "llm_batch_decode_time_seconds_sum",
+    "llm_batch_decode_time_seconds_sum", "llm_prefix_cache_hits_total",
 })
 HISTOGRAMS = ("llm_time_to_first_token_seconds", "llm_inter_token_latency_seconds",
               "llm_e2e_request_latency_seconds")
@@ -33,6 +36,7 @@ _BUCKETS = frozenset(h + "_bucket" for h in HISTOGRAMS)
 _HIST_SUMS = frozenset(h + "_sum" for h in HISTOGRAMS)
 KV_USAGE = "llm_kv_cache_usage_ratio"
 KV_CAPACITY = "llm_kv_cache_capacity_tokens"
+PREFIX_HIT_RATIO = "llm_prefix_cache_hit_ratio"
 
 GPU_GAUGES = frozenset({
     "llm_gpu_utilization_ratio", "llm_gpu_dram_bandwidth_utilization_ratio", "llm_gpu_sm_active_ratio",
@@ -57,11 +61,16 @@ HOST_CPU = "llm_host_cpu_busy_ratio"
 
 
 class Histogram(NamedTuple):
-    """Cumulative bucket counts summed over ranks; `bounds` ascending, +Inf last."""
+    """Cumulative bucket counts summed over ranks; `bounds` ascending, +Inf last.
+
+    `series`: the same counts per series (series id, counts aligned with `bounds`, 0.0 where the
+    series lacks a bound) that `counts` sums, so that a reset of one data-parallel rank can be
+    told from the others; None when not known (one series)."""
 
     bounds: tuple[float, ...]
     counts: tuple[float, ...]
     sum: float | None = None
+    series: tuple[tuple[str, tuple[float, ...]], ...] | None = None
 
 
 class EngineView(NamedTuple):
@@ -73,6 +82,12 @@ class EngineView(NamedTuple):
     histograms: Mapping[str, Histogram]
     kv_used_tokens: float | None  # sum over ranks of usage x capacity
     kv_usage_ratio: float | None  # used over capacity (or the mean reported ratio without capacity)
+    # The values `sums` adds up, per (name, series id): a series id names the labels that tell a
+    # name's series apart (the data-parallel `rank`, a model), "" for a lone unlabelled series.
+    # Counter resets are handled per series, before the sum. None: one series per name.
+    series: Mapping[tuple[str, str], float] | None = None
+    ranks: int = 1  # data-parallel ranks (distinct `rank` labels; 1 without the label)
+    prefix_hit_ratio: float | None = None  # mean over ranks of llm_prefix_cache_hit_ratio
 
     def get(self, name: str) -> float | None:
         return self.sums.get(name)
@@ -198,20 +213,40 @@ class _EngineLayout:
     totals: _Groups  # every sum of the view at once: sums, then histogram sums, then bucket counts
     sum_names: tuple[str, ...]  # totals[:len(sum_names)]
     hist_sum_names: tuple[str, ...]  # the next len(hist_sum_names) totals
-    histograms: tuple[tuple[str, tuple[float, ...], int, int], ...]  # (name, bounds, start, stop) in totals
+    # (name, bounds, start, stop) in totals, then the series: (series id, start, stop) in `series`
+    # for each, or None for a histogram of one series (whose id is the last item)
+    histograms: tuple[tuple[str, tuple[float, ...], int, int, tuple[tuple[str, int, int], ...] | None, str], ...]
+    series_keys: tuple[tuple[str, str], ...]  # (name, series id) of every sum's series
+    # Per-series sums first (only when some name has several series: else they are the sums
+    # themselves, in the same order), then the bucket counts of histograms with several series.
+    series: _Groups | None
     capacity: _Latest  # per rank
     usage: _Latest  # per rank
+    hit_ratio: _Latest  # per rank
+    ranks: int
     model: str  # the first non-empty `model` label of a sample used, for engines without the attr
+
+
+_SERIES_SKIP = frozenset({"le", "target", "engine"})  # the same on every series of a source (or a bucket's)
+
+
+def _series_id(labels: Labels) -> str:
+    return ",".join(f"{k}={v}" for k, v in labels if k not in _SERIES_SKIP)
 
 
 def _engine_layout(samples: tuple[Sample, ...]) -> _EngineLayout:
     picker = _Picker()
     sums: dict[str, list[int]] = {}
+    series_sums: dict[tuple[str, str], list[int]] = {}
     capacity: dict[str, int] = {}
     usage: dict[str, int] = {}
+    hit_ratio: dict[str, int] = {}
     hist_sums: dict[str, list[int]] = {}
     buckets: dict[str, dict[float, list[int]]] = {}
+    bucket_series: dict[str, dict[str, dict[float, list[int]]]] = {}
     bounds_of: dict[str, float] = {}  # one float per `le` text, as a cycle would see it
+    ids: dict[int, str] = {}  # series id by label tuple identity (sources reuse their tuples)
+    ranks: set[str] = set()
     model = ""
     for position, s in enumerate(samples):
         name = s.name
@@ -225,17 +260,29 @@ def _engine_layout(samples: tuple[Sample, ...]) -> _EngineLayout:
             bound = bounds_of.get(text)
             if bound is None:
                 bound = bounds_of[text] = float("inf") if text == "+Inf" else float(text)
-            buckets.setdefault(name[:-7], {}).setdefault(bound, []).append(picker.take(position))
+            i = picker.take(position)
+            buckets.setdefault(name[:-7], {}).setdefault(bound, []).append(i)
         elif name == KV_USAGE:
             usage[s.label("rank")] = picker.take(position)
+        elif name == PREFIX_HIT_RATIO:
+            hit_ratio[s.label("rank")] = picker.take(position)
         elif name in _HIST_SUMS:
             hist_sums.setdefault(name[:-4], []).append(picker.take(position))
         else:
             continue
+        sid = ids.get(id(s.labels))
+        if sid is None:
+            sid = ids[id(s.labels)] = _series_id(s.labels)
+        if name in ENGINE_SUMS:
+            series_sums.setdefault((name, sid), []).append(i)
+        elif name in _BUCKETS:
+            bucket_series.setdefault(name[:-7], {}).setdefault(sid, {}).setdefault(bound, []).append(i)
+        ranks.add(s.label("rank"))
         if not model:
             model = s.label("model")
     groups: dict[Any, list[int]] = {("sum", name): idx for name, idx in sums.items()}
     groups.update({("hist_sum", hist): idx for hist, idx in hist_sums.items()})
+    per_series: dict[Any, list[int]] = {} if len(series_sums) == len(sums) else dict(series_sums)
     histograms = []
     for hist, per in buckets.items():
         if float("inf") not in per:
@@ -243,9 +290,18 @@ def _engine_layout(samples: tuple[Sample, ...]) -> _EngineLayout:
         bounds = tuple(sorted(per))
         start = len(groups)
         groups.update({("bucket", hist, b): per[b] for b in bounds})
-        histograms.append((hist, bounds, start, len(groups)))
+        by_series = bucket_series[hist]
+        parts: list[tuple[str, int, int]] = []
+        if len(by_series) > 1:  # each series' counts at every bound (none: padded with 0.0)
+            for sid, own in by_series.items():
+                first = len(per_series)
+                per_series.update({("series_bucket", hist, sid, b): own.get(b, []) for b in bounds})
+                parts.append((sid, first, len(per_series)))
+        histograms.append((hist, bounds, start, len(groups), tuple(parts) if parts else None, next(iter(by_series))))
     return _EngineLayout(_getter(picker.positions), _Groups.of(groups), tuple(sums), tuple(hist_sums),
-                         tuple(histograms), _Latest.of(capacity), _Latest.of(usage), model)
+                         tuple(histograms), tuple(series_sums), _Groups.of(per_series) if per_series else None,
+                         _Latest.of(capacity), _Latest.of(usage), _Latest.of(hit_ratio),
+                         len(ranks - {""}) or 1, model)
 
 
 def _engine_view(source: str, attrs: Mapping[str, str], layout: _EngineLayout, values: tuple[float, ...]
@@ -254,8 +310,14 @@ def _engine_view(source: str, attrs: Mapping[str, str], layout: _EngineLayout, v
     split = len(layout.sum_names)
     sums = dict(zip(layout.sum_names, totals[:split], strict=True))
     hist_sums = dict(zip(layout.hist_sum_names, totals[split:split + len(layout.hist_sum_names)], strict=True))
-    histograms = {hist: Histogram(bounds, totals[start:stop], hist_sums.get(hist))
-                  for hist, bounds, start, stop in layout.histograms}
+    per_series = layout.series.totals(values) if layout.series is not None else ()
+    keys = layout.series_keys
+    series = dict(zip(keys, per_series[:len(keys)] if len(keys) != split else totals[:split], strict=True))
+    histograms = {}
+    for hist, bounds, start, stop, parts, only in layout.histograms:
+        counts = totals[start:stop]
+        own = ((only, counts),) if parts is None else tuple((sid, per_series[a:b]) for sid, a, b in parts)
+        histograms[hist] = Histogram(bounds, counts, hist_sums.get(hist), own)
     usage = layout.usage.mapping(values)
     capacity = layout.capacity.mapping(values)
     kv_used: float | None = None
@@ -266,6 +328,7 @@ def _engine_view(source: str, attrs: Mapping[str, str], layout: _EngineLayout, v
         kv_ratio = kv_used / total if total > 0 else None
     elif usage:
         kv_ratio = sum(usage.values()) / len(usage)
+    hits = layout.hit_ratio.values(values) if layout.hit_ratio.keys else ()
     return EngineView(
         target=attrs.get("target", source.removeprefix("engine:")),
         source=source,
@@ -275,6 +338,9 @@ def _engine_view(source: str, attrs: Mapping[str, str], layout: _EngineLayout, v
         histograms=MappingProxyType(histograms),
         kv_used_tokens=kv_used,
         kv_usage_ratio=kv_ratio,
+        series=MappingProxyType(series),
+        ranks=layout.ranks,
+        prefix_hit_ratio=sum(hits) / len(hits) if hits else None,
     )
 
 

@@ -4,15 +4,23 @@ Counters are made reset-safe the way Prometheus' rate() does it: a value lower t
 means the counter restarted from zero, so the last value is added to an offset and the adjusted
 series never decreases. A restart therefore never yields a negative rate, and the rate over the
 gap is at most what was really counted (no spike).
+
+Resets are told per series, before series are summed: with data-parallel ranks each rank's
+counter is its own series (view.EngineView.series), so one rank restarting adds what that rank
+had counted, not the whole sum of the ranks. A series that vanishes keeps what it had counted in
+the sum; one that comes back continues from its last value, or from zero when it came back lower
+(a restart); one never seen before starts at its first value, as a new series does in rate().
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from itertools import islice
-from operator import add
+from operator import add, lt, neg
 from typing import NamedTuple
+
+_MAX_GONE = 256  # vanished series remembered (for a comeback) per window
 
 
 def _elementwise(op: Callable[[float, float], float], a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
@@ -22,23 +30,61 @@ def _elementwise(op: Callable[[float, float], float], a: tuple[float, ...], b: t
     return tuple(map(op, a, b))
 
 
-class ResetSafe:
-    """Per-key offset so that a counter restart (value drops) never makes the series decrease."""
+def _remember(gone: dict, key: Hashable, last) -> None:
+    gone.pop(key, None)
+    while len(gone) >= _MAX_GONE:
+        del gone[next(iter(gone))]
+    gone[key] = last
 
-    __slots__ = ("_last", "_offset")
+
+class ResetSafe:
+    """Per-series offsets so that a counter restart never makes a series, or their sum, decrease.
+
+    `adjust` takes the raw values by series key: a name (one series), or (name, series id) for one
+    of a name's series (a data-parallel rank), and returns the adjusted values summed per name."""
+
+    __slots__ = ("_last", "_offset", "_frozen", "_gone", "_started")
 
     def __init__(self) -> None:
-        self._last: dict[str, float] = {}
-        self._offset: dict[str, float] = {}
+        self._last: dict[Hashable, float] = {}
+        self._offset: dict[Hashable, float] = {}
+        self._frozen: dict[str, float] = {}  # per name: what vanished series had counted
+        self._gone: dict[Hashable, float] = {}  # vanished series -> last raw value
+        self._started = False
 
-    def adjust(self, values: Mapping[str, float]) -> dict[str, float]:
+    def _appear(self, key: Hashable, raw: float) -> float:
+        prev = self._gone.pop(key, None)
+        if prev is None:
+            # New: its first value is its baseline (on the first call: every series' baseline
+            # is the window's first point anyway, so the raw values are kept as they are).
+            return -raw if self._started else 0.0
+        return 0.0 if raw < prev else -prev  # came back restarted, or where it left off
+
+    def adjust(self, values: Mapping[Hashable, float]) -> dict[str, float]:
+        last_of, offset_of, frozen = self._last, self._offset, self._frozen
         out: dict[str, float] = {}
         for key, raw in values.items():
-            last = self._last.get(key)
-            if last is not None and raw < last:
-                self._offset[key] = self._offset.get(key, 0.0) + last
-            self._last[key] = raw
-            out[key] = raw + self._offset.get(key, 0.0)
+            name = key if key.__class__ is str else key[0]
+            last = last_of.get(key)
+            if last is None:
+                offset = offset_of[key] = self._appear(key, raw)
+            else:
+                offset = offset_of[key]
+                if raw < last:
+                    offset = offset_of[key] = offset + last
+            last_of[key] = raw
+            total = out.get(name)
+            out[name] = (frozen.get(name, 0.0) if total is None else total) + (raw + offset)
+        if len(last_of) > len(values):  # some series vanished: what they counted stays in the sum
+            for key in [k for k in last_of if k not in values]:
+                name = key if key.__class__ is str else key[0]
+                last = last_of.pop(key)
+                kept = last + offset_of.pop(key)
+                frozen[name] = frozen.get(name, 0.0) + kept
+                if name in out:
+                    out[name] += kept
+                _remember(self._gone, key, last)
+        self._started = True
         return out
 
 
@@ -98,39 +144,77 @@ class HistogramWindow:
     """Cumulative bucket counts kept as coarse checkpoints (one per `window_s / checkpoints`
     seconds), so a 5-minute window costs ~30 checkpoints however short the interval."""
 
-    __slots__ = ("window_s", "step_s", "_bounds", "_checkpoints", "_last", "_offset", "last_seen")
+    __slots__ = ("window_s", "step_s", "_bounds", "_checkpoints", "_series", "_frozen", "_gone", "_offset",
+                 "last_seen")
 
     def __init__(self, window_s: float, checkpoints: int = 30) -> None:
         self.window_s = window_s
         self.step_s = window_s / checkpoints
         self._bounds: tuple[float, ...] = ()
         self._checkpoints: deque[tuple[float, tuple[float, ...]]] = deque(maxlen=checkpoints + 2)
-        self._last: tuple[float, ...] = ()
+        self._series: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}  # id -> (last, offset)
+        self._frozen: tuple[float, ...] = ()  # what vanished series had counted
+        self._gone: dict[str, tuple[float, ...]] = {}  # vanished series -> last counts
         self._offset: tuple[float, ...] = ()
         self.last_seen = float("-inf")
 
-    def _offset_for(self, counts: tuple[float, ...]) -> tuple[float, ...]:
-        """What to add to `counts` to undo the resets seen so far."""
-        # All buckets of a histogram restart together; a drop of the total (last bucket) is a reset.
+    def _offset_for(self, counts: tuple[float, ...], series) -> tuple[float, ...]:
+        """What to add to `counts` (the sum of `series`) to undo the resets seen so far."""
+        zeros = (0.0,) * len(counts)
         if not self._offset or len(self._offset) != len(counts):
-            self._offset = (0.0,) * len(counts)
-        elif self._last and counts[-1] < self._last[-1]:
-            self._offset = _elementwise(add, self._offset, self._last)
-        self._last = counts
+            self._series = {sid: (own, zeros) for sid, own in series}
+            self._frozen, self._gone, self._offset = zeros, {}, zeros
+            return zeros
+        state = self._series
+        changed = False
+        for sid, own in series:
+            known = state.get(sid)
+            if known is None:
+                prev = self._gone.pop(sid, None)
+                if prev is None:
+                    offset = tuple(map(neg, own))  # new: its first counts are its baseline
+                elif any(map(lt, own, prev)):
+                    offset = zeros  # came back restarted
+                else:
+                    offset = tuple(map(neg, prev))  # came back where it left off
+                changed = True
+            else:
+                last, offset = known
+                # Every bucket is a counter and all of a series' buckets restart together: any
+                # drop is a restart of this series (and of this series only).
+                if own is not last and any(map(lt, own, last)):
+                    offset = _elementwise(add, offset, last)
+                    changed = True
+            state[sid] = (own, offset)
+        if len(state) > len(series):  # some series vanished: what they counted stays in the sum
+            present = {sid for sid, _ in series}
+            for sid in [k for k in state if k not in present]:
+                last, offset = state.pop(sid)
+                self._frozen = _elementwise(add, self._frozen, _elementwise(add, last, offset))
+                _remember(self._gone, sid, last)
+            changed = True
+        if changed:
+            total = self._frozen
+            for _, offset in state.values():
+                total = _elementwise(add, total, offset)
+            self._offset = total
         return self._offset
 
     def __len__(self) -> int:
         return len(self._checkpoints)
 
-    def observe(self, ts: float, bounds: tuple[float, ...], counts: tuple[float, ...]) -> tuple[float, ...] | None:
+    def observe(self, ts: float, bounds: tuple[float, ...], counts: tuple[float, ...],
+                series: tuple[tuple[str, tuple[float, ...]], ...] | None = None) -> tuple[float, ...] | None:
         """Record the current cumulative counts; return the bucket deltas over the window
-        (cumulative, aligned with `bounds`), or None when there is no earlier checkpoint yet."""
+        (cumulative, aligned with `bounds`), or None when there is no earlier checkpoint yet.
+        `series`: the per-series counts that `counts` sums (view.Histogram.series), so that a
+        reset is handled per series; without it `counts` is one series."""
         if bounds != self._bounds:
             # New bucket layout (engine upgraded or replaced): old checkpoints do not compare.
             self._bounds = bounds
             self._checkpoints.clear()
-            self._last, self._offset = (), ()
-        offset = self._offset_for(counts)
+            self._offset = ()
+        offset = self._offset_for(counts, series if series is not None else (("", counts),))
         self.last_seen = ts
         if not self._checkpoints or ts - self._checkpoints[-1][0] >= self.step_s:
             self._checkpoints.append((ts, _elementwise(add, counts, offset)))

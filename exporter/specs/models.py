@@ -15,11 +15,15 @@ import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class UnsupportedModel(ValueError):
     """The config describes an architecture these formulas do not model."""
+
+
+# ModelShape.quantization values
+WEIGHT_ONLY, FP8, INT8, FP4 = "weight-only", "fp8", "int8", "fp4"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +40,11 @@ class ModelShape:
     active_experts: int = 1  # experts each token is routed to
     dtype_bytes: float = 2.0  # bytes per weight element (2 = BF16/FP16, 1 = FP8, 0.5 = 4-bit)
     kv_dtype_bytes: float = 2.0  # bytes per KV-cache element
+    # How the weights are quantized, which decides the tensor-core type the matmuls run on:
+    # "" (not stated: 8-bit weights are taken as FP8 W8A8, fewer bits as weight-only), "none"
+    # (16-bit), WEIGHT_ONLY (AWQ, GPTQ, bitsandbytes...: weights are dequantized and multiplied in
+    # BF16/FP16), FP8 (W8A8 FP8), INT8 (W8A8 INT8, SmoothQuant), FP4 (W4A4 NVFP4/MXFP4).
+    quantization: str = ""
     tied_embeddings: bool = False
     attention_bias: bool = False
     max_context: int = 8192
@@ -48,10 +57,22 @@ class ModelShape:
             raise ValueError(f"{self.name}: heads ({self.heads}) not a multiple of kv_heads ({self.kv_heads})")
         if not 1 <= self.active_experts <= self.experts:
             raise ValueError(f"{self.name}: active_experts must be in 1..experts")
+        if self.quantization not in ("", "none", WEIGHT_ONLY, FP8, INT8, FP4):
+            raise ValueError(f"{self.name}: quantization {self.quantization!r} is not one of "
+                             f"none, {WEIGHT_ONLY}, {FP8}, {INT8}, {FP4}")
 
     @property
     def is_moe(self) -> bool:
         return self.experts > 1
+
+    @property
+    def matmul_kind(self) -> str:
+        """What the tensor cores multiply: "fp8", "int8", "fp4" (weights and activations both
+        quantized) or "16bit" (unquantized, and weight-only schemes that dequantize to BF16/FP16)."""
+        kind = self.quantization
+        if not kind:
+            kind = FP8 if self.dtype_bytes == 1.0 else "none"
+        return kind if kind in (FP8, INT8, FP4) else "16bit"
 
 
 # --- parameter counts ----------------------------------------------------------------------
@@ -157,16 +178,35 @@ def flops_per_token(m: ModelShape, context_len: float = 0.0) -> float:
     return 2.0 * matmul_params_per_token(m) + attention_flops(m, context_len)
 
 
-def prefill_flops(m: ModelShape, tokens: int, start: int = 0) -> float:
-    """FLOPs to process prompt tokens start..start+tokens (causal: token i attends to i tokens)."""
+def prefill_flops(m: ModelShape, tokens: float, start: float = 0.0, logits: int = 1) -> float:
+    """FLOPs to process prompt tokens start..start+tokens (causal: token i attends to i tokens;
+    the first `start` tokens are already in the KV cache, e.g. prefix-cache hits).
+
+    Every prompt token goes through the layers' matmuls and attends to the tokens before it, but
+    the engines compute logits only for the last prompt position (the one that samples the first
+    output token), so the vocab x hidden output projection counts `logits` times, not per token.
+    """
     mean_context = start + tokens / 2.0
-    return tokens * flops_per_token(m, mean_context)
+    layers_only = flops_per_token(m, mean_context) - 2.0 * m.vocab * m.hidden
+    return tokens * layers_only + logits * 2.0 * m.vocab * m.hidden
 
 
 # --- Hugging Face config.json --------------------------------------------------------------
 
-_DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0, "float8": 1.0}
+# What vLLM's default dtype ("auto") serves a checkpoint in: FP32 checkpoints are served in 16 bits.
+_DTYPE_BYTES = {"float32": 2.0, "float": 2.0, "float16": 2.0, "half": 2.0, "bfloat16": 2.0,
+                "float8_e4m3fn": 1.0, "float8": 1.0}
 _MLA_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2", "deepseek_v32"})
+# quant_method values whose weights are dequantized and multiplied in BF16/FP16 (bits from `bits`).
+_WEIGHT_ONLY_METHODS = frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "gptq_marlin_24", "marlin",
+                                  "bitblas", "hqq", "aqlm", "exl2", "eetq", "gguf", "moe_wna16", "mxfp4",
+                                  "auto-round", "auto_round", "torchao"})
+# quant_method values that quantize weights and activations to FP8 (W8A8 FP8).
+_FP8_METHODS = frozenset({"fp8", "fbgemm_fp8", "ptpc_fp8", "fp8_e4m3", "w8a8_fp8"})
+# KV-cache dtypes by the names engines use (vLLM --kv-cache-dtype, SGLang, LMDeploy, modelopt).
+_KV_DTYPE_BYTES = {"bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0,
+                   "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8_inc": 1.0, "float8_e4m3fn": 1.0,
+                   "int8": 1.0, "int4": 0.5, "fp4": 0.5, "nvfp4": 0.5, "fp4_e2m1": 0.5}
 
 
 def _first(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
@@ -176,13 +216,95 @@ def _first(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def _dtype_bytes(cfg: Mapping[str, Any]) -> float:
+def kv_cache_dtype_bytes(name: str) -> float | None:
+    """Bytes per KV element for a KV-cache dtype name ("fp8", "fp8_e5m2", "bfloat16", ...);
+    None for "auto" (the model's own 16-bit dtype). Raises ValueError for a name it does not know."""
+    key = str(name).strip().lower().replace("torch.", "")
+    if key in ("", "auto"):
+        return None
+    if key not in _KV_DTYPE_BYTES:
+        raise ValueError(f"unknown KV cache dtype {name!r}: auto, {', '.join(sorted(_KV_DTYPE_BYTES))}")
+    return _KV_DTYPE_BYTES[key]
+
+
+class _Quant(NamedTuple):
+    dtype_bytes: float | None  # None: the checkpoint's torch dtype decides
+    kind: str
+    kv_bytes: float | None = None  # None: 16-bit KV cache
+
+
+def _compressed_tensors(quant: Mapping[str, Any]) -> _Quant:
+    """compressed-tensors (llm-compressor): config_groups[*].weights / input_activations."""
+    weights = activations = None
+    for group in (quant.get("config_groups") or {}).values():
+        if isinstance(group, Mapping) and isinstance(group.get("weights"), Mapping):
+            weights, activations = group["weights"], group.get("input_activations")
+            break
+    kv = quant.get("kv_cache_scheme")
+    kv_bytes = float(kv["num_bits"]) / 8.0 if isinstance(kv, Mapping) and kv.get("num_bits") else None
+    if weights is None or not weights.get("num_bits"):
+        return _Quant(None, "", kv_bytes)
+    w_bits = float(weights["num_bits"])
+    kind = WEIGHT_ONLY
+    if isinstance(activations, Mapping) and activations.get("num_bits"):
+        a_bits, a_type = float(activations["num_bits"]), str(activations.get("type", "int")).lower()
+        if a_type == "float" and a_bits == 8:
+            kind = FP8
+        elif a_type == "float" and a_bits == 4:
+            kind = FP4
+        elif a_type == "int" and a_bits == 8:
+            kind = INT8
+    return _Quant(w_bits / 8.0, kind, kv_bytes)
+
+
+def _modelopt(quant: Mapping[str, Any]) -> _Quant:
+    """NVIDIA TensorRT Model Optimizer (quant_method "modelopt"): quant_algo and kv_cache_quant_algo,
+    in the quantization_config itself or under its "quantization" key (hf_quant_config.json)."""
+    inner = quant.get("quantization") if isinstance(quant.get("quantization"), Mapping) else quant
+    algo = str(inner.get("quant_algo") or quant.get("quant_algo") or "").upper()
+    kv_algo = str(inner.get("kv_cache_quant_algo") or quant.get("kv_cache_quant_algo") or "").upper()
+    kv_bytes = 1.0 if "FP8" in kv_algo or "INT8" in kv_algo else 0.5 if "FP4" in kv_algo else None
+    if "FP4" in algo:
+        return _Quant(0.5, FP4, kv_bytes)
+    if "W4A8" in algo:  # int4 weights, FP8 activations: FP8 tensor cores
+        return _Quant(0.5, FP8, kv_bytes)
+    if "FP8" in algo:
+        return _Quant(1.0, FP8, kv_bytes)
+    if "SQ" in algo or "SMOOTHQUANT" in algo or "W8A8" in algo:
+        return _Quant(1.0, INT8, kv_bytes)
+    if "INT4" in algo or "W4A16" in algo:
+        return _Quant(0.5, WEIGHT_ONLY, kv_bytes)
+    if "INT8" in algo:  # INT8 weight-only
+        return _Quant(1.0, WEIGHT_ONLY, kv_bytes)
+    return _Quant(None, "", kv_bytes)
+
+
+def _quantization(cfg: Mapping[str, Any]) -> _Quant:
     quant = cfg.get("quantization_config") or {}
-    bits = quant.get("bits") or quant.get("w_bit")
+    if not isinstance(quant, Mapping):
+        return _Quant(None, "")
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "compressed-tensors":
+        return _compressed_tensors(quant)
+    if method == "modelopt" or "quant_algo" in quant:
+        return _modelopt(quant)
+    if method == "bitsandbytes" or quant.get("load_in_4bit") or quant.get("load_in_8bit"):
+        if quant.get("load_in_4bit"):
+            return _Quant(0.5, WEIGHT_ONLY)
+        if quant.get("load_in_8bit"):
+            return _Quant(1.0, WEIGHT_ONLY)
+        return _Quant(None, "")
+    if method in _FP8_METHODS or method.startswith("fp8"):
+        return _Quant(1.0, FP8)
+    bits = quant.get("bits") or quant.get("w_bit") or quant.get("weight_bits")
     if bits:
-        return float(bits) / 8.0
-    if str(quant.get("quant_method", "")).startswith("fp8"):
-        return 1.0
+        return _Quant(float(bits) / 8.0, WEIGHT_ONLY)
+    if method in _WEIGHT_ONLY_METHODS:
+        return _Quant(0.5 if method == "mxfp4" else None, WEIGHT_ONLY)
+    return _Quant(None, "")
+
+
+def _dtype_bytes(cfg: Mapping[str, Any]) -> float:
     dtype = str(_first(cfg, "torch_dtype", "dtype", default="bfloat16")).replace("torch.", "")
     return _DTYPE_BYTES.get(dtype, 2.0)
 
@@ -212,7 +334,9 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str) -> ModelShape:
         _first(cfg, "moe_intermediate_size", default=None) if experts > 1 and "moe_intermediate_size" in cfg
         else _first(cfg, "intermediate_size", "ffn_dim", default=4 * hidden)
     )
-    dtype = _dtype_bytes(cfg)
+    quant = _quantization(cfg)
+    dtype = quant.dtype_bytes if quant.dtype_bytes is not None else _dtype_bytes(cfg)
+    kind = quant.kind
     return ModelShape(
         name=name,
         layers=layers,
@@ -225,7 +349,10 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str) -> ModelShape:
         experts=experts,
         active_experts=active,
         dtype_bytes=dtype,
-        kv_dtype_bytes=2.0 if dtype < 2.0 else dtype,  # engines keep KV in 16 bits unless told otherwise
+        # Engines keep the KV cache in 16 bits unless told otherwise (--kv-cache-dtype, or a KV
+        # scheme in the checkpoint's quantization config).
+        kv_dtype_bytes=quant.kv_bytes if quant.kv_bytes is not None else 2.0,
+        quantization=kind,
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
         max_context=int(_first(cfg, "max_position_embeddings", "n_positions", default=8192)),

@@ -14,9 +14,10 @@ from exporter.sources.engines.normalize import (
     MAX_RANK,
     REASONS,
     SPECS,
+    YIELDS_TO,
     coverage_table,
 )
-from exporter.sources.engines.table import Alias, EngineSpec, Product, Term
+from exporter.sources.engines.table import Alias, EngineSpec, Product, Term, When
 
 INTRO = f"""# Engine formats: what maps to what
 
@@ -28,9 +29,11 @@ do not edit by hand. The normalized families are documented in docs/metrics.md.
 1. **Detection** (`detect_kind`): a few substring checks on the raw page, in this order:
    {", ".join(f"`{kind}`" for kind in DETECTION_ORDER)}. A marker starting with a newline must
    begin a line (or follow `# TYPE `). LMDeploy and NIM reuse vLLM's names and trtllm-serve's
-   first release NIM's, so the more specific engines are tried first. A configured `kind` skips
+   first release NIM's, so the more specific engines are tried first (NIM needs a NIM-only name);
+   Triton with the vLLM backend is read as vLLM (more families). A configured `kind` skips
    detection. Per target, the last detected kind is tried first and kept when a page momentarily
-   shows no known name (with a note). A page that matches nothing is a parse error when it is not
+   shows no known name (with a note); a kept kind gives way to a more specific one whose names
+   appear later ({"; ".join(f"`{kept}` to " + " or ".join(f"`{k}`" for k in ks) for kept, ks in YIELDS_TO.items())}). A page that matches nothing is a parse error when it is not
    an exposition at all (HTML error page) and an unknown engine otherwise.
 2. **Filtering**: only the sample names in the engine's table are parsed; everything else
    (including `*_created` samples, `process_*`, `python_*`, `http_*`) is counted in
@@ -56,6 +59,9 @@ do not edit by hand. The normalized families are documented in docs/metrics.md.
    `_count` is dropped whole; a computed value (capacity = blocks × block size) needs every factor.
    `max_series` bounds the output; whole histogram series are dropped past it and counted in
    `dropped_series`.
+8. **Page conditions**: an alias or product marked "only on pages that contain/lack" applies
+   according to a substring of the raw page: a HELP text (the parser does not read HELP lines),
+   or `⏎name{{`, a sample line of another family.
 
 ## Coverage
 
@@ -68,6 +74,13 @@ def _where(where: tuple[str, str] | None) -> str:
     return f'{{{where[0]}="{where[1]}"}}' if where else ""
 
 
+def _when(when: When | None) -> list[str]:
+    if when is None:
+        return []
+    shown = when[0].replace("\n", "⏎").replace("|", "\\|")
+    return [f"only on pages that {'contain' if when[1] else 'lack'} `{shown}`"]
+
+
 def _alias_row(source: str, alias: Alias) -> str:
     conversion = f"× {alias.scale:g}" if alias.scale != 1.0 else ""
     if alias.type == "histogram" and alias.scale != 1.0:
@@ -75,6 +88,7 @@ def _alias_row(source: str, alias: Alias) -> str:
     extra = [f"reason `{alias.reason}` when unlabelled"] if alias.reason else []
     if alias.minimum is not None and not alias.note:
         extra.append(f"values < {alias.minimum:g} dropped")
+    extra += _when(alias.when)
     note = "; ".join(([alias.note] if alias.note else []) + extra)
     return (f"| `{source}{_where(alias.where)}` | `{alias.family}` | {alias.type} | {conversion} | "
             f"{alias.priority or ''} | {note} |")
@@ -87,7 +101,8 @@ def _term(term: Term) -> str:
 
 def _product_row(product: Product) -> str:
     formula = " × ".join(_term(term) for term in product.terms).replace(" × ÷ ", " ÷ ")
-    return f"| `{product.family}` | {formula} | {product.priority or ''} | {product.note} |"
+    note = "; ".join(([product.note] if product.note else []) + _when(product.when))
+    return f"| `{product.family}` | {formula} | {product.priority or ''} | {note} |"
 
 
 def _engine_section(spec: EngineSpec) -> list[str]:
@@ -111,6 +126,9 @@ def _engine_section(spec: EngineSpec) -> list[str]:
     if spec.keep_only:
         kept = ", ".join(f'`{label}="{value}"`' for label, value in spec.keep_only.items())
         lines.append(f"- Only series with {kept} (or without those labels) are read.")
+    if spec.keep_only_unless:
+        lifted = ", ".join(f"`{label}` when a series has `{other}`" for label, other in spec.keep_only_unless.items())
+        lines.append(f"- Not filtered on {lifted}.")
     lines += ["", "| Engine name | Normalized family | Type | Conversion | Priority | Notes |",
               "|---|---|---|---|---|---|"]
     lines += [_alias_row(source, alias) for source, alias in spec.alias_items()]

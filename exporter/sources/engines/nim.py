@@ -2,7 +2,9 @@
 See docs/engines.md.
 
 A NIM whose backend also publishes its own `vllm:` series is detected as vLLM (richer data);
-configure `kind=nim` to force this table."""
+configure `kind=nim` to force this table. Detection needs a NIM-only name (the request gauges or
+the KV usage gauge): the unprefixed histograms are trtllm-serve's first release's too, whose idle
+page (HELP/TYPE lines only) would otherwise read as NIM."""
 
 from exporter.sources.engines.table import Alias, EngineSpec
 
@@ -30,8 +32,7 @@ SPEC = EngineSpec(
     title="NVIDIA NIM for LLMs",
     aliases=ALIASES,
     labels={"model_name": "model", "finished_reason": "reason"},
-    markers=(("\nnum_requests_running",), ("\ngpu_cache_usage_perc",), ("\nnum_request_max",),
-             ("\ntime_to_first_token_seconds",)),
+    markers=(("\nnum_requests_running",), ("\ngpu_cache_usage_perc",), ("\nnum_request_max",)),
     default_flavor="nim",
     notes=(
         "The documented table is mapped; request_success_total/request_finish_total and "

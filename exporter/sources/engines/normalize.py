@@ -2,7 +2,9 @@
 
 The per-engine modules are data (table.py explains the vocabulary); this module interprets them:
 
-1. detect the engine kind with a few substring checks on the raw page (no parsing);
+1. detect the engine kind with a few substring checks on the raw page (no parsing), and pick the
+   kind's table variant by the page conditions (`when`: HELP texts the parser does not read, or
+   another family's presence) found on it;
 2. parse only the sample names the kind's table maps (the parser drops the rest before touching
    their labels, and `_created` samples are never in a table);
 3. map labels: the engine's model label -> `model`, its data-parallel rank -> `rank` (bounded),
@@ -19,20 +21,21 @@ Nothing is invented: a family the engine lacks has no series, never a zero.
 
 Steady state: an engine prints the same series in the same order on every scrape, and what steps
 3-7 decide depends only on the page's (name, labels) sequence and on which values are non-finite or
-below a sentinel minimum, not on the values themselves (products aside: a zero divisor drops one).
-Once a page's keys repeat, the full pass records that decision as a _Plan: each output sample's name
-and labels and the scaled input samples it sums or maxes, in the full pass's order of float
-operations, the notes, and the shape of the products. While later pages have the same keys and the
-same value mask, normalize() only re-evaluates the plan (a multiply per output sample, the product
-terms again, and their shape checked); any difference takes the full pass, which records afresh. The
-output is the same with or without a warm state (tests/test_engines_normalize.py proves it).
+below a sentinel minimum, not on the values themselves (products aside: a zero divisor drops one);
+the table variant is part of a page's keys. Once a page's keys repeat, the full pass records that
+decision as a _Plan: each output sample's name and labels and the scaled input samples it sums or
+maxes, in the full pass's order of float operations, the notes, and the shape of the products. While
+later pages have the same keys and the same value mask, normalize() only re-evaluates the plan (a
+multiply per output sample, the product terms again, and their shape checked); any difference takes
+the full pass, which records afresh. The output is the same with or without a warm state
+(tests/test_engines_normalize.py proves it).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from itertools import repeat
 from operator import itemgetter
@@ -44,7 +47,7 @@ from exporter.catalog import engine as engine_catalog
 from exporter.snapshot import Labels, Sample
 from exporter.sources.engines import llamacpp, lmdeploy, nim, sglang, tgi, triton, trtllm, vllm
 from exporter.sources.engines.exposition import ExpositionError, LabelCache, parse
-from exporter.sources.engines.table import Alias, EngineSpec, Product, Where
+from exporter.sources.engines.table import Alias, EngineSpec, Product, When, Where
 
 __all__ = [
     "KINDS",
@@ -67,9 +70,22 @@ KINDS: tuple[str, ...] = tuple(SPECS)
 """Valid engine kinds (config validation uses this)."""
 
 # Most specific first: LMDeploy and NIM reuse vLLM's names; the unprefixed trtllm-serve names are
-# NIM's too (trtllm-serve adds an `engine_type` label). A NIM that also shows its backend's `vllm:`
-# series is read as vLLM, which has more families.
-DETECTION_ORDER: tuple[str, ...] = ("triton", "lmdeploy", "sglang", "llamacpp", "tgi", "trtllm", "vllm", "nim")
+# NIM's too (trtllm-serve adds an `engine_type` label; NIM is only recognised by a NIM-only name).
+# A NIM that also shows its backend's `vllm:` series is read as vLLM, which has more families, and
+# so is Triton with the vLLM backend (its `vllm:*` series carry `model`; the vLLM table also reads
+# Triton's core request counters).
+DETECTION_ORDER: tuple[str, ...] = ("lmdeploy", "sglang", "llamacpp", "tgi", "trtllm", "vllm", "triton", "nim")
+
+YIELDS_TO: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "triton": ("vllm",),
+    "nim": ("trtllm", "vllm"),
+})
+"""Kind kept from the last page -> the more specific kinds that are checked again on every page,
+because their names can join the kept kind's on the same page later: Triton registers the vLLM
+backend's `vllm:*` families only when the model has loaded (its core `nv_inference_*` come first),
+an idle NIM-looking page can turn out to be another engine once samples appear. Each listed kind
+precedes the kept one in DETECTION_ORDER (checked at import), so this is what detect_kind would
+choose; a few substring scans on these pages only."""
 
 FINISHED = "llm_requests_finished_total"
 REASONS = frozenset({"stop", "length", "abort", "error"})
@@ -138,6 +154,12 @@ class _Compiled:
     terms: Mapping[str, tuple[_TermRoute, ...]]
     markers: tuple[tuple[_Needle, ...], ...]
     types: Mapping[str, str]
+    key: str = ""
+    """The table's identity in a plan: the kind, plus the page conditions (`when`) found."""
+    conditions: tuple[str, ...] = ()
+    """The `when` substrings of the spec's aliases and products (on the kind's base table)."""
+    variants: Mapping[frozenset[str], _Compiled] | None = None
+    """Conditions found on a page -> the table for it (on the base table; None without conditions)."""
 
 
 def _alias_routes(source: str, alias: Alias, first_index: int) -> list[tuple[str, _Route]]:
@@ -159,17 +181,28 @@ def _needle(marker: str) -> _Needle:
     return _Needle((marker,), None)
 
 
-def _compile(spec: EngineSpec) -> _Compiled:
+def _applies(when: When | None, present: frozenset[str] | None) -> bool:
+    return when is None or present is None or (when[0] in present) == when[1]
+
+
+def _compile(spec: EngineSpec, present: frozenset[str] | None = None) -> _Compiled:
+    """The table of `spec` for pages on which exactly the `present` conditions occur; with None,
+    every alias and product (the base table: its `keep`, the union, serves every variant, so the
+    parser's caches survive a change of variant)."""
     families = {fam.name: fam.type for fam in engine_catalog.FAMILIES}
     routes: dict[str, list[_Route]] = {}
+    names: set[str] = set()
     types: dict[str, str] = {}
     count = 0
     for source, alias in spec.alias_items():
         if families.get(alias.family) != alias.type:
             raise ValueError(f"{spec.kind}: {source} -> {alias.family} ({alias.type}) not in the catalogue")
         types[alias.family] = alias.type
+        # Route indexes do not depend on the variant: the state's per-route caches fit them all.
         for sample_name, route in _alias_routes(source, alias, count):
-            routes.setdefault(sample_name, []).append(route)
+            names.add(sample_name)
+            if _applies(alias.when, present):
+                routes.setdefault(sample_name, []).append(route)
             count += 1
     terms: dict[str, list[_TermRoute]] = {}
     for index, product in enumerate(spec.products):
@@ -177,21 +210,52 @@ def _compile(spec: EngineSpec) -> _Compiled:
             raise ValueError(f"{spec.kind}: product {product.family} ({product.type}) not in the catalogue")
         types[product.family] = product.type
         for position, term in enumerate(product.terms):
+            names.add(term.source)
+            if not _applies(product.when, present):
+                continue
             summed = product.type == "counter" and term.label is None
             terms.setdefault(term.source, []).append(
                 _TermRoute(index, position, term.where, term.label, summed))
+    conditions = tuple(sorted({item.when[0] for item in (*(a for _, a in spec.alias_items()), *spec.products)
+                               if item.when is not None}))
     return _Compiled(
         spec=spec,
         route_count=count,
-        keep=frozenset(routes) | frozenset(terms),
+        keep=frozenset(names),
         routes=MappingProxyType({k: tuple(v) for k, v in routes.items()}),
         terms=MappingProxyType({k: tuple(v) for k, v in terms.items()}),
         markers=tuple(tuple(_needle(m) for m in marker) for marker in spec.markers),
         types=MappingProxyType(types),
+        key=spec.kind + "".join(f"|{condition!r}" for condition in sorted(present or ())),
+        conditions=conditions,
     )
 
 
-_COMPILED: Mapping[str, _Compiled] = MappingProxyType({kind: _compile(spec) for kind, spec in SPECS.items()})
+def _compile_kind(spec: EngineSpec) -> _Compiled:
+    base = _compile(spec)
+    if not base.conditions:
+        return base
+    if len(base.conditions) > 4:
+        raise ValueError(f"{spec.kind}: too many page conditions ({len(base.conditions)})")
+    variants = {}
+    for mask in range(1 << len(base.conditions)):
+        present = frozenset(c for bit, c in enumerate(base.conditions) if mask >> bit & 1)
+        variants[present] = replace(_compile(spec, present), keep=base.keep)
+    return replace(base, variants=MappingProxyType(variants))
+
+
+def _table(kind: str, text: str) -> _Compiled:
+    """The kind's table for this page: one substring scan per page condition of the kind."""
+    base = _COMPILED[kind]
+    if base.variants is None:
+        return base
+    return base.variants[frozenset(c for c in base.conditions if c in text)]
+
+
+_COMPILED: Mapping[str, _Compiled] = MappingProxyType({kind: _compile_kind(spec) for kind, spec in SPECS.items()})
+assert set(DETECTION_ORDER) == set(KINDS)
+assert all(DETECTION_ORDER.index(more) < DETECTION_ORDER.index(kept)
+           for kept, specific in YIELDS_TO.items() for more in specific)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +369,7 @@ def _normalize(text: str, target: str, kind: str | None, state: NormalizerState,
         return None  # nothing to replay: parsing here would only be repeated by the full pass
     notes: dict[str, None] = {}
     kind = _resolve_kind(text, kind, state, notes)
-    compiled = _COMPILED[kind]
+    compiled = _table(kind, text)
     exposition = parse(text, keep=compiled.keep.__contains__, label_cache=state.label_cache)
     parsed = exposition.samples
     if parsed:
@@ -314,7 +378,7 @@ def _normalize(text: str, target: str, kind: str | None, state: NormalizerState,
         names = labels = values = ()
     plan = state._plan
     replayed = None
-    if plan is not None and plan.fits(kind, target, max_series, names, labels, values):
+    if plan is not None and plan.fits(compiled.key, target, max_series, names, labels, values):
         replayed = plan.replay(compiled, state, dict(notes), target, values)
     if replayed is not None:
         model, samples, unmapped, dropped, notes = replayed
@@ -323,13 +387,13 @@ def _normalize(text: str, target: str, kind: str | None, state: NormalizerState,
     else:
         # Record a plan once the page's keys repeat: a first scrape, or a page that changes shape
         # every cycle, pays nothing for it.
-        seen = (kind, target, names, labels) if len(parsed) <= MAX_PLAN_SAMPLES else None
+        seen = (compiled.key, target, names, labels) if len(parsed) <= MAX_PLAN_SAMPLES else None
         record = seen is not None and seen == state._seen
         run = _Run(compiled, state, notes, target, record=record)
         run.consume(parsed)
         samples, dropped = run.finish(max_series)
         model, unmapped = run.model, run.unmapped
-        state._plan = run.plan(kind, max_series, names, labels, values, dropped) if record else None
+        state._plan = run.plan(compiled.key, max_series, names, labels, values, dropped) if record else None
         state._seen = seen
     return NormalizedScrape(
         kind=kind,
@@ -363,7 +427,8 @@ def _resolve_kind(text: str, kind: str | None, state: NormalizerState, notes: di
         state.last_kind = kind
         return kind
     last = state.last_kind
-    if last is not None and _matches(text, _COMPILED[last].markers):
+    if last is not None and _matches(text, _COMPILED[last].markers) and not any(
+            _matches(text, _COMPILED[specific].markers) for specific in YIELDS_TO.get(last, ())):
         return last
     detected = detect_kind(text)
     if detected is None:
@@ -434,7 +499,9 @@ def _map_labels(labels: Labels, spec: EngineSpec) -> tuple | None:
             continue
         wanted = spec.keep_only.get(key)
         if wanted is not None and value != wanted:
-            return None
+            unless = spec.keep_only_unless.get(key)
+            if unless is None or all(name != unless for name, _ in labels):
+                return None
         role = spec.labels.get(key)
         if role == "model":
             if model is None and value not in ABSENT_MODELS:
@@ -821,6 +888,7 @@ class _Plan:
     recorded by a full pass: re-evaluated for the next page with the same keys and mask."""
 
     kind: str
+    """The table's key (_Compiled.key): the kind and the page conditions found on the page."""
     target: str
     max_series: int
     names: tuple[str, ...]

@@ -2,6 +2,9 @@
 
 from exporter.sources.engines.table import Alias, EngineSpec
 
+CACHED_SAMPLE = "\nsglang:cached_tokens_total{"
+"""A cached_tokens_total sample line (the counter has no series before the first cache hit)."""
+
 ALIASES = {
     "sglang:num_running_reqs": Alias("llm_requests_running", "gauge"),
     "sglang:num_queue_reqs": Alias("llm_requests_waiting", "gauge"),
@@ -10,11 +13,16 @@ ALIASES = {
     "sglang:max_total_num_tokens": Alias("llm_kv_cache_capacity_tokens", "gauge",
                                          note="KV pool capacity, already in tokens"),
     "sglang:page_size": Alias("llm_kv_cache_block_size_tokens", "gauge"),
-    "sglang:cache_hit_rate": Alias("llm_prefix_cache_hit_ratio", "gauge",
-                                   note="radix-cache hit rate gauge"),
-    "sglang:cached_tokens_total": Alias("llm_prefix_cache_hits_total", "counter",
-                                        note="prompt tokens served from the radix cache"),
-    "sglang:prompt_tokens_total": Alias("llm_prompt_tokens_total", "counter"),
+    "sglang:cached_tokens_total": Alias(
+        "llm_prefix_cache_hits_total", "counter",
+        note="prompt tokens served from the prefix cache, counted per finished request (newer builds "
+             "split it by `cache_source`: summed)"),
+    "sglang:prompt_tokens_total": (
+        Alias("llm_prompt_tokens_total", "counter"),
+        Alias("llm_prefix_cache_queries_total", "counter", when=(CACHED_SAMPLE, True),
+              note="every prompt token is matched against the radix cache; counted with cached_tokens "
+                   "when a request finishes"),
+    ),
     "sglang:generation_tokens_total": Alias("llm_generation_tokens_total", "counter"),
     "sglang:num_requests_total": Alias("llm_requests_total", "counter"),
     "sglang:num_retracted_requests_total": Alias("llm_preemptions_total", "counter",
@@ -41,11 +49,24 @@ SPEC = EngineSpec(
     # Every tensor/pipeline/expert-parallel rank of one replica runs the same batch and reports a
     # copy of the same scheduler numbers: summing them would multiply by the TP size.
     keep_only={"tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"},
+    # With DP attention every DP rank's scheduler reports with its own (global) tp_rank and
+    # moe_ep_rank and a dp_rank: those series are not copies, dp_rank tells them apart.
+    keep_only_unless={"tp_rank": "dp_rank", "moe_ep_rank": "dp_rank"},
     markers=(("\nsglang:",),),
     default_flavor="sglang",
     notes=(
-        "Scheduler series are reported by every TP/PP/EP rank; only rank 0's copy is kept "
-        "(`tp_rank`, `pp_rank`, `moe_ep_rank` = \"0\"). A data-parallel `dp_rank` becomes `rank`.",
+        "Scheduler series can be reported by every TP/PP/EP rank; only rank 0's copy is kept "
+        "(`tp_rank`, `pp_rank`, `moe_ep_rank` = \"0\"). A data-parallel `dp_rank` becomes `rank`, "
+        "and series with a `dp_rank` are kept whatever their `tp_rank`/`moe_ep_rank`: with "
+        "`--enable-dp-attention` DP rank d's scheduler reports tp_rank = d x attention-TP size. "
+        "By default only each DP rank's attention-TP rank 0 reports; with "
+        "`--enable-metrics-for-all-schedulers` the other ranks' copies coincide with it: gauges take "
+        "the maximum (exact for copies) but the retraction counter is summed over them.",
+        "Prefix cache: `cached_tokens_total` / `prompt_tokens_total` are hits / queries in tokens, "
+        "both counted when a request finishes (queries only once the page has a cached_tokens "
+        "sample: SGLang creates it at the first hit). `cache_hit_rate` is not mapped: it is the "
+        "last prefill batch's hit rate and is reset to 0 on every decode log, so a scrape reads "
+        "0 or one batch's rate, not a hit ratio.",
         "ITL quirk: SGLang adds the whole interval to `_sum` but the number of new tokens to one "
         "bucket and to `_count`, so the histogram is weighted per token and sum/count is the mean "
         "per-token latency. Passed through unchanged.",

@@ -20,6 +20,11 @@ US = 1e-6
 Where = tuple[str, str]
 """(label, value): the alias applies only to samples carrying exactly this label value."""
 
+When = tuple[str, bool]
+"""(substring, present): the alias or product applies only to pages that contain (True) or lack
+(False) this substring of the raw text. For what no sample says: a HELP text (the parser does not
+read HELP lines) or the presence of another family's sample (`"\\nname{"` is a sample line)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Alias:
@@ -31,7 +36,9 @@ class Alias:
     never to bucket counts or `_count`. When several aliases of one family are on the same page,
     only those with the highest `priority` are used: that is how a deprecated name that an engine
     still emits beside its replacement (vLLM's time_per_output_token vs inter_token_latency) is
-    deduplicated in favour of the new one.
+    deduplicated in favour of the new one. `when` limits the alias to pages that do or do not
+    contain a substring (see When): how a unit change that kept the name (vLLM's prefix-cache
+    counters) is told apart.
     """
 
     family: str
@@ -45,6 +52,7 @@ class Alias:
     """Values below this are the engine's "not available" sentinel (vLLM V0 hit rate -1): dropped."""
     note: str = ""
     """The quirk this alias handles, for docs/engines.md."""
+    when: When | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +70,14 @@ class Term:
 class Product:
     """A normalized gauge or counter computed from several engine samples of the same model and
     rank: KV capacity = blocks x tokens per block, usage = used / max. Emitted only when every
-    term is present (no made-up values)."""
+    term is present (no made-up values) and the page satisfies `when`."""
 
     family: str
     type: str
     terms: tuple[Term, ...]
     priority: int = 0
     note: str = ""
+    when: When | None = None
 
 
 def _frozen(mapping: Mapping[str, str] | None = None) -> Mapping[str, str]:
@@ -90,6 +99,10 @@ class EngineSpec:
     dropped, and series that then coincide are merged (see normalize.py)."""
     keep_only: Mapping[str, str] = field(default_factory=_frozen)
     """Label -> the only value kept: copies of one series reported by every tensor-parallel rank."""
+    keep_only_unless: Mapping[str, str] = field(default_factory=_frozen)
+    """keep_only label -> another label: a label set carrying the other label is not filtered on
+    the first (SGLang with DP attention: each data-parallel rank's scheduler reports its own
+    `tp_rank`, and `dp_rank` tells them apart)."""
     markers: tuple[tuple[str, ...], ...] = ()
     """Detection: the page is this kind when all substrings of any one marker occur. A marker that
     starts with a newline matches at the start of a line (and of the page, and after `# TYPE `)."""

@@ -1,12 +1,21 @@
-"""vLLM (V1 engine >= 0.8 and the V0 engine <= 0.7): alias table. See docs/engines.md.
+"""vLLM (V1 engine >= 0.8 and the V0 engine <= 0.7, and Triton's vLLM backend): alias table.
+See docs/engines.md.
 
 Priorities dedupe names that co-exist during vLLM's deprecation windows (deprecated in X.Y, hidden
 in X.Y+1, removed in X.Y+2): the newer name has priority 2, the older 1.
+
+vllm:gpu_prefix_cache_{queries,hits} changed unit without changing name: V1 0.8 counted blocks,
+later releases (before the 0.9/0.10 rename to prefix_cache_*) count tokens. Only the HELP text
+says which ("in terms of number of queried blocks" / "...tokens"); the parser does not read HELP
+lines, so the aliases test the raw page for the blocks wording (`when`, one substring scan each):
+blocks -> x block_size from cache_config_info, anything else (tokens, or no HELP) -> as is.
 """
 
-from exporter.sources.engines.table import Alias, EngineSpec, Product, Term
+from exporter.sources.engines.table import US, Alias, EngineSpec, Product, Term
 
 INFO = "vllm:cache_config_info"
+QUERIES_IN_BLOCKS = "prefix cache queries, in terms of number of queried blocks"
+HITS_IN_BLOCKS = "prefix cache hits, in terms of number of cached blocks"
 
 ALIASES = {
     "vllm:num_requests_running": Alias("llm_requests_running", "gauge"),
@@ -18,12 +27,18 @@ ALIASES = {
     "vllm:prompt_tokens_total": Alias("llm_prompt_tokens_total", "counter"),
     "vllm:generation_tokens_total": Alias("llm_generation_tokens_total", "counter"),
     "vllm:num_preemptions_total": Alias("llm_preemptions_total", "counter"),
-    "vllm:request_success_total": Alias("llm_requests_finished_total", "counter", reason="other",
+    "vllm:request_success_total": Alias("llm_requests_finished_total", "counter", priority=2, reason="other",
                                         note="finished_reason -> reason"),
     "vllm:prefix_cache_queries_total": Alias("llm_prefix_cache_queries_total", "counter", priority=2,
                                              note="counts tokens (>= 0.9)"),
     "vllm:prefix_cache_hits_total": Alias("llm_prefix_cache_hits_total", "counter", priority=2,
                                           note="counts tokens (>= 0.9)"),
+    "vllm:gpu_prefix_cache_queries_total": Alias(
+        "llm_prefix_cache_queries_total", "counter", priority=1, when=(QUERIES_IN_BLOCKS, False),
+        note="old name of prefix_cache_queries; counts tokens unless its HELP says blocks (0.8: see below)"),
+    "vllm:gpu_prefix_cache_hits_total": Alias(
+        "llm_prefix_cache_hits_total", "counter", priority=1, when=(HITS_IN_BLOCKS, False),
+        note="old name of prefix_cache_hits; counts tokens unless its HELP says blocks (0.8: see below)"),
     "vllm:gpu_prefix_cache_hit_rate": Alias("llm_prefix_cache_hit_ratio", "gauge", minimum=0.0,
                                             note="V0 gauge; -1 (prefix caching off) is dropped"),
     "vllm:time_to_first_token_seconds": Alias("llm_time_to_first_token_seconds", "histogram"),
@@ -43,6 +58,16 @@ ALIASES = {
     "vllm:request_generation_tokens": Alias("llm_request_generation_tokens", "histogram"),
     "vllm:iteration_tokens_total": Alias("llm_iteration_tokens", "histogram",
                                          note="a histogram despite the _total suffix"),
+    # Triton's vLLM backend: the vllm:* families above (labels `model`, `version`) beside Triton's
+    # core per-model counters, which carry what the backend does not export (finished requests).
+    "nv_inference_request_success": Alias("llm_requests_finished_total", "counter", priority=1, reason="other",
+                                          note="Triton vLLM backend: Triton's per-model counter"),
+    "nv_inference_request_failure": Alias("llm_requests_finished_total", "counter", priority=1, reason="error",
+                                          note="Triton vLLM backend"),
+    "nv_inference_request_duration_us": Alias("llm_request_duration_seconds_total", "counter", scale=US,
+                                              note="Triton vLLM backend: cumulative microseconds -> seconds"),
+    "nv_inference_queue_duration_us": Alias("llm_request_queue_seconds_total", "counter", scale=US,
+                                            note="Triton vLLM backend: Triton's queue, cumulative µs -> seconds"),
 }
 
 PRODUCTS = (
@@ -51,14 +76,17 @@ PRODUCTS = (
             note="cache_config_info labels num_gpu_blocks x block_size"),
     Product("llm_kv_cache_block_size_tokens", "gauge", (Term(INFO, label="block_size"),),
             note="cache_config_info label block_size"),
-    # V1 0.8 counted prefix-cache lookups in blocks; hits are whole blocks, so x block_size is
-    # tokens (queries: tokens in full blocks). Without cache_config_info there is no series.
+    # V1 0.8 counted prefix-cache lookups in blocks (HELP "... number of queried blocks"); hits
+    # are whole blocks, so x block_size is tokens (queries: tokens in full blocks). Without
+    # cache_config_info there is no series. Later releases count tokens under the same name.
     Product("llm_prefix_cache_queries_total", "counter",
             (Term("vllm:gpu_prefix_cache_queries_total"), Term(INFO, label="block_size")), priority=1,
-            note="0.8 gpu_prefix_cache_queries counted blocks: x block_size"),
+            when=(QUERIES_IN_BLOCKS, True),
+            note="0.8 gpu_prefix_cache_queries counted blocks (its HELP says so): x block_size"),
     Product("llm_prefix_cache_hits_total", "counter",
             (Term("vllm:gpu_prefix_cache_hits_total"), Term(INFO, label="block_size")), priority=1,
-            note="0.8 gpu_prefix_cache_hits counted blocks: x block_size"),
+            when=(HITS_IN_BLOCKS, True),
+            note="0.8 gpu_prefix_cache_hits counted blocks (its HELP says so): x block_size"),
 )
 
 SPEC = EngineSpec(
@@ -66,10 +94,11 @@ SPEC = EngineSpec(
     title="vLLM",
     aliases=ALIASES,
     products=PRODUCTS,
-    labels={"model_name": "model", "engine": "rank", "finished_reason": "reason"},
+    # `model` is the Triton vLLM backend's model label (its `version` is dropped, series merged).
+    labels={"model_name": "model", "model": "model", "engine": "rank", "finished_reason": "reason"},
     markers=(("\nvllm:",),),
-    flavors=(("vllm:num_requests_swapped", "vllm-v0"), ("vllm:cpu_cache_usage_perc", "vllm-v0"),
-             ("vllm:gpu_prefix_cache_hit_rate", "vllm-v0")),
+    flavors=(("nv_inference_", "triton-vllm"), ("vllm:num_requests_swapped", "vllm-v0"),
+             ("vllm:cpu_cache_usage_perc", "vllm-v0"), ("vllm:gpu_prefix_cache_hit_rate", "vllm-v0")),
     default_flavor="vllm-v1",
     notes=(
         "`engine` (the data-parallel engine index) becomes `rank`; `model_name` becomes `model`.",
@@ -81,5 +110,13 @@ SPEC = EngineSpec(
         "(labels not documented; would double-count reason=\"error\").",
         "Bucket bounds are kept as exposed (V0 TTFT stops at 10 s, V1 at 2560 s, and "
         "--custom-histogram-buckets can change them).",
+        "gpu_prefix_cache_queries/hits: V1 0.8 counted blocks, later releases count tokens under "
+        "the same name. The unit is read from the page's HELP text (\"in terms of number of queried "
+        "blocks\"): blocks are multiplied by cache_config_info's block_size (no series before it is "
+        "set); any other HELP, or none, is taken as tokens.",
+        "Triton with the vLLM backend (`nv_inference_*` beside `vllm:*`, flavor `triton-vllm`) is "
+        "read with this table: the backend's `vllm:*` families (labels `model`, `version`) plus "
+        "Triton's per-model request counters (finished, duration, queue time; Triton's TTFT "
+        "histogram is not read, vLLM's is). No rank label; every Triton model keeps its `model`.",
     ),
 )
