@@ -140,12 +140,9 @@ class HttpClient:
 
     async def _connect(self) -> _Connection:
         tls_name = self._host if self._tls else None
-        if self._literal:
-            reader, writer = await asyncio.open_connection(
-                self._host, self._port, ssl=self._tls, server_hostname=tls_name, limit=self.max_head_bytes)
-            return _Connection(reader, writer)
+        addresses = [(socket.AF_UNSPEC, self._host)] if self._literal else await self._resolve()
         failure: OSError | None = None
-        for family, address in await self._resolve():
+        for family, address in addresses:
             try:
                 reader, writer = await asyncio.open_connection(
                     address, self._port, ssl=self._tls, server_hostname=tls_name, family=family,
