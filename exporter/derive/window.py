@@ -15,7 +15,7 @@ the sum; one that comes back continues from its last value, or from zero when it
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
 from itertools import islice
 from operator import add, lt, neg
 from typing import NamedTuple
@@ -37,53 +37,96 @@ def _remember(gone: dict, key: Hashable, last) -> None:
     gone[key] = last
 
 
+class SeriesResets:
+    """Offsets for the series one sum adds up (the data-parallel ranks of one counter, or of one
+    histogram's bucket counts; all a series' values restart together), so that neither a series
+    nor the sum ever decreases. A series that drops restarted: its last values join its offset. One
+    that vanishes keeps what it had counted in the sum. One that comes back continues from where it
+    left off, or from zero when it came back lower. One never seen before starts at its first values
+    (its baseline), except in the first update, whose values are every series' baseline anyway."""
+
+    __slots__ = ("_state", "_frozen", "_gone", "_started", "offset")
+
+    def __init__(self, width: int, *, started: bool = False) -> None:
+        zeros = (0.0,) * width
+        self._state: dict[Hashable, tuple[tuple[float, ...], tuple[float, ...]]] = {}  # key -> (last, offset)
+        self._frozen = zeros  # what vanished series had counted
+        self._gone: dict[Hashable, tuple[float, ...]] = {}  # vanished series -> last values
+        self._started = started
+        self.offset = zeros  # what to add to the sum of the series' values
+
+    def update(self, series: Collection[tuple[Hashable, tuple[float, ...]]]) -> tuple[float, ...]:
+        """Take the current values of every present series; return the offset for their sum."""
+        state, zeros = self._state, (0.0,) * len(self.offset)
+        changed = False
+        present = 0
+        for key, own in series:
+            present += 1
+            known = state.get(key)
+            if known is None:
+                prev = self._gone.pop(key, None)
+                if prev is None:
+                    offset = tuple(map(neg, own)) if self._started else zeros
+                elif any(map(lt, own, prev)):
+                    offset = zeros  # came back restarted
+                else:
+                    offset = tuple(map(neg, prev))  # came back where it left off
+                changed = True
+            else:
+                last, offset = known
+                if own is not last and any(map(lt, own, last)):
+                    offset = _elementwise(add, offset, last)
+                    changed = True
+            state[key] = (own, offset)
+        self._started = True
+        if len(state) > present:
+            keys = {key for key, _ in series}
+            self._vanish([k for k in state if k not in keys])
+            changed = True
+        if changed:
+            total = self._frozen
+            for _, offset in state.values():
+                total = _elementwise(add, total, offset)
+            self.offset = total
+        return self.offset
+
+    def _vanish(self, keys: list[Hashable]) -> None:
+        for key in keys:
+            last, offset = self._state.pop(key)
+            self._frozen = _elementwise(add, self._frozen, _elementwise(add, last, offset))
+            _remember(self._gone, key, last)
+
+    def __bool__(self) -> bool:
+        return bool(self._state)
+
+
 class ResetSafe:
-    """Per-series offsets so that a counter restart never makes a series, or their sum, decrease.
+    """Reset-safe counters by name: `adjust` takes the raw values by series key, a name (one series)
+    or (name, series id) for one of a name's series (a data-parallel rank), and returns the adjusted
+    values summed per name (SeriesResets per name)."""
 
-    `adjust` takes the raw values by series key: a name (one series), or (name, series id) for one
-    of a name's series (a data-parallel rank), and returns the adjusted values summed per name."""
-
-    __slots__ = ("_last", "_offset", "_frozen", "_gone", "_started")
+    __slots__ = ("_names", "_started")
 
     def __init__(self) -> None:
-        self._last: dict[Hashable, float] = {}
-        self._offset: dict[Hashable, float] = {}
-        self._frozen: dict[str, float] = {}  # per name: what vanished series had counted
-        self._gone: dict[Hashable, float] = {}  # vanished series -> last raw value
+        self._names: dict[str, SeriesResets] = {}
         self._started = False
 
-    def _appear(self, key: Hashable, raw: float) -> float:
-        prev = self._gone.pop(key, None)
-        if prev is None:
-            # New: its first value is its baseline (on the first call: every series' baseline
-            # is the window's first point anyway, so the raw values are kept as they are).
-            return -raw if self._started else 0.0
-        return 0.0 if raw < prev else -prev  # came back restarted, or where it left off
-
     def adjust(self, values: Mapping[Hashable, float]) -> dict[str, float]:
-        last_of, offset_of, frozen = self._last, self._offset, self._frozen
-        out: dict[str, float] = {}
+        grouped: dict[str, list[tuple[Hashable, tuple[float, ...]]]] = {}
+        raw_sums: dict[str, float] = {}
         for key, raw in values.items():
             name = key if key.__class__ is str else key[0]
-            last = last_of.get(key)
-            if last is None:
-                offset = offset_of[key] = self._appear(key, raw)
-            else:
-                offset = offset_of[key]
-                if raw < last:
-                    offset = offset_of[key] = offset + last
-            last_of[key] = raw
-            total = out.get(name)
-            out[name] = (frozen.get(name, 0.0) if total is None else total) + (raw + offset)
-        if len(last_of) > len(values):  # some series vanished: what they counted stays in the sum
-            for key in [k for k in last_of if k not in values]:
-                name = key if key.__class__ is str else key[0]
-                last = last_of.pop(key)
-                kept = last + offset_of.pop(key)
-                frozen[name] = frozen.get(name, 0.0) + kept
-                if name in out:
-                    out[name] += kept
-                _remember(self._gone, key, last)
+            grouped.setdefault(name, []).append((key, (raw,)))
+            raw_sums[name] = raw_sums.get(name, 0.0) + raw
+        out: dict[str, float] = {}
+        for name, series in grouped.items():
+            resets = self._names.get(name)
+            if resets is None:
+                resets = self._names[name] = SeriesResets(1, started=self._started)
+            out[name] = raw_sums[name] + resets.update(series)[0]
+        for name, resets in self._names.items():
+            if name not in grouped and resets:
+                resets.update(())  # all its series vanished: kept for when the name comes back
         self._started = True
         return out
 
@@ -144,61 +187,21 @@ class HistogramWindow:
     """Cumulative bucket counts kept as coarse checkpoints (one per `window_s / checkpoints`
     seconds), so a 5-minute window costs ~30 checkpoints however short the interval."""
 
-    __slots__ = ("window_s", "step_s", "_bounds", "_checkpoints", "_series", "_frozen", "_gone", "_offset",
-                 "last_seen")
+    __slots__ = ("window_s", "step_s", "_bounds", "_checkpoints", "_resets", "last_seen")
 
     def __init__(self, window_s: float, checkpoints: int = 30) -> None:
         self.window_s = window_s
         self.step_s = window_s / checkpoints
         self._bounds: tuple[float, ...] = ()
         self._checkpoints: deque[tuple[float, tuple[float, ...]]] = deque(maxlen=checkpoints + 2)
-        self._series: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}  # id -> (last, offset)
-        self._frozen: tuple[float, ...] = ()  # what vanished series had counted
-        self._gone: dict[str, tuple[float, ...]] = {}  # vanished series -> last counts
-        self._offset: tuple[float, ...] = ()
+        self._resets: SeriesResets | None = None
         self.last_seen = float("-inf")
 
     def _offset_for(self, counts: tuple[float, ...], series) -> tuple[float, ...]:
         """What to add to `counts` (the sum of `series`) to undo the resets seen so far."""
-        zeros = (0.0,) * len(counts)
-        if not self._offset or len(self._offset) != len(counts):
-            self._series = {sid: (own, zeros) for sid, own in series}
-            self._frozen, self._gone, self._offset = zeros, {}, zeros
-            return zeros
-        state = self._series
-        changed = False
-        for sid, own in series:
-            known = state.get(sid)
-            if known is None:
-                prev = self._gone.pop(sid, None)
-                if prev is None:
-                    offset = tuple(map(neg, own))  # new: its first counts are its baseline
-                elif any(map(lt, own, prev)):
-                    offset = zeros  # came back restarted
-                else:
-                    offset = tuple(map(neg, prev))  # came back where it left off
-                changed = True
-            else:
-                last, offset = known
-                # Every bucket is a counter and all of a series' buckets restart together: any
-                # drop is a restart of this series (and of this series only).
-                if own is not last and any(map(lt, own, last)):
-                    offset = _elementwise(add, offset, last)
-                    changed = True
-            state[sid] = (own, offset)
-        if len(state) > len(series):  # some series vanished: what they counted stays in the sum
-            present = {sid for sid, _ in series}
-            for sid in [k for k in state if k not in present]:
-                last, offset = state.pop(sid)
-                self._frozen = _elementwise(add, self._frozen, _elementwise(add, last, offset))
-                _remember(self._gone, sid, last)
-            changed = True
-        if changed:
-            total = self._frozen
-            for _, offset in state.values():
-                total = _elementwise(add, total, offset)
-            self._offset = total
-        return self._offset
+        if self._resets is None or len(self._resets.offset) != len(counts):
+            self._resets = SeriesResets(len(counts))
+        return self._resets.update(series)
 
     def __len__(self) -> int:
         return len(self._checkpoints)
@@ -213,7 +216,7 @@ class HistogramWindow:
             # New bucket layout (engine upgraded or replaced): old checkpoints do not compare.
             self._bounds = bounds
             self._checkpoints.clear()
-            self._offset = ()
+            self._resets = None
         offset = self._offset_for(counts, series if series is not None else (("", counts),))
         self.last_seen = ts
         if not self._checkpoints or ts - self._checkpoints[-1][0] >= self.step_s:
