@@ -175,11 +175,22 @@ Failed collections per second by source and reason code (timeout, connection, pa
 status: a steady trickle of timeouts on one engine target usually means its /metrics page is too large or slow.
 """, [target(f"sum by (instance, source, reason) ({EX.rate('llm_exporter_collect_errors_total')})",
              "{{source}} {{reason}} {{instance}}")], unit="short", w=8, minimum=0),
-        timeseries("Scrapes rejected and series dropped", """
-/metrics requests answered 503 because too many scrapes were in flight, and series dropped by the
-cardinality limits. Both should stay at 0; drops mean an engine exposes more label values than the limit.
+        timeseries("Requests refused and series dropped", """
+What the exporter refused to protect itself (docs/security.md has each limit): /metrics requests and
+pages answered 503 because too many were in flight, HTTP connections it closed (idle or slow clients,
+evicted at the connection limit), failed basic-auth checks, and engine series dropped by reason
+(cardinality, over-long labels, invalid histograms or counters). All should stay near 0: refused
+requests or closed connections point at a scrape storm or a hostile client, drops at an engine page
+the exporter cannot trust.
 """, [target(EX.rate("llm_exporter_scrapes_rejected_total"), "scrapes rejected/s {{instance}}"),
-      target(EX.rate("llm_exporter_series_dropped_total"), "series dropped/s {{source}} {{instance}}")],
+      target(EX.sum_rate("llm_exporter_http_requests_rejected_total", by=("instance", "path", "reason")),
+             "{{path}} {{reason}}/s {{instance}}"),
+      target(EX.sum_rate("llm_exporter_http_connections_rejected_total", by=("instance", "reason")),
+             "connections closed {{reason}}/s {{instance}}"),
+      target(EX.sum_rate("llm_exporter_http_auth_failures_total", by=("instance", "reason")),
+             "auth failed {{reason}}/s {{instance}}"),
+      target(EX.sum_rate("llm_exporter_series_dropped_total", by=("instance", "source", "reason")),
+             "series dropped {{reason}}/s {{source}} {{instance}}")],
             unit="short", w=8, minimum=0),
     )
     lay.add(table("Exporter build", """

@@ -13,13 +13,12 @@ import signal
 import socket
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator, Sequence
-
-import uvicorn
+from collections.abc import Callable, Iterable, Sequence
 
 from exporter.collect import Collector
 from exporter.config import Config, ConfigError
 from exporter.derive import build_deriver
+from exporter.httpserver import LISTEN_BACKLOG, HttpServer, Limits
 from exporter.server import RequestGuard, create_app
 from exporter.snapshot import Sample
 from exporter.sources.base import Source
@@ -34,31 +33,6 @@ log = logging.getLogger("llm_exporter")
 # seconds (tens of ms, holding the GIL while /metrics waits). Refcounting frees nearly all of it;
 # the collector only has to find the rare cycle, so it runs after this many net new containers.
 GC_YOUNG_THRESHOLD = 10_000
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's main loop wakes 10 times a second to refresh the Date header and check for exit:
-    about 3 ms of CPU per second here, a sixth of this process's budget. Once a second is enough
-    for a header with one-second resolution; `stop()` ends the loop at once."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self._exit_requested = asyncio.Event()
-
-    async def main_loop(self) -> None:
-        while not await self.on_tick(0):  # counter 0: refresh the Date header on every tick
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._exit_requested.wait(), 1.0)
-
-    def stop(self) -> None:
-        self.should_exit = True
-        self._exit_requested.set()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        # serve() owns SIGINT/SIGTERM (loop signal handlers that set its stop event); uvicorn's
-        # own capture would replace them for the life of the server and raise them again after.
-        yield
 
 
 def tune_gc() -> None:
@@ -140,7 +114,7 @@ def bind_listener(config: Config) -> socket.socket:
     except OSError as error:
         sock.close()
         raise ConfigError("listen", config.listen, error.strerror or str(error)) from None
-    sock.listen(128)
+    sock.listen(LISTEN_BACKLOG)
     sock.setblocking(False)
     return sock
 
@@ -159,47 +133,73 @@ def load_web_config(config: Config) -> WebConfigManager | None:
 
 async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
                 stop: asyncio.Event | None = None, web: WebConfigManager | None = None,
-                own_process: bool = False) -> None:
+                own_process: bool = False, http_limits: Limits | None = None) -> None:
     """Run the collection loop and the HTTP server until `stop` is set or SIGINT/SIGTERM.
     `web`: the already loaded --web.config.file (loaded here from config when not given).
-    `own_process`: the process is only this exporter (the CLI), so its GC may be tuned."""
+    `own_process`: the process is only this exporter (the CLI), so its GC may be tuned.
+    `http_limits`: connection bounds and timeouts (default: exporter/httpserver.py's constants)."""
     stop = stop or asyncio.Event()
     web = web if web is not None else load_web_config(config)
-    collector = make_collector(config, sources, extra_health=web.samples if web else None)
-    app = RequestGuard(create_app(collector, max_concurrent_scrapes=config.max_concurrent_scrapes),
-                       authorize=web.authorize if web else None, realm=REALM)
+    parts: list[Callable[[], Iterable[Sample]]] = []  # the self-health of the parts outside the loop
+
+    def extra_health() -> list[Sample]:
+        return [sample for part in parts for sample in part()]
+
+    collector = make_collector(config, sources, extra_health=extra_health)
+    endpoint = create_app(collector, max_concurrent_scrapes=config.max_concurrent_scrapes)
+    app = RequestGuard(endpoint, authorize=web.authorize if web else None, realm=REALM)
     ssl_context = web.server_ssl_context() if web else None
-    # http="h11": its max_incomplete_event_size is what caps the request line plus headers (16 KiB);
-    # httptools, if it were installed, would ignore the cap. No websockets: no endpoint needs one.
-    server = _Server(uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="off", http="h11", ws="none",
-        limit_concurrency=256, timeout_keep_alive=30, h11_max_incomplete_event_size=16384,
-        ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None))
+    server = HttpServer(app, ssl_context=ssl_context, limits=http_limits)
+    parts += [server.samples, endpoint.samples, *([web.samples] if web else [])]
     loop = asyncio.get_running_loop()
     # Signal handlers can only be installed from the main thread; when serve() runs on another
     # thread (tests run the exporter in-process), the caller sets `stop` instead.
+    side_tasks: set[asyncio.Task] = set()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
+        # Their default action ends the process; an operator's `kill -HUP` (the usual "reload")
+        # or a stray USR1/USR2 must not take a sidecar down.
+        loop.add_signal_handler(signal.SIGHUP, _on_sighup, web, side_tasks)
+        for signum in (signal.SIGUSR1, signal.SIGUSR2):
+            loop.add_signal_handler(signum, log.info, "%s received and ignored", signal.Signals(signum).name)
+    await server.start(sock)
     collect_task = asyncio.create_task(collector.run_forever(), name="collect")
-    server_task = asyncio.create_task(server.serve(sockets=[sock]), name="http")
     watch_task = asyncio.create_task(web.watch(), name="web-config") if web else None
     freeze_task = asyncio.create_task(_freeze_after_first_cycle(collector)) if own_process else None
     log.info("listening on %s (%s%s), %d source(s), interval %gs", config.listen,
              "https" if ssl_context else "http", ", basic auth" if web and web.auth_enabled else "",
              len(sources), config.interval_s)
     stop_task = asyncio.create_task(stop.wait())
-    await asyncio.wait({collect_task, server_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-    server.stop()
-    collect_task.cancel()
-    for side_task in (watch_task, freeze_task):
-        if side_task is not None:
-            side_task.cancel()
-    for task in (collect_task, server_task):
+    try:
+        await asyncio.wait({collect_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        collect_task.cancel()
+        for side_task in (watch_task, freeze_task, *side_tasks):
+            if side_task is not None:
+                side_task.cancel()
+        await server.stop()
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-            await asyncio.wait_for(task, timeout=5)
-    stop_task.cancel()
-    await collector.close()
-    for task in (collect_task, server_task):
-        if task.done() and not task.cancelled() and task.exception():
-            raise task.exception()
+            await asyncio.wait_for(collect_task, timeout=5)
+        stop_task.cancel()
+        await collector.close()
+    if collect_task.done() and not collect_task.cancelled() and collect_task.exception():
+        raise collect_task.exception()
+
+
+def _on_sighup(web: WebConfigManager | None, tasks: set[asyncio.Task]) -> None:
+    """SIGHUP: reload --web.config.file now (off the event loop) rather than at the next poll."""
+    if web is None:
+        log.info("SIGHUP received: no --web.config.file, nothing to reload")
+        return
+    task = asyncio.create_task(_reload_web(web), name="web-config-sighup")
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+
+
+async def _reload_web(web: WebConfigManager) -> None:
+    # reload() logs the one line: reloaded, refused (and why) or joined, each naming SIGHUP.
+    try:
+        await web.reload("SIGHUP")
+    except Exception:  # noqa: BLE001 - a reload bug must not end the process
+        log.exception("web config reload on SIGHUP failed")

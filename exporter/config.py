@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
+from exporter.yamlsafe import MAX_ECHO_CHARS, YamlLoadError, load_yaml_file, shorten
 
 GPU_BACKENDS = ("auto", "nvml", "sim", "none")
 DEFAULT_LISTEN = "0.0.0.0:9480"
@@ -33,7 +33,9 @@ class ConfigError(ValueError):
     """A bad configuration value; `field` and `value` name it."""
 
     def __init__(self, field_name: str, value: object, reason: str) -> None:
-        super().__init__(f"invalid {field_name}={value!r}: {reason}")
+        # Values come from files and flags: quote only the start of one (a YAML value can stand
+        # for millions of nodes), and keep the message on one line.
+        super().__init__(f"invalid {field_name}={shorten(repr(value))}: {shorten(reason, 4 * MAX_ECHO_CHARS)}")
         self.field = field_name
         self.value = value
 
@@ -380,12 +382,9 @@ def _engine_kinds() -> tuple[str, ...]:
 
 def _load_yaml(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle) or {}
-    except OSError as error:
-        raise ConfigError("config", path, error.strerror or str(error)) from None
-    except yaml.YAMLError as error:
-        raise ConfigError("config", path, f"not valid YAML ({str(error).splitlines()[0]})") from None
+        data = load_yaml_file(path) or {}
+    except YamlLoadError as error:
+        raise ConfigError("config", path, str(error)) from None
     if not isinstance(data, dict):
         raise ConfigError("config", path, "top level must be a mapping")
     return data

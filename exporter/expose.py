@@ -42,6 +42,10 @@ def format_labels(labels: Iterable[tuple[str, str]]) -> str:
 
 
 MAX_CACHED_LABEL_SETS = 50_000
+MAX_CACHED_LABEL_CHARS = 16 << 20
+"""The label-set cache is also cleared past this many characters (about bytes) of label text it
+holds: engines' label values are capped (exposition.MAX_LABEL_VALUE_LENGTH), but fresh long values
+every cycle would otherwise keep up to MAX_CACHED_LABEL_SETS of them formatted."""
 
 _name_of = itemgetter(0)
 _labels_of = itemgetter(1)
@@ -78,13 +82,15 @@ class Renderer:
     when the page has the same series in the same order, only the values are formatted, all in C
     loops. When it changes, each family's layout is rebuilt from per-family plans that are reused
     while that family's series are unchanged, so one engine going away does not re-sort the GPUs.
-    Caches are bounded: label sets cleared when full, one plan per catalogue family, one page
-    plan per format."""
+    Caches are bounded: label sets cleared when full (in entries or characters), one plan per
+    catalogue family and format (each the size of that family on the last page), one page plan per
+    format."""
 
-    __slots__ = ("_labels", "_pages", "_plans")
+    __slots__ = ("_label_chars", "_labels", "_pages", "_plans")
 
     def __init__(self) -> None:
         self._labels: dict[tuple, tuple[str, tuple]] = {}
+        self._label_chars = 0
         self._plans: dict[tuple[str, bool], tuple[tuple, list[int], list[str]]] = {}
         self._pages: dict[bool, _PagePlan] = {}
 
@@ -95,9 +101,13 @@ class Renderer:
             rest = tuple(p for p in labels if p[0] != "le")
             # Buckets of one series stay together and ascending; +Inf sorts last.
             sort_key = (rest, float(le) if le is not None else 0.0)
-            entry = (format_labels(labels), sort_key)
-            if len(self._labels) >= MAX_CACHED_LABEL_SETS:
+            text = format_labels(labels)
+            chars = 2 * len(text) + 100  # the key's strings, the text, the sort key (shares the key's)
+            if len(self._labels) >= MAX_CACHED_LABEL_SETS or self._label_chars + chars > MAX_CACHED_LABEL_CHARS:
                 self._labels.clear()
+                self._label_chars = 0
+            entry = (text, sort_key)
+            self._label_chars += chars
             self._labels[labels] = entry
         return entry
 

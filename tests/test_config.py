@@ -134,3 +134,57 @@ def test_cli_port_in_use_exits_2():
         result = _run_cli("run", "--listen", f"127.0.0.1:{port}", "--gpu-backend", "none", "--no-host")
     assert result.returncode == 2
     assert f"invalid listen='127.0.0.1:{port}'" in result.stderr
+
+
+def _laughs(levels: int) -> str:
+    lines = ['x0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + f"\ninterval: *a{levels - 1}\n"
+
+
+# Each is refused by the bounded YAML loader (exporter/yamlsafe.py); the bombs are sized so that
+# the code before it could expand them without taking the test process down.
+@pytest.mark.parametrize("text, needle", [
+    (_laughs(6), "nodes once aliases are expanded"),  # 9**6 strings from 500 bytes
+    ("x0: &a0 " + "x" * 16000 + "\n" + "".join(f"x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]\n"
+                                             for i in range(1, 4)) + "interval: *a3\n",
+     "characters of values once aliases are expanded"),  # 729 copies of a 16 KB value
+    ("a: &a [1]\n" + "".join(f"k{i}: *a\n" for i in range(101)), "more than 100 aliases"),
+    ("a: &a [*a]\ninterval: *a\n", "refers to a node that contains it"),
+    ("interval: " + "[" * 2000 + "]" * 2000 + "\n", "nest"),
+    ("interval: " + "9" * 5000 + "\n", "digits"),
+    ("interval: " + ":".join(["59"] * 10000) + "\n", "longer than 16384 characters"),  # base-60: quadratic
+    ("interval: *" + "z" * 100_000 + "\n", "undefined alias"),
+    ("x: " + "a" * (1 << 20) + "\n", "larger than 1048576 bytes"),
+    (b"interval: \xff\xfe\n", "not UTF-8"),
+], ids=["billion-laughs", "repeated-long-value", "many-aliases", "recursive-alias", "deep-nesting", "huge-int", "base-60-int",
+        "long-alias-name", "over-1-MiB", "not-utf8"])
+def test_hostile_yaml_config_is_refused_in_one_short_line(tmp_path, text, needle):
+    path = tmp_path / "c.yaml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config({"config": str(path)}, {})
+    message = str(caught.value)
+    assert caught.value.field == "config" and needle in message, message[:500]
+    assert "\n" not in message and len(message) < 600, message[:500]
+
+
+def test_yaml_anchors_and_merge_keys_still_work(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("defaults: &d {kind: vllm, timeout: 300ms}\n"
+                    "engines:\n  - {<<: *d, url: 'http://10.0.0.1:8000', name: a}\n"
+                    "  - {<<: *d, url: 'http://10.0.0.2:8000', name: b}\n")
+    config = load_config({"config": str(path)}, {})
+    assert [(t.name, t.kind, t.timeout_s) for t in config.engines] == [("a", "vllm", 0.3), ("b", "vllm", 0.3)]
+
+
+def test_a_huge_bad_value_is_quoted_only_in_part(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("interval: [" + ", ".join(["'fast'"] * 20_000) + "]\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config({"config": str(path)}, {})
+    message = str(caught.value)
+    assert caught.value.field == "interval" and len(message) < 1200 and "more characters" in message, message[:300]

@@ -12,6 +12,7 @@ from exporter.config import EngineTarget
 from exporter.sources.engines.scrape import EngineSource
 from tests.support import fake_engine, free_port
 from tests.test_collect import ScriptedSource
+from tests.test_http_client import offline_resolver
 
 VLLM = (pathlib.Path(__file__).parent / "fixtures" / "engines" / "vllm-v0.11__documented.prom").read_bytes()
 
@@ -54,6 +55,15 @@ def test_connection_refused():
     published = _collect(f"http://127.0.0.1:{free_port()}/metrics")
     assert _value(published, "llm_exporter_collect_errors_total", source="engine:t", reason="connection") == 1.0
     assert _value(published, "llm_engine_up", target="t") == 0.0
+
+
+def test_a_host_that_does_not_resolve_is_reason_dns(monkeypatch):
+    offline_resolver(monkeypatch)
+    published = _collect("http://no-such-host.invalid:9/metrics")
+    assert _value(published, "llm_exporter_collect_errors_total", source="engine:t", reason="dns") == 1.0
+    assert _value(published, "llm_engine_up", target="t") == 0.0
+    result = published.snapshot.results["engine:t"]
+    assert "Name or service not known" in result.error_message
 
 
 def test_timeout():

@@ -391,7 +391,7 @@ def test_new_name_wins_over_deprecated_twin() -> None:
 
 def test_units_are_converted_exactly() -> None:
     text = histogram("nv_inference_first_response_histogram_ms", 'model="m",version="1"',
-                     ["0.3", "250", "1000", "7.5"], [1, 2, 3, 4, 5], 12345.0)
+                     ["0.3", "250", "1000", "7.5"], [1, 3, 4, 2, 5], 12345.0)  # ascending by le
     text += 'nv_inference_queue_duration_us{model="m",version="1"} 2500000\n'
     result = run(text)
     bounds = [s.label("le") for s in result.samples if s.name == "llm_time_to_first_token_seconds_bucket"]
@@ -542,14 +542,15 @@ def test_docs_engines_md_is_generated_from_the_tables() -> None:
         "docs/engines.md is stale: python -m exporter.sources.engines.coverage > docs/engines.md")
 
 
-def test_bad_bucket_bound_is_noted_on_every_page() -> None:
+def test_bad_bucket_bound_drops_the_whole_histogram_and_is_counted_on_every_page() -> None:
     text = histogram("vllm:e2e_request_latency_seconds", 'model_name="m"', ["1.0"], [1, 2], 3.0)
     text = text.replace('le="1.0"', 'le="NaN"')
     state = NormalizerState()
-    for _ in range(2):
+    for _ in range(3):  # the plan (recorded on the second page) replays the drop
         result = run(text, state=state)
         assert any("bad le" in note for note in result.notes)
-        assert [s.label("le") for s in result.samples if s.name.endswith("_bucket")] == ["+Inf"]
+        assert not [s for s in result.samples if s.name.startswith("llm_e2e_request_latency_seconds")]
+        assert dict(result.drops) == {"histogram_bad_le": 4}  # two buckets, _count, _sum
 
 
 # ---------------------------------------------------------------------------------------------

@@ -249,6 +249,7 @@ def test_a_hung_resolver_holds_one_lookup_in_the_clients_own_thread(monkeypatch)
                 with pytest.raises(SourceError) as caught:
                     await client.get(max_body=1 << 20)
                 assert caught.value.reason == "timeout"
+                assert caught.value.message == "engine.example not resolved within 0.2s"
                 await asyncio.wait_for(asyncio.to_thread(lambda: None), 1.0)  # the shared pool is free
             release.set()
             try:
@@ -258,6 +259,29 @@ def test_a_hung_resolver_holds_one_lookup_in_the_clients_own_thread(monkeypatch)
         assert asyncio.run(run()) == BODY
     assert len(lookups) == 1 and lookups[0].startswith("resolve"), lookups
     assert server.requests[0].split(b"\r\n")[1] == f"Host: engine.example:{server.port}".encode()
+
+
+def offline_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """socket.getaddrinfo that answers loopback names and refuses names under .invalid as the OS
+    resolver does ("Name or service not known"). .invalid never resolves (RFC 6761), but the
+    system resolver would still ask the configured DNS server: traffic off this machine."""
+    real = socket.getaddrinfo
+
+    def resolve(host, *args, **kwargs):
+        if str(host).endswith(".invalid"):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        assert host in ("127.0.0.1", "localhost", "::1"), f"a test looked up {host}"
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+
+
+def test_a_host_name_that_does_not_resolve_is_reason_dns_with_the_resolvers_message(monkeypatch):
+    offline_resolver(monkeypatch)
+    error = failure("http://user:secret@no-such-host.invalid:9/metrics")
+    assert error.reason == "dns", error.message
+    assert "cannot resolve no-such-host.invalid: Name or service not known" in error.message
+    assert "secret" not in error.message
 
 
 def test_a_kept_connection_dropped_instead_of_answered_is_reported_not_retried():

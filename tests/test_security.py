@@ -11,6 +11,7 @@ import pathlib
 import ssl
 import subprocess
 import sys
+import time
 
 import bcrypt
 import httpx
@@ -212,15 +213,21 @@ def test_bad_web_config_at_reload_keeps_the_last_good_one(tmp_path, fast_reload,
     with running_exporter(_config(web), [ScriptedSource("a")]) as base:
         assert _metric(base, "llm_exporter_web_config_last_reload_successful", **one) == 1.0
         first_stamp = _metric(base, "llm_exporter_web_config_last_reload_success_timestamp_seconds", **one)
-        for bad in ("basic_auth_users: [unclosed\n", {"basic_auth_users": {"prometheus": "plaintext"}},
-                    {"tls_server_config": {"cert_file": "missing.crt", "key_file": "missing.key"}}):
+        def refusals() -> list:
+            return [r for r in caplog.records if "not reloaded" in r.getMessage()]
+
+        for edits, bad in enumerate(("basic_auth_users: [unclosed\n", {"basic_auth_users": {"prometheus": "plaintext"}},
+                                     {"tls_server_config": {"cert_file": "missing.crt", "key_file": "missing.key"}}), 1):
             _write_yaml(web, bad)
+            # Each edit is seen before the next is written (the metric alone is already 0 after the first).
+            assert wait_until(lambda n=edits: len(refusals()) >= n, timeout=10), bad
             assert wait_until(lambda: _metric(base, "llm_exporter_web_config_last_reload_successful", **one) == 0.0,
                               timeout=10), bad
             assert httpx.get(base + "/metrics", timeout=5, **one).status_code == 200  # the old users still hold
             assert httpx.get(base + "/metrics", timeout=5).status_code == 401  # and auth is still on
         assert _metric(base, "llm_exporter_web_config_last_reload_success_timestamp_seconds", **one) == first_stamp
-        failures = [r for r in caplog.records if "not reloaded" in r.getMessage()]
+        time.sleep(0.5)  # a few more polls of the last bad file
+        failures = refusals()
         assert len(failures) == 3 and str(web) in failures[0].getMessage()  # one line per bad edit, not per poll
 
         _write_yaml(web, {"basic_auth_users": {"prometheus": _hash("two")}})
@@ -232,8 +239,10 @@ def test_bad_web_config_at_reload_keeps_the_last_good_one(tmp_path, fast_reload,
                           timeout=10)
         assert _metric(base, "llm_exporter_web_config_last_reload_success_timestamp_seconds", **two) > first_stamp
 
-        _write_yaml(web, {})  # auth removed by a good file: open again
-        assert wait_until(lambda: httpx.get(base + "/metrics", timeout=5).status_code == 200, timeout=10)
+        _write_yaml(web, {})  # auth removed by a well-formed file: refused all the same (fail closed)
+        assert wait_until(lambda: _metric(base, "llm_exporter_web_config_last_reload_successful", **two) == 0.0,
+                          timeout=10)
+        assert httpx.get(base + "/metrics", timeout=5).status_code == 401
 
 
 def test_a_reload_that_names_files_not_there_yet_succeeds_once_they_appear(tmp_path, caplog):

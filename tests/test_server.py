@@ -70,6 +70,9 @@ def test_readyz_is_503_before_first_collection_and_metrics_too():
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             assert (await client.get("/readyz")).status_code == 503
             assert (await client.get("/metrics")).status_code == 503
+            assert (await client.get("/api/v1/snapshot")).json() == {"ready": False, "sources": {}}
+            assert (await client.get("/api/v1/diagnosis")).json()["ready"] is False
+            assert (await client.get("/")).status_code == 200
             await collector.collect_once()
             assert (await client.get("/readyz")).status_code == 200
             assert (await client.get("/metrics")).status_code == 200

@@ -12,7 +12,10 @@ FAMILIES = (
            "Unix time of the source's last successful collection; absent until the first success.",
            ("source",), "self"),
     family("llm_exporter_collect_errors_total", "counter", "errors",
-           "Failed collections of the source, by reason code.", ("source", "reason"), "self"),
+           "Failed collections of the source, by reason code: timeout, busy (the last one still running), "
+           "exception; engine targets: dns (the host name does not resolve), connection, tls, http_status, "
+           "too_large, parse, unknown_engine, credentials; gpu: the NVML state (nvml_init, no_gpus, ...); "
+           "host: procfs_missing.", ("source", "reason"), "self"),
     family("llm_exporter_collections_total", "counter", "cycles",
            "Collection cycles completed since the exporter started.", (), "self"),
     family("llm_exporter_cycle_duration_seconds", "gauge", "seconds",
@@ -20,13 +23,37 @@ FAMILIES = (
     family("llm_exporter_scrapes_rejected_total", "counter", "requests",
            "/metrics requests answered 503 because too many scrapes were in flight.", (), "self"),
     family("llm_exporter_series_dropped_total", "counter", "series",
-           "Series dropped by the cardinality limits, per source.", ("source",), "self"),
+           "Engine series dropped, per source and reason: cardinality (over max_series_per_target), "
+           "label_value_too_long, label_name_too_long, too_many_labels (the label limits, docs/security.md), "
+           "non_finite (NaN/Inf value), negative_counter, and invalid histograms dropped whole: "
+           "histogram_bad_le, histogram_no_inf, histogram_incomplete (no _count or _sum), "
+           "histogram_not_monotonic, histogram_count_mismatch (_count is not the +Inf bucket), "
+           "histogram_fractional_count.", ("source", "reason"), "self"),
     family("llm_exporter_web_config_last_reload_successful", "gauge", "bool",
            "1 when the last load of --web.config.file succeeded, 0 when a changed file was refused and the "
            "last good one is still in use; absent without a web config file.", (), "self"),
     family("llm_exporter_web_config_last_reload_success_timestamp_seconds", "gauge", "seconds",
            "Unix time of the last successful load of --web.config.file (start or reload); absent without "
            "a web config file.", (), "self"),
+    family("llm_exporter_http_auth_failures_total", "counter", "requests",
+           "Requests refused by basic auth, by reason: missing, malformed, unknown_user, bad_password, "
+           "overloaded (503: too many bcrypt checks waiting); absent without a web config file.",
+           ("reason",), "self"),
+    family("llm_exporter_http_connections_open", "gauge", "connections",
+           "HTTP connections open now (in the TLS handshake, idle, or serving a request).", (), "self"),
+    family("llm_exporter_http_connections_limit", "gauge", "connections",
+           "The bound on open HTTP connections (512, lower when the file descriptor limit is).", (), "self"),
+    family("llm_exporter_http_connections_rejected_total", "counter", "connections",
+           "HTTP connections the exporter closed on its own, by reason: too_many (every slot was serving a "
+           "request), evicted (the oldest idle one, to admit a new one), tls_handshake (failed or over 10 s), "
+           "idle_timeout (no request head begun: 10 s after connecting, 30 s after a response), header_timeout "
+           "(a request head or body not complete within 10 s), write_timeout (the client read nothing for "
+           "10 s), bad_request (a malformed or oversized request head).", ("reason",), "self"),
+    family("llm_exporter_http_requests_rejected_total", "counter", "requests",
+           "Requests for /api/v1/snapshot, /api/v1/diagnosis and / (the twin of "
+           "llm_exporter_scrapes_rejected_total), by reason: too_many (503: as many in flight as the /metrics "
+           "cap), too_large (the page was over its 8 MiB cap: the snapshot without samples, the others 503).",
+           ("path", "reason"), "self"),
     family("llm_exporter_build_info", "gauge", "info",
            "Always 1; the labels carry the exporter version and Python version.", ("version", "python"), "self"),
 )

@@ -5,12 +5,19 @@ The window's histogram is the current cumulative bucket counts minus those of a 
 linearly inside the bucket, exactly like PromQL's histogram_quantile(), so the numbers match a
 Grafana panel built on the same buckets. Attainment counts the bucket whose bound is the closest
 at or below the threshold: a lower bound can only understate attainment, never flatter it.
+
+The engine's histograms are validated before they get here (normalize.py drops one whose counts
+fall as `le` rises), but a window's counts are differences of two such pages, and those need not
+be monotonic: a bucket's own count can fall between pages while every cumulative count rises. Like
+PromQL's histogram_quantile(), tail() first raises each count to the largest below it, so
+quantiles stay within the bounds and attainment within [0, 1].
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import NamedTuple
 
 from exporter.derive.view import Histogram
@@ -84,6 +91,7 @@ def compute(kind: str, delta: Histogram, threshold: float | None) -> Tail:
 
 def tail(kind: str, bounds: Sequence[float], counts: Sequence[float], threshold: float | None) -> Tail:
     """compute() on the bucket bounds and window counts as they are (no Histogram to build)."""
+    counts = tuple(accumulate(counts, max))  # monotonic, as histogram_quantile() makes them
     qs = tuple((q, v) for q in QUANTILES if (v := histogram_quantile(q, bounds, counts)) is not None)
     bound = att = None
     note = ""

@@ -11,7 +11,8 @@ from exporter.snapshot import Sample
 
 class SourceError(Exception):
     """A failure the source understood. `reason` is a short bounded code used as a label value
-    (`timeout`, `connection`, `http_status`, `parse`, `too_large`, `nvml_init`, ...)."""
+    (`timeout`, `dns`, `connection`, `http_status`, `parse`, `too_large`, `nvml_init`, ...; the
+    list is in the help of llm_exporter_collect_errors_total, exporter/catalog/self_health.py)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)

@@ -12,6 +12,12 @@ measures the speed.
 
 Timestamps come back in seconds: the text format writes integer milliseconds, OpenMetrics seconds.
 A page is OpenMetrics when it has a `# EOF` line (mandatory there); nothing after it is read.
+
+Hostile pages: every pass over the text is linear in its length (no search that restarts from a
+line's start, no regular expression that backtracks over a label block; tests/test_hardening_parse.py
+bounds the CPU time per byte), and a kept series whose labels exceed the limits below is rejected
+(counted in `Exposition.rejected` by reason), never cached or passed on: a 1 MB label value would
+otherwise be copied into every cache and every exported series of the target.
 """
 
 from __future__ import annotations
@@ -50,6 +56,32 @@ _UNESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _NAN_SPELLINGS = frozenset({"nan", "-nan", "NaN", "-NaN", "-nan(ind)", "nan(ind)", "+nan"})
 
 MAX_CACHED_LABEL_SETS = 20_000
+MAX_CACHED_CHARS = 8 << 20
+"""What a LabelCache may hold, in characters of its keys and values (about bytes for the ASCII that
+engines print): a warm cache takes about 2.3 times its page (0.7 M for bench_parser's 290 KB
+four-engine vLLM page), so pages up to about 3.5 MB stay warm. Entries alone do not bound memory
+when every label value is long."""
+MAX_CACHED_LINE_LENGTH = 64 << 10
+"""Lines (heads, comments) longer than this are parsed every time, never cached: caching a few
+fresh megabyte-long lines per scrape would only evict everything else."""
+_ENTRY_OVERHEAD = 100
+"""Approximate bytes of dict slot, tuple and str headers per cached entry, for the accounting."""
+
+MAX_LABEL_VALUE_LENGTH = 4096
+"""Longest label value kept, in characters. 4096 is PATH_MAX: a model given as a local path fits
+(real engines print values of at most a few hundred characters: model names, paths, LoRA names);
+a longer one is no name but an attack or a bug, and it would be copied onto every normalized series
+of the target and every cache on the way."""
+MAX_LABEL_NAME_LENGTH = 256
+"""Longest label name kept (engines use names of under 40 characters)."""
+MAX_LABELS_PER_SERIES = 64
+"""Most labels one series may carry (vLLM's cache_config_info, the widest seen, has about 20)."""
+LABEL_VALUE_TOO_LONG = "label_value_too_long"
+LABEL_NAME_TOO_LONG = "label_name_too_long"
+TOO_MANY_LABELS = "too_many_labels"
+# An OpenMetrics end line: `# EOF` with nothing but blanks around it on its line. One forward scan
+# (re.M), so a line of many `# EOF` costs its length once.
+_EOF_RE = re.compile(r"^[^\S\n]*# EOF[^\S\n]*$", re.M)
 
 
 class ExpositionError(ValueError):
@@ -67,6 +99,30 @@ class Exposition:
     types: dict[str, str] = field(default_factory=dict)
     dropped_samples: int = 0
     openmetrics_eof: bool = False
+    rejected: dict[str, int] = field(default_factory=dict)
+    """Kept samples refused for their labels, by reason (LABEL_VALUE_TOO_LONG, ...)."""
+
+
+class LabelLimitExceeded(Exception):
+    """A label block over MAX_LABEL_VALUE_LENGTH, MAX_LABEL_NAME_LENGTH or MAX_LABELS_PER_SERIES."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def label_limit(raw: str, labels: Labels) -> str | None:
+    """The limit a parsed label block breaks, or None."""
+    if len(labels) > MAX_LABELS_PER_SERIES:
+        return TOO_MANY_LABELS
+    if len(raw) <= MAX_LABEL_NAME_LENGTH:  # no name or value can be longer than the block
+        return None
+    for name, value in labels:
+        if len(value) > MAX_LABEL_VALUE_LENGTH:
+            return LABEL_VALUE_TOO_LONG
+        if len(name) > MAX_LABEL_NAME_LENGTH:
+            return LABEL_NAME_TOO_LONG
+    return None
 
 
 _UNSEEN = object()
@@ -76,12 +132,13 @@ class LabelCache:
     """Parsed label blocks keyed by their raw text, parsed line heads (`name{labels}`, the text
     before a sample line's value) keyed by theirs, and comment lines (what a TYPE line declares).
     Keep one per target across scrapes. Bounded: all are cleared when together they hold
-    max_entries, which costs one re-parse per series and never grows without limit (a cardinality
-    bomb cannot pin memory)."""
+    max_entries, or max_chars characters of keys and values, which costs one re-parse per series
+    and never grows without limit (a cardinality bomb or fresh long label values cannot pin
+    memory). Label blocks over the label limits are never cached."""
 
-    __slots__ = ("_comments", "_entries", "_heads", "_heads_keep", "max_entries")
+    __slots__ = ("_chars", "_comments", "_entries", "_heads", "_heads_keep", "max_chars", "max_entries")
 
-    def __init__(self, max_entries: int = MAX_CACHED_LABEL_SETS) -> None:
+    def __init__(self, max_entries: int = MAX_CACHED_LABEL_SETS, max_chars: int = MAX_CACHED_CHARS) -> None:
         self._entries: dict[str, Labels] = {}
         # head -> (name, labels); labels None when the `keep` filter drops the series
         self._heads: dict[str, tuple[str, Labels | None]] = {}
@@ -90,22 +147,33 @@ class LabelCache:
         # comment line -> (family, type) for a TYPE line, None for any other comment
         self._comments: dict[str, tuple[str, str] | None] = {}
         self.max_entries = max_entries
+        self.max_chars = max_chars
+        self._chars = 0
 
     def get(self, raw: str, line_number: int) -> Labels:
+        """The parsed block; raises ExpositionError when it is malformed, LabelLimitExceeded when
+        it is over a label limit (neither is cached)."""
         labels = self._entries.get(raw)
         if labels is None:
             labels = parse_label_block(raw, line_number)
-            self._make_room()
+            over = label_limit(raw, labels)
+            if over is not None:
+                raise LabelLimitExceeded(over)
+            self._make_room(2 * len(raw))  # the key, and the names and values parsed out of it
             self._entries[raw] = labels
         return labels
 
     def _remember_head(self, head: str, name: str, labels: Labels | None) -> None:
+        if len(head) > MAX_CACHED_LINE_LENGTH:
+            return
         if head not in self._heads:
-            self._make_room()
+            self._make_room(len(head))
         self._heads[head] = (name, labels)
 
     def _remember_comment(self, line: str, declared: tuple[str, str] | None) -> None:
-        self._make_room()
+        if len(line) > MAX_CACHED_LINE_LENGTH:
+            return
+        self._make_room(len(line))
         self._comments[line] = declared
 
     def _use_filter(self, keep: Callable[[str], bool] | None) -> None:
@@ -114,11 +182,21 @@ class LabelCache:
             self._heads.clear()
             self._heads_keep = keep
 
-    def _make_room(self) -> None:
-        if len(self) >= self.max_entries:
+    def _make_room(self, chars: int = 0) -> None:
+        """Account for an entry of `chars` characters about to be added, clearing all first when
+        it would not fit."""
+        chars += _ENTRY_OVERHEAD
+        if len(self) >= self.max_entries or self._chars + chars > self.max_chars:
             self._entries.clear()
             self._heads.clear()
             self._comments.clear()
+            self._chars = 0
+        self._chars += chars
+
+    @property
+    def chars(self) -> int:
+        """The characters (about bytes) accounted to the cached entries."""
+        return self._chars
 
     def __len__(self) -> int:
         return len(self._entries) + len(self._heads) + len(self._comments)
@@ -179,18 +257,12 @@ def parse_value(text: str, line_number: int = 0) -> float:
 
 def _split_at_eof(text: str) -> tuple[str, bool]:
     """The page up to an OpenMetrics `# EOF` line, and whether there was one."""
-    start = 0
-    while True:
-        at = text.find("# EOF", start)
-        if at == -1:
-            return text, False
-        line_end = text.find("\n", at)
-        if line_end == -1:
-            line_end = len(text)
-        line_start = text.rfind("\n", 0, at) + 1
-        if not text[line_start:at].strip() and not text[at + 5 : line_end].strip():
-            return text[:line_start], True
-        start = at + 5
+    if "# EOF" not in text:  # most pages (text format 0.0.4): one C-level scan
+        return text, False
+    match = _EOF_RE.search(text)
+    if match is None:
+        return text, False
+    return text[: match.start()], True
 
 
 def _diagnose(line: str) -> str:
@@ -205,12 +277,13 @@ def _diagnose(line: str) -> str:
 class _Parser:
     """Everything the head cache does not answer: new series, comments, odd lines, errors."""
 
-    __slots__ = ("cache", "dropped", "keep", "limit", "ms", "names", "samples", "types", "verdicts")
+    __slots__ = ("cache", "dropped", "keep", "limit", "ms", "names", "rejected", "samples", "types", "verdicts")
 
     def __init__(self, result: Exposition, cache: LabelCache, keep, limit: int, ms: float) -> None:
         self.cache = cache
         self.samples = result.samples
         self.types = result.types
+        self.rejected = result.rejected
         self.keep = keep
         self.limit = limit
         self.ms = ms
@@ -223,6 +296,9 @@ class _Parser:
         if verdict is None:
             verdict = self.verdicts[name] = self.keep is None or bool(self.keep(name))
         return verdict
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
     def miss(self, line: str, head: str, value: str) -> None:
         """A line whose head is not cached. The common shape `name{labels} value` is split with
@@ -270,13 +346,20 @@ class _Parser:
                 except ExpositionError:  # not a plain label block: an exemplar, or an error
                     self.line(line)
                     return
+                except LabelLimitExceeded as over:
+                    self.reject(over.reason)
+                    return
         else:
             labels = ()
         samples.append((name, labels, number, None))
-        heads = cache._heads
-        if len(heads) + len(cache._entries) >= cache.max_entries:
-            cache._make_room()
-        heads[head] = (name, labels)
+        if len(head) <= MAX_CACHED_LINE_LENGTH:
+            heads = cache._heads
+            chars = len(head) + _ENTRY_OVERHEAD
+            if len(heads) + len(cache._entries) >= cache.max_entries or cache._chars + chars > cache.max_chars:
+                cache._make_room()
+                chars -= _ENTRY_OVERHEAD  # _make_room counted it
+            cache._chars += chars
+            heads[head] = (name, labels)
 
     def comment(self, line: str) -> None:
         """A line starting with '#': HELP and TYPE lines repeat on every page, so each is read once."""
@@ -306,7 +389,11 @@ class _Parser:
         if len(self.samples) == self.limit:
             self.dropped += 1
             return
-        labels = self.cache.get(raw, 0) if raw else ()
+        try:
+            labels = self.cache.get(raw, 0) if raw else ()
+        except LabelLimitExceeded as over:
+            self.reject(over.reason)
+            return
         number = parse_value(value)
         if timestamp is None:
             self.samples.append((name, labels, number, None))

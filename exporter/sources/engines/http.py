@@ -16,8 +16,9 @@ This client does only what a scrape needs:
   fetched, with the credentials given by the caller;
 - a host name is resolved in the client's own thread, one lookup at a time, so a hung resolver
   costs one thread per target and never the event loop's shared executor;
-- failures raise SourceError with the reasons EngineSource has always used: timeout, connection,
-  tls, http_status, too_large. Messages carry the redacted URL, never a header value.
+- failures raise SourceError with the reasons EngineSource reports: timeout, dns (the host name
+  does not resolve; the resolver's own words in the message), connection, tls, http_status,
+  too_large. Messages carry the redacted URL, never a header value.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ _QUERY_SAFE = _PATH_SAFE + "?"
 
 class _ProtocolError(Exception):
     """The server's answer is not HTTP/1.x as we can read it (reason `connection`)."""
+
+
+class _ResolveError(Exception):
+    """The host name did not resolve (reason `dns`); the message is the resolver's."""
 
 
 class _Connection:
@@ -138,9 +143,8 @@ class HttpClient:
         except ValueError:
             raise SourceError("credentials", "a request header contains a line break or NUL") from None
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self, addresses: list[tuple[int, str]]) -> _Connection:
         tls_name = self._host if self._tls else None
-        addresses = [(socket.AF_UNSPEC, self._host)] if self._literal else await self._resolve()
         failure: OSError | None = None
         for family, address in addresses:
             try:
@@ -153,7 +157,12 @@ class HttpClient:
                 failure = error
                 continue
             return _Connection(reader, writer)
-        raise failure or OSError(f"{self._host} resolved to no address")
+        if failure is None:
+            raise _ResolveError(f"cannot resolve {self._host}: no address")
+        try:
+            raise failure
+        finally:
+            del failure  # its traceback holds this frame: no cycle through the local
 
     async def _resolve(self) -> list[tuple[int, str]]:
         """(family, address) for the host name, resolved in this client's own thread, one lookup
@@ -169,8 +178,8 @@ class HttpClient:
         lookup = self._resolving
         try:
             infos = await asyncio.shield(lookup)  # a timeout leaves the lookup to finish for the next cycle
-        except OSError as error:
-            raise OSError(f"cannot resolve {self._host}: {error.strerror or error}") from None
+        except OSError as error:  # socket.gaierror: "Name or service not known", ...
+            raise _ResolveError(f"cannot resolve {self._host}: {error.strerror or error}") from None
         finally:
             if lookup.done() and self._resolving is lookup:
                 self._resolving = None  # resolve afresh for the next connection
@@ -179,7 +188,7 @@ class HttpClient:
     async def get(self, *, headers: Mapping[str, str] | None = None, max_body: int) -> bytes:
         """The body of a 200 answer; anything else raises SourceError."""
         request = self._request(headers or {})
-        answered = False  # a status line arrived: a timeout from here on is a slow body
+        stage = "no answer"  # what a timeout interrupted, for its message
         conn: _Connection | None = None
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -188,8 +197,11 @@ class HttpClient:
                     conn.abort()
                     conn = None
                 if conn is None:
+                    stage = f"{self._host} not resolved"
+                    addresses = [(socket.AF_UNSPEC, self._host)] if self._literal else await self._resolve()
+                    stage = "no answer"
                     try:
-                        conn = await self._connect()
+                        conn = await self._connect(addresses)
                     except ssl.SSLCertVerificationError:
                         raise
                     except (OSError, ssl.SSLError) as error:
@@ -204,7 +216,7 @@ class HttpClient:
                     raise _Failure("RemoteProtocolError") from None  # closed without an answer
                 except ConnectionError:
                     raise _Failure("ReadError") from None
-                answered = True
+                stage = "body not complete"
                 if status != 200:
                     raise SourceError("http_status", f"HTTP {status} from {self._shown}")
                 body, reusable = await self._read_body(conn.reader, version, fields, max_body)
@@ -213,8 +225,9 @@ class HttpClient:
                 self._idle, conn = conn, None
             return body
         except TimeoutError:
-            what = "body not complete" if answered else "no answer"
-            raise SourceError("timeout", f"{what} within {self.timeout_s:g}s") from None
+            raise SourceError("timeout", f"{stage} within {self.timeout_s:g}s") from None
+        except _ResolveError as error:
+            raise SourceError("dns", f"{error} (for {self._shown})") from None
         except _Failure as failure:
             raise SourceError("connection", f"{failure.name} for {self._shown}") from None
         except ssl.SSLCertVerificationError:

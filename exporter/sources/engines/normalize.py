@@ -15,14 +15,20 @@ The per-engine modules are data (table.py explains the vocabulary); this module 
    the maximum (they are copies of one state, e.g. per-process copies, and for usage ratios the
    fullest copy is the one that limits);
 6. per normalized family keep only the highest-priority alias present (old/new name dedupe);
-7. drop incomplete histograms and non-finite values with a note, and bound the series count.
+7. validate: drop non-finite values, negative counters and whole histogram series that are not
+   valid (a bad or missing `le`, no +Inf bucket, no _count or _sum, counts that fall as `le` rises,
+   _count unequal to the +Inf bucket, negative or fractional counts), each with a note and counted
+   by reason in NormalizedScrape.drops, and bound the series count.
 
 Nothing is invented: a family the engine lacks has no series, never a zero.
 
 Steady state: an engine prints the same series in the same order on every scrape, and what steps
 3-7 decide depends only on the page's (name, labels) sequence and on which values are non-finite or
 below a sentinel minimum, not on the values themselves (products aside: a zero divisor drops one);
-the table variant is part of a page's keys. Once a page's keys repeat, the full pass records that
+the table variant is part of a page's keys. Validation depends on values too: a plan is only
+recorded from a page that passed it whole (but for non-finite values, which the mask covers), and
+a replay re-checks the plan's counters and histograms in a few C-level passes (_Checks) and takes
+the full pass when one fails. Once a page's keys repeat, the full pass records that
 decision as a _Plan: each output sample's name and labels and the scaled input samples it sums or
 maxes, in the full pass's order of float operations, the notes, and the shape of the products. While
 later pages have the same keys and the same value mask, normalize() only re-evaluates the plan (a
@@ -35,10 +41,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from itertools import repeat
-from operator import itemgetter
+from operator import gt, itemgetter, ne
 from types import MappingProxyType
 
 from prometheus_client.utils import floatToGoString
@@ -46,7 +52,7 @@ from prometheus_client.utils import floatToGoString
 from exporter.catalog import engine as engine_catalog
 from exporter.snapshot import Labels, Sample
 from exporter.sources.engines import llamacpp, lmdeploy, nim, sglang, tgi, triton, trtllm, vllm
-from exporter.sources.engines.exposition import ExpositionError, LabelCache, parse
+from exporter.sources.engines.exposition import MAX_CACHED_CHARS, ExpositionError, LabelCache, parse
 from exporter.sources.engines.table import Alias, EngineSpec, Product, When, Where
 
 __all__ = [
@@ -96,11 +102,41 @@ ABSENT_MODELS = frozenset({"", "undefined", "None"})
 """Model label values that mean "no model" (trtllm-serve's first release printed `undefined`)."""
 MAX_NOTES = 16
 MAX_MAPPED_LABEL_SETS = 20_000
+MAX_MAPPED_LABEL_CHARS = MAX_CACHED_CHARS
+"""The route caches are cleared past this many characters of engine label values (about bytes):
+they keep label tuples alive after the parser's cache has let them go."""
 MAX_LE_FORMATS = 4_096
+MAX_CACHED_LE_LENGTH = 64
+"""Bucket bounds longer than this (no float needs more than 24 characters) are formatted every
+time, not cached."""
 MAX_PLAN_SAMPLES = 20_000
 """A page with more parsed samples than this is not planned (the state keeps no per-page record of
 it): a cardinality bomb costs the full pass every cycle but pins no memory."""
 _HISTOGRAM_PARTS = ("_bucket", "_sum", "_count")
+
+# Reasons of NormalizedScrape.drops (with the parser's label-limit reasons): the `reason` label of
+# llm_exporter_series_dropped_total.
+CARDINALITY = "cardinality"
+NON_FINITE = "non_finite"
+NEGATIVE_COUNTER = "negative_counter"
+HISTOGRAM_BAD_LE = "histogram_bad_le"
+HISTOGRAM_NO_INF = "histogram_no_inf"
+HISTOGRAM_INCOMPLETE = "histogram_incomplete"
+HISTOGRAM_NOT_MONOTONIC = "histogram_not_monotonic"
+HISTOGRAM_COUNT_MISMATCH = "histogram_count_mismatch"
+HISTOGRAM_FRACTIONAL = "histogram_fractional_count"
+_FAULT_NOTES: Mapping[str, str] = MappingProxyType({
+    NON_FINITE: "a non-finite", NEGATIVE_COUNTER: "a negative", HISTOGRAM_BAD_LE: "a bad le in a",
+    HISTOGRAM_NO_INF: "an incomplete (no +Inf bucket)", HISTOGRAM_INCOMPLETE: "an incomplete (no _count or _sum)",
+    HISTOGRAM_NOT_MONOTONIC: "a non-monotonic (counts fall as le rises)",
+    HISTOGRAM_COUNT_MISMATCH: "an inconsistent (_count is not the +Inf bucket)",
+    HISTOGRAM_FRACTIONAL: "a fractional-count",
+})
+_VALUE_FAULTS = frozenset({NEGATIVE_COUNTER, HISTOGRAM_NOT_MONOTONIC, HISTOGRAM_COUNT_MISMATCH, HISTOGRAM_FRACTIONAL})
+"""Faults decided by values that a plan's keys and mask do not fix: a page with one is not planned."""
+_BAD_LE_TEXT = "bad"
+"""The `le` of a bucket whose bound is not a number, until its histogram is dropped whole."""
+_INF = math.inf
 
 
 class UnknownEngineError(ValueError):
@@ -276,6 +312,9 @@ class NormalizedScrape:
     """Normalized samples cut by `max_series`."""
     notes: tuple[str, ...]
     """What was dropped or assumed on this page, one line each (bounded)."""
+    drops: Mapping[str, int] = field(default_factory=dict)
+    """Series dropped on this page by reason (CARDINALITY, NON_FINITE, ..., and the parser's
+    label-limit reasons); a histogram counts each of its series (buckets, _sum, _count)."""
 
 
 class NormalizerState:
@@ -286,7 +325,8 @@ class NormalizerState:
     page whose keys repeated (see the module docstring). Every cache is bounded and simply cleared
     when full; the plan is one page's, and only for a page of at most MAX_PLAN_SAMPLES samples."""
 
-    __slots__ = ("_entries", "_entries_for", "_entry_count", "_le", "_plan", "_seen", "label_cache", "last_kind")
+    __slots__ = ("_entries", "_entries_for", "_entry_chars", "_entry_count", "_le", "_plan", "_seen", "label_cache",
+                 "last_kind")
 
     def __init__(self) -> None:
         self.label_cache = LabelCache()
@@ -294,6 +334,7 @@ class NormalizerState:
         self._entries: list[dict[Labels, object]] = []
         self._entries_for: tuple[str, str] | None = None
         self._entry_count = 0
+        self._entry_chars = 0
         self._le: dict[tuple[str, float], str | None] = {}
         self._plan: _Plan | None = None
         self._seen: tuple | None = None
@@ -301,14 +342,17 @@ class NormalizerState:
 
     def route_entries(self, kind: str, target: str, route_count: int) -> list[dict[Labels, object]]:
         """One dict per route of `kind`: engine labels -> mapped entry (see _Run._entry)."""
-        if self._entries_for != (kind, target) or self._entry_count >= MAX_MAPPED_LABEL_SETS:
+        if (self._entries_for != (kind, target) or self._entry_count >= MAX_MAPPED_LABEL_SETS
+                or self._entry_chars >= MAX_MAPPED_LABEL_CHARS):
             self._entries = [{} for _ in range(route_count)]
             self._entries_for = (kind, target)
             self._entry_count = 0
+            self._entry_chars = 0
         return self._entries
 
-    def counted(self, added: int) -> None:
+    def counted(self, added: int, chars: int = 0) -> None:
         self._entry_count += added
+        self._entry_chars += chars
 
     def room(self) -> int:
         """How many more label sets the route caches may take before the next clear. A page with
@@ -316,7 +360,13 @@ class NormalizerState:
         so what the state keeps between cycles stays bounded by MAX_MAPPED_LABEL_SETS."""
         return max(0, MAX_MAPPED_LABEL_SETS - self._entry_count)
 
+    def chars_room(self) -> int:
+        """Likewise in characters of label values: bounded by MAX_MAPPED_LABEL_CHARS."""
+        return max(0, MAX_MAPPED_LABEL_CHARS - self._entry_chars)
+
     def format_le(self, raw: str, scale: float) -> str | None:
+        if len(raw) > MAX_CACHED_LE_LENGTH:
+            return _format_le(raw, scale)
         key = (raw, scale)
         formatted = self._le.get(key, "")
         if formatted == "":
@@ -381,7 +431,7 @@ def _normalize(text: str, target: str, kind: str | None, state: NormalizerState,
     if plan is not None and plan.fits(compiled.key, target, max_series, names, labels, values):
         replayed = plan.replay(compiled, state, dict(notes), target, values)
     if replayed is not None:
-        model, samples, unmapped, dropped, notes = replayed
+        model, samples, unmapped, dropped, notes, drops = replayed
     elif replay_only:
         return None
     else:
@@ -392,9 +442,15 @@ def _normalize(text: str, target: str, kind: str | None, state: NormalizerState,
         run = _Run(compiled, state, notes, target, record=record)
         run.consume(parsed)
         samples, dropped = run.finish(max_series)
-        model, unmapped = run.model, run.unmapped
-        state._plan = run.plan(compiled.key, max_series, names, labels, values, dropped) if record else None
+        model, unmapped, drops = run.model, run.unmapped, run.drops
+        # A page that failed validation on its values is not planned: the next one may pass.
+        planned = record and not run.invalid
+        state._plan = run.plan(compiled.key, max_series, names, labels, values, dropped) if planned else None
         state._seen = seen
+    if exposition.rejected:
+        drops = dict(drops)
+        for reason, count in exposition.rejected.items():
+            drops[reason] = drops.get(reason, 0) + count
     return NormalizedScrape(
         kind=kind,
         flavor=_flavor(text, compiled.spec),
@@ -403,7 +459,11 @@ def _normalize(text: str, target: str, kind: str | None, state: NormalizerState,
         unmapped_samples=exposition.dropped_samples + unmapped,
         dropped_series=dropped,
         notes=tuple(notes)[:MAX_NOTES],
+        drops=MappingProxyType(dict(drops)) if drops else _NO_DROPS,
     )
+
+
+_NO_DROPS: Mapping[str, int] = MappingProxyType({})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -534,8 +594,6 @@ def _label_tuple(target: str, kind: str, model: str | None, rank: str | None, re
 
 _SKIP = False
 """Entry of a label set that is a tensor-parallel copy (kept by rank 0)."""
-_BAD_LE: tuple = ()
-"""Entry of a bucket whose `le` is not a number (noted on every page, not only the first)."""
 
 _NOTE, _MINIMUM, _TERM = 0, 1, 2
 """Kinds of _Run.events, what a replay redoes in page order: a fixed note, the value-dependent note
@@ -580,6 +638,13 @@ class _Run:
         self.minimum_checks: list[tuple[int, float]] = []
         self.refs: list[tuple[tuple[str, int], tuple[str, Labels]]] = []
         self.note_log: list[str] | None = None
+        self.drops: dict[str, int] = {}
+        """Series dropped by reason (NormalizedScrape.drops)."""
+        self.invalid = False
+        """A drop decided by values (not by the page's keys and non-finite mask): no plan."""
+
+    def drop(self, reason: str, count: int = 1) -> None:
+        self.drops[reason] = self.drops.get(reason, 0) + count
 
     def note(self, text: str) -> None:
         if self.note_log is not None:
@@ -589,8 +654,9 @@ class _Run:
 
     def _entry(self, route: _Route, labels: Labels) -> object:
         """What a label set becomes under a route: None when the route does not apply (selector,
-        bucket without le), _SKIP for a rank copy, _BAD_LE for an unusable bound, else (labels out,
-        group labels, model, parts) where parts rebuild the labels once the page's model is known."""
+        bucket without le), _SKIP for a rank copy, else (labels out, group labels, model, parts)
+        where parts rebuild the labels once the page's model is known. A bucket whose bound is not
+        a number gets le=_BAD_LE_TEXT, so that its whole histogram is dropped by finish()."""
         mapped = _map_labels(labels, self.compiled.spec)
         if mapped is None:
             return _SKIP
@@ -602,7 +668,7 @@ class _Run:
                 return None
             le = self.state.format_le(le, route.scale)
             if le is None:
-                return _BAD_LE
+                le = _BAD_LE_TEXT
         else:
             le = None
         reason = (reason or route.reason) if route.reason is not None else None
@@ -620,8 +686,9 @@ class _Run:
         record = self.record
         sources = self.sources
         events = self.events
-        added = 0
+        added = added_chars = 0
         room = self.state.room()
+        chars_room = self.state.chars_room()
         for index, (name, labels, value, _timestamp) in enumerate(samples):
             used = skipped = False
             for route in routes_of.get(name, ()):
@@ -629,25 +696,23 @@ class _Run:
                 entry = cache.get(labels, None)
                 if entry is None and labels not in cache:
                     entry = self._entry(route, labels)
-                    if added < room:
+                    if added < room and added_chars < chars_room:
                         cache[labels] = entry
                         added += 1
+                        added_chars += _labels_chars(labels)
                 if not entry:
                     skipped = skipped or entry is _SKIP
-                    if entry is _BAD_LE:
-                        used = True
-                        text = f"dropped a bucket of {route.source} with a bad le"
-                        self.note(text)
-                        if record:
-                            events.append((_NOTE, text))
                     continue
                 used = True
                 out, group, model, parts = entry
                 if record and route.minimum is not None:
                     self.minimum_checks.append((index, route.minimum))
-                if value - value != 0.0:  # NaN or +-Inf, without two calls into math
+                # NaN or +-Inf, without two calls into math. A histogram part goes on: finish()
+                # drops its whole histogram.
+                if value - value != 0.0 and not route.part:
                     text = f"dropped a non-finite value of {route.source}"
                     self.note(text)
+                    self.drop(NON_FINITE)
                     if record:
                         events.append((_NOTE, text))
                     continue
@@ -691,7 +756,7 @@ class _Run:
                         events.append((_TERM, term, mapped, labels, index))
             if not used and not skipped:
                 self.unmapped += 1
-        self.state.counted(added)
+        self.state.counted(added, added_chars)
 
     def _add_term(self, term: _TermRoute, mapped: tuple, labels: Labels, value: float) -> None:
         model, rank = mapped[0], mapped[1]
@@ -807,6 +872,12 @@ class _Run:
                 continue
             room = max_series - len(samples)
             items = list(chosen.items())
+            if types[family] == "counter" and min(chosen.values(), default=0.0) < 0.0:
+                negative = [item for item in items if item[1] < 0.0]
+                self.note(f"dropped {len(negative)} negative {family} series")
+                self.drop(NEGATIVE_COUNTER, len(negative))
+                self.invalid = True
+                items = [item for item in items if not item[1] < 0.0]
             dropped += max(0, len(items) - room)
             kept = items[:max(room, 0)]
             samples.extend([Sample(name, labels, value) for (name, labels), value in kept])
@@ -814,6 +885,7 @@ class _Run:
                 self.refs.extend([((family, priority), key) for key, _value in kept])
         if dropped:
             self.note(f"dropped {dropped} series over the limit of {max_series}")
+            self.drop(CARDINALITY, dropped)
         return tuple(samples), dropped
 
     def _emit_histograms(self, slot: tuple[str, int], chosen: dict, samples: list[Sample], max_series: int) -> int:
@@ -831,8 +903,12 @@ class _Run:
                 members.append((key, value))
         dropped = 0
         for members in groups.values():
-            if not _complete(family, members):
-                self.note(f"dropped an incomplete {family} histogram (no +Inf bucket or _count)")
+            fault = _histogram_fault(family, members)
+            if fault is not None:
+                self.note(f"dropped {_FAULT_NOTES[fault]} {family} histogram")
+                self.drop(fault, len(members))
+                # The others follow from the page's keys and non-finite mask, which a plan fits.
+                self.invalid = self.invalid or fault in _VALUE_FAULTS
                 continue
             if len(samples) + len(members) > max_series:
                 dropped += len(members)
@@ -874,7 +950,45 @@ class _Run:
             product_writes=self.product_writes, out_names=tuple(out_names), out_labels=tuple(out_labels),
             pick=_picker(first_index), scaled=tuple(scaled), folds=tuple(folds),
             products=tuple(products), finish_notes=tuple(self.note_log or ()), dropped=dropped,
+            drops=MappingProxyType(dict(self.drops)), checks=self._checks(),
         )
+
+    def _checks(self) -> _Checks:
+        """What a replay must re-check on the values of this run's output (see _Checks)."""
+        types = self.compiled.types
+        nonnegative: list[int] = []
+        histograms: dict[tuple[str, Labels], tuple[list, list, list]] = {}
+        for position, (slot, key) in enumerate(self.refs):
+            family = slot[0]
+            kind = types[family]
+            if kind == "counter":
+                nonnegative.append(position)
+            elif kind == "histogram":
+                nonnegative.append(position)
+                buckets, counts, _ = entry = histograms.setdefault((family, self.group_of[key]), ([], [], []))
+                name = key[0]
+                if name.endswith("_bucket"):
+                    buckets.append((float(dict(key[1])["le"]), position))
+                elif name.endswith("_count"):
+                    counts.append(position)
+                else:
+                    entry[2].append(position)
+        lower: list[int] = []
+        upper: list[int] = []
+        last: list[int] = []
+        totals: list[int] = []
+        whole: list[int] = []
+        for buckets, counts, _ in histograms.values():
+            buckets.sort()
+            order = [position for _, position in buckets]
+            lower.extend(order[:-1])
+            upper.extend(order[1:])
+            last.append(order[-1])
+            totals.append(counts[0])
+            whole.extend(order)
+            whole.append(counts[0])
+        return _Checks(_positions(nonnegative), _positions(lower), _positions(upper), _positions(last),
+                       _positions(totals), _positions(whole))
 
 
 _new_sample = tuple.__new__
@@ -914,6 +1028,9 @@ class _Plan:
     products: tuple[tuple[int, tuple[str, int], tuple[str, Labels]], ...]
     finish_notes: tuple[str, ...]
     dropped: int
+    drops: Mapping[str, int]
+    """The run's drops by reason: the same for every page that fits (non-finite values only)."""
+    checks: _Checks
 
     def fits(self, kind: str, target: str, max_series: int, names: tuple, labels: tuple,
              values: tuple) -> bool:
@@ -923,8 +1040,9 @@ class _Plan:
 
     def replay(self, compiled: _Compiled, state: NormalizerState, notes: dict[str, None], target: str,
                values: tuple) -> tuple | None:
-        """(model, samples, unmapped, dropped, notes) of a page that fits, or None when its products
-        come out in another shape (a division by zero appeared or went away)."""
+        """(model, samples, unmapped, dropped, notes, drops) of a page that fits, or None when its
+        products come out in another shape (a division by zero appeared or went away) or its values
+        fail validation (the full pass then says which)."""
         run = _Run(compiled, state, notes, target)
         run.model = self.model
         for event in self.events:
@@ -945,10 +1063,54 @@ class _Plan:
         candidates = run.candidates
         for position, slot, key in self.products:
             out[position] = candidates[slot][key]
+        if not self.checks.passed(out):
+            return None
         for text in self.finish_notes:
             run.note(text)
         samples = tuple(map(_new_sample, repeat(Sample), zip(self.out_names, self.out_labels, out, strict=True)))
-        return self.model, samples, self.unmapped, self.dropped, notes
+        return self.model, samples, self.unmapped, self.dropped, notes, self.drops
+
+
+@dataclass(frozen=True, slots=True)
+class _Checks:
+    """Validation of a replayed page's output values, all C-level passes over positions: the
+    counters and histogram parts are not negative, each histogram's buckets do not fall as `le`
+    rises (`lower` <= `upper`, pairwise), its +Inf bucket (`last`) equals its _count (`totals`), and
+    its counts (`whole`) are whole numbers. Non-finite values change the plan's mask instead."""
+
+    nonnegative: Callable[[list], tuple]
+    lower: Callable[[list], tuple]
+    upper: Callable[[list], tuple]
+    last: Callable[[list], tuple]
+    totals: Callable[[list], tuple]
+    whole: Callable[[list], tuple]
+
+    def passed(self, out: list[float]) -> bool:
+        values = self.nonnegative(out)
+        if values and min(values) < 0.0:
+            return False
+        if any(map(gt, self.lower(out), self.upper(out))) or any(map(ne, self.last(out), self.totals(out))):
+            return False
+        return all(map(float.is_integer, self.whole(out)))
+
+
+def _positions(indexes: list[int]) -> Callable[[list], tuple]:
+    """The items at `indexes` as a tuple, in one C-level call."""
+    if not indexes:
+        return _nothing
+    if len(indexes) == 1:
+        only = indexes[0]
+        return lambda values: (values[only],)
+    return itemgetter(*indexes)
+
+
+def _nothing(_values: list) -> tuple:
+    return ()
+
+
+def _labels_chars(labels: Labels) -> int:
+    """Approximate size of a label set in characters, for the route caches' bound."""
+    return 16 * len(labels) + sum([len(value) for _, value in labels])
 
 
 def _picker(indexes: list[int]) -> Callable[[tuple[float, ...]], list[float]]:
@@ -981,16 +1143,43 @@ def _fold(values: tuple, groups: list, summed: bool) -> float:
     return total
 
 
-def _complete(family: str, members: list) -> bool:
-    has_inf = has_count = False
+def _histogram_fault(family: str, members: list) -> str | None:
+    """Why one histogram series (its buckets, _sum and _count after merging) is not valid, or None:
+    what a strict OpenMetrics parser and histogram_quantile() need. O(buckets), once per page that
+    takes the full pass; replays use _Checks."""
     bucket_name = family + "_bucket"
     count_name = family + "_count"
-    for (name, labels), _value in members:
-        if name == count_name:
-            has_count = True
-        elif name == bucket_name and ("le", "+Inf") in labels:
-            has_inf = True
-    return has_inf and has_count
+    buckets: list[tuple[float, float]] = []
+    count = total = None
+    for (name, labels), value in members:
+        if value - value != 0.0:
+            return NON_FINITE
+        if name == bucket_name:
+            le = next((v for k, v in labels if k == "le"), _BAD_LE_TEXT)
+            if le == _BAD_LE_TEXT:
+                return HISTOGRAM_BAD_LE
+            buckets.append((float(le), value))
+        elif name == count_name:
+            count = value
+        else:
+            total = value
+    buckets.sort()
+    if not buckets or buckets[-1][0] != _INF:
+        return HISTOGRAM_NO_INF
+    if count is None or total is None:
+        return HISTOGRAM_INCOMPLETE
+    if count < 0.0 or total < 0.0 or buckets[0][1] < 0.0:
+        return NEGATIVE_COUNTER
+    previous = 0.0
+    for _, value in buckets:
+        if value < previous:
+            return HISTOGRAM_NOT_MONOTONIC
+        previous = value
+    if count != previous:
+        return HISTOGRAM_COUNT_MISMATCH
+    if not count.is_integer() or not all(value.is_integer() for _, value in buckets):
+        return HISTOGRAM_FRACTIONAL
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

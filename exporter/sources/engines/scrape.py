@@ -20,6 +20,7 @@ from exporter.sources.engines.auth import CredentialError, TargetAuth, ssl_conte
 from exporter.sources.engines.exposition import ExpositionError
 from exporter.sources.engines.http import HttpClient
 from exporter.sources.engines.normalize import (
+    CARDINALITY,
     NormalizedScrape,
     NormalizerState,
     UnknownEngineError,
@@ -71,7 +72,10 @@ class EngineSource:
         self._state = NormalizerState()
         self._last_normalize: tuple[int, float] | None = None  # (page characters, CPU seconds)
         self._last_kind = target.kind or "unknown"
-        self._series_dropped = 0
+        # Series dropped since the start, by reason (cardinality always shown, 0 until it happens),
+        # and the reasons of the last normalized page: a log line when one starts or stops.
+        self._series_dropped: dict[str, int] = {CARDINALITY: 0}
+        self._dropping: frozenset[str] = frozenset()
 
     @property
     def attrs(self) -> Mapping[str, str]:
@@ -85,12 +89,16 @@ class EngineSource:
             headers = self._auth.headers()
         except CredentialError as error:
             raise SourceError("credentials", f"cannot read the credentials: {error}") from None
-        # timeout (connect + headers + body), http_status, too_large, tls, connection
+        # timeout (connect + headers + body), dns, http_status, too_large, tls, connection
         body = await self._client.get(headers=headers, max_body=self.max_payload_bytes)
         try:
             return body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise SourceError("parse", "payload is not UTF-8 text") from None
+        except UnicodeDecodeError as error:
+            at = error.start
+        # Raised outside the handler and without the body: the UnicodeDecodeError holds the whole
+        # page, and as this error's __context__ (or through this frame) it would live as long.
+        del body
+        raise SourceError("parse", f"payload is not UTF-8 text (byte {at})")
 
     def normalize_inline(self, size: int) -> bool:
         """Whether a page of `size` characters is cheap enough to normalize on the event loop."""
@@ -120,13 +128,30 @@ class EngineSource:
         except UnknownEngineError as error:
             raise SourceError("unknown_engine", str(error)) from None
         self._last_kind = scrape.kind
-        self._series_dropped += scrape.dropped_series
+        self._count_drops(scrape)
         extra = [
             Sample("llm_engine_info", labels_of(target=self.target.name, engine=scrape.kind, flavor=scrape.flavor), 1.0),
-            Sample("llm_exporter_series_dropped_total", labels_of(source=self.name), float(self._series_dropped)),
+            *(Sample("llm_exporter_series_dropped_total", labels_of(source=self.name, reason=reason), float(count))
+              for reason, count in self._series_dropped.items()),
         ]
         attrs = {"engine": scrape.kind, "flavor": scrape.flavor, "model": scrape.model}
         return SourceData(scrape.samples + tuple(extra), attrs)
+
+    def _count_drops(self, scrape: NormalizedScrape) -> None:
+        """Add the page's dropped series to the counters; log once when a reason starts (with the
+        page's notes, which say what) and once when it stops, not on every cycle."""
+        drops = scrape.drops
+        for reason, count in drops.items():
+            self._series_dropped[reason] = self._series_dropped.get(reason, 0) + count
+        reasons = frozenset(drops)
+        if reasons == self._dropping:
+            return
+        for reason in sorted(reasons - self._dropping):
+            log.warning("target %s: dropping series (%s): %d this scrape; %s", self.target.name, reason,
+                        drops[reason], "; ".join(scrape.notes)[:500] or "no notes")
+        for reason in sorted(self._dropping - reasons):
+            log.info("target %s: no longer dropping series (%s)", self.target.name, reason)
+        self._dropping = reasons
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -1,0 +1,158 @@
+"""YAML from files a user or a config-management system writes (--config, --web.config.file),
+loaded with bounds so that a hostile or broken file costs little and fails in one short line.
+
+yaml.safe_load builds no objects of arbitrary classes but still expands aliases: a "billion
+laughs" file of a few hundred bytes (nine aliases of nine aliases of ...) stands for billions of
+nodes. PyYAML shares the aliased objects, so loading stays small, but anything that then walks or
+prints the value (a validation error quoting it) expands it: seen as 11 GB of RSS and a 2 GB
+error line. So the loader counts the nodes the document stands for, with every alias counted as
+the whole subtree it refers to, and stops as soon as a bound is passed, before building more."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import yaml
+
+MAX_YAML_BYTES = 1 << 20  # a config file is a few KiB; refused before parsing, so parse time stays bounded
+MAX_YAML_ALIASES = 100  # anchors/merge keys for shared target defaults need a handful
+MAX_YAML_NODES = 100_000  # nodes the document stands for, aliases expanded
+MAX_YAML_CHARS = 2 * MAX_YAML_BYTES  # characters of values it stands for: aliases may repeat long ones
+MAX_YAML_DEPTH = 64  # the composer recurses per level; real configs nest 4 or 5 deep
+MAX_YAML_SCALAR_CHARS = 16 * 1024  # paths, URLs and hashes are short; YAML 1.1's base-60 ints are quadratic
+MAX_ECHO_CHARS = 200  # how much of a file's own content an error line may quote
+
+
+class YamlLoadError(ValueError):
+    """Why a YAML file was not loaded, in one bounded line (the caller adds the file name)."""
+
+
+def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """`text` on one line and at most about `limit` characters, saying how much was cut."""
+    text = " ".join(text.split("\n")).replace("\r", " ")
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+class _Bounds:
+    """The counting composer step, mixed in front of PyYAML's Composer: refuses a document over
+    MAX_YAML_ALIASES aliases, MAX_YAML_NODES nodes or MAX_YAML_CHARS characters of scalars once
+    aliases are expanded, MAX_YAML_DEPTH levels, a scalar over MAX_YAML_SCALAR_CHARS, and
+    recursive aliases (`&a [*a]`), as soon as it meets them."""
+
+    def _init_bounds(self) -> None:
+        self._aliases = 0
+        # Nodes and scalar characters composed so far, each alias counted as its target's whole size.
+        self._expanded = [0, 0]
+        self._open: list[list[int]] = []  # per node being composed: the expanded size of its children so far
+        self._sizes: dict[int, tuple[int, int]] = {}  # id(anchored node) -> its expanded size, once complete
+
+    def _refuse(self, problem: str, mark: Any) -> None:
+        raise yaml.composer.ComposerError(None, None, problem, mark)
+
+    def _count(self, nodes: int, chars: int, mark: Any) -> None:
+        self._expanded[0] += nodes
+        self._expanded[1] += chars
+        if self._expanded[0] > MAX_YAML_NODES:
+            self._refuse(f"more than {MAX_YAML_NODES} nodes once aliases are expanded (an alias bomb?)", mark)
+        if self._expanded[1] > MAX_YAML_CHARS:
+            self._refuse(f"more than {MAX_YAML_CHARS} characters of values once aliases are expanded "
+                         "(an alias bomb?)", mark)
+        if self._open:
+            self._open[-1][0] += nodes
+            self._open[-1][1] += chars
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                self._refuse(f"more than {MAX_YAML_ALIASES} aliases", event.start_mark)
+            target = self.anchors.get(event.anchor)
+            if target is not None:  # an undefined one is the composer's own error
+                size = self._sizes.get(id(target))
+                if size is None:
+                    self._refuse("an alias refers to a node that contains it", event.start_mark)
+                self._count(*size, event.start_mark)
+            return super().compose_node(parent, index)
+        if len(self._open) >= MAX_YAML_DEPTH:
+            self._refuse(f"nested more than {MAX_YAML_DEPTH} levels deep", event.start_mark)
+        chars = len(event.value) if isinstance(event, yaml.ScalarEvent) else 0
+        if chars > MAX_YAML_SCALAR_CHARS:
+            self._refuse(f"a value longer than {MAX_YAML_SCALAR_CHARS} characters", event.start_mark)
+        self._count(1, chars, event.start_mark)
+        self._open.append([0, 0])
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            children = self._open.pop()
+        if event.anchor is not None:
+            self._sizes[id(node)] = (1 + children[0], chars + children[1])
+        if self._open:  # the node itself was added to its parent by _count, its children now
+            self._open[-1][0] += children[0]
+            self._open[-1][1] += children[1]
+        return node
+
+
+class BoundedSafeLoader(_Bounds, yaml.SafeLoader):
+    """yaml.SafeLoader (pure Python) with the bounds above."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._init_bounds()
+
+
+if getattr(yaml, "__with_libyaml__", False):
+    from yaml._yaml import CParser
+
+    class _BoundedCSafeLoader(_Bounds, yaml.composer.Composer, CParser, yaml.constructor.SafeConstructor,
+                              yaml.resolver.Resolver):
+        """The same with libyaml's scanner and parser (4x faster on a 1 MiB file); PyYAML's own
+        composer, ahead of CParser's in the MRO, so that the bounds apply."""
+
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            yaml.composer.Composer.__init__(self)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+            self._init_bounds()
+
+    _LOADER: type = _BoundedCSafeLoader
+else:  # PyYAML built without libyaml
+    _LOADER = BoundedSafeLoader
+
+
+def _describe(error: yaml.YAMLError) -> str:
+    if isinstance(error, yaml.MarkedYAMLError):
+        what = error.problem or error.context or type(error).__name__
+        mark = error.problem_mark or error.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return shorten(f"{what}{where}")
+    return shorten(str(error) or type(error).__name__)
+
+
+def load_yaml_file(path: str | os.PathLike[str]) -> Any:
+    """The one document in the UTF-8 YAML file at `path` (None when empty); YamlLoadError if the
+    file cannot be read, is over MAX_YAML_BYTES, or is not YAML within the bounds above."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_YAML_BYTES + 1)
+    except OSError as error:
+        raise YamlLoadError(error.strerror or str(error)) from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise YamlLoadError(f"larger than {MAX_YAML_BYTES} bytes, not read")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise YamlLoadError(f"not UTF-8 (byte {error.start})") from None
+    loader = _LOADER(text)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as error:
+        raise YamlLoadError(f"not valid YAML ({_describe(error)})") from None
+    except (ValueError, RecursionError) as error:  # e.g. an integer over Python's digit limit
+        raise YamlLoadError(f"not valid YAML ({shorten(str(error) or type(error).__name__)})") from None
+    finally:
+        loader.dispose()
