@@ -52,6 +52,8 @@ debs:
 test: venv debs
 	$(BIN)/ruff check exporter tests bench dashboards alerts
 	$(BIN)/python -m pytest
+test-fast: venv
+	$(BIN)/python -m pytest -m "not slow"
 
 demo: venv
 	$(BIN)/llm-exporter demo

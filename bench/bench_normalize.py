@@ -1,11 +1,12 @@
-"""Engine normalization CPU per collection cycle: exporter.sources.engines.normalize.normalize on the
+"""Engine normalization CPU per collection cycle: exporter.sources.engines.replay.normalize on the
 documented vLLM 0.11 page (tests/fixtures/engines/vllm-v0.11__documented.prom, 69 KB, ~590 parsed
 samples -> ~500 normalized), parse included, in process CPU time (time.process_time).
 
 cold: a new NormalizerState every cycle (first scrape of a target). warm: one state across cycles
 (every scrape after the first: the parser's head cache and the recorded page plan are reused).
 warm, full pass: a warm state whose page plan is dropped before each cycle (what a page that changes
-shape every cycle costs, and what every warm cycle cost before plans). parse only: the parser's share
+shape every cycle costs, and what every warm cycle cost before plans); plain pass: normalize.normalize
+alone (no memo, what the exporter would cost without replay.py). parse only: the parser's share
 of a warm cycle.
 """
 
@@ -16,7 +17,9 @@ import pathlib
 import time
 
 from exporter.sources.engines.exposition import parse
-from exporter.sources.engines.normalize import _COMPILED, NormalizerState, normalize
+from exporter.sources.engines.normalize import TABLES, NormalizerState
+from exporter.sources.engines.normalize import normalize as plain_normalize
+from exporter.sources.engines.replay import normalize
 
 PAGE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "engines" / "vllm-v0.11__documented.prom"
 BATCHES = 9
@@ -41,7 +44,9 @@ def measure(text: str) -> dict[str, float]:
     normalize(text, target="bench", state=warm)  # the page repeats: planned
     replan = NormalizerState()
     normalize(text, target="bench", state=replan)
-    keep = _COMPILED[first.kind].keep.__contains__
+    plain_state = NormalizerState()
+    plain_normalize(text, target="bench", state=plain_state)
+    keep = TABLES[first.kind].keep.__contains__
 
     def cold() -> None:
         normalize(text, target="bench", state=NormalizerState())
@@ -50,8 +55,11 @@ def measure(text: str) -> dict[str, float]:
         normalize(text, target="bench", state=warm)
 
     def full_pass() -> None:
-        replan._plan = replan._seen = None
+        replan.memo = None
         normalize(text, target="bench", state=replan)
+
+    def plain() -> None:
+        plain_normalize(text, target="bench", state=plain_state)
 
     def parse_only() -> None:
         parse(text, keep=keep, label_cache=warm.label_cache)
@@ -62,6 +70,7 @@ def measure(text: str) -> dict[str, float]:
         "cold": _ms_per_cycle(cold),
         "warm": _ms_per_cycle(steady),
         "full": _ms_per_cycle(full_pass),
+        "plain": _ms_per_cycle(plain),
         "parse": _ms_per_cycle(parse_only),
     }
 
@@ -73,6 +82,7 @@ def run() -> list[tuple[str, str]]:
         ("normalize, cold state (CPU ms/cycle)", f"{result['cold']:.2f} ms"),
         ("normalize, warm state (CPU ms/cycle)", f"{result['warm']:.2f} ms"),
         ("normalize, warm, full pass (no plan)", f"{result['full']:.2f} ms"),
+        ("normalize, warm, plain pass (no memo)", f"{result['plain']:.2f} ms"),
         ("  of which parse, warm cache", f"{result['parse']:.2f} ms"),
     ]
 

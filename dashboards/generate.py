@@ -8,8 +8,9 @@
                                              neither a catalogue sample name (exporter/catalog)
                                              nor a recording rule in alerts/rules/*.yaml
 
-One module per dashboard (overview.py, gpu_roofline.py, host.py), each with build() -> dict;
-lib.py holds the builders and the selector dict. Grafana loads the JSON through file provisioning
+One module per dashboard (overview.py, gpu_roofline.py, host.py), each a tuple ROWS of row functions
+(each returns lib.Row: a title and its panels) and build() -> dict; lib.py holds the builders and the
+selector dict. Grafana loads the JSON through file provisioning
 (deploy/grafana/provisioning/dashboards/llm-exporter.yaml, which mounts this folder) or the
 kube-prometheus-stack sidecar (a ConfigMap labelled grafana_dashboard: "1"). docs/dashboards.md
 explains every panel.
@@ -157,9 +158,10 @@ series. Threshold lines of the bottleneck verdict come from `exporter/derive/bot
 (`dashboards/verdict.py`).
 
 The selectors live in one dict, `SELECTORS` in `dashboards/lib.py`. SLO thresholds, objectives and
-saturation thresholds drawn on the panels come from `alerts/generate.py`'s `CONFIG`, so the lines are
-where the alerts fire. Latency quantiles, SLO ratios and token rates read the recording rules of
-`alerts/rules/recording.yaml` (`target_model:...`), so the panels and the alerts see the same numbers.
+saturation thresholds drawn on the panels come from `exporter/slo.py`, which the alert rules read too,
+so the lines are where the alerts fire. Latency quantiles, SLO ratios and token rates read the
+recording rules of `alerts/rules/recording.yaml` (`target_model:...`), so the panels and the alerts
+see the same numbers.
 
 ## What the demo shows
 

@@ -3,14 +3,18 @@ memory, power, clocks, interconnect and hardware errors."""
 
 from __future__ import annotations
 
+from alerts.config import CONFIG as ALERT_CONFIG
 from dashboards import verdict
 from dashboards.lib import (
     BOOL_ACTIVE,
     BOOL_UP,
-    Layout,
     Promql,
+    Row,
+    RowBuilder,
     color_override,
     dashboard,
+    layout,
+    row,
     standard_variables,
     state_timeline,
     table,
@@ -28,6 +32,8 @@ TG = Promql("target_gpu")
 TM = Promql("target_model")
 EX = Promql("exporter")
 CURRENT, MAXIMUM, MODELLED = 'state="current"', 'state="max"', 'source="model"'
+# The codes LLMGPUXidCritical pages for, as the alert rules list them.
+XID_CRITICAL = ", ".join(str(code) for code in ALERT_CONFIG["xid_critical"])
 
 READING = """
 **Read the top row first.** *GPU utilization* is the share of time in which *any* kernel ran: a decode step
@@ -40,14 +46,17 @@ by compute (about 2 x parameters FLOPs per token): read it as MFU.
 """
 
 
-def build() -> dict:
-    lay = Layout()
-    lay.add(text("How to read this dashboard", """
+def reading_row() -> Row:
+    return row(None,
+        text("How to read this dashboard", """
 Why utilization is not load, and which panel answers compute-bound vs bandwidth-bound.
-""", READING, w=24, h=5))
+""", READING, w=24, h=5),
+    )
 
-    lay.row("Is the GPU busy, and with what?")
-    lay.add(timeseries("Utilization next to SM, tensor and DRAM bandwidth activity", """
+
+def busy_row() -> Row:
+    return row("Is the GPU busy, and with what?",
+        timeseries("Utilization next to SM, tensor and DRAM bandwidth activity", """
 Utilization (NVML) is a busy-time share: 1 when one kernel ran all period, however little of the chip it used.
 SM active and tensor active (GPM) say how much compute was used; DRAM bandwidth utilization (GPM) says how
 much of the memory roof was used. Decode at the roof shows DRAM high, tensor low and utilization high.
@@ -60,10 +69,12 @@ Memory busy share is NVML's memory-controller busy time, not a fraction of bandw
       target(G.sel("llm_gpu_sm_occupancy_ratio"), "GPU {{gpu}} ({{instance}}) SM occupancy")],
         unit="percentunit", w=24, h=9, minimum=0, maximum=1,
         overrides=[color_override(".*utilization$", "text"), color_override(".*DRAM bandwidth$", "purple"),
-                   color_override(".*tensor active$", "blue")]))
+                   color_override(".*tensor active$", "blue")]),
+    )
 
-    lay.row("Roofline: how close to the HBM and compute roofs")
-    lay.add(
+
+def roofline_row() -> Row:
+    return row("Roofline: how close to the HBM and compute roofs",
         timeseries("Achieved vs peak HBM bandwidth", """
 Achieved HBM bandwidth per GPU of each exporter: source=model is decode steps/s x (weight bytes + KV bytes read
 per step) / tensor-parallel GPUs; source=gpm is measured (DRAM_BW_UTIL x peak). Peak (dashed) is each card's
@@ -87,8 +98,6 @@ steps or the interconnect.
 """, [target(TG.sel("llm_hbm_bandwidth_efficiency_ratio"), "{{source}} GPU {{gpu}} {{target}} ({{instance}})")],
             unit="percentunit", w=12, minimum=0, maximum=1, threshold_style="dashed",
             steps=thresholds((None, "transparent"), (verdict.HBM_LOW, "yellow"), (verdict.HBM_ROOF, "purple"))),
-    )
-    lay.add(
         timeseries("Prefill MFU", f"""
 Model FLOPs utilization of prefill = 2 x active parameters x prompt tokens/s / (GPUs x peak dense FLOPS).
 Prefill is compute-bound. The verdict's compute score is 0 up to {verdict.pct(verdict.MFU_LOW)} MFU (yellow line),
@@ -110,8 +119,9 @@ each step also reads more KV cache. A batch that does not grow under load is cap
                                        {"id": "unit", "value": "short"}]}]),
     )
 
-    lay.row("Memory")
-    lay.add(
+
+def memory_row() -> Row:
+    return row("Memory",
         timeseries("Device memory per GPU", """
 Used vs installed device memory. Engines preallocate most of it on purpose (weights + a KV pool sized to the
 rest), so "90% used" is normal; what matters is the KV headroom on the Overview. Reserved is the driver's
@@ -135,8 +145,9 @@ weights, decides concurrency: a bigger pool (quantized weights, higher memory fr
             unit="bytes", w=12, minimum=0),
     )
 
-    lay.row("Power, clocks and throttling")
-    lay.add(
+
+def power_row() -> Row:
+    return row("Power, clocks and throttling",
         timeseries("Power vs limit", """
 Board power against the enforced limit. Decode at the bandwidth roof often draws well below the limit;
 prefill near the limit with sw_power_cap active means clocks are held down by power, not by heat.
@@ -156,15 +167,16 @@ temperature with clocks dropping at the top is failing cooling, not load.
       target(G.sel("llm_gpu_memory_temperature_celsius"), "GPU {{gpu}} ({{instance}}) HBM")],
             unit="celsius", w=8, threshold_style="dashed",
             steps=thresholds((None, "transparent"), (83, "orange"), (90, "red"))),
-    )
-    lay.add(state_timeline("Clock event (throttle) reasons", """
+        state_timeline("Clock event (throttle) reasons", """
 Each reason NVML reports, red while active. gpu_idle and applications_clocks_setting are benign;
 sw_power_cap means the power limit holds clocks down; hw_slowdown, hw_thermal_slowdown, sw_thermal_slowdown
 and hw_power_brake_slowdown while serving are the power_thermal bottleneck (alert LLMGPUSlowdownWhileServing).
-""", [target(G.sel("llm_gpu_clock_event_active"), "GPU {{gpu}} ({{instance}}) {{reason}}")], mappings=BOOL_ACTIVE, w=24, h=8))
+""", [target(G.sel("llm_gpu_clock_event_active"), "GPU {{gpu}} ({{instance}}) {{reason}}")], mappings=BOOL_ACTIVE, w=24, h=8),
+    )
 
-    lay.row("Interconnect")
-    lay.add(
+
+def interconnect_row() -> Row:
+    return row("Interconnect",
         timeseries("PCIe traffic", """
 Bytes/s over PCIe (host <-> GPU). A Gen5 x16 link moves about 63 GB/s each way, Gen4 about 32, Gen3 about 16.
 Traffic near the trained link's rate during tensor-parallel decode means all-reduce over PCIe is the step's
@@ -187,28 +199,36 @@ The PCIe link as trained now against the most the GPU and slot support. Idle GPU
                          "Value #D": "width max"}),
     )
 
-    lay.row("Health and hardware errors")
-    lay.add(
+
+def health_row() -> Row:
+    return row("Health and hardware errors",
         state_timeline("GPU reachable", """
 Whether NVML could read the GPU this cycle (llm_gpu_up). Down means fallen off the bus, driver error or a
 reset in progress: its other series disappear, XID counts stay.
 """, [target(G.sel("llm_gpu_up"), "GPU {{gpu}} ({{instance}})")], mappings=BOOL_UP, w=12, h=6,
             steps=thresholds((None, "red"), (1, "green"))),
-        table("XID errors in the time range", """
-XID events per GPU and code over the dashboard's time range. 48, 62, 64, 74, 79, 95, 119, 120 are
+        table("XID errors in the time range", f"""
+XID events per GPU and code over the dashboard's time range. {XID_CRITICAL} are
 critical (uncorrectable memory, fallen off the bus, GSP errors); 13, 31, 43, 45 are usually application faults.
 See docs/alerts.md for the lists.
 """, [target(f"sum by (instance, gpu, xid) (increase({G.sel('llm_gpu_xid_errors_total')}[$__range]))")],
             w=12, h=6, rename={"Value": "events"}),
-    )
-    lay.add(timeseries("ECC errors, row remapping and PCIe replays", """
+        timeseries("ECC errors, row remapping and PCIe replays", """
 Volatile ECC counts since the driver loaded (corrected single-bit are absorbed; any uncorrected one is
 critical), remapped rows by state (pending waits for a GPU reset, failed needs service), and PCIe replays/s
 (link-level retransmissions: a bad link before it trains down).
 """, [target(G.sel("llm_gpu_ecc_errors_total"), "GPU {{gpu}} ({{instance}}) ECC {{type}}"),
       target(G.sel("llm_gpu_remapped_rows"), "GPU {{gpu}} ({{instance}}) rows {{state}}"),
       target(G.rate("llm_gpu_pcie_replay_errors_total"), "GPU {{gpu}} ({{instance}}) PCIe replays/s")],
-        unit="short", w=24, h=7, minimum=0))
+        unit="short", w=24, h=7, minimum=0),
+    )
+
+
+ROWS: tuple[RowBuilder, ...] = (reading_row, busy_row, roofline_row, memory_row, power_row, interconnect_row,
+                                health_row)
+
+
+def build() -> dict:
     return dashboard(FILENAME, TITLE, "Per GPU: utilization read correctly, HBM roofline, MFU, memory, power, "
-                     "clocks and throttling, PCIe/NVLink, hardware errors (llm-exporter).", lay,
+                     "clocks and throttling, PCIe/NVLink, hardware errors (llm-exporter).", layout(ROWS),
                      standard_variables(gpu=True))

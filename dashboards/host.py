@@ -6,10 +6,13 @@ from __future__ import annotations
 from dashboards import verdict
 from dashboards.lib import (
     BOOL_UP,
-    Layout,
     Promql,
+    Row,
+    RowBuilder,
     color_override,
     dashboard,
+    layout,
+    row,
     standard_variables,
     state_timeline,
     table,
@@ -34,11 +37,8 @@ def right_axis(name_regex: str, unit: str) -> dict:
             "properties": [RIGHT_AXIS, {"id": "unit", "value": unit}]}
 
 
-def build() -> dict:
-    lay = Layout()
-
-    lay.row("CPU")
-    lay.add(
+def cpu_row() -> Row:
+    return row("CPU",
         timeseries("CPU busy: whole host vs busiest core", """
 The whole host's busy share against its busiest core. A host at 30% with one core at 100% is a
 single-threaded bottleneck (tokenizer, scheduler, HTTP/JSON loop): more cores will not help, a faster core or
@@ -63,13 +63,11 @@ pinned off its GPUs' NUMA node.
             steps=thresholds((None, "transparent"), (verdict.HOST_THREAD_START, "orange"),
                              (verdict.HOST_THREAD_VERDICT, "red")),
             overrides=[right_axis("^cores used.*", "short")]),
-    )
-    lay.add(state_timeline("CPU busy per core", """
+        state_timeline("CPU busy per core", """
 Each core's busy share over time (green idle, red saturated). A single hot row is one thread pinned to one core;
 a whole NUMA node's block hot and the other cold is placement, see the NUMA row.
 """, [target(EX.sel("llm_host_cpu_busy_ratio", NOT_ALL), "cpu {{cpu}} ({{instance}})")], unit="percentunit", w=24, h=8,
-        color={"mode": "continuous-GrYlRd"}, minimum=0, maximum=1, merge=False, show_values="never"))
-    lay.add(
+        color={"mode": "continuous-GrYlRd"}, minimum=0, maximum=1, merge=False, show_values="never"),
         timeseries("Load average vs cores", """
 1, 5 and 15-minute load (runnable plus uninterruptible tasks) against the number of cores. Load above cores
 means tasks wait for a CPU; PSI below says how long.
@@ -87,8 +85,9 @@ jump in threads with flat throughput is often a tokenizer pool fighting the sche
             unit="short", w=12, minimum=0, overrides=[right_axis("^RSS.*", "bytes")]),
     )
 
-    lay.row("NUMA placement and memory")
-    lay.add(
+
+def numa_memory_row() -> Row:
+    return row("NUMA placement and memory",
         state_timeline("Engine pinned off its GPUs' NUMA node", """
 1 when the engine process may only run on CPUs outside the NUMA node(s) of its GPUs: every host-to-GPU copy
 and every kernel launch then crosses the socket interconnect. Fix with CPU pinning (numactl, cpuset) on the
@@ -100,8 +99,6 @@ The NUMA node each NVIDIA GPU's PCI device is attached to. Pin the engine to the
 on both nodes, pin each tensor-parallel rank to its GPU's node.
 """, [target(f"max by (instance, pci) ({EX.sel('llm_host_gpu_numa_node')})")], w=12, h=6,
             rename={"Value": "NUMA node", "pci": "PCI address"}),
-    )
-    lay.add(
         timeseries("Memory per NUMA node", """
 Used (total - free; page cache counts as used) and total RAM of each NUMA node. One node full and the other
 empty, with the engine on the full one, means its allocations spill to the remote node.
@@ -118,8 +115,9 @@ swapping shows up as memory pressure in the PSI panel.
             unit="bytes", w=12, minimum=0, overrides=[color_override("^total.*", "red", dashed=True)]),
     )
 
-    lay.row("Pressure and the CPU verdict")
-    lay.add(
+
+def pressure_row() -> Row:
+    return row("Pressure and the CPU verdict",
         timeseries("PSI: share of time tasks waited", """
 Linux pressure stall information ("some", 10 s average): the share of time at least one task waited for CPU,
 memory or I/O. CPU pressure while the engine serves means its threads queue for cores; memory pressure means
@@ -137,8 +135,10 @@ limiting the GPU.
             overrides=[right_axis("^decode.*", "suffix: tok/s")]),
     )
 
-    lay.row("GPU PCIe links (sysfs)")
-    lay.add(table("GPU PCIe links from sysfs", """
+
+def pcie_sysfs_row() -> Row:
+    return row("GPU PCIe links (sysfs)",
+        table("GPU PCIe links from sysfs", """
 Each NVIDIA GPU's PCIe link speed (GT/s: 8 = Gen3, 16 = Gen4, 32 = Gen5) and width, as trained now and at
 most. Read without NVML, so it works when the driver is wedged; current below max under load is a degraded
 link (see the GPU dashboard's NVML view).
@@ -147,10 +147,12 @@ link (see the GPU dashboard's NVML view).
       target(f"max by (instance, pci) ({EX.sel('llm_host_gpu_pcie_link_width', CURRENT)})"),
       target(f"max by (instance, pci) ({EX.sel('llm_host_gpu_pcie_link_width', MAXIMUM)})")],
         w=24, h=6, rename={"Value #A": "GT/s now", "Value #B": "GT/s max", "Value #C": "width now",
-                           "Value #D": "width max", "pci": "PCI address"}))
+                           "Value #D": "width max", "pci": "PCI address"}),
+    )
 
-    lay.row("Exporter self-health")
-    lay.add(
+
+def self_health_row() -> Row:
+    return row("Exporter self-health",
         state_timeline("Source status", """
 Whether each of the exporter's sources (engine:<target>, gpu, host) succeeded on its last collection. A
 failing source's series are absent, not zero: panels that read it go blank rather than lie.
@@ -162,8 +164,6 @@ collection interval or its timeout delays nothing (scrapes read the last snapsho
 """, [target(EX.sel("llm_exporter_collect_duration_seconds"), "{{source}} {{instance}}"),
       target(EX.sel("llm_exporter_cycle_duration_seconds"), "whole cycle {{instance}}")],
             unit="s", w=12, h=6, minimum=0),
-    )
-    lay.add(
         timeseries("Time since last successful collection", """
 Seconds since each source last succeeded. It stays near the interval while healthy and grows while
 every collection fails (LLMExporterSourceFailing for the GPU and host sources, LLMEngineDown for an
@@ -178,7 +178,7 @@ status: a steady trickle of timeouts on one engine target usually means its /met
         timeseries("Requests refused and series dropped", """
 What the exporter refused to protect itself (docs/security.md has each limit): /metrics requests and
 pages answered 503 because too many were in flight, HTTP connections it closed (idle or slow clients,
-evicted at the connection limit), failed basic-auth checks, and engine series dropped by reason
+evicted at the connection limit), and engine series dropped by reason
 (cardinality, over-long labels, invalid histograms or counters). All should stay near 0: refused
 requests or closed connections point at a scrape storm or a hostile client, drops at an engine page
 the exporter cannot trust.
@@ -187,18 +187,22 @@ the exporter cannot trust.
              "{{path}} {{reason}}/s {{instance}}"),
       target(EX.sum_rate("llm_exporter_http_connections_rejected_total", by=("instance", "reason")),
              "connections closed {{reason}}/s {{instance}}"),
-      target(EX.sum_rate("llm_exporter_http_auth_failures_total", by=("instance", "reason")),
-             "auth failed {{reason}}/s {{instance}}"),
       target(EX.sum_rate("llm_exporter_series_dropped_total", by=("instance", "source", "reason")),
              "series dropped {{reason}}/s {{source}} {{instance}}")],
             unit="short", w=8, minimum=0),
-    )
-    lay.add(table("Exporter build", """
+        table("Exporter build", """
 Version of each exporter and its Python; collection cycles completed since start. Mixed versions across
 exporters explain panels that are blank on some instances only.
 """, [target(f"max by (instance, version, python) ({EX.sel('llm_exporter_build_info')})"),
       target(f"max by (instance) ({EX.sel('llm_exporter_collections_total')})")],
-        w=24, h=5, rename={"Value #A": "build_info", "Value #B": "cycles"}, exclude=("Time", "Value #A")))
+        w=24, h=5, rename={"Value #A": "build_info", "Value #B": "cycles"}, exclude=("Time", "Value #A")),
+    )
+
+
+ROWS: tuple[RowBuilder, ...] = (cpu_row, numa_memory_row, pressure_row, pcie_sysfs_row, self_health_row)
+
+
+def build() -> dict:
     return dashboard(FILENAME, TITLE, "The host next to the engine: CPU per core and the engine's busiest thread, "
                      "NUMA placement, memory, PSI, GPU PCIe links from sysfs, and the exporter's own health "
-                     "(llm-exporter).", lay, standard_variables())
+                     "(llm-exporter).", layout(ROWS), standard_variables())

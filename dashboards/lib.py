@@ -6,20 +6,22 @@ a selector-scoped `Promql` helper, panel builders whose descriptions say how to 
 and a layout helper that computes gridPos so nobody edits coordinates by hand.
 
 Every selector lives in SELECTORS (the monitoring mixins' `_config` idea): change the scoping of
-all dashboards here. SLO thresholds come from alerts/generate.py's CONFIG, so the dashboards draw
-the same lines the alerts fire on.
+all dashboards here. SLO thresholds and the saturation lines come from exporter/slo.py, which the
+alert rules read too, so the dashboards draw the same lines the alerts fire on.
+
+A dashboard module is a list of row functions (ROWS), each returning one Row: its title and its
+panels, each panel declared once; `layout(ROWS)` places them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import pathlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from alerts.lib import fmt_num
+
 SCHEMA_VERSION = 39
 TAGS = ("llm-exporter",)
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -41,21 +43,6 @@ SELECTORS: dict[str, str] = {
 }
 
 RATE = "$__rate_interval"
-
-
-def _load_alerts_generate() -> Any:
-    """alerts/generate.py as a module: its CONFIG (SLO thresholds and objectives, burn-rate pairs,
-    saturation thresholds) and its duration helpers."""
-    path = ROOT / "alerts" / "generate.py"
-    spec = importlib.util.spec_from_file_location("_llm_exporter_alerts_generate", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ALERTS_GENERATE = _load_alerts_generate()
-ALERTS = ALERTS_GENERATE.CONFIG
 
 
 class Promql:
@@ -102,12 +89,9 @@ def thresholds(*steps: tuple[float | None, str]) -> dict:
 
 def value_map(pairs: Iterable[tuple[float, str, str]]) -> list[dict]:
     """[(value, text, color)] -> a Grafana value mapping."""
-    options = {fmt_value(v): {"color": color, "index": i, "text": text} for i, (v, text, color) in enumerate(pairs)}
+    options = {fmt_num(v): {"color": color, "index": i, "text": text}
+               for i, (v, text, color) in enumerate(pairs)}
     return [{"type": "value", "options": options}]
-
-
-def fmt_value(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else repr(v)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -324,6 +308,33 @@ class Layout:
         return self
 
 
+@dataclass(frozen=True)
+class Row:
+    """One dashboard row: its title (None: panels above the first row header) and its panels, placed
+    left to right and wrapping at 24 columns."""
+
+    title: str | None
+    panels: tuple[Panel, ...]
+
+
+def row(title: str | None, *panels: Panel) -> Row:
+    return Row(title, panels)
+
+
+RowBuilder = Callable[[], Row]
+
+
+def layout(rows: Iterable[RowBuilder]) -> Layout:
+    """The dashboard's panels, row by row, from its row functions in order."""
+    lay = Layout()
+    for build_row in rows:
+        r = build_row()
+        if r.title is not None:
+            lay.row(r.title)
+        lay.add(*r.panels)
+    return lay
+
+
 # ----------------------------------------------------------------------------------------------
 # Variables
 # ----------------------------------------------------------------------------------------------
@@ -419,4 +430,3 @@ def dashboard(filename: str, title: str, description: str, layout: Layout, varia
 # Grafana value mappings shared by the dashboards.
 BOOL_UP = value_map([(0, "down", "red"), (1, "up", "green")])
 BOOL_ACTIVE = value_map([(0, "off", "transparent"), (1, "active", "red")])
-PERCENT_STEPS = thresholds((None, "green"), (0.8, "orange"), (0.95, "red"))

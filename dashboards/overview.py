@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from alerts.lib import fmt_num
 from dashboards import verdict
 from dashboards.lib import (
-    ALERTS,
-    ALERTS_GENERATE,
-    Layout,
     Panel,
     Promql,
+    Row,
+    RowBuilder,
     color_override,
     dashboard,
     divide,
     heatmap,
+    layout,
     repeat_per,
+    row,
     standard_variables,
     stat,
     state_timeline,
@@ -23,8 +25,10 @@ from dashboards.lib import (
     timeseries,
     value_map,
 )
+from exporter import slo
 from exporter.catalog.derived import RESOURCES
 from exporter.derive.bottleneck import HOLD_CYCLES
+from exporter.slo import SATURATION
 
 FILENAME = "llm-serving-overview.json"
 TITLE = "LLM Serving / Overview"
@@ -32,9 +36,9 @@ TITLE = "LLM Serving / Overview"
 T = Promql("target")
 TM = Promql("target_model")
 
-TTFT = ALERTS["slos"]["ttft"]
-TBT = ALERTS["slos"]["tbt"]
-WINDOW = ALERTS["rate_window"]  # the recording rules' window, e.g. 5m
+TTFT = slo.TTFT
+TBT = slo.TBT
+WINDOW = slo.RATE_WINDOW  # the recording rules' window, e.g. 5m
 ITL = "llm_inter_token_latency_seconds"
 TPOT = "llm_time_per_output_token_seconds"
 # One engine's series: the labels fallbacks (`or on (...)`) match on, so a fallback fills in per
@@ -42,9 +46,8 @@ TPOT = "llm_time_per_output_token_seconds"
 ENGINE = ("instance", "target", "model")
 ON_ENGINE = f"on ({', '.join(ENGINE)})"
 BY_ENGINE = f"by ({', '.join(ENGINE)})"
-# The burn-rate windows of the alert pairs (alerts/generate.py CONFIG["burn_rates"]), shortest first.
-BURN_WINDOWS = sorted({w for br in ALERTS["burn_rates"] for w in (br["short"], br["long"])},
-                      key=ALERTS_GENERATE.duration_seconds)
+# The burn-rate windows of the alert pairs (exporter/slo.py BURN_RATES), shortest first.
+BURN_WINDOWS = sorted({w for br in slo.BURN_RATES for w in (br.short, br.long)}, key=slo.duration_seconds)
 BURN_COLORS = ("yellow", "orange", "red", "dark-red")  # the pairs' factors, lowest first
 
 # One colour per verdict, grouped by kind: roofs blue/purple, constraints warm, idle grey.
@@ -69,7 +72,7 @@ def verdict_code_expr() -> str:
     return "sum by (instance, target) (\n  " + "\n  or ".join(terms) + "\n)"
 
 
-QUANTILES = tuple(round(q * 100) for q in ALERTS["quantiles"])  # the recording rules' quantiles: 50, 95, 99
+QUANTILES = tuple(round(q * 100) for q in slo.QUANTILES)  # the recording rules' quantiles: 50, 95, 99
 
 
 def quantile_targets(metric: str) -> list[dict]:
@@ -109,33 +112,27 @@ def burn(metric: str, window: str, objective: float) -> str:
     return f"(1 - {rule(f'{metric}:slo_good_ratio_rate{window}')}) / {round(1 - objective, 10)}"
 
 
-def burn_panel(key: str, w: int) -> Panel:
-    spec = ALERTS["slos"][key]
-    name = key.upper()
-    pairs = sorted(ALERTS["burn_rates"], key=lambda br: -br["factor"])
-    fmt = ALERTS_GENERATE.fmt_num
+def burn_panel(spec: slo.LatencySLO, w: int) -> Panel:
+    name = spec.key.upper()
+    pairs = sorted(slo.BURN_RATES, key=lambda br: -br.factor)
     said = "; ".join(
-        f"{br['severity']}: above {fmt(br['factor'])}x over both {br['long']} and {br['short']} "
-        f"(budget gone in {ALERTS_GENERATE.budget_left(ALERTS['slo_period'], br['factor'])})" for br in pairs)
-    factors = sorted({br["factor"] for br in pairs})
+        f"{br.severity}: above {fmt_num(br.factor)}x over both {br.long} and {br.short} "
+        f"(budget gone in {slo.budget_lasts(slo.SLO_PERIOD, br.factor)})" for br in pairs)
+    factors = sorted({br.factor for br in pairs})
     assert len(factors) <= len(BURN_COLORS), "one colour per burn-rate factor"
     return timeseries(f"{name} error budget burn rate", f"""
-How fast the {name} SLO ({spec['objective']:.0%} within {spec['threshold_seconds']} s) spends its
-{ALERTS['slo_period']} error budget, over each window an alert reads ({', '.join(BURN_WINDOWS)}): 1 = exactly on
+How fast the {name} SLO ({spec.objective:.0%} within {spec.threshold_seconds} s) spends its
+{slo.SLO_PERIOD} error budget, over each window an alert reads ({', '.join(BURN_WINDOWS)}): 1 = exactly on
 budget. An alert pair fires when both of its windows burn above its factor (the dashed lines) with enough
 traffic; {said}. Read a pair as its two lines both above their line.
-""", [target(burn(spec["metric"], win, spec["objective"]), f"{win} {{{{target}}}} {{{{model}}}} ({{{{instance}}}})")
+""", [target(burn(spec.metric, win, spec.objective), f"{win} {{{{target}}}} {{{{model}}}} ({{{{instance}}}})")
       for win in BURN_WINDOWS],
         unit="suffix:x", w=w, h=8, minimum=0, threshold_style="dashed",
         steps=thresholds((None, "transparent"), *zip(factors, BURN_COLORS, strict=False)))
 
 
-def build() -> dict:
-    lay = Layout()
-    verdict_map = value_map([(i, r, RESOURCE_COLORS[r]) for i, r in enumerate(RESOURCES, start=1)])
-
-    lay.row("Now")
-    lay.add(
+def now_row() -> Row:
+    return row("Now",
         stat("Bottleneck now", """
 The resource that limits each engine target now (llm_bottleneck == 1). compute and memory_bandwidth are
 roofs: a loaded, healthy engine sits on one (prefill on compute, decode on HBM bandwidth). kv_capacity,
@@ -153,41 +150,43 @@ batching raises it, usually at the cost of TTFT and time between tokens.
 """, [target(f'sum({rule(f"llm_generation_tokens:rate{WINDOW}")})', "tokens/s")], unit="suffix: tok/s", w=3),
         stat(f"TTFT p99 ({WINDOW})", f"""
 Worst p99 time to first token over {WINDOW} among the selected targets. Red at the SLO threshold
-({TTFT['threshold_seconds']} s): beyond it the SLO's error budget is being spent.
+({TTFT.threshold_seconds} s): beyond it the SLO's error budget is being spent.
 """, [target(f'max({rule(f"llm_time_to_first_token_seconds:p99_{WINDOW}")})', "p99")], unit="s", w=3,
-             steps=thresholds((None, "green"), (TTFT["threshold_seconds"] * 0.8, "orange"),
-                              (TTFT["threshold_seconds"], "red"))),
+             steps=thresholds((None, "green"), (TTFT.threshold_seconds * 0.8, "orange"),
+                              (TTFT.threshold_seconds, "red"))),
         stat(f"TBT p99 ({WINDOW})", f"""
 Worst p99 time between tokens over {WINDOW}: inter-token latency (vLLM, SGLang, LMDeploy, NIM), else time per
 output token (TGI, trtllm-serve: each request's mean gap, so its tail is lower than the gaps'). Red at the SLO
-threshold ({TBT['threshold_seconds']} s): the stream visibly stutters for readers.
+threshold ({TBT.threshold_seconds} s): the stream visibly stutters for readers.
 """, [target(f"max(\n{tbt_quantile(99)}\n)", "p99")], unit="s", w=3,
-             steps=thresholds((None, "green"), (TBT["threshold_seconds"] * 0.8, "orange"),
-                              (TBT["threshold_seconds"], "red"))),
+             steps=thresholds((None, "green"), (TBT.threshold_seconds * 0.8, "orange"),
+                              (TBT.threshold_seconds, "red"))),
         stat("KV cache usage (max)", f"""
 Fullest KV cache among the selected targets. The KV cache, not the weights, decides how many requests fit:
 near 1 new sequences wait or preempt running ones. Red at the alert threshold
-({ALERTS['kv_cache_usage_ratio']:.0%}).
+({SATURATION.kv_cache_usage_ratio:.0%}).
 """, [target(f'max({rule("llm_kv_cache_usage_ratio:max")})', "KV usage")], unit="percentunit", w=3,
              minimum=0, maximum=1,
-             steps=thresholds((None, "green"), (0.9, "orange"), (ALERTS["kv_cache_usage_ratio"], "red"))),
+             steps=thresholds((None, "green"), (0.9, "orange"), (SATURATION.kv_cache_usage_ratio, "red"))),
         stat("Requests waiting", """
 Requests queued and not yet scheduled, all selected targets. A queue that grows while the running batch stays
 flat means the engine is at its batch or KV limit; TTFT grows with it.
 """, [target(f'sum({rule("llm_requests_waiting:sum")})', "waiting")], w=3, decimals=0,
-             steps=thresholds((None, "green"), (1, "orange"), (ALERTS["queue_min_waiting"], "red"))),
+             steps=thresholds((None, "green"), (1, "orange"), (SATURATION.queue_min_waiting, "red"))),
     )
 
-    lay.row("Bottleneck verdict and its evidence")
-    lay.add(state_timeline("Bottleneck verdict over time", f"""
+
+def verdict_row() -> Row:
+    verdict_map = value_map([(i, r, RESOURCE_COLORS[r]) for i, r in enumerate(RESOURCES, start=1)])
+    return row("Bottleneck verdict and its evidence",
+        state_timeline("Bottleneck verdict over time", f"""
 One row per engine target; the colour is the verdict (llm_bottleneck). The diagnosis order of the source
 documents: is there load, then is prefill or decode slow, then compute, HBM bandwidth, KV capacity, CPU,
 interconnect, power/thermal. The verdict has hysteresis ({HOLD_CYCLES} cycles to change), so short blips do
 not flap it.
 "The most expensive mistake is upgrading a part that was never the bottleneck."
 """, [target(verdict_code_expr(), "{{target}} ({{instance}})")], mappings=verdict_map, w=24, h=5,
-        steps=thresholds((None, "text"))))
-    lay.add(
+        steps=thresholds((None, "text"))),
         timeseries("Evidence: score per resource", f"""
 How strongly the evidence points at each resource (llm_bottleneck_score, 0..1; formulas in
 docs/diagnosis.md). A constraint (kv_capacity, host_cpu, interconnect, power_thermal) becomes the verdict at
@@ -206,31 +205,31 @@ remedies.
             rename={"Value #A": "score", "Value #B": "verdict (1 = this one)"}),
     )
 
-    lay.row("Latency against the SLO")
-    lay.add(
+
+def latency_row() -> Row:
+    return row("Latency against the SLO",
         timeseries(f"Time to first token (p50/p95/p99, {WINDOW})", f"""
 TTFT = queueing + prefill of the prompt. It grows with prompt length (prefill is compute-bound), with the
 waiting queue, and when long prefills are batched with other requests. The red line is the SLO threshold
-({TTFT['threshold_seconds']} s for {TTFT['objective']:.0%} of requests). Online chat cares about TTFT and its
+({TTFT.threshold_seconds} s for {TTFT.objective:.0%} of requests). Online chat cares about TTFT and its
 tail; offline batch jobs about total tokens/s.
 """, quantile_targets("llm_time_to_first_token_seconds"), unit="s", w=8, threshold_style="dashed",
-            steps=thresholds((None, "transparent"), (TTFT["threshold_seconds"], "red"))),
+            steps=thresholds((None, "transparent"), (TTFT.threshold_seconds, "red"))),
         timeseries(f"Time between tokens (p50/p95/p99, {WINDOW})", f"""
 TBT = one decode step. Each step reads all weights plus the KV cache of every running sequence, so it is
 mostly bound by HBM bandwidth and grows with batch size and context length. measure=ITL is the inter-token
 latency histogram, per gap (vLLM, SGLang, LMDeploy, NIM); engines without it show measure=TPOT, the time per
 output token histogram, one observation per request of its mean gap (TGI, trtllm-serve): its tail is lower,
 since a request's slow gaps are averaged with its fast ones. The red line is the SLO threshold
-({TBT['threshold_seconds']} s for {TBT['objective']:.0%} of gaps; the SLO and its alerts read ITL only).
+({TBT.threshold_seconds} s for {TBT.objective:.0%} of gaps; the SLO and its alerts read ITL only).
 """, [target(tbt_quantile(q), f"p{q} {{{{measure}}}} {{{{target}}}} {{{{model}}}} ({{{{instance}}}})")
       for q in QUANTILES], unit="s", w=8, threshold_style="dashed",
-            steps=thresholds((None, "transparent"), (TBT["threshold_seconds"], "red"))),
+            steps=thresholds((None, "transparent"), (TBT.threshold_seconds, "red"))),
         timeseries(f"End-to-end latency (p50/p95/p99, {WINDOW})", """
 Request latency from arrival to the last token: TTFT + output tokens x TBT. Long answers dominate it, so
 compare it with the output length before blaming the engine.
 """, quantile_targets("llm_e2e_request_latency_seconds"), unit="s", w=8),
-    )
-    lay.add(repeat_per(
+        repeat_per(
         timeseries(f"Where a request's time goes: $target (mean, {WINDOW})", f"""
 One panel per engine target: mean queue, prefill and decode time per request, stacked, so the top of the stack
 is about the mean request latency. A growing queue share means capacity (batch or KV) is the limit, a prefill
@@ -243,8 +242,7 @@ vLLM, trtllm-serve, LMDeploy.
              name)
       for name, phase in (("queue", "llm_request_queue_time_seconds"), ("prefill", "llm_request_prefill_time_seconds"),
                           ("decode", "llm_request_decode_time_seconds"))],
-            unit="s", w=24, h=7, stack=True, fill=40, legend_calcs=("mean", "lastNotNull")), "target"))
-    lay.add(
+            unit="s", w=24, h=7, stack=True, fill=40, legend_calcs=("mean", "lastNotNull")), "target"),
         heatmap("TTFT distribution", """
 Requests per second in each TTFT bucket (the engine's own bucket bounds). Two bands usually mean two kinds
 of traffic (short chat and long RAG prompts) and deserve separate SLOs or routing.
@@ -259,27 +257,26 @@ prefill (no chunked prefill) or preemption recompute.
             w=12),
     )
 
-    lay.row("SLO attainment and error budget")
-    lay.add(
+
+def slo_row() -> Row:
+    return row("SLO attainment and error budget",
         stat(f"TTFT SLO attainment ({WINDOW})", f"""
-Share of requests with TTFT <= {TTFT['threshold_seconds']} s over {WINDOW} (bucket le = threshold / count).
-Red below the objective ({TTFT['objective']:.2%}).
+Share of requests with TTFT <= {TTFT.threshold_seconds} s over {WINDOW} (bucket le = threshold / count).
+Red below the objective ({TTFT.objective:.2%}).
 """, [target(rule(f"llm_time_to_first_token_seconds:slo_good_ratio_rate{WINDOW}"),
               "{{target}} {{model}} ({{instance}})")],
              unit="percentunit", w=4, h=8, decimals=2, minimum=0, maximum=1,
-             steps=thresholds((None, "red"), (TTFT["objective"], "green"))),
+             steps=thresholds((None, "red"), (TTFT.objective, "green"))),
         stat(f"TBT SLO attainment ({WINDOW})", f"""
-Share of token gaps <= {TBT['threshold_seconds']} s over {WINDOW}. Red below the objective
-({TBT['objective']:.2%}). Like the SLO alerts it reads the inter-token latency histogram (vLLM, SGLang,
+Share of token gaps <= {TBT.threshold_seconds} s over {WINDOW}. Red below the objective
+({TBT.objective:.2%}). Like the SLO alerts it reads the inter-token latency histogram (vLLM, SGLang,
 LMDeploy, NIM); engines with only time per output token (TGI, trtllm-serve) have no TBT SLO.
 """, [target(rule(f"llm_inter_token_latency_seconds:slo_good_ratio_rate{WINDOW}"),
               "{{target}} {{model}} ({{instance}})")],
              unit="percentunit", w=4, h=8, decimals=2, minimum=0, maximum=1,
-             steps=thresholds((None, "red"), (TBT["objective"], "green"))),
-        burn_panel("ttft", w=8),
-        burn_panel("tbt", w=8),
-    )
-    lay.add(
+             steps=thresholds((None, "red"), (TBT.objective, "green"))),
+        burn_panel(TTFT, w=8),
+        burn_panel(TBT, w=8),
         timeseries("SLO attainment in the exporter's window", """
 The same good-event shares computed by the exporter over its sliding window (--quantile-window), with the
 le bucket it used. Available without Prometheus recording rules; the two should agree. TBT, as in the
@@ -297,8 +294,9 @@ TBT is from the inter-token latency histogram only (none for TGI and trtllm-serv
             unit="s", w=12, log_scale=True),
     )
 
-    lay.row("Throughput and load")
-    lay.add(
+
+def throughput_row() -> Row:
+    return row("Throughput and load",
         timeseries("Prefill vs decode tokens/s", f"""
 Prompt tokens processed (prefill) and output tokens generated (decode) per second. Prefill is mostly
 compute-bound and fast per token; decode produces one token per sequence per step and is mostly bound by
@@ -325,8 +323,7 @@ recomputed or swapped later: tokens/s is wasted and tail latency jumps. Anything
 not compute, caps concurrency.
 """, [target(rule(f"llm_preemptions:rate{WINDOW}"), "{{target}} {{model}} ({{instance}})")], unit="short", w=8,
             minimum=0, threshold_style="area", steps=thresholds((None, "transparent"), (1e-9, "red"))),
-    )
-    lay.add(repeat_per(
+        repeat_per(
         timeseries("Share of engine time: prefill vs decode ($target)", """
 One panel per engine target: which phase the engine spends its time in (llm_phase_time_ratio), prefill and
 decode stacked to 1. Exporters that report the same target name (the Kubernetes sidecar names every target
@@ -334,8 +331,8 @@ decode stacked to 1. Exporters that report the same target name (the Kubernetes 
 engines are bandwidth-bound: look at HBM efficiency on the GPU dashboard. Prefill-dominated ones are
 compute-bound: look at MFU and tensor activity.
 """, [target(f"avg by (phase) ({TM.sel('llm_phase_time_ratio')})", "{{phase}}")], unit="percentunit", w=24,
-            h=7, stack=True, fill=60, minimum=0, maximum=1, legend_calcs=("mean", "lastNotNull")), "target"))
-    lay.add(repeat_per(
+            h=7, stack=True, fill=60, minimum=0, maximum=1, legend_calcs=("mean", "lastNotNull")), "target"),
+        repeat_per(
         timeseries("Finished requests by reason ($target)", f"""
 One panel per engine target: requests finished per second by reason, stacked to the target's total: stop
 (natural end), length (hit max tokens), abort (client gave up, often a symptom of high TTFT), error, other.
@@ -346,18 +343,20 @@ per finished request (LMDeploy). Exporters that report the same target name are 
 """, [target(finished_by_reason(), "{{reason}}")], unit="reqps", w=24, h=7, stack=True, fill=40,
             legend_calcs=("mean", "lastNotNull"),
             overrides=[color_override("^abort.*", "orange"), color_override("^error.*", "red"),
-                       color_override(f"^{NO_REASON}$", "text")]), "target"))
+                       color_override(f"^{NO_REASON}$", "text")]), "target"),
+    )
 
-    lay.row("KV cache")
-    lay.add(
+
+def kv_cache_row() -> Row:
+    return row("KV cache",
         timeseries("KV cache usage", f"""
 Fraction of the KV cache in use (max over ranks). KV bytes per token = 2 x layers x kv_heads x head_dim x
 bytes per element, so long contexts fill it long before the batch limit. Above
-{ALERTS['kv_cache_usage_ratio']:.0%} for long the engine waits or preempts.
+{SATURATION.kv_cache_usage_ratio:.0%} for long the engine waits or preempts.
 """, [target(rule("llm_kv_cache_usage_ratio:max"), "{{target}} {{model}} ({{instance}})")], unit="percentunit",
             w=8, minimum=0,
             maximum=1, threshold_style="dashed",
-            steps=thresholds((None, "transparent"), (0.9, "orange"), (ALERTS["kv_cache_usage_ratio"], "red"))),
+            steps=thresholds((None, "transparent"), (0.9, "orange"), (SATURATION.kv_cache_usage_ratio, "red"))),
         timeseries("KV cache used vs capacity", """
 KV cache in bytes: used and the pool the engine allocated at start (capacity tokens x bytes per token).
 An 80-layer, 8-KV-head, 128-dim FP16 model needs 320 KiB per token, about 31 GiB per 100K tokens: the pool
@@ -370,9 +369,7 @@ How many more sequences of the current mean context fit in the free KV cache. Ne
 means new requests queue for memory, not for compute; raising batch limits cannot help.
 """, [target(TM.sel("llm_kv_cache_headroom_sequences"), "{{target}} {{model}} ({{instance}})")], unit="short", w=8,
             minimum=0, decimals=0, threshold_style="dashed",
-            steps=thresholds((None, "red"), (ALERTS["headroom_min_sequences"], "transparent"))),
-    )
-    lay.add(
+            steps=thresholds((None, "red"), (SATURATION.headroom_min_sequences, "transparent"))),
         timeseries("Prefix cache hit ratio", """
 Share of prompt tokens found in the prefix cache: hits / queries, the rates of llm_prefix_cache_hits_total
 and llm_prefix_cache_queries_total (vLLM; SGLang and trtllm-serve from their cached and prompt token counters,
@@ -389,8 +386,9 @@ using fewer KV heads; KV-cache quantization halves it again. Absent when the mod
 """, [target(TM.sel("llm_kv_cache_bytes_per_token"), "{{model}}")], unit="bytes", w=12, graph=False),
     )
 
-    lay.row("Efficiency and cost")
-    lay.add(
+
+def cost_row() -> Row:
+    return row("Efficiency and cost",
         timeseries("Energy per generated token", """
 GPU energy per output token: GPU energy rate of the target's GPUs / decode tokens/s. Larger batches share
 each step's energy across more tokens, so it falls with batch size until latency limits stop you.
@@ -404,5 +402,12 @@ time of day.
 """, [target(TM.sel("llm_cost_per_million_tokens"), "{{target}} {{model}} ({{instance}})")], unit="none", w=12, decimals=3,
             minimum=0),
     )
+
+
+ROWS: tuple[RowBuilder, ...] = (now_row, verdict_row, latency_row, slo_row, throughput_row, kv_cache_row,
+                                cost_row)
+
+
+def build() -> dict:
     return dashboard(FILENAME, TITLE, "Where the bottleneck is, latency against the SLO, throughput, KV cache "
-                     "and cost, per engine target (llm-exporter).", lay, standard_variables())
+                     "and cost, per engine target (llm-exporter).", layout(ROWS), standard_variables())

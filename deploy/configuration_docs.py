@@ -1,23 +1,20 @@
 #!/usr/bin/env python3
-"""Write docs/configuration.md from the CLI's argparse parser and exporter.config.Config.
+"""Write docs/configuration.md from the settings table (exporter/settings.py) and the CLI parser.
 
     python deploy/configuration_docs.py           write docs/configuration.md
     python deploy/configuration_docs.py --check   exit 1 when docs/configuration.md is stale
 
-Nothing is restated by hand: flags, their help and choices come from exporter.cli.build_parser();
-settings, defaults and the notes on settings without a flag from the Config dataclass (its fields'
-defaults and trailing comments); engine-target options from exporter.config._TARGET_OPTIONS. So a
-new flag or Config field shows up here as soon as this is re-run, and tests/test_deploy.py fails
-until it is.
+Nothing is restated by hand: each setting's flag, variable, YAML key, default and meaning come
+from exporter.settings.SETTINGS (which also builds the flags and the Config); engine-target options
+from exporter.config._TARGET_OPTIONS; the demo's and doctor's other flags from
+exporter.cli.build_parser(). So a new setting shows up here as soon as this is re-run, and
+tests/test_deploy.py fails until it is.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import inspect
 import pathlib
-import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -25,63 +22,16 @@ sys.path.insert(0, str(ROOT))
 
 from exporter import config as config_module  # noqa: E402
 from exporter.cli import build_parser  # noqa: E402
-from exporter.config import ENV_PREFIX, Config  # noqa: E402
+from exporter.settings import BY_NAME, ENV_PREFIX, EXTENSION_PREFIX, SETTINGS, Setting  # noqa: E402
 
 OUT = ROOT / "docs" / "configuration.md"
-# Settings whose YAML key / flag differs from the field name (field -> key).
-KEY_OF_FIELD = {"listen_host": "listen", "listen_port": "listen"}
-SKIP_FIELDS = {"extra"}  # not a setting: where unknown keys of later stages land
-# Meaning of settings that have neither a flag nor a comment in Config (checked by the test:
-# every setting has a meaning).
-NOTES = {
-    "max_series_per_target": "normalized series kept per engine target per collection; whole series past it "
-                             "are dropped and counted (a guard against label explosions)",
-    "max_concurrent_scrapes": "/metrics requests served at once; more get 503 and are counted",
-}
-TARGET_OPTIONS = {
-    "kind": "engine format (vllm, sglang, tgi, ...); default: detected from the exposition",
-    "name": "the `target` label; default: host:port of the URL",
-    "timeout": "scrape timeout of this target; default: engine_timeout",
-    "bearer_token_file": "file holding a bearer token, re-read on every scrape",
-    "bearer_token_env": "name of an environment variable holding a bearer token",
-    "username": "basic-auth user name (with password_file or password_env)",
-    "password_file": "file holding the basic-auth password, re-read on every scrape",
-    "password_env": "name of an environment variable holding the basic-auth password",
-    "ca_file": "CA bundle for an https:// engine; default: the system store",
-    "insecure_skip_verify": "true: do not verify the engine's TLS certificate",
-}
-
-
-def _field_comments() -> dict[str, str]:
-    comments = {}
-    for line in inspect.getsource(Config).splitlines():
-        match = re.match(r"\s+(\w+):[^=#]+=[^#]*#\s*(.+)$", line)
-        if match:
-            comments[match.group(1)] = match.group(2).strip()
-    return comments
+SKIP_FIELDS: set[str] = set()  # Config fields that are no setting (none today)
+_FIELD_SETTING = {"listen_host": "listen", "listen_port": "listen"}  # fields one setting fills together
 
 
 def _key(field_name: str) -> str:
     """The YAML key (and env suffix) of a Config field: interval_s -> interval."""
-    if field_name in KEY_OF_FIELD:
-        return KEY_OF_FIELD[field_name]
-    return field_name[:-2] if field_name.endswith("_s") else field_name
-
-
-def _default(field: dataclasses.Field) -> str:
-    if field.default is not dataclasses.MISSING:
-        value = field.default
-    elif field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        value = field.default_factory()  # type: ignore[misc]
-    else:
-        return "required"
-    if value is None or value == ():
-        return "unset"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if field.name.endswith("_s") and isinstance(value, int | float):
-        return f"{value:g}s"
-    return str(value)
+    return BY_NAME[_FIELD_SETTING.get(field_name, field_name)].yaml_key
 
 
 def _cell(text: str) -> str:
@@ -103,41 +53,27 @@ def _flag(action: argparse.Action) -> str:
     flag = max(action.option_strings, key=len)
     if action.nargs == 0:
         return f"`{flag}`"
-    metavar = action.metavar or (f"{{{','.join(map(str, action.choices))}}}" if action.choices else action.dest.upper())
+    choices = f"{{{','.join(map(str, action.choices))}}}" if action.choices else None
+    metavar = action.metavar or choices or action.dest.upper()
     return f"`{flag} {metavar}`"
 
 
+def _setting_flag(setting: Setting, actions: dict[str, argparse.Action]) -> str:
+    if not setting.flag:
+        return "—"
+    return _flag(actions[setting.dest])
+
+
 def run_table() -> list[str]:
-    run = _subparsers(build_parser())["run"]
-    comments = _field_comments()
-    fields = {f.name: f for f in dataclasses.fields(Config) if f.name not in SKIP_FIELDS}
-    by_key: dict[str, list[dataclasses.Field]] = {}
-    for f in fields.values():
-        by_key.setdefault(_key(f.name), []).append(f)
-    flags = {a.dest: a for a in _actions(run)}
-    rows = ["| Flag | Environment variable | YAML key | Default | Meaning |", "| --- | --- | --- | --- | --- |"]
-    seen_keys = set()
-    for dest, action in flags.items():
-        if dest == "config":
-            rows.append(f"| {_flag(action)} | `{ENV_PREFIX}CONFIG` | — | unset | {_cell(action.help or '')} |")
-            continue
-        key = dest
-        if key not in by_key:
-            raise SystemExit(f"flag {max(action.option_strings, key=len)} (dest {dest}) has no Config field: "
-                             "teach deploy/configuration_docs.py how it maps")
-        seen_keys.add(key)
-        group = by_key[key]
-        default = ("0.0.0.0:9480" if key == "listen" else _default(group[0]))
-        env = f"`{ENV_PREFIX}{key.upper()}`"
-        if key == "engines":
-            env = f"`{ENV_PREFIX}ENGINES` (space-separated)"
-        yaml_key = "`host.enabled` or `host_enabled`" if key == "host_enabled" else f"`{key}`"
-        rows.append(f"| {_flag(action)} | {env} | {yaml_key} | {default} | {_cell(action.help or '')} |")
-    for key, group in by_key.items():
-        if key in seen_keys:
-            continue
-        note = comments.get(group[0].name) or NOTES.get(group[0].name, "")
-        rows.append(f"| — | `{ENV_PREFIX}{key.upper()}` | `{key}` | {_default(group[0])} | {_cell(note)} |")
+    actions = {a.dest: a for a in _actions(_subparsers(build_parser())["run"])}
+    rows = ["| Flag | Environment variable | YAML key | Default | Meaning |",
+            "| --- | --- | --- | --- | --- |"]
+    for setting in SETTINGS:
+        env = f"`{setting.env}`" + (" (space-separated)" if setting.name == "engines" else "")
+        yaml_key = {"config": "—", "host_enabled": "`host.enabled` or `host_enabled`"}.get(
+            setting.name, f"`{setting.yaml_key}`")
+        rows.append(f"| {_setting_flag(setting, actions)} | {env} | {yaml_key} | {setting.shown_default()} "
+                    f"| {_cell(setting.help)} |")
     return rows
 
 
@@ -146,20 +82,21 @@ def options_table(parser: argparse.ArgumentParser) -> list[str]:
     for action in _actions(parser):
         if isinstance(action, argparse._VersionAction):
             continue
-        default = "" if action.default is None or action.default is False or action.default == argparse.SUPPRESS \
-            else f"`{action.default}`"
+        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        default = "" if unset else f"`{action.default}`"
         rows.append(f"| {_flag(action)} | {default} | {_cell(action.help or '')} |")
     return rows
 
 
 def yaml_example() -> list[str]:
-    lines = ["```yaml", "# llm-exporter run --config exporter.yaml (every key optional; values shown are the defaults)"]
-    for f in dataclasses.fields(Config):
-        if f.name in SKIP_FIELDS or f.name == "listen_port" or f.name == "engines":
+    lines = ["```yaml",
+             "# llm-exporter run --config exporter.yaml (every key optional; values shown are the defaults)"]
+    for setting in SETTINGS:
+        if not setting.field or setting.name == "engines":
             continue
-        key = _key(f.name)
-        default = "0.0.0.0:9480" if key == "listen" else _default(f)
-        lines.append(f"# {key}: {default}" if default == "unset" else f"{key}: {default}")
+        default = setting.shown_default()
+        line = f"{setting.yaml_key}: {default}"
+        lines.append(f"# {line}" if default == "unset" else line)
     lines += [
         "engines:                        # or `engines: [\"http://127.0.0.1:8000,kind=vllm\"]`",
         "  - url: http://127.0.0.1:8000  # /metrics is appended when the path is empty",
@@ -174,23 +111,32 @@ def yaml_example() -> list[str]:
 def render() -> str:
     parser = build_parser()
     subs = _subparsers(parser)
-    options = sorted(getattr(config_module, "_TARGET_OPTIONS", ()) or ())
+    options = sorted(config_module._TARGET_OPTIONS)
     out = [
-        "<!-- Generated by deploy/configuration_docs.py from exporter/cli.py and exporter/config.py; "
+        "<!-- Generated by deploy/configuration_docs.py from exporter/settings.py and exporter/cli.py; "
         "do not edit by hand. -->",
         "# Configuration",
         "",
         "`llm-exporter run` takes its settings from, in this order of precedence: a command-line flag,",
-        f"an environment variable `{ENV_PREFIX}<KEY>`, a YAML file (`--config PATH` or `{ENV_PREFIX}CONFIG`),",
+        f"an environment variable `{ENV_PREFIX}<KEY>`, a YAML file (`--config PATH` or "
+        f"`{ENV_PREFIX}CONFIG`),",
         "then the default. Every setting is validated once at start: a bad value prints one line naming",
-        "the setting and exits with status 2. Durations take `500ms`, `2s`, `1m`, `1h` or plain seconds; the interval is at least 100ms.",
-        "Keys a YAML file has that no setting knows are kept for later stages, not rejected.",
+        "the setting and exits with status 2. Durations take `500ms`, `2s`, `1m`, `1h` or plain seconds; "
+        "the interval is at least 100ms.",
+        "A key no setting knows is refused the same way, naming the closest known key",
+        "(`unknown key 'intervall' (did you mean 'interval'?)`); top-level keys starting with",
+        f"`{EXTENSION_PREFIX}` are ignored, a place for YAML anchors "
+        f"(`{EXTENSION_PREFIX}defaults: &d {{kind: vllm}}`).",
+        f"An `{ENV_PREFIX}*` variable that is no setting is ignored with a warning naming the closest one",
+        "(tests and builds share the prefix). Mapping settings (`gpu_spec`, `target_gpus`) take a JSON",
+        "object in a variable. Byte sizes take a plain number of bytes or `512KiB`, `8MiB`, `1GiB`.",
         "",
         "## `llm-exporter run`",
         "",
         *run_table(),
         "",
-        "In YAML, `host:` may also be a block: `host: {enabled: true, proc_root: /host/proc, sys_root: /host/sys}`.",
+        "In YAML, `host:` may also be a block: "
+        "`host: {enabled: true, proc_root: /host/proc, sys_root: /host/sys}`.",
         "In containers, change the port with `LLM_EXPORTER_LISTEN` rather than `--listen`: the image's",
         "HEALTHCHECK reads that variable.",
         "",
@@ -201,7 +147,7 @@ def render() -> str:
         "",
         "| Option | Meaning |",
         "| --- | --- |",
-        *[f"| `{o}` | {_cell(TARGET_OPTIONS.get(o, 'see `llm-exporter run --help`'))} |" for o in options],
+        *[f"| `{o}` | {_cell(config_module._TARGET_OPTIONS[o])} |" for o in options],
         "",
         "Secrets are never accepted inline (`token=`, `password=` ...): name a file or a variable.",
         "",
@@ -250,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if args.check:
         if not OUT.exists() or OUT.read_text(encoding="utf-8") != text:
-            print("docs/configuration.md is stale: run `python deploy/configuration_docs.py`", file=sys.stderr)
+            print("docs/configuration.md is stale: run `python deploy/configuration_docs.py`",
+                  file=sys.stderr)
             return 1
         print("docs/configuration.md up to date")
         return 0

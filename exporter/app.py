@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import signal
@@ -16,7 +17,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 
 from exporter.collect import Collector
-from exporter.config import Config, ConfigError
+from exporter.config import Config, ConfigError, EngineTarget
 from exporter.derive import build_deriver
 from exporter.httpserver import LISTEN_BACKLOG, HttpServer, Limits
 from exporter.server import RequestGuard, create_app
@@ -121,9 +122,7 @@ def bind_listener(config: Config) -> socket.socket:
 
 def make_collector(config: Config, sources: Sequence[Source], *,
                    extra_health: Callable[[], Iterable[Sample]] | None = None) -> Collector:
-    timeouts = {s.name: s.target.timeout_s for s in sources if isinstance(s, EngineSource)}
-    return Collector(sources, interval_s=config.interval_s, timeouts=timeouts, derive=build_deriver(config),
-                     extra_health=extra_health)
+    return Collector(sources, interval_s=config.interval_s, derive=build_deriver(config), extra_health=extra_health)
 
 
 def load_web_config(config: Config) -> WebConfigManager | None:
@@ -203,3 +202,39 @@ async def _reload_web(web: WebConfigManager) -> None:
         await web.reload("SIGHUP")
     except Exception:  # noqa: BLE001 - a reload bug must not end the process
         log.exception("web config reload on SIGHUP failed")
+
+
+async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, engine_format: str, gpu_name: str,
+                   model: str, seed: int = 0, speed: float = 1.0, stop: asyncio.Event | None = None,
+                   announce: Callable[[str], None] = print) -> None:
+    """`llm-exporter demo`: twins on loopback, the exporter scraping them over HTTP exactly as it
+    scrapes a real engine, the simulated GPU source reading the twins, the host source reading
+    this machine. Runs until `stop` is set or SIGINT/SIGTERM. Assembled here, above the simulator,
+    so the simulator never imports the exporter's app."""
+    from exporter.simulator.demo import start_twins
+    from exporter.sources.gpu.sim import SimGpuSource
+
+    sock = bind_listener(config)
+    twins = await start_twins(scenario=scenario, engines=engines, gpus=gpus, engine_format=engine_format,
+                              gpu_name=gpu_name, model=model, seed=seed, speed=speed)
+    try:
+        targets = tuple(EngineTarget(url=t.url + "/metrics", name=f"demo-{i}", kind=None,
+                                     timeout_s=config.engine_timeout_s) for i, t in enumerate(twins))
+        config = dataclasses.replace(config, engines=targets, model=config.model or model)
+        sources = build_sources(config, gpu_source=SimGpuSource([t.twin for t in twins]))
+        base = f"http://{'127.0.0.1' if config.listen_host in ('0.0.0.0', '') else config.listen_host}:" \
+               f"{config.listen_port}"
+        announce(
+            f"llm-exporter demo: {engines} {engine_format} twin(s) of {model} on {gpus}x {gpu_name}, "
+            f"scenario {scenario}\n"
+            f"  status page   {base}/\n  metrics       {base}/metrics\n"
+            f"  diagnosis     {base}/api/v1/diagnosis\n"
+            + "".join(f"  twin {i}        {t.url}/metrics  (switch: curl -X POST '{t.url}/sim/scenario?name=overload')\n"
+                      for i, t in enumerate(twins))
+            + "Ctrl-C stops it."
+        )
+        await serve(config, sources, sock, stop)
+    finally:
+        for running in twins:
+            with contextlib.suppress(Exception):
+                await running.stop()

@@ -10,42 +10,15 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from exporter import __version__
-from exporter.config import GPU_BACKENDS, ConfigError, RedactUrlCredentials, load_config
+from exporter.config import ConfigError, env_warnings, load_config
+from exporter.redact import RedactUrlCredentials
+from exporter.settings import add_flags
 
 EXIT_CONFIG = 2
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML config file (env LLM_EXPORTER_CONFIG)")
-    parser.add_argument("--engine", dest="engines", action="append", metavar="URL[,kind=K][,name=N][,timeout=T]",
-                        help="engine /metrics URL to scrape; repeat for several targets (env LLM_EXPORTER_ENGINES); "
-                             "credentials: bearer_token_file=PATH | bearer_token_env=VAR | username=U,password_file=PATH"
-                             " | username=U,password_env=VAR; TLS: ca_file=PATH, insecure_skip_verify=true. "
-                             "Secrets themselves are refused on the command line")
-    parser.add_argument("--web.config.file", dest="web_config_file", metavar="PATH",
-                        help="TLS and basic auth config in the exporter-toolkit format, reloaded when it changes "
-                             "(env LLM_EXPORTER_WEB_CONFIG_FILE; see docs/security.md)")
-    parser.add_argument("--listen", help="HOST:PORT to serve on (default 0.0.0.0:9480; env LLM_EXPORTER_LISTEN)")
-    parser.add_argument("--interval", help="collection interval, e.g. 1s or 500ms (default 1s)")
-    parser.add_argument("--engine-timeout", dest="engine_timeout", help="per-target scrape timeout (default 0.8s)")
-    parser.add_argument("--max-payload-bytes", dest="max_payload_bytes", help="engine payload cap (default 8 MiB)")
-    parser.add_argument("--gpu-backend", dest="gpu_backend", choices=GPU_BACKENDS, help="GPU source (default auto)")
-    parser.add_argument("--sim-url", dest="sim_url", help="twin URL for --gpu-backend sim")
-    parser.add_argument("--no-host", dest="host_enabled", action="store_const", const=False,
-                        help="disable the host source")
-    parser.add_argument("--proc-root", dest="proc_root", help="procfs mount point (default /proc)")
-    parser.add_argument("--sys-root", dest="sys_root", help="sysfs mount point (default /sys)")
-    parser.add_argument("--engine-port", dest="engine_port", help="find the engine process by its listening port")
-    parser.add_argument("--engine-pidfile", dest="engine_pidfile", help="find the engine process by pid file")
-    parser.add_argument("--engine-process-name", dest="engine_process_name",
-                        help="find the engine process by name (regex on comm/cmdline)")
-    parser.add_argument("--model", help="model shape: a built-in name (e.g. llama-3.1-70b) or a config.json path")
-    parser.add_argument("--tensor-parallel", dest="tensor_parallel", help="GPUs per engine replica")
-    parser.add_argument("--gpu-price-per-hour", dest="gpu_price_per_hour", help="price of one GPU-hour")
-    parser.add_argument("--slo-ttft", dest="slo_ttft", help="TTFT SLO threshold (default 2.5s)")
-    parser.add_argument("--slo-tbt", dest="slo_tbt", help="time-between-tokens SLO threshold (default 100ms)")
-    parser.add_argument("--quantile-window", dest="quantile_window", help="sliding window for tails (default 5m)")
-    parser.add_argument("--log-level", dest="log_level", help="debug, info, warning or error (default info)")
+    add_flags(parser)
 
 
 def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
@@ -61,13 +34,14 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="llama-3.1-8b", help="simulated model (built-in shape name)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speed", type=float, default=1.0,
-                        help="simulated seconds per real second (e.g. 8 fills a KV cache 8x sooner); token rates "
-                             "and the bandwidth modelled from them then read SPEED times too high")
-    parser.add_argument("--gpu-price-per-hour", dest="gpu_price_per_hour",
-                        help="price of one GPU-hour, for the cost-per-token panels")
-    parser.add_argument("--listen", default="127.0.0.1:9480", help="exporter HOST:PORT (default 127.0.0.1:9480)")
-    parser.add_argument("--interval", default="1s")
-    parser.add_argument("--log-level", dest="log_level", default="warning")
+                        help="simulated seconds per real second (e.g. 8 fills a KV cache 8x sooner); token "
+                             "rates and the bandwidth modelled from them then read SPEED times too high")
+    add_flags(parser, ("gpu_price_per_hour", "listen", "interval_s", "log_level"),
+              helps={"gpu_price_per_hour": "price of one GPU-hour, for the cost-per-token panels",
+                     "listen": "exporter HOST:PORT (default 127.0.0.1:9480)",
+                     "interval_s": "collection interval (default 1s)",
+                     "log_level": "debug, info, warning or error (default warning)"},
+              defaults={"listen": "127.0.0.1:9480", "interval_s": "1s", "log_level": "warning"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="scrape engines, GPUs and the host; serve /metrics")
     _add_run_flags(run_parser)
-    demo_parser = commands.add_parser("demo", help="run the digital twin and the exporter scraping it (no GPU needed)")
+    demo_parser = commands.add_parser(
+        "demo", help="run the digital twin and the exporter scraping it (no GPU needed)")
     _add_demo_flags(demo_parser)
     from exporter import doctor
 
@@ -105,6 +80,8 @@ def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     try:
         config = load_config(flags, env)
         setup_logging(config.log_level)
+        for warning in env_warnings(env):
+            logging.getLogger("exporter.config").warning("%s", warning)
         web = load_web_config(config)
         sources = build_sources(config)
         sock = bind_listener(config)
@@ -117,7 +94,7 @@ def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def command_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from exporter.simulator.demo import run_demo
+    from exporter.app import run_demo
 
     if not 1 <= args.engines <= 16 or not 1 <= args.gpus <= 8:
         print("llm-exporter: invalid engines/gpus: engines 1..16, gpus 1..8", file=sys.stderr)

@@ -14,13 +14,14 @@ import logging
 import platform
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from exporter import __version__
 from exporter.expose import Renderer
-from exporter.snapshot import Sample, Snapshot, SourceResult, labels_of
+from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult, labels_of
 from exporter.sources.base import Source, SourceData, SourceError
 
 log = logging.getLogger("llm_exporter.collect")
@@ -36,6 +37,13 @@ class SourceHealth:
     errors: dict[str, int] = field(default_factory=dict)
     last_state: str = ""  # "ok" or the last error reason, for one log line per change
     in_flight: asyncio.Task | None = None
+
+
+class HealthView(NamedTuple):
+    """A copy of one source's SourceHealth that a reader off the event loop may keep."""
+
+    last_success_ts: float | None
+    errors: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +78,9 @@ def _no_derive(snapshot: Snapshot, previous: Snapshot | None) -> tuple[Sample, .
 
 
 class Collector:
+    """Runs the cycles. What the HTTP side may read is the public methods below (published,
+    health_view, diagnosis, count_rejected, ready, interval_s); the rest is the loop's own state."""
+
     def __init__(
         self,
         sources: Sequence[Source],
@@ -85,7 +96,8 @@ class Collector:
             raise ValueError(f"duplicate source names: {names}")
         self.sources = tuple(sources)
         self.interval_s = interval_s
-        self.timeouts = {s.name: (timeouts or {}).get(s.name, interval_s) for s in sources}
+        # Each source declares its bound (None: the interval); `timeouts` overrides it by name.
+        self.timeouts = {s.name: (timeouts or {}).get(s.name, s.timeout_s or interval_s) for s in sources}
         self.derive = derive
         self.clock = clock
         # Self-health of parts outside the loop (the web config reloader), emitted every cycle.
@@ -102,6 +114,23 @@ class Collector:
     def ready(self) -> bool:
         return self.latest is not None
 
+    def published(self) -> Published | None:
+        """The latest finished cycle (None before the first); immutable once published."""
+        return self.latest
+
+    def health_view(self) -> Mapping[str, HealthView]:
+        """A copy of the per-source health, taken on the event loop, for a worker thread."""
+        return {name: HealthView(h.last_success_ts, dict(h.errors)) for name, h in self.health.items()}
+
+    def diagnosis(self) -> dict[str, Any] | None:
+        """The deriver's verdicts for the latest cycle, or None when the deriver gives none."""
+        diagnose = getattr(self.derive, "diagnosis", None)
+        return None if diagnose is None else diagnose()
+
+    def count_rejected(self) -> None:
+        """A /metrics request refused at the concurrency cap (llm_exporter_scrapes_rejected_total)."""
+        self.scrapes_rejected += 1
+
     async def wait_ready(self, timeout: float) -> bool:
         try:
             await asyncio.wait_for(self._ready.wait(), timeout)
@@ -114,7 +143,7 @@ class Collector:
         started = time.perf_counter()
         attrs = dict(getattr(source, "attrs", {}) or {})
         if health.in_flight is not None and not health.in_flight.done():
-            return self._failed(source.name, attrs, 0.0, "busy", "previous collection still running")
+            return self._failed(source, attrs, 0.0, "busy", "previous collection still running")
         task = asyncio.ensure_future(source.collect())
         health.in_flight = task
         timeout = self.timeouts[source.name]
@@ -122,7 +151,7 @@ class Collector:
         duration = time.perf_counter() - started
         if not done:
             task.add_done_callback(_consume_result)
-            return self._failed(source.name, attrs, duration, "timeout", f"no answer within {timeout:g}s")
+            return self._failed(source, attrs, duration, "timeout", f"no answer within {timeout:g}s")
         health.in_flight = None
         # exception(), not result(): re-raising here would add this frame, which holds the task,
         # to the traceback the task holds, a reference cycle.
@@ -137,21 +166,22 @@ class Collector:
                 log.debug("source %s raised", source.name, exc_info=error)
                 reason, message = "exception", f"{type(error).__name__}: {error}"
             release_exception(error)
-            return self._failed(source.name, attrs, duration, reason, message)
+            return self._failed(source, attrs, duration, reason, message)
         data: SourceData = task.result()
         attrs.update(data.attrs)
         now = self.clock()
         health.last_success_ts = now
         self._log_state(source.name, "ok", "")
         return SourceResult(source.name, True, duration, now, tuple(data.samples),
-                            attrs=MappingProxyType(attrs))
+                            attrs=MappingProxyType(attrs), kind=source.kind, timeout_s=timeout)
 
-    def _failed(self, name: str, attrs: dict, duration: float, reason: str, message: str) -> SourceResult:
+    def _failed(self, source: Source, attrs: dict, duration: float, reason: str, message: str) -> SourceResult:
+        name = source.name
         health = self.health[name]
         health.errors[reason] = health.errors.get(reason, 0) + 1
         self._log_state(name, reason, message)
         return SourceResult(name, False, duration, self.clock(), (), reason, message,
-                            MappingProxyType(attrs))
+                            MappingProxyType(attrs), source.kind, self.timeouts[name])
 
     def _log_state(self, name: str, state: str, message: str) -> None:
         health = self.health[name]
@@ -230,7 +260,7 @@ class Collector:
 
 def _engine_up(result: SourceResult) -> list[Sample]:
     """`llm_engine_up{target,engine}` for engine sources, 0 on failure (with the last known kind)."""
-    if result.attrs.get("kind") != "engine":
+    if result.kind is not SourceKind.ENGINE:
         return []
     labels = labels_of(target=result.attrs.get("target", result.source),
                        engine=result.attrs.get("engine", "unknown"))

@@ -1,67 +1,46 @@
-"""Configuration: one frozen dataclass, validated once at start.
+"""Configuration: one frozen dataclass, built from the settings table and validated once at start.
 
 Precedence: command-line flag > LLM_EXPORTER_* environment variable > YAML file > default
-(dcgm-exporter's env twins, declared in one place). A bad value raises ConfigError naming the
-field and the value; the CLI turns it into one line on stderr and exit status 2."""
+(dcgm-exporter's env twins). The settings themselves are declared in exporter/settings.py; this
+module merges the sources, refuses unknown keys, and parses engine targets (a structured
+setting with its own options, declared here). A bad value raises ConfigError naming the field and
+the value; the CLI turns it into one line on stderr and exit status 2."""
 
 from __future__ import annotations
 
 import dataclasses
-import hmac
-import logging
 import os
-import re
 import ssl
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-from exporter.yamlsafe import MAX_ECHO_CHARS, YamlLoadError, load_yaml_file, shorten
+from exporter.redact import CredentialError, Secret, read_secret_file, redact_url
+from exporter.settings import (
+    BY_KEY,
+    BY_NAME,
+    DEFAULT_ENGINE_TIMEOUT_S,
+    DEFAULT_INTERVAL_S,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    ENV_PREFIX,
+    EXTENSION_PREFIX,
+    HOST_BLOCK,
+    SETTINGS,
+    TARGET_NAME_RE,
+    ConfigError,
+    UnknownKeyError,
+    as_bool,
+    did_you_mean,
+    parse_duration,
+    parse_listen,
+)
+from exporter.yamlsafe import YamlLoadError, load_yaml_file
 
-GPU_BACKENDS = ("auto", "nvml", "sim", "none")
-DEFAULT_LISTEN = "0.0.0.0:9480"
-DEFAULT_INTERVAL_S = 1.0
-DEFAULT_ENGINE_TIMEOUT_S = 0.8
-MIN_INTERVAL_S = 0.1  # below this the collector would spin (a cycle itself takes a few ms of CPU)
-DEFAULT_MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
-ENV_PREFIX = "LLM_EXPORTER_"
-_TARGET_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; `field` and `value` name it."""
-
-    def __init__(self, field_name: str, value: object, reason: str) -> None:
-        # Values come from files and flags: quote only the start of one (a YAML value can stand
-        # for millions of nodes), and keep the message on one line.
-        super().__init__(f"invalid {field_name}={shorten(repr(value))}: {shorten(reason, 4 * MAX_ECHO_CHARS)}")
-        self.field = field_name
-        self.value = value
-
-
-class Secret:
-    """A credential read from an environment variable. Its repr and str never show the value, so a
-    Config or EngineTarget that ends up in a log line or a traceback does not leak it."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('<redacted>')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and hmac.compare_digest(self._value.encode(), other._value.encode())
-
-    def __hash__(self) -> int:
-        return hash((Secret, len(self._value)))
+# Re-exported for the modules and tests that import them from here.
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "ENV_PREFIX", "Config", "ConfigError", "EngineTarget", "build_config",
+           "env_warnings", "load_config", "parse_duration", "parse_engine_spec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,103 +79,33 @@ class EngineTarget:
         return "none"
 
 
-@dataclass(frozen=True, slots=True)
-class Config:
-    listen_host: str = "0.0.0.0"
-    listen_port: int = 9480
-    interval_s: float = DEFAULT_INTERVAL_S
-    engines: tuple[EngineTarget, ...] = ()
-    engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-    max_series_per_target: int = 10_000
-    gpu_backend: str = "auto"
-    sim_url: str | None = None  # twin URL for --gpu-backend sim when the twin is another process
-    host_enabled: bool = True
-    proc_root: str = "/proc"
-    sys_root: str = "/sys"
-    engine_port: int | None = None
-    engine_pidfile: str | None = None
-    engine_process_name: str | None = None
-    max_concurrent_scrapes: int = 4
-    log_level: str = "info"
-    # Derivation settings (exporter/derive/): the model shape turns token rates into bytes and FLOPs.
-    model: str | None = None  # a built-in shape name or a path to a Hugging Face config.json
-    tensor_parallel: int | None = None  # GPUs one engine replica spans; default: all GPUs seen
-    gpu_price_per_hour: float | None = None  # for llm_cost_per_million_tokens; omitted when unset
-    slo_ttft_s: float = 2.5
-    slo_tbt_s: float = 0.1
-    quantile_window_s: float = 300.0
-    web_config_file: str | None = None  # --web.config.file: TLS and basic auth (exporter/webconfig.py)
-    extra: Mapping[str, Any] = field(default_factory=dict)  # settings of later stages (derive)
+# --- Config: one field per setting of the table ---------------------------------------------
 
-    @property
-    def listen(self) -> str:
-        return f"{_bracket(self.listen_host)}:{self.listen_port}"
+def _config_fields() -> list[tuple[str, Any, Any]]:
+    fields: list[tuple[str, Any, Any]] = []
+    for setting in SETTINGS:
+        if not setting.field:
+            continue
+        if setting.name == "listen":
+            host, port = parse_listen(setting.default)
+            fields += [("listen_host", "str", dataclasses.field(default=host)),
+                       ("listen_port", "int", dataclasses.field(default=port))]
+        else:
+            fields.append((setting.name, setting.annotation, dataclasses.field(default=setting.default)))
+    return fields
 
 
-def _bracket(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
+def _listen(self: Any) -> str:
+    host = self.listen_host
+    return f"{f'[{host}]' if ':' in host else host}:{self.listen_port}"
 
 
-def redact_url(url: str) -> str:
-    """Drop user:password@ from a URL before it is logged, labelled or shown. Never raises: a URL
-    urllib cannot split (a bad port, an unclosed IPv6 bracket) loses its userinfo by pattern."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        if parts.username is None and parts.password is None:
-            return url
-        _, _, hostport = parts.netloc.rpartition("@")
-    except ValueError:
-        return _URL_USERINFO.sub(r"\1", url)
-    return urllib.parse.urlunsplit((parts.scheme, hostport, parts.path, parts.query, parts.fragment))
+Config = dataclasses.make_dataclass(
+    "Config", _config_fields(), frozen=True, slots=True,
+    namespace={"listen": property(_listen), "__module__": __name__,
+               "__doc__": "Every setting of exporter/settings.py.SETTINGS, validated (build_config)."})
 
 
-# user:password@ after a scheme; quotes may be part of a password, so only / and spaces end it.
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
-
-
-class RedactUrlCredentials(logging.Filter):
-    """Last line of defence for logs: drop user:password@ from any URL in a record, whoever
-    wrote it (httpx logs full request URLs). On the root handlers (cli.setup_logging) and on the
-    httpx logger (EngineSource), so it holds however logging is configured."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        redacted = _URL_USERINFO.sub(r"\1", message)
-        if redacted != message:
-            record.msg, record.args = redacted, None
-        return True
-
-
-def install_log_redaction(logger: logging.Logger) -> None:
-    if not any(isinstance(f, RedactUrlCredentials) for f in logger.filters):
-        logger.addFilter(RedactUrlCredentials())
-
-
-def parse_listen(value: str, field_name: str = "listen") -> tuple[str, int]:
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not port_text.isdigit():
-        raise ConfigError(field_name, value, "expected HOST:PORT")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ConfigError(field_name, value, "port out of range")
-    return (host.strip("[]") or "0.0.0.0"), port
-
-
-def parse_duration(value: object, field_name: str) -> float:
-    """Seconds from 1.5, "1.5", "500ms", "2s", "1m"."""
-    if isinstance(value, bool):
-        raise ConfigError(field_name, value, "expected a duration like 1s or 500ms")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*", str(value))
-        if not match:
-            raise ConfigError(field_name, value, "expected a duration like 1s or 500ms")
-        seconds = float(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}[match.group(2)]
-    if not 0 < seconds <= 3600:
-        raise ConfigError(field_name, value, "must be > 0 and at most 1h")
-    return seconds
 
 
 def _default_target_name(url: str) -> str:
@@ -229,24 +138,40 @@ def normalize_engine_url(url: str) -> str:
 INLINE_SECRET_KEYS = frozenset({"bearer_token", "token", "password", "credentials", "authorization"})
 _SECRET_ADVICE = ("put the secret in a file (bearer_token_file=PATH, password_file=PATH) or an environment "
                   "variable (bearer_token_env=VAR, password_env=VAR)")
-_TARGET_OPTIONS = frozenset({"kind", "name", "timeout", "bearer_token_file", "bearer_token_env", "username",
-                             "password_file", "password_env", "ca_file", "insecure_skip_verify"})
+# The options of one engine target, with their meaning (docs/configuration.md lists them).
+_TARGET_OPTIONS: Mapping[str, str] = MappingProxyType({
+    "kind": "engine format (vllm, sglang, tgi, ...); default: detected from the exposition",
+    "name": "the `target` label; default: host:port of the URL",
+    "timeout": "scrape timeout of this target; default: engine_timeout",
+    "bearer_token_file": "file holding a bearer token, re-read on every scrape",
+    "bearer_token_env": "name of an environment variable holding a bearer token",
+    "username": "basic-auth user name (with password_file or password_env)",
+    "password_file": "file holding the basic-auth password, re-read on every scrape",
+    "password_env": "name of an environment variable holding the basic-auth password",
+    "ca_file": "CA bundle for an https:// engine; default: the system store",
+    "insecure_skip_verify": "true: do not verify the engine's TLS certificate",
+})
+# Where a YAML target may group options the Prometheus way.
+_TARGET_BLOCKS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "basic_auth": ("username", "password_file", "password_env", "password"),
+    "tls_config": ("ca_file", "insecure_skip_verify")})
 
 
 def _flatten_target_mapping(spec: Mapping[str, Any]) -> dict[str, Any]:
     """YAML targets may group options the Prometheus way: basic_auth: {username, password_file,
     password_env} and tls_config: {ca_file, insecure_skip_verify}."""
     options = {str(k): v for k, v in spec.items()}
-    for block, allowed in (("basic_auth", ("username", "password_file", "password_env", "password")),
-                           ("tls_config", ("ca_file", "insecure_skip_verify"))):
+    for block, allowed in _TARGET_BLOCKS.items():
         inner = options.pop(block, None)
         if inner is None:
             continue
         if not isinstance(inner, Mapping):
             raise ConfigError(f"engine.{block}", "<mapping expected>", "expected a mapping")
-        unknown = set(map(str, inner)) - set(allowed)
+        unknown = sorted(set(map(str, inner)) - set(allowed))
         if unknown:
-            raise ConfigError(f"engine.{block}", sorted(unknown), f"unknown option(s); expected {', '.join(allowed)}")
+            hint = did_you_mean(unknown[0], allowed)
+            raise ConfigError(f"engine.{block}", unknown,
+                              f"unknown option(s){hint}; expected {', '.join(allowed)}")
         options.update({str(k): v for k, v in inner.items()})
     return options
 
@@ -268,10 +193,13 @@ def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float,
             options[key.strip()] = value.strip()
     inline = set(options) & INLINE_SECRET_KEYS
     if inline:
-        raise ConfigError("engine", redact_url(url), f"{sorted(inline)[0]} must not be given inline: {_SECRET_ADVICE}")
-    unknown = set(options) - _TARGET_OPTIONS
+        raise ConfigError("engine", redact_url(url),
+                          f"{sorted(inline)[0]} must not be given inline: {_SECRET_ADVICE}")
+    unknown = sorted(set(options) - set(_TARGET_OPTIONS))
     if unknown:
-        raise ConfigError("engine", redact_url(url), f"unknown option(s) {sorted(unknown)}")
+        known = (*_TARGET_OPTIONS, *(("url", *_TARGET_BLOCKS) if isinstance(spec, Mapping) else ()))
+        hint = did_you_mean(unknown[0], known)
+        raise ConfigError("engine", redact_url(url), f"unknown option(s) {unknown}{hint}")
     url = normalize_engine_url(url)
     kind = options.get("kind")
     if kind is not None:
@@ -281,9 +209,11 @@ def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float,
             raise ConfigError("engine.kind", kind, f"expected one of {', '.join(('auto',) + known)}")
         kind = None if kind == "auto" else kind
     name = str(options.get("name") or _default_target_name(url))
-    if not _TARGET_NAME_RE.match(name):
+    if not TARGET_NAME_RE.match(name):
         raise ConfigError("engine.name", name, "letters, digits and _.:- only, 1-64 characters")
-    timeout = parse_duration(options["timeout"], "engine.timeout") if "timeout" in options else default_timeout
+    timeout = default_timeout
+    if "timeout" in options:
+        timeout = parse_duration(options["timeout"], "engine.timeout")
     credentials = _target_credentials(url, options, os.environ if env is None else env)
     return EngineTarget(url=url, name=name, kind=kind, timeout_s=timeout, **credentials)
 
@@ -314,7 +244,8 @@ def _target_credentials(url: str, options: Mapping[str, Any], env: Mapping[str, 
     if bearer and basic:
         raise ConfigError("engine", where, "set either a bearer token or basic auth, not both")
     if (bearer or basic) and urllib.parse.urlsplit(url).username is not None:
-        raise ConfigError("engine", where, "the URL already carries user:password@; remove it or the other credentials")
+        raise ConfigError("engine", where,
+                          "the URL already carries user:password@; remove it or the other credentials")
     values: dict[str, Any] = {"bearer_token_file": token_file, "bearer_token_env": token_env,
                               "basic_auth_username": username, "basic_auth_password_file": password_file,
                               "basic_auth_password_env": password_env}
@@ -332,14 +263,15 @@ def _target_credentials(url: str, options: Mapping[str, Any], env: Mapping[str, 
                               "the value contains a line break or NUL")
         values["env_secret"] = Secret(value.strip())
     ca_file = _opt(options, "ca_file")
-    insecure = _as_bool(options.get("insecure_skip_verify", False), "engine.insecure_skip_verify")
+    insecure = as_bool(options.get("insecure_skip_verify", False), "engine.insecure_skip_verify")
     if ca_file and insecure:
         raise ConfigError("engine", where, "ca_file and insecure_skip_verify exclude each other")
     if ca_file:
         try:
             ssl.create_default_context(cafile=ca_file)
         except ssl.SSLError as error:  # before OSError, its base class
-            raise ConfigError("engine.ca_file", ca_file, f"not a PEM CA bundle ({error.reason or error})") from None
+            reason = f"not a PEM CA bundle ({error.reason or error})"
+            raise ConfigError("engine.ca_file", ca_file, reason) from None
         except OSError as error:
             raise ConfigError("engine.ca_file", ca_file, error.strerror or str(error)) from None
     values["ca_file"], values["insecure_skip_verify"] = ca_file, insecure
@@ -347,8 +279,6 @@ def _target_credentials(url: str, options: Mapping[str, Any], env: Mapping[str, 
 
 
 def _check_secret_file(path: str, field_name: str) -> None:
-    from exporter.sources.engines.auth import CredentialError, read_secret_file
-
     try:
         read_secret_file(path)
     except CredentialError as error:
@@ -370,15 +300,18 @@ def reject_command_line_secrets(specs: object) -> None:
         _, _, authority = url.partition("://")
         if secret_keys or "@" in authority.split("/", 1)[0]:
             what = secret_keys[0] if secret_keys else "user[:password]@ in the URL"
-            raise ConfigError("engine", redact_url(url),
-                              f"{what}: a secret on the command line is visible to every local user; {_SECRET_ADVICE}")
+            raise ConfigError("engine", redact_url(url), f"{what}: a secret on the command line is visible "
+                              f"to every local user; {_SECRET_ADVICE}")
 
 
 def _engine_kinds() -> tuple[str, ...]:
-    from exporter.sources.engines.normalize import KINDS
+    # Only when a target names its kind: the registry loads every engine's table.
+    from exporter.sources.engines.registry import KINDS
 
     return tuple(KINDS)
 
+
+# --- merging the sources ------------------------------------------------------------------------
 
 def _load_yaml(path: str) -> dict[str, Any]:
     try:
@@ -390,127 +323,96 @@ def _load_yaml(path: str) -> dict[str, Any]:
     return data
 
 
-def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    """LLM_EXPORTER_LISTEN=..., LLM_EXPORTER_ENGINES="URL,kind=vllm URL2" (space separated)."""
-    settings: dict[str, Any] = {}
-    for key, value in env.items():
-        if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX + "CONFIG":
+_KNOWN_KEYS = tuple(k for k, s in BY_KEY.items() if s.field) + ("host",)
+
+
+def _canonical(settings: Mapping[Any, Any]) -> dict[str, Any]:
+    """One source's settings under their table keys: aliases (interval_s) become keys (interval),
+    a `host:` block is spread out, `x-...` keys (YAML anchors) are dropped, unknown keys refused.
+    Done per source, so an alias in a file never wins over the key in the environment."""
+    out: dict[str, Any] = {}
+    aliased: dict[str, Any] = {}
+    host_block: Any = None
+    for raw_key, value in settings.items():
+        key = str(raw_key)
+        if key == "host":
+            host_block = value
+        elif key.startswith(EXTENSION_PREFIX):
             continue
-        name = key[len(ENV_PREFIX):].lower()
-        settings["engines" if name in ("engine", "engines") else name] = (
-            value.split() if name in ("engine", "engines") else value
-        )
-    return settings
+        elif key in BY_KEY and BY_KEY[key].field:
+            setting = BY_KEY[key]
+            (out if key == setting.yaml_key else aliased)[setting.yaml_key] = value
+        elif key == "extra":
+            raise UnknownKeyError(key, (), hint="its settings are top-level keys, e.g. `kv_cache_dtype: fp8`")
+        else:
+            raise UnknownKeyError(key, _KNOWN_KEYS)
+    for key, value in aliased.items():
+        out.setdefault(key, value)
+    if isinstance(host_block, Mapping):
+        for inner, value in host_block.items():
+            if str(inner) not in HOST_BLOCK:
+                raise UnknownKeyError(str(inner), tuple(HOST_BLOCK), where="host")
+            out.setdefault(BY_NAME[HOST_BLOCK[str(inner)]].yaml_key, value)
+    elif host_block is not None:  # `host: false` is read as `host: {enabled: false}`
+        out.setdefault("host_enabled", as_bool(host_block, "host"))
+    return out
 
 
-_FIELDS = {f.name for f in dataclasses.fields(Config)} | {
-    "listen", "interval", "engine_timeout", "slo_ttft", "slo_tbt", "quantile_window"}
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """LLM_EXPORTER_LISTEN=..., LLM_EXPORTER_ENGINES="URL,kind=vllm URL2" (space separated).
+    Unknown LLM_EXPORTER_* variables are not settings (tests and builds share the prefix): they
+    are left out here and named by env_warnings."""
+    settings: dict[str, Any] = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX):].lower()
+        if key == "host" or (key in BY_KEY and BY_KEY[key].field):
+            settings[key] = value.split() if BY_KEY.get(key) is BY_NAME["engines"] else value
+    return _canonical(settings)
 
 
-def _as_number(value: object, field_name: str, low: float, high: float, kind: type) -> Any:
-    try:
-        number = kind(str(value))
-    except ValueError:
-        raise ConfigError(field_name, value, "expected an integer" if kind is int else "expected a number") from None
-    if not low <= number <= high:
-        raise ConfigError(field_name, value, f"must be between {low:g} and {high:g}")
-    return number
-
-
-def _as_int(value: object, field_name: str, low: int, high: int) -> int:
-    return _as_number(value, field_name, low, high, int)
-
-
-def _as_bool(value: object, field_name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(field_name, value, "expected true or false")
+def env_warnings(env: Mapping[str, str]) -> list[str]:
+    """One line per LLM_EXPORTER_* variable that is no setting, with the closest one's name."""
+    known = [ENV_PREFIX + k.upper() for k in _KNOWN_KEYS] + [ENV_PREFIX + "CONFIG"]
+    return [f"ignoring {name}: no such setting{did_you_mean(name, known)}" for name in sorted(env)
+            if name.startswith(ENV_PREFIX) and name not in known]
 
 
 def build_config(settings: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Config:
     """Validate merged settings (already in precedence order) into a Config. `env` is where
     `bearer_token_env`/`password_env` variables are looked up (default: os.environ)."""
-    flat = dict(settings)
-    host_block = flat.pop("host", None)
-    if isinstance(host_block, Mapping):
-        for key, value in host_block.items():
-            flat.setdefault("host_enabled" if key == "enabled" else str(key), value)
-    elif host_block is not None:  # `host: false` is read as `host: {enabled: false}`
-        flat.setdefault("host_enabled", _as_bool(host_block, "host"))
-    unknown = set(flat) - _FIELDS - {"extra"}
-    extra = dict(flat.pop("extra", {}) or {})
-    for key in unknown:
-        extra[key] = flat.pop(key)
-    values: dict[str, Any] = {"extra": extra}
-    if "listen" in flat:
-        values["listen_host"], values["listen_port"] = parse_listen(str(flat["listen"]))
-    interval = parse_duration(flat.get("interval", flat.get("interval_s", DEFAULT_INTERVAL_S)), "interval")
-    if interval < MIN_INTERVAL_S:
-        raise ConfigError("interval", flat.get("interval", flat.get("interval_s")),
-                          f"at least {MIN_INTERVAL_S * 1000:g}ms: a collection cycle costs a few ms of CPU")
-    values["interval_s"] = interval
-    engine_timeout = parse_duration(
-        flat.get("engine_timeout", flat.get("engine_timeout_s", min(DEFAULT_ENGINE_TIMEOUT_S, interval))),
-        "engine_timeout",
-    )
-    values["engine_timeout_s"] = engine_timeout
-    raw_engines = flat.get("engines") or ()
-    if isinstance(raw_engines, str | Mapping):
-        raw_engines = [raw_engines]
-    if not isinstance(raw_engines, list | tuple):
-        raise ConfigError("engines", raw_engines, "expected a list of targets (URL strings or mappings)")
-    engines = tuple(parse_engine_spec(spec, engine_timeout, env) for spec in raw_engines)
+    flat = _canonical(settings)
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        raw = flat.get(setting.yaml_key)
+        unset = raw is None or (isinstance(raw, str) and not raw.strip())
+        if not setting.field or setting.name == "engines" or unset:
+            continue
+        value = setting.type.parse(raw, setting.yaml_key)
+        if setting.name == "listen":
+            values["listen_host"], values["listen_port"] = value
+        else:
+            values[setting.name] = value
+    # The timeout's default is capped by the interval: a scrape never outlasts its cycle.
+    interval = values.get("interval_s", DEFAULT_INTERVAL_S)
+    values.setdefault("engine_timeout_s", min(DEFAULT_ENGINE_TIMEOUT_S, interval))
+    values["engines"] = _engine_targets(flat.get("engines"), values["engine_timeout_s"], env)
+    return Config(**values)
+
+
+def _engine_targets(raw: Any, timeout_s: float, env: Mapping[str, str] | None) -> tuple[EngineTarget, ...]:
+    raw = raw or ()
+    if isinstance(raw, str | Mapping):
+        raw = [raw]
+    if not isinstance(raw, list | tuple):
+        raise ConfigError("engines", raw, "expected a list of targets (URL strings or mappings)")
+    engines = tuple(parse_engine_spec(spec, timeout_s, env) for spec in raw)
     names = [e.name for e in engines]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError("engine.name", duplicates[0], "two targets share this name; set name= on one")
-    values["engines"] = engines
-    backend = str(flat.get("gpu_backend", "auto"))
-    if backend not in GPU_BACKENDS:
-        raise ConfigError("gpu_backend", backend, f"expected one of {', '.join(GPU_BACKENDS)}")
-    values["gpu_backend"] = backend
-    for key, low, high in (("max_payload_bytes", 1024, 1 << 30), ("max_series_per_target", 10, 1_000_000),
-                           ("max_concurrent_scrapes", 1, 256)):
-        if key in flat:
-            values[key] = _as_int(flat[key], key, low, high)
-    for key in ("engine_port",):
-        if flat.get(key) not in (None, ""):
-            values[key] = _as_int(flat[key], key, 1, 65535)
-    for key in ("proc_root", "sys_root", "engine_pidfile", "engine_process_name", "sim_url", "web_config_file"):
-        if flat.get(key) not in (None, ""):
-            values[key] = str(flat[key])
-    if "host_enabled" in flat:
-        values["host_enabled"] = _as_bool(flat["host_enabled"], "host_enabled")
-    values.update(_derive_settings(flat))
-    level = str(flat.get("log_level", "info")).lower()
-    if level not in ("debug", "info", "warning", "error"):
-        raise ConfigError("log_level", level, "expected debug, info, warning or error")
-    values["log_level"] = level
-    return Config(**values)
-
-
-def _as_float(value: object, field_name: str, low: float, high: float) -> float:
-    return _as_number(value, field_name, low, high, float)
-
-
-def _derive_settings(flat: Mapping[str, Any]) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    if flat.get("model") not in (None, ""):
-        values["model"] = str(flat["model"])
-    if flat.get("tensor_parallel") not in (None, ""):
-        values["tensor_parallel"] = _as_int(flat["tensor_parallel"], "tensor_parallel", 1, 64)
-    if flat.get("gpu_price_per_hour") not in (None, ""):
-        values["gpu_price_per_hour"] = _as_float(flat["gpu_price_per_hour"], "gpu_price_per_hour", 0.0, 1e4)
-    for key in ("slo_ttft", "slo_tbt", "quantile_window"):
-        raw = flat.get(key, flat.get(key + "_s"))
-        if raw not in (None, ""):
-            values[key + "_s"] = parse_duration(raw, key)
-    return values
+    return engines
 
 
 def load_config(flags: Mapping[str, Any], env: Mapping[str, str], config_path: str | None = None) -> Config:
@@ -518,8 +420,8 @@ def load_config(flags: Mapping[str, Any], env: Mapping[str, str], config_path: s
     path = flags.get("config") or env.get(ENV_PREFIX + "CONFIG") or config_path
     merged: dict[str, Any] = {}
     if path:
-        merged.update(_load_yaml(str(path)))
+        merged.update(_canonical(_load_yaml(str(path))))
     merged.update(_from_env(env))
     reject_command_line_secrets(flags.get("engines"))
-    merged.update({k: v for k, v in flags.items() if v is not None and k != "config"})
+    merged.update(_canonical({k: v for k, v in flags.items() if v is not None and k != "config"}))
     return build_config(merged, env)

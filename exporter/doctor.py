@@ -26,7 +26,10 @@ from typing import Any, TextIO
 
 import httpx
 
-from exporter.config import GPU_BACKENDS, ConfigError, load_config, parse_duration, redact_url
+from exporter.config import ConfigError, load_config, parse_duration
+from exporter.derive.bottleneck import UNKNOWN_VERDICT_WORDS, VERDICT_WORDS
+from exporter.redact import CredentialError, read_secret_file, redact_url
+from exporter.settings import BY_NAME, add_flags
 
 EXIT_HEALTHY = 0
 EXIT_DEGRADED = 1
@@ -34,11 +37,17 @@ EXIT_CONFIG = 2
 EXIT_UNKNOWN = 3
 STATUS_EXIT = {"healthy": EXIT_HEALTHY, "degraded": EXIT_DEGRADED}
 
-VERDICT_WORDS = {
-    "idle": "idle (waiting for work)", "compute": "compute (tensor FLOPS, prefill)",
-    "memory_bandwidth": "HBM bandwidth (decode)", "kv_capacity": "KV cache capacity",
-    "host_cpu": "host CPU", "interconnect": "interconnect (PCIe/NVLink)",
-    "power_thermal": "power / thermal throttling",
+
+
+# The exporter's settings that `doctor --engine` takes too (exporter/settings.py), in --help order.
+ENGINE_SETTINGS = ("engines", "interval_s", "model", "tensor_parallel", "gpu_backend", "host_enabled",
+                   "slo_ttft_s", "slo_tbt_s")
+_ENGINE_HELPS = {
+    "engines": "engine /metrics URL to sample directly; repeat for several",
+    "interval_s": "sampling interval with --engine (default 1s)",
+    "model": "model shape: a built-in name or a config.json path",
+    "gpu_backend": "GPU source with --engine (default auto: NVML when present)",
+    "host_enabled": "do not read the host's CPU and PCIe state with --engine",
 }
 
 
@@ -48,18 +57,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="base URL of a running llm-exporter (reads /api/v1/diagnosis)")
-    where.add_argument("--engine", dest="engines", action="append", metavar="URL[,kind=K][,name=N]",
-                       help="engine /metrics URL to sample directly; repeat for several")
+    add_flags(where, ENGINE_SETTINGS[:1], helps=_ENGINE_HELPS, metavars={"engines": "URL[,kind=K][,name=N]"})
     parser.add_argument("--duration", default="10s", help="sampling window with --engine (default 10s)")
-    parser.add_argument("--interval", default="1s", help="sampling interval with --engine (default 1s)")
-    parser.add_argument("--model", help="model shape: a built-in name or a config.json path")
-    parser.add_argument("--tensor-parallel", dest="tensor_parallel", help="GPUs per engine replica")
-    parser.add_argument("--gpu-backend", dest="gpu_backend", choices=GPU_BACKENDS, default="auto",
-                        help="GPU source with --engine (default auto: NVML when present)")
-    parser.add_argument("--no-host", dest="host_enabled", action="store_const", const=False,
-                        help="do not read the host's CPU and PCIe state with --engine")
-    parser.add_argument("--slo-ttft", dest="slo_ttft", help="TTFT SLO threshold (default 2.5s)")
-    parser.add_argument("--slo-tbt", dest="slo_tbt", help="time-between-tokens SLO threshold (default 100ms)")
+    add_flags(parser, ENGINE_SETTINGS[1:], helps=_ENGINE_HELPS,
+              defaults={"interval_s": "1s", "gpu_backend": "auto"})
     parser.add_argument("--timeout", default="5s", help="HTTP timeout with --url (default 5s)")
     parser.add_argument("--ca-file", dest="ca_file", metavar="PATH",
                         help="CA bundle to verify an https --url exporter (default: the system's)")
@@ -90,8 +91,6 @@ class ExporterAccess:
 
 def exporter_access(args: argparse.Namespace, env: Mapping[str, str]) -> ExporterAccess:
     """--ca-file and basic auth for --url. Raises ConfigError naming the option, never the secret."""
-    from exporter.sources.engines.auth import CredentialError, read_secret_file
-
     given = [(flag, value) for flag, value in (
         ("--ca-file", args.ca_file), ("--cert-file", args.cert_file), ("--key-file", args.key_file),
         ("--username", args.username), ("--password-file", args.password_file),
@@ -112,7 +111,8 @@ def exporter_access(args: argparse.Namespace, env: Mapping[str, str]) -> Exporte
         try:
             verify.load_cert_chain(args.cert_file, args.key_file)  # type: ignore[union-attr]
         except (OSError, ssl.SSLError) as error:
-            raise ConfigError("--cert-file", args.cert_file, f"cannot load it with --key-file ({error})") from None
+            raise ConfigError("--cert-file", args.cert_file,
+                              f"cannot load it with --key-file ({error})") from None
     if not (args.username or args.password_file or args.password_env):
         return ExporterAccess(verify)
     if args.username is None or bool(args.password_file) == bool(args.password_env):
@@ -138,7 +138,8 @@ def fetch_diagnosis(url: str, timeout_s: float, access: ExporterAccess | None = 
         with httpx.Client(timeout=timeout_s, verify=access.verify, auth=access.auth) as client, \
                 client.stream("GET", endpoint) as response:
             if response.status_code == 401:
-                hint = "wrong --username or password" if access.auth else "it wants basic auth: --username and --password-file"
+                hint = ("wrong --username or password" if access.auth
+                        else "it wants basic auth: --username and --password-file")
                 raise RuntimeError(f"{endpoint} answered HTTP 401 ({hint})")
             if response.status_code != 200:
                 raise RuntimeError(f"{endpoint} answered HTTP {response.status_code}")
@@ -199,7 +200,7 @@ def render_report(diagnosis: Mapping[str, Any], source: str, out: TextIO) -> Non
         verdict = t.get("verdict")
         what = " ".join(x for x in (t.get("engine"), t.get("model")) if x)
         out.write(f"\ntarget {name}" + (f" ({what})" if what else "") + "\n")
-        out.write(f"  bottleneck: {VERDICT_WORDS.get(verdict or '', 'cannot tell yet')}")
+        out.write(f"  bottleneck: {VERDICT_WORDS.get(verdict or '', (UNKNOWN_VERDICT_WORDS,) * 2)[1]}")
         out.write(f"   [{t.get('status', 'unknown')}]\n")
         for reason in t.get("degraded_because", []) or []:
             out.write(f"  degraded: {reason}\n")
@@ -224,11 +225,8 @@ def render_report(diagnosis: Mapping[str, Any], source: str, out: TextIO) -> Non
 
 
 def _engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> Any:
-    flags = {"engines": args.engines, "interval": args.interval, "model": args.model,
-             "tensor_parallel": args.tensor_parallel, "gpu_backend": args.gpu_backend,
-             "host_enabled": args.host_enabled, "slo_ttft": args.slo_ttft, "slo_tbt": args.slo_tbt,
-             "log_level": "error"}
-    return load_config(flags, env)
+    flags = {BY_NAME[name].dest: getattr(args, BY_NAME[name].dest) for name in ENGINE_SETTINGS}
+    return load_config({**flags, "log_level": "error"}, env)
 
 
 def command_doctor(args: argparse.Namespace, env: Mapping[str, str], out: TextIO | None = None) -> int:

@@ -12,20 +12,13 @@ from operator import add, itemgetter
 
 from exporter import catalog
 from exporter.catalog.base import Family
+from exporter.snapshot import SPECIAL_VALUES as _SPECIAL_VALUES
 from exporter.snapshot import Sample
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
-_SPECIAL_VALUES = {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}
-
-
-def format_value(value: float) -> str:
-    """Python's shortest round-trip repr is valid exposition for finite floats ("3.0", "1e-05");
-    only NaN and the infinities are spelled differently."""
-    text = repr(float(value))
-    return _SPECIAL_VALUES.get(text, text)
 
 
 def _escape_label(value: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Response
 
 from exporter import __version__
-from exporter.collect import Collector
+from exporter.collect import Collector, HealthView
 from exporter.expose import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from exporter.snapshot import Sample, labels_of
 
@@ -63,17 +63,14 @@ def _json_number(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
 
 
-def _health_view(collector: Collector) -> dict[str, tuple[float | None, dict[str, int]]]:
-    """A copy of the mutable per-source health, taken on the event loop, for a worker thread."""
-    return {name: (health.last_success_ts, dict(health.errors)) for name, health in collector.health.items()}
+_NO_HEALTH = HealthView(None, {})
 
 
-def _snapshot_doc(snapshot: Any, health: Mapping[str, tuple[float | None, dict[str, int]]],
-                  with_samples: bool = True) -> dict[str, Any]:
+def _snapshot_doc(snapshot: Any, health: Mapping[str, HealthView], with_samples: bool = True) -> dict[str, Any]:
     """Reads only the immutable snapshot and the health copy: safe off the event loop."""
     sources = {}
     for name, result in snapshot.results.items():
-        last_success, errors = health.get(name, (None, {}))
+        last_success, errors = health.get(name, _NO_HEALTH)
         entry = {
             "ok": result.ok,
             "error_reason": result.error_reason or None,
@@ -101,11 +98,11 @@ def _snapshot_doc(snapshot: Any, health: Mapping[str, tuple[float | None, dict[s
 
 def diagnosis_json(collector: Collector) -> dict[str, Any]:
     """The deriver's verdicts (exporter/derive), or why there are none."""
-    diagnose = getattr(collector.derive, "diagnosis", None)
-    if diagnose is None:
+    diagnosis = collector.diagnosis()
+    if diagnosis is None:
         return {"ready": False, "status": "unknown", "targets": {}, "unreachable": [],
                 "notes": ["derivations are not enabled in this exporter"]}
-    return diagnose()
+    return diagnosis
 
 
 def _dump_json(doc: Any) -> bytes:
@@ -176,7 +173,7 @@ class PageCache:
         self._state: dict[str, str] = {}  # page -> "ok", "too_large" or "error", for one log line per change
 
     async def get(self, page: str) -> tuple[int, bytes]:
-        published = self.collector.latest
+        published = self.collector.published()
         if published is None:  # before the first cycle: a few hundred bytes, not worth a thread
             status, body, _ = render_page(page, self._inputs(page, None), self.max_bytes)
             return status, body
@@ -201,7 +198,7 @@ class PageCache:
         if page == "snapshot":
             if published is None:
                 return None
-            return published.snapshot, _health_view(self.collector)
+            return published.snapshot, self.collector.health_view()
         diagnosis = diagnosis_json(self.collector)
         if page == "diagnosis":
             return diagnosis
@@ -255,7 +252,7 @@ class MetricsEndpoint:
             await self.app(scope, receive, send)
             return
         if self.in_flight >= self.max_concurrent:
-            self.collector.scrapes_rejected += 1
+            self.collector.count_rejected()
             await _send(send, 503, b"too many concurrent scrapes\n", b"text/plain")
             return
         self.in_flight += 1
@@ -268,7 +265,7 @@ class MetricsEndpoint:
         if scope.get("method") not in ("GET", "HEAD"):
             await _send(send, 405, b"method not allowed\n", b"text/plain", extra=[(b"allow", b"GET, HEAD")])
             return
-        published = self.collector.latest
+        published = self.collector.published()
         if published is None:
             await _send(send, 503, b"no collection finished yet\n", b"text/plain")
             return

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from itertools import chain
 from types import MappingProxyType
 from typing import NamedTuple
@@ -44,12 +45,24 @@ class Sample(NamedTuple):
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
+class SourceKind(Enum):
+    """What a source measures, which decides the stages that read it. Declared by each source and
+    carried on its result, so no stage infers it from a source's name (`engine:<target>`, `gpu`,
+    `host` are label values only). OTHER: read by no derivation (tests, extensions)."""
+
+    ENGINE = "engine"
+    GPU = "gpu"
+    HOST = "host"
+    OTHER = "other"
+
+
 @dataclass(frozen=True, slots=True)
 class SourceResult:
     """What one source produced in one cycle, with its health.
 
     `attrs` carries small facts that are not samples but that later stages need
-    (an engine's detected kind, the model name, GPU product names); values are strings.
+    (an engine's detected engine, the model name, GPU product names); values are strings.
+    `timeout_s` is the bound the collection ran under.
     """
 
     source: str
@@ -60,6 +73,8 @@ class SourceResult:
     error_reason: str = ""
     error_message: str = ""
     attrs: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    kind: SourceKind = SourceKind.OTHER
+    timeout_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,3 +113,14 @@ class Snapshot:
         """Samples named `name` whose labels include every `match` pair."""
         wanted = match.items()
         return [s for s in self.samples(name) if all(s.label(k) == v for k, v in wanted)]
+
+
+# Exposition spells NaN and the infinities its own way; derive (an `le` label) and expose share it.
+SPECIAL_VALUES = {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}
+
+
+def format_value(value: float) -> str:
+    """Python's shortest round-trip repr is valid exposition for finite floats ("3.0", "1e-05");
+    only NaN and the infinities are spelled differently."""
+    text = repr(float(value))
+    return SPECIAL_VALUES.get(text, text)

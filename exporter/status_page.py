@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter.catalog.derived import RESOURCES
+from exporter.derive.bottleneck import UNKNOWN_VERDICT_WORDS, VERDICT_WORDS
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#f5f6f8;color:#1d2330}
@@ -34,11 +35,6 @@ ul{margin:4px 0;padding-left:20px}.muted{color:#667}
 .gpus{display:flex;flex-wrap:wrap;gap:10px}
 """
 
-VERDICT_WORDS = {
-    "idle": "idle", "compute": "compute (tensor FLOPS)", "memory_bandwidth": "HBM bandwidth",
-    "kv_capacity": "KV cache capacity", "host_cpu": "host CPU", "interconnect": "interconnect (PCIe/NVLink)",
-    "power_thermal": "power / thermal throttling",
-}
 
 
 def esc(value: object) -> str:
@@ -187,7 +183,7 @@ def _list(items: Sequence[str], empty: str = "none") -> str:
 def _target(t: Mapping[str, Any]) -> str:
     verdict = t.get("verdict")
     status = t.get("status", "unknown")
-    words = VERDICT_WORDS.get(verdict or "", "cannot tell yet")
+    words = VERDICT_WORDS.get(verdict or "", (UNKNOWN_VERDICT_WORDS,) * 2)[0]
     n = t.get("numbers", {})
     gpus = "".join(f"<div>{roofline_svg(g)}</div>" for g in t.get("gpus", []))
     because = t.get("degraded_because") or []

@@ -1,4 +1,10 @@
-"""Shared test helpers: golden files (`pytest --update-golden` rewrites them)."""
+"""Shared test helpers: golden files (`pytest --update-golden` rewrites them), and the test tiers.
+
+Tiers (docs/testing.md): every test is in the fast unit tier unless its file is listed in TIERS, whose
+tier marker (and `slow`) then goes on each of its tests; a single slow test elsewhere takes
+`@pytest.mark.<tier>` itself. `pytest -m "not slow"` (`make test-fast`) runs the unit tier alone;
+`pytest` runs everything.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +17,47 @@ FIXTURES = ROOT / "tests" / "fixtures"
 GOLDEN = ROOT / "tests" / "golden"
 
 
+# test file (or "file::test function") -> its tier: e2e (a whole stack, a browser, or the CLI's own
+# processes end to end), process (real exporter processes and sockets under hostile load), fuzz
+# (hypothesis over generated pages), soak (bounded-growth runs over a minute). The markers are declared
+# in pyproject.toml.
+TIERS: dict[str, str] = {
+    "test_e2e_alerts.py": "e2e",
+    "test_e2e_run.py": "e2e",
+    "test_dashboards_live.py": "e2e",
+    "test_demo.py": "e2e",
+    "test_deploy.py": "e2e",
+    "test_status_page.py::test_status_page_in_headless_chromium": "e2e",
+    "test_soak.py": "soak",
+    "test_fuzz_normalize.py": "fuzz",
+    "test_faults.py": "process",
+    "test_security.py": "process",
+    "test_security_targets.py": "process",
+    "test_hardening_auth.py": "process",
+    "test_hardening_http.py": "process",
+    "test_hardening_parse.py": "process",
+    "test_hardening_scrape.py": "process",
+}
+SLOW_TIERS = ("e2e", "process", "fuzz", "soak")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/ from the current output")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A slow file renamed without its TIERS entry would land in the fast tier unnoticed: a stale name
+    # here is the sign, so refuse it.
+    missing = sorted(key for key in TIERS if not (ROOT / "tests" / key.split("::")[0]).exists())
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py TIERS names files that do not exist: {missing}")
+    for item in items:
+        function = getattr(item, "originalname", item.name)
+        for key in (item.path.name, f"{item.path.name}::{function}"):
+            if key in TIERS:
+                item.add_marker(TIERS[key])
+        if any(item.get_closest_marker(t) is not None for t in SLOW_TIERS):
+            item.add_marker("slow")
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import importlib.util
 import pathlib
 import re
 import shutil
@@ -19,7 +18,9 @@ import sys
 import pytest
 import yaml
 
-from exporter import catalog
+from alerts import generate, hardware, lib
+from exporter import catalog, slo
+from exporter.config import Config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "alerts"
@@ -34,15 +35,6 @@ INSTALL_HINT = {
 }
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location("alerts_generate", ALERTS / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
-
-
-generate = _load_generator()
 
 
 def tool(name: str) -> str:
@@ -84,6 +76,35 @@ def test_rule_files_are_one_per_area():
     assert [p.stem for p in RULE_FILES] == sorted(generate.AREAS)
 
 
+def test_each_area_module_builds_only_its_own_groups():
+    for area, groups in generate.build().items():
+        names = [g["name"] for g in groups]
+        if area == "recording":
+            assert names and all(n.endswith(".rules") for n in names), names
+        else:
+            assert names == [f"llm-exporter.{area}.alerts"], names
+
+
+def test_time_scale_renders_scaled_windows_into_out(tmp_path):
+    result = run(sys.executable, ALERTS / "generate.py", "--time-scale", "0.01", "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    recording = (tmp_path / "rules" / "recording.yaml").read_text()
+    assert "target_model:llm_prompt_tokens:rate3s" in recording and "rate5m" not in recording
+    assert sorted(p.stem for p in (tmp_path / "rules").glob("*.yaml")) == sorted(generate.AREAS)
+    assert (tmp_path / "alertmanager.yml").exists()
+
+
+def test_slo_thresholds_are_declared_once_for_exporter_alerts_and_dashboards():
+    """exporter/slo.py is the one declaration: the exporter's defaults and the alerts CONFIG agree
+    with it, and it is a leaf module any layer may import."""
+    slos = generate.CONFIG["slos"]
+    assert Config().slo_ttft_s == slo.TTFT.threshold_seconds == slos["ttft"]["threshold_seconds"]
+    assert Config().slo_tbt_s == slo.TBT.threshold_seconds == slos["tbt"]["threshold_seconds"]
+    assert [br["factor"] for br in generate.CONFIG["burn_rates"]] == [br.factor for br in slo.BURN_RATES]
+    imports = re.findall(r"^(?:from|import) (\S+)", (ROOT / "exporter" / "slo.py").read_text(), re.M)
+    assert not [m for m in imports if m.startswith("exporter")], imports
+
+
 def test_promtool_check_rules(tmp_path):
     promtool = tool("promtool")
     spec = tmp_path / "prometheusrule-spec.yaml"
@@ -105,7 +126,8 @@ def test_promtool_unit_tests():
 # Unit tests of rules rendered with a non-default CONFIG: (test file, CONFIG overrides). The test
 # file is copied next to the rendered rule files, which it names without a directory.
 VARIANTS = {
-    "daemonset": (ALERTS / "tests" / "variants" / "daemonset-test.yaml", {"gpu_join_labels": ("job", "kubernetes_node")}),
+    "daemonset": (ALERTS / "tests" / "variants" / "daemonset-test.yaml",
+                  {"gpu_join_labels": ("job", "kubernetes_node")}),
 }
 
 
@@ -121,9 +143,10 @@ def test_promtool_unit_tests_of_config_variants(variant, tmp_path):
 
 
 def test_every_monitor_labels_the_node_for_the_daemonset_join():
-    """docs/alerts.md: the DaemonSet layout joins GPU and engine series on ("job", "kubernetes_node"), so every
-    PodMonitor and ServiceMonitor (node exporters and sidecars alike) must set `node`."""
-    relabel = {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "kubernetes_node"}
+    """docs/alerts.md: the DaemonSet layout joins GPU and engine series on ("job", "kubernetes_node"), so
+    every PodMonitor and ServiceMonitor (node exporters and sidecars alike) must set `node`."""
+    relabel = {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+               "targetLabel": "kubernetes_node"}
     monitors = []
     for path in sorted((ROOT / "deploy" / "kubernetes").rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
@@ -198,7 +221,8 @@ def selectors(expr: str) -> list[tuple[str, set[str]]]:
         if kind == "ident" and text in LABEL_LIST_KEYWORDS and nxt == "(":
             i = toks.index(("op", ")"), i) + 1  # skip the label list
             continue
-        if kind == "ident" and text not in KEYWORDS and nxt != "(" and not (text in AGGREGATORS and nxt in LABEL_LIST_KEYWORDS):
+        if (kind == "ident" and text not in KEYWORDS and nxt != "("
+                and not (text in AGGREGATORS and nxt in LABEL_LIST_KEYWORDS)):
             labels: set[str] = set()
             if nxt == "{":
                 j = i + 2
@@ -218,7 +242,8 @@ def test_tokenizer_skips_label_values_functions_keywords_and_label_lists():
     expr = ('sum without (rank, le) (rate(llm_ttft_bucket{job="llm-exporter",le=~"1|1\\\\.0"}[5m])) > 0\n'
             'and on (job, instance) group by (job, instance) (up{job="x"} offset 1h) '
             'unless ignoring (state) absent(llm_exporter_build_info) / 1e3 > bool 2')
-    assert selectors(expr) == [("llm_ttft_bucket", {"job", "le"}), ("up", {"job"}), ("llm_exporter_build_info", set())]
+    assert selectors(expr) == [("llm_ttft_bucket", {"job", "le"}), ("up", {"job"}),
+                               ("llm_exporter_build_info", set())]
 
 
 def test_every_metric_in_a_rule_is_in_the_catalogue_and_docs_or_a_recording_rule():
@@ -232,10 +257,12 @@ def test_every_metric_in_a_rule_is_in_the_catalogue_and_docs_or_a_recording_rule
                 continue
             family = catalog.family_of(metric)
             if family is None:
-                problems.append(f"{name}: {metric} is neither in exporter.catalog nor a recording rule in alerts/")
+                problems.append(f"{name}: {metric} is neither in exporter.catalog "
+                                "nor a recording rule in alerts/")
                 continue
             if f"`{family.name}`" not in metrics_md:
-                problems.append(f"{name}: {family.name} is not documented in docs/metrics.md (run `make docs`)")
+                problems.append(f"{name}: {family.name} is not documented in docs/metrics.md "
+                                "(run `make docs`)")
             allowed = set(family.labels) | TARGET_LABELS | ({"le"} if metric.endswith("_bucket") else set())
             if labels - allowed:
                 problems.append(f"{name}: {metric} has no label(s) {sorted(labels - allowed)} "
@@ -316,7 +343,7 @@ def test_xid_lists_are_disjoint_and_the_generator_refuses_overlap():
     cfg = generate.CONFIG
     assert not set(cfg["xid_critical"]) & set(cfg["xid_warning"])
     with pytest.raises(ValueError, match="both"):
-        generate.hardware({**cfg, "xid_warning": (*cfg["xid_warning"], cfg["xid_critical"][0])})
+        hardware.groups({**cfg, "xid_warning": (*cfg["xid_warning"], cfg["xid_critical"][0])})
 
 
 @pytest.mark.parametrize(("seconds", "matcher"), [
@@ -325,15 +352,15 @@ def test_xid_lists_are_disjoint_and_the_generator_refuses_overlap():
     (1.0, 'le=~"1|1\\\\.0"'),
 ])
 def test_le_matcher_matches_every_spelling_of_the_bound(seconds, matcher):
-    assert generate.le_matcher(seconds) == matcher
+    assert lib.le_matcher(seconds) == matcher
 
 
 def test_slo_thresholds_are_vllm_v1_bucket_bounds():
     vllm_v1 = {
         "llm_time_to_first_token_seconds": {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                                             1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0},
-        "llm_inter_token_latency_seconds": {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
-                                            2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0},
+        "llm_inter_token_latency_seconds": {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                                            1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0},
     }
     for spec in generate.CONFIG["slos"].values():
         assert spec["threshold_seconds"] in vllm_v1[spec["metric"]], spec

@@ -10,14 +10,17 @@ import pytest
 from exporter.collect import Collector
 from exporter.expose import Renderer
 from exporter.snapshot import Sample, labels_of
-from exporter.sources.base import SourceData, SourceError
+from exporter.sources.base import SourceData, SourceError, SourceKind
 
 
 class ScriptedSource:
     """A source whose next outcome the test sets: samples, a SourceError, a crash or a hang."""
 
-    def __init__(self, name: str, value: float = 1.0) -> None:
+    def __init__(self, name: str, value: float = 1.0, *, kind: SourceKind = SourceKind.OTHER,
+                 timeout_s: float | None = None) -> None:
         self.name = name
+        self.kind = kind
+        self.timeout_s = timeout_s
         self.attrs: dict[str, str] = {}
         self.value = value
         self.fail: Exception | None = None
@@ -95,7 +98,8 @@ def test_hung_source_times_out_and_is_not_called_again_while_running():
     async def scenario():
         fast, hung = ScriptedSource("fast"), ScriptedSource("hung")
         hung.hang = asyncio.Event()
-        collector = Collector([fast, hung], interval_s=1.0, timeouts={"hung": 0.05})
+        hung.timeout_s = 0.05
+        collector = Collector([fast, hung], interval_s=1.0)
         loop = asyncio.get_running_loop()
         started = loop.time()
         first = await collector.collect_once()
@@ -126,8 +130,8 @@ def test_blocking_thread_source_cannot_pile_up_threads():
             return await super().collect()
 
     async def scenario():
-        source = ThreadSource("nvml")
-        collector = Collector([source], interval_s=1.0, timeouts={"nvml": 0.02})
+        source = ThreadSource("nvml", timeout_s=0.02)
+        collector = Collector([source], interval_s=1.0)
         for _ in range(5):
             await collector.collect_once()
         assert source.calls == 1
@@ -236,4 +240,38 @@ def test_a_cycle_is_rendered_only_when_asked_and_only_once_per_format():
         assert published.text is published.text and b"# EOF" in published.openmetrics()  # cached, not rebuilt
         assert published.openmetrics().endswith(b"# EOF\n")
         assert renders == [False, True]
+    asyncio.run(scenario())
+
+
+def test_each_source_is_bounded_by_the_timeout_it_declares():
+    """The bound comes from the source (EngineSource: its target's timeout), not from a table the
+    app keeps beside it; the collector's `timeouts` still overrides it by name."""
+    async def scenario():
+        declared, overridden, default = (ScriptedSource("declared", timeout_s=0.05),
+                                         ScriptedSource("overridden", timeout_s=30.0), ScriptedSource("default"))
+        for source in (declared, overridden, default):
+            source.hang = asyncio.Event()
+        collector = Collector([declared, overridden, default], interval_s=0.3, timeouts={"overridden": 0.1})
+        published = await asyncio.wait_for(collector.collect_once(), timeout=5)
+        results = published.snapshot.results
+        assert {name: r.timeout_s for name, r in results.items()} == {
+            "declared": 0.05, "overridden": 0.1, "default": 0.3}
+        assert all(r.error_reason == "timeout" for r in results.values())
+        for source in (declared, overridden, default):
+            source.hang.set()
+    asyncio.run(scenario())
+
+
+def test_engine_up_follows_the_declared_kind_not_the_name_or_attrs():
+    """llm_engine_up is for sources of kind ENGINE: a source named like an engine, or whose attrs
+    say "engine", is not one; an engine source is, whatever its name. Results carry the kind."""
+    async def scenario():
+        engine = ScriptedSource("scraper-1", kind=SourceKind.ENGINE)
+        engine.attrs = {"target": "t1", "engine": "vllm"}
+        lookalike = ScriptedSource("engine:fake")
+        lookalike.attrs = {"kind": "engine", "target": "fake"}
+        published = await Collector([engine, lookalike], interval_s=1.0).collect_once()
+        assert _values(published, "llm_engine_up") == {labels_of(target="t1", engine="vllm"): 1.0}
+        kinds = {name: r.kind for name, r in published.snapshot.results.items()}
+        assert kinds == {"scraper-1": SourceKind.ENGINE, "engine:fake": SourceKind.OTHER}
     asyncio.run(scenario())

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from exporter.config import ConfigError, load_config, parse_duration, redact_url
+from exporter.config import Config, ConfigError, build_config, env_warnings, load_config, parse_duration
+from exporter.redact import redact_url
 
 
 def test_defaults():
@@ -96,7 +97,8 @@ def test_no_repr_or_str_of_a_config_shows_a_url_password():
 
 def test_host_false_in_yaml_disables_the_host_source(tmp_path):
     path = tmp_path / "c.yaml"
-    for text, enabled in (("host: false\n", False), ("host: off\n", False), ("host: {enabled: true}\n", True)):
+    cases = (("host: false\n", False), ("host: off\n", False), ("host: {enabled: true}\n", True))
+    for text, enabled in cases:
         path.write_text(text)
         assert load_config({"config": str(path)}, {}).host_enabled is enabled, text
 
@@ -157,8 +159,8 @@ def _laughs(levels: int) -> str:
     ("interval: *" + "z" * 100_000 + "\n", "undefined alias"),
     ("x: " + "a" * (1 << 20) + "\n", "larger than 1048576 bytes"),
     (b"interval: \xff\xfe\n", "not UTF-8"),
-], ids=["billion-laughs", "repeated-long-value", "many-aliases", "recursive-alias", "deep-nesting", "huge-int", "base-60-int",
-        "long-alias-name", "over-1-MiB", "not-utf8"])
+], ids=["billion-laughs", "repeated-long-value", "many-aliases", "recursive-alias", "deep-nesting",
+        "huge-int", "base-60-int", "long-alias-name", "over-1-MiB", "not-utf8"])
 def test_hostile_yaml_config_is_refused_in_one_short_line(tmp_path, text, needle):
     path = tmp_path / "c.yaml"
     if isinstance(text, bytes):
@@ -174,7 +176,8 @@ def test_hostile_yaml_config_is_refused_in_one_short_line(tmp_path, text, needle
 
 def test_yaml_anchors_and_merge_keys_still_work(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("defaults: &d {kind: vllm, timeout: 300ms}\n"
+    # x-... keys are no setting (refused otherwise, as unknown keys): a place for anchors.
+    path.write_text("x-defaults: &d {kind: vllm, timeout: 300ms}\n"
                     "engines:\n  - {<<: *d, url: 'http://10.0.0.1:8000', name: a}\n"
                     "  - {<<: *d, url: 'http://10.0.0.2:8000', name: b}\n")
     config = load_config({"config": str(path)}, {})
@@ -187,4 +190,107 @@ def test_a_huge_bad_value_is_quoted_only_in_part(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_config({"config": str(path)}, {})
     message = str(caught.value)
-    assert caught.value.field == "interval" and len(message) < 1200 and "more characters" in message, message[:300]
+    assert caught.value.field == "interval" and len(message) < 1200, message[:300]
+    assert "more characters" in message, message[:300]
+
+
+# ------------------------------------------------------------------------------------------------
+# Unknown keys, typed derive settings, the settings table
+# ------------------------------------------------------------------------------------------------
+def test_unknown_yaml_key_exits_2_naming_the_closest_known_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("intervall: 5s\n")
+    result = _run_cli("run", "--config", str(path), "--gpu-backend", "none", "--no-host",
+                      "--listen", "127.0.0.1:0")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == ["llm-exporter: unknown key 'intervall' (did you mean 'interval'?)"], result.stderr
+
+
+@pytest.mark.parametrize("settings, field, needle", [
+    ({"intervall": "5s"}, "intervall", "did you mean 'interval'?"),
+    ({"slo_ttfb": "1s"}, "slo_ttfb", "did you mean 'slo_ttft'?"),
+    ({"host": {"proc_rot": "/p"}}, "host.proc_rot", "in host (did you mean 'proc_root'?)"),
+    ({"extra": {"kv_cache_dtype": "fp8"}}, "extra", "top-level keys"),
+    ({"engines": [{"url": "http://h:1", "timout": "1s"}]}, "engine", "did you mean 'timeout'?"),
+    ({"engines": [{"urll": "http://h:1"}]}, "engine", "did you mean 'url'?"),
+    ({"engines": ["http://h:1,nmae=a"]}, "engine", "did you mean 'name'?"),
+    ({"engines": [{"url": "http://h:1", "tls_config": {"ca_fille": "x"}}]}, "engine.tls_config",
+     "did you mean 'ca_file'?"),
+    ({"gpu_spec": {"tdp_wats": 700}}, "gpu_spec.tdp_wats", "did you mean 'tdp_watts'?"),
+])
+def test_unknown_keys_are_refused_with_the_closest_known_one(settings, field, needle):
+    with pytest.raises(ConfigError) as caught:
+        build_config(settings, {})
+    assert caught.value.field == field and needle in str(caught.value), str(caught.value)
+
+
+def test_derive_settings_are_typed_validated_fields(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("kv_cache_dtype: fp8\nverdict_hold_cycles: 5\nrate_window_s: 30\n"
+                    "gpu_spec: {mem_bandwidth_bytes_per_s: 3.35e12, pcie_gen: 5}\n"
+                    "target_gpus: {a: [0, 1], b: [2, 3]}\n")
+    config = load_config({"config": str(path)}, {})
+    assert (config.kv_cache_dtype, config.verdict_hold_cycles, config.rate_window_s) == ("fp8", 5, 30.0)
+    assert dict(config.gpu_spec) == {"mem_bandwidth_bytes_per_s": 3.35e12, "pcie_gen": 5}
+    assert dict(config.target_gpus) == {"a": (0, 1), "b": (2, 3)}
+    assert not hasattr(Config(), "extra")  # no untyped side channel: every key is a field
+    env = load_config({}, {"LLM_EXPORTER_TARGET_GPUS": '{"a": [3]}', "LLM_EXPORTER_RATE_WINDOW": "1m"})
+    assert dict(env.target_gpus) == {"a": (3,)} and env.rate_window_s == 60.0
+
+
+@pytest.mark.parametrize("settings, field", [
+    ({"kv_cache_dtype": "fp7"}, "kv_cache_dtype"),
+    ({"verdict_hold_cycles": 0}, "verdict_hold_cycles"),
+    ({"verdict_hold_cycles": True}, "verdict_hold_cycles"),
+    ({"rate_window_s": "forever"}, "rate_window"),
+    ({"gpu_spec": "fast"}, "gpu_spec"),
+    ({"gpu_spec": {"tdp_watts": "hot"}}, "gpu_spec.tdp_watts"),
+    ({"target_gpus": ["a"]}, "target_gpus"),
+    ({"target_gpus": {"a": [-1]}}, "target_gpus.a"),
+    ({"target_gpus": {"a b": [0]}}, "target_gpus.target"),
+    ({"target_gpus": {"a": list(range(5000))}}, "target_gpus.a"),
+    ({"max_payload_bytes": "8 parsecs"}, "max_payload_bytes"),
+])
+def test_bad_derive_and_size_settings_name_the_field(settings, field):
+    with pytest.raises(ConfigError) as caught:
+        build_config(settings, {})
+    assert caught.value.field == field, str(caught.value)
+
+
+def test_byte_sizes_take_units():
+    assert load_config({"max_payload_bytes": "16MiB"}, {}).max_payload_bytes == 16 << 20
+    assert load_config({"max_payload_bytes": 4096}, {}).max_payload_bytes == 4096
+
+
+def test_an_alias_in_the_file_does_not_beat_the_key_in_the_environment(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("interval_s: 5\n")
+    assert load_config({"config": str(path)}, {"LLM_EXPORTER_INTERVAL": "2s"}).interval_s == 2.0
+
+
+def test_an_unknown_variable_is_named_with_the_closest_one_but_not_fatal():
+    env = {"LLM_EXPORTER_INTERVALL": "5s", "LLM_EXPORTER_LISTEN": "127.0.0.1:1"}
+    assert load_config({}, env).interval_s == 1.0
+    assert env_warnings(env) == ["ignoring LLM_EXPORTER_INTERVALL: no such setting "
+                                 "(did you mean 'LLM_EXPORTER_INTERVAL'?)"]
+
+
+def test_the_settings_table_drives_the_config_and_the_run_flags():
+    import dataclasses
+
+    from exporter.cli import build_parser
+    from exporter.settings import SETTINGS
+
+    names = {f.name for f in dataclasses.fields(Config)}
+    for setting in SETTINGS:
+        assert not setting.field or setting.name in names or setting.name == "listen", setting.name
+    run_parser = next(a for a in build_parser()._actions if a.dest == "command").choices["run"]
+    flags = {max(a.option_strings, key=len): a.dest for a in run_parser._actions if a.option_strings}
+    for setting in SETTINGS:
+        if setting.flag:
+            assert flags.get(setting.flag) == setting.dest, setting.flag
+    defaults = load_config({}, {})
+    for setting in SETTINGS:
+        if setting.field and setting.name not in ("listen", "engine_timeout_s"):
+            assert getattr(defaults, setting.name) == setting.default, setting.name

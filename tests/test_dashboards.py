@@ -13,12 +13,11 @@ import sys
 
 import pytest
 
-from dashboards import generate
-from dashboards.lib import ALERTS
+from dashboards import generate, gpu_roofline, host, lib, overview
 from dashboards.promql import PromqlSyntaxError, metric_names
-from exporter import catalog
+from exporter import catalog, slo
 from exporter.derive import bottleneck
-from exporter.sources.engines.normalize import KINDS, coverage
+from exporter.sources.engines.registry import KINDS, coverage
 from tests.conftest import ROOT
 
 DASHBOARDS = {name: json.loads(text) for name, text in generate.build_all().items()}
@@ -554,13 +553,13 @@ def test_cost_description_states_the_formula_the_exporter_applies():
     assert formula.lower() in text.lower(), (formula, text)
 
 
-@pytest.mark.parametrize("slo", sorted(ALERTS["slos"]))
-def test_burn_rate_panel_shows_every_alert_pair(slo):
-    """Each multi-window alert pair (alerts/generate.py burn_rates) can be read from the panel: both of
-    its windows are plotted (as recording rules that exist) and its factor is a line."""
-    spec = ALERTS["slos"][slo]
+@pytest.mark.parametrize("spec", slo.SLOS, ids=lambda s: s.key)
+def test_burn_rate_panel_shows_every_alert_pair(spec):
+    """Each multi-window alert pair (exporter/slo.py BURN_RATES, which the alert rules read) can be read
+    from the panel: both of its windows are plotted (as recording rules that exist) and its factor is a
+    line."""
     burn_panels = [p for _, p in all_panels() if "burn rate" in p["title"]
-                   and any(f"{spec['metric']}:slo_good_ratio" in t["expr"] for t in p["targets"])]
+                   and any(f"{spec.metric}:slo_good_ratio" in t["expr"] for t in p["targets"])]
     assert len(burn_panels) == 1, [p["title"] for p in burn_panels]
     p = burn_panels[0]
     rules = generate.recording_rules()
@@ -568,12 +567,44 @@ def test_burn_rate_panel_shows_every_alert_pair(slo):
     for t in p["targets"]:
         names = metric_names(t["expr"])
         assert len(names) == 1 and names <= rules, names
-        m = re.fullmatch(rf"target_model:{spec['metric']}:slo_good_ratio_rate(\w+)", names.pop())
+        m = re.fullmatch(rf"target_model:{spec.metric}:slo_good_ratio_rate(\w+)", names.pop())
         assert m, t["expr"]
         windows[m.group(1)] = t["legendFormat"]
         assert t["legendFormat"].startswith(m.group(1) + " "), t["legendFormat"]
     text = " ".join(p["description"].split())
-    for br in ALERTS["burn_rates"]:
-        assert {br["long"], br["short"]} <= set(windows), (br, sorted(windows))
-        assert br["factor"] in line_values(p), br
-        assert f"{br['factor']:g}x over both {br['long']} and {br['short']}" in text, br
+    for br in slo.BURN_RATES:
+        assert {br.long, br.short} <= set(windows), (br, sorted(windows))
+        assert br.factor in line_values(p), br
+        assert f"{br.factor:g}x over both {br.long} and {br.short}" in text, br
+
+
+@pytest.mark.parametrize("module", [overview, gpu_roofline, host], ids=lambda m: m.__name__)
+def test_a_dashboard_is_its_row_functions_in_order(module):
+    """Each dashboard module lists its rows once (ROWS); the JSON has exactly those row headers in that
+    order, each followed by that row's panels, so a panel added to a row function lands in that row."""
+    rows = [build_row() for build_row in module.ROWS]
+    assert all(isinstance(r, lib.Row) and r.panels for r in rows), module.__name__
+    assert all(r.title for r in rows[1:]), "only the first row may be a header without a title"
+    panels = module.build()["panels"]
+    expected = []
+    for r in rows:
+        if r.title is not None:
+            expected.append(("row", r.title))
+        expected.extend((p.body["type"], p.title) for p in r.panels)
+    assert [(p["type"], p["title"]) for p in panels] == expected
+
+
+def test_panel_titles_are_unique_within_a_dashboard():
+    for name, builder in generate.DASHBOARDS.items():
+        titles = [p["title"] for p in builder()["panels"]]
+        assert len(titles) == len(set(titles)), (name, sorted(t for t in titles if titles.count(t) > 1))
+
+
+def test_dashboards_draw_the_thresholds_the_alerts_fire_on():
+    """exporter/slo.py is read by the alert rules and the panels alike: the TTFT p99 stat turns red at the
+    TTFT SLO threshold, the KV usage stat at the KV alert's ratio."""
+    def steps(title: str) -> list:
+        p = next(p for _, p in all_panels() if p["title"] == title)
+        return [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+    assert slo.TTFT.threshold_seconds in steps(f"TTFT p99 ({slo.RATE_WINDOW})")
+    assert slo.SATURATION.kv_cache_usage_ratio in steps("KV cache usage (max)")

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from exporter.derive import energy, kv, quantiles, roofline, throughput
+from exporter.derive.stage import TargetKey
 from exporter.derive.view import EngineView, Histogram
 from exporter.derive.window import HistogramWindow, RateWindow, ResetSafe
 from exporter.specs.gpus import lookup_gpu
@@ -19,6 +20,8 @@ KiB, GiB = 1024, 1 << 30
 # The seeds' example: 80 layers, 8 KV heads, head dim 128, FP16.
 SEED_70B = ModelShape("seed-70b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, vocab=128256,
                       intermediate=28672)
+
+KEY = TargetKey("t", "m", (("model", "m"), ("target", "t")))
 
 
 def engine_view(**sums: float) -> EngineView:
@@ -41,7 +44,7 @@ def test_kv_bytes_and_headroom_from_engine_usage_and_shape():
     assert cache.capacity_bytes == 10_000 * 320 * KiB
     assert cache.mean_context == 1_500.0  # 6000 tokens held by 4 running sequences
     assert cache.headroom_sequences == 2.0  # floor(4000 free / 1500)
-    names = {s.name for s in kv.samples(cache, (("model", "m"), ("target", "t")))}
+    names = {s.name for s in kv.samples(cache, KEY)}
     assert names == {"llm_kv_cache_bytes_per_token", "llm_kv_cache_used_tokens", "llm_kv_cache_used_bytes",
                      "llm_kv_cache_capacity_bytes", "llm_kv_cache_headroom_sequences"}
 
@@ -49,7 +52,7 @@ def test_kv_bytes_and_headroom_from_engine_usage_and_shape():
 def test_kv_without_shape_keeps_tokens_and_omits_bytes():
     view = EngineView("t", "engine:t", "vllm", "m", {"llm_kv_cache_capacity_tokens": 100.0}, {}, 50.0, 0.5)
     cache = kv.compute(view, None, None)
-    names = {s.name for s in kv.samples(cache, ())}
+    names = {s.name for s in kv.samples(cache, KEY)}
     assert "llm_kv_cache_used_tokens" in names
     assert not names & {"llm_kv_cache_used_bytes", "llm_kv_cache_capacity_bytes", "llm_kv_cache_bytes_per_token"}
 
@@ -103,7 +106,7 @@ def test_roofline_compute_gives_model_and_gpm_ratios_per_gpu():
     from exporter.specs.models import active_params
 
     assert roof.mfu == pytest.approx(2 * active_params(shape) * 10_000 / spec.bf16_dense_flops)
-    labels = {(s.name, s.label("source")) for s in roofline.samples(roof, "t", "m")}
+    labels = {(s.name, s.label("source")) for s in roofline.samples(roof, KEY)}
     assert ("llm_hbm_bandwidth_efficiency_ratio", "model") in labels
     assert ("llm_hbm_bandwidth_efficiency_ratio", "gpm") in labels
     assert ("llm_prefill_mfu_ratio", "") in labels
@@ -276,7 +279,7 @@ def test_slo_bound_is_the_closest_at_or_below_the_threshold():
     tail = quantiles.compute("ttft", Histogram(BOUNDS, bucketize(values)), 0.3)
     assert tail.slo_bound == 0.25
     assert tail.slo_attainment == pytest.approx(0.9)
-    sample = quantiles.samples(tail, "llm_ttft_window_seconds", "llm_ttft_slo_attainment_ratio", ())[-1]
+    sample = quantiles.tail_samples(tail, "llm_ttft_window_seconds", "llm_ttft_slo_attainment_ratio", ())[-1]
     assert sample.name == "llm_ttft_slo_attainment_ratio" and sample.label("le") == "0.25"
     tail = quantiles.compute("ttft", Histogram(BOUNDS, bucketize(values)), 0.001)
     assert tail.slo_attainment is None and "no ttft bucket bound" in tail.note
@@ -322,7 +325,7 @@ def test_engines_with_only_a_hit_ratio_gauge_use_it():
                                    None, None, prefix_hit_ratio=0.9)) for t in (0, 10, 20)]
     thr = _windowed(views)
     assert thr.prefill_computed_tps == pytest.approx(4_000.0)
-    assert thr.hit_source == "prefix-cache hit ratio"
+    assert thr.prefix_hit_share == 0.9  # the gauge's ratio: no hit counter to take it from
     # Without any prefix-cache series every prompt token counts as computed.
     thr = _windowed([(float(t), engine_view(llm_prompt_tokens_total=40_000.0 * t)) for t in (0, 10)])
     assert thr.prefill_computed_tps == thr.prefill_tps == pytest.approx(40_000.0)

@@ -11,7 +11,7 @@ import pytest
 from exporter.config import Config
 from exporter.derive import build_deriver
 from exporter.simulator import Twin, TwinConfig
-from exporter.snapshot import Sample, Snapshot, SourceResult
+from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult
 from exporter.sources.engines.normalize import NormalizerState, normalize
 from exporter.sources.gpu.sim import samples_from_state
 
@@ -38,10 +38,10 @@ class Harness:
 
     def snapshot(self) -> Snapshot:
         scrape = normalize(self.twin.metrics_text(), target="t", kind=None, state=self.state, max_series=10_000)
-        engine = SourceResult("engine:t", True, 0.0, 0.0, scrape.samples, attrs=MappingProxyType(
+        engine = SourceResult("engine:t", True, 0.0, 0.0, scrape.samples, kind=SourceKind.ENGINE, attrs=MappingProxyType(
             {"kind": "engine", "target": "t", "engine": scrape.kind, "model": scrape.model}))
-        gpu = SourceResult("gpu", True, 0.0, 0.0, tuple(samples_from_state(self.twin.gpu_state())))
-        host = SourceResult("host", True, 0.0, 0.0, host_samples(self.twin))
+        gpu = SourceResult("gpu", True, 0.0, 0.0, tuple(samples_from_state(self.twin.gpu_state())), kind=SourceKind.GPU)
+        host = SourceResult("host", True, 0.0, 0.0, host_samples(self.twin), kind=SourceKind.HOST)
         return Snapshot(EPOCH + self.twin.now, MappingProxyType({"engine:t": engine, "gpu": gpu, "host": host}))
 
     def cycle(self) -> tuple[tuple[Sample, ...], dict]:

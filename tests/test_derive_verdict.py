@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from types import MappingProxyType
 
@@ -10,10 +11,10 @@ import pytest
 from exporter.catalog import family_of
 from exporter.catalog.derived import RESOURCES
 from exporter.config import Config
-from exporter.derive import Deriver, assign_gpus, build_deriver
+from exporter.derive import STAGES, Deriver, assign_gpus, build_deriver
 from exporter.derive.bottleneck import Hysteresis, Signals, assess, raw_verdict, settle
 from exporter.derive.view import GpuView
-from exporter.snapshot import Sample, Snapshot, SourceResult, labels_of
+from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult, labels_of
 
 BUSY = dict(running=32.0, mean_batch=32.0, decode_tps=2_000.0, prefill_tps=5_000.0, gpus_known=True)
 
@@ -120,10 +121,10 @@ def snapshot(t: float, targets=("a",), gpus: int = 1, model: str = "llama-3.1-8b
     results = {}
     for target in targets:
         name = f"engine:{target}"
-        results[name] = SourceResult(name, True, 0.0, t, engine_samples(target, t, model),
+        results[name] = SourceResult(name, True, 0.0, t, engine_samples(target, t, model), kind=SourceKind.ENGINE,
                                      attrs=MappingProxyType({"kind": "engine", "target": target, "engine": "vllm",
                                                              "model": model}))
-    results["gpu"] = SourceResult("gpu", True, 0.0, t, gpu_samples(gpus, t))
+    results["gpu"] = SourceResult("gpu", True, 0.0, t, gpu_samples(gpus, t), kind=SourceKind.GPU)
     return Snapshot(1_000.0 + t, MappingProxyType(results))
 
 
@@ -155,12 +156,11 @@ def test_every_derived_sample_is_in_the_catalogue_and_input_is_unchanged():
 
 
 def test_a_failing_family_drops_only_itself_and_is_logged_once(caplog):
-    deriver = build_deriver(Config())
-
-    def broken(ctx):
+    def broken(ctx, state):
         raise ZeroDivisionError("boom")
 
-    deriver.stages["kv"] = broken
+    deriver = Deriver(Config(), stages=[dataclasses.replace(s, compute=broken) if s.name == "kv" else s
+                                        for s in STAGES])
     with caplog.at_level(logging.WARNING, logger="llm_exporter.derive"):
         out = run(deriver, 4)
     names = {s.name for s in out}
@@ -201,7 +201,9 @@ def test_state_is_bounded_when_targets_come_and_go():
     deriver = build_deriver(Config(quantile_window_s=10.0, interval_s=1.0))
     for i in range(200):
         deriver(snapshot(float(i), targets=(f"t{i // 5}",)), None)
-    assert len(deriver._rates) <= 10 and len(deriver._hists) <= 10 and len(deriver._verdicts) <= 1
+    state = deriver.state
+    assert len(state["throughput"].windows) <= 10 and len(state["quantiles"].windows) <= 10
+    assert len(state["bottleneck"].by_target) <= 1
 
 
 # --- review fixes -------------------------------------------------------------------------------
@@ -251,9 +253,9 @@ def ranked_snapshot(t: float, ranks: dict[str, float], gpus: int = 2) -> Snapsho
                     Sample("llm_requests_running", labels, 32.0),
                     Sample("llm_kv_cache_usage_ratio", labels, 0.4),
                     Sample("llm_kv_cache_capacity_tokens", labels, 100_000.0)]
-    results = {"engine:a": SourceResult("engine:a", True, 0.0, t, tuple(samples), attrs=MappingProxyType(
+    results = {"engine:a": SourceResult("engine:a", True, 0.0, t, tuple(samples), kind=SourceKind.ENGINE, attrs=MappingProxyType(
         {"kind": "engine", "target": "a", "engine": "vllm", "model": "llama-3.1-8b"})),
-               "gpu": SourceResult("gpu", True, 0.0, t, gpu_samples(gpus, t))}
+               "gpu": SourceResult("gpu", True, 0.0, t, gpu_samples(gpus, t), kind=SourceKind.GPU)}
     return Snapshot(1_000.0 + t, MappingProxyType(results))
 
 
@@ -288,7 +290,7 @@ def test_kv_cache_dtype_setting_next_to_the_model():
         return next(s.value for s in out if s.name == "llm_kv_cache_bytes_per_token")
 
     assert bytes_per_token(build_deriver(Config())) == 131_072
-    assert bytes_per_token(build_deriver(Config(extra={"kv_cache_dtype": "fp8"}))) == 65_536
-    deriver = build_deriver(Config(extra={"kv_cache_dtype": "fp7"}))
+    assert bytes_per_token(build_deriver(Config(kv_cache_dtype="fp8"))) == 65_536
+    deriver = build_deriver(Config(kv_cache_dtype="fp7"))
     assert bytes_per_token(deriver) == 131_072
     assert any("kv_cache_dtype ignored" in o for o in deriver.diagnosis()["targets"]["a"]["omitted"])

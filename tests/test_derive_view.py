@@ -6,11 +6,19 @@ import math
 import random
 from types import MappingProxyType
 
+from exporter.derive import STAGES
 from exporter.derive import view as view_module
+from exporter.derive.stage import view_needs
 from exporter.derive.view import ViewCache, build_view
-from exporter.snapshot import Labels, Sample, Snapshot, SourceResult
+from exporter.snapshot import Labels, Sample, Snapshot, SourceKind, SourceResult
 
 TTFT = "llm_time_to_first_token_seconds"
+NEEDS = view_needs(STAGES)
+
+
+def fresh_view(snap: Snapshot):
+    """The view of a snapshot from an empty cache."""
+    return build_view(snap, ViewCache(NEEDS))
 
 
 def labels(rank: str, **extra: str) -> Labels:
@@ -42,21 +50,21 @@ def gpu_samples(t: float, active: str = "sw_power_cap", up: float = 1.0) -> list
 
 
 def snapshot(t: float, engine: list[Sample], gpu: list[Sample], *, sources: tuple[str, ...] = ("a",)) -> Snapshot:
-    results = {f"engine:{s}": SourceResult(f"engine:{s}", True, 0.0, t, tuple(engine),
+    results = {f"engine:{s}": SourceResult(f"engine:{s}", True, 0.0, t, tuple(engine), kind=SourceKind.ENGINE,
                                            attrs=MappingProxyType({"kind": "engine", "target": s}))
                for s in sources}
-    results["gpu"] = SourceResult("gpu", True, 0.0, t, tuple(gpu))
+    results["gpu"] = SourceResult("gpu", True, 0.0, t, tuple(gpu), kind=SourceKind.GPU)
     return Snapshot(t, MappingProxyType(results))
 
 
 def test_view_sums_ranks_and_buckets():
-    view = build_view(snapshot(2.0, engine_samples(2.0), gpu_samples(2.0)))
+    view = fresh_view(snapshot(2.0, engine_samples(2.0), gpu_samples(2.0)))
     engine = view.engines[0]
     assert engine.model == "m"
     assert engine.get("llm_prompt_tokens_total") == 400.0 and engine.get("llm_requests_running") == 6.0
     assert engine.get("llm_unrelated_total") is None
     hist = engine.histograms[TTFT]
-    assert hist.bounds == (0.1, 0.5, math.inf) and hist.counts == (4.0, 8.0, 12.0) and hist.sum == 1.2
+    assert hist.bounds == (0.1, 0.5, math.inf) and hist.counts == (4.0, 8.0, 12.0)
     assert engine.kv_used_tokens == 500.0 and engine.kv_usage_ratio == 0.25
     assert [(g.gpu, g.reasons_active, g.link) for g in view.gpus] == [
         ("0", ("sw_power_cap",), {("llm_gpu_pcie_link_width", "current"): 16.0}),
@@ -66,7 +74,7 @@ def test_view_sums_ranks_and_buckets():
 def test_sums_start_from_zero_like_a_loop_over_the_samples():
     # 0.0 + v: a lone -0.0 sums to 0.0 and an int becomes a float, as the per-sample loop did.
     samples = [Sample("llm_requests_running", labels("0"), -0.0), Sample("llm_requests_waiting", labels("0"), 3)]
-    engine = build_view(snapshot(1.0, samples, [])).engines[0]
+    engine = fresh_view(snapshot(1.0, samples, [])).engines[0]
     running, waiting = engine.get("llm_requests_running"), engine.get("llm_requests_waiting")
     assert math.copysign(1.0, running) == 1.0
     assert type(waiting) is float and waiting == 3.0
@@ -74,13 +82,13 @@ def test_sums_start_from_zero_like_a_loop_over_the_samples():
 
 def test_a_bucket_missing_on_one_rank_still_sums_the_others():
     samples = engine_samples(1.0, ranks=("0",)) + engine_samples(1.0, ranks=("1",), les=("0.5", "+Inf"))
-    hist = build_view(snapshot(1.0, samples, [])).engines[0].histograms[TTFT]
+    hist = fresh_view(snapshot(1.0, samples, [])).engines[0].histograms[TTFT]
     assert hist.bounds == (0.1, 0.5, math.inf) and hist.counts == (1.0, 3.0, 5.0)
 
 
 def test_view_keeps_each_ranks_series_for_per_rank_reset_handling():
     samples = engine_samples(1.0, ranks=("0",)) + engine_samples(2.0, ranks=("1",), les=("0.5", "+Inf"))
-    engine = build_view(snapshot(1.0, samples, [])).engines[0]
+    engine = fresh_view(snapshot(1.0, samples, [])).engines[0]
     assert engine.ranks == 2
     assert engine.get("llm_prompt_tokens_total") == 300.0
     assert engine.series["llm_prompt_tokens_total", "model=m,rank=0"] == 100.0
@@ -89,7 +97,7 @@ def test_view_keeps_each_ranks_series_for_per_rank_reset_handling():
     # Rank 1 has no 0.1 bucket: 0.0 there, as in the sum (1 + 0, 2 + 2, 3 + 4).
     assert hist.counts == (1.0, 4.0, 7.0)
     assert hist.series == (("model=m,rank=0", (1.0, 2.0, 3.0)), ("model=m,rank=1", (0.0, 2.0, 4.0)))
-    single = build_view(snapshot(1.0, engine_samples(1.0, ranks=("0",)), [])).engines[0]
+    single = fresh_view(snapshot(1.0, engine_samples(1.0, ranks=("0",)), [])).engines[0]
     assert single.ranks == 1 and single.histograms[TTFT].series == (("model=m,rank=0", (1.0, 2.0, 3.0)),)
     assert dict(single.series) == {("llm_prompt_tokens_total", "model=m,rank=0"): 100.0,
                                    ("llm_requests_running", "model=m,rank=0"): 3.0,
@@ -118,7 +126,7 @@ def _changed(rng: random.Random, samples: list[Sample]) -> list[Sample]:
 
 def test_a_cached_layout_gives_the_view_a_fresh_one_gives():
     rng = random.Random(7)
-    cache = ViewCache()
+    cache = ViewCache(NEEDS)
     engine, gpu = engine_samples(1.0), gpu_samples(1.0)
     for cycle in range(300):
         t = float(cycle)
@@ -130,11 +138,11 @@ def test_a_cached_layout_gives_the_view_a_fresh_one_gives():
         gpu = gpu_samples(t, active=rng.choice(["gpu_idle", "sw_power_cap", "none"]),
                           up=0.0 if rng.random() < 0.1 else 1.0)
         snap = snapshot(t, engine, gpu)
-        assert build_view(snap, cache) == build_view(snap), cycle
+        assert build_view(snap, cache) == fresh_view(snap), cycle
 
 
 def test_view_cache_keeps_only_live_sources_and_stays_bounded():
-    cache = ViewCache(max_sources=4)
+    cache = ViewCache(NEEDS, max_sources=4)
     engine, gpu = engine_samples(1.0), gpu_samples(1.0)
     for i in range(20):
         sources = tuple(f"t{i}-{j}" for j in range(3))
@@ -150,8 +158,9 @@ def test_view_cache_keeps_only_live_sources_and_stays_bounded():
 def test_view_cache_reuses_every_layout_when_there_are_more_sources_than_its_bound(monkeypatch):
     builds = []
     real = view_module._engine_layout
-    monkeypatch.setattr(view_module, "_engine_layout", lambda samples: builds.append(1) or real(samples))
-    cache = ViewCache(max_sources=4)
+    monkeypatch.setattr(view_module, "_engine_layout",
+                        lambda samples, needs: builds.append(1) or real(samples, needs))
+    cache = ViewCache(NEEDS, max_sources=4)
     engine, gpu = engine_samples(1.0), gpu_samples(1.0)
     sources = tuple(f"t{j}" for j in range(10))
     for cycle in range(3):

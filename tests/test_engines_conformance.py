@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter import catalog
 from exporter.expose import render
 from exporter.snapshot import Sample
-from exporter.sources.engines.normalize import NormalizedScrape, detect_kind, normalize
+from exporter.sources.engines.normalize import NormalizedScrape, normalize
+from exporter.sources.engines.registry import detect_kind
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "engines"
 PAGES = sorted(path.name for path in FIXTURES.glob("*.prom"))

@@ -5,31 +5,33 @@ from __future__ import annotations
 
 import pathlib
 import random
+import subprocess
+import sys
 import time
 
 import pytest
 
 from exporter.catalog import engine as engine_catalog
 from exporter.sources.engines import normalize as normalize_module
+from exporter.sources.engines.coverage import coverage_table
 from exporter.sources.engines.exposition import ExpositionError
-from exporter.sources.engines.normalize import (
-    KINDS,
-    SPECS,
-    NormalizedScrape,
-    NormalizerState,
-    UnknownEngineError,
-    coverage_table,
-    detect_kind,
-    normalize,
-    normalize_if_unchanged,
-)
+from exporter.sources.engines.normalize import NormalizedScrape, NormalizerState, UnknownEngineError
+from exporter.sources.engines.normalize import normalize as plain_normalize
+from exporter.sources.engines.registry import DETECTION_ORDER, KINDS, SPECS, YIELDS_TO, detect_kind
+from exporter.sources.engines.replay import MAX_PLAN_SAMPLES, normalize, normalize_if_unchanged
 from exporter.sources.engines.table import Alias
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "engines"
 
 
 def run(text: str, **kwargs: object) -> NormalizedScrape:
+    """What the exporter does (replay.normalize: the plain pass, with the memo when given a state)."""
     return normalize(text, target="t", **kwargs)
+
+
+def plain(text: str, **kwargs: object) -> NormalizedScrape:
+    """The plain pass alone (normalize.normalize)."""
+    return plain_normalize(text, target="t", **kwargs)
 
 
 def get(result: NormalizedScrape, name: str, **match: str) -> list[float]:
@@ -54,6 +56,24 @@ def histogram(name: str, labels: str, bounds: list[str], counts: list[int], tota
 def test_kinds() -> None:
     assert set(KINDS) == {"vllm", "sglang", "tgi", "llamacpp", "triton", "trtllm", "lmdeploy", "nim"}
     assert tuple(SPECS) == KINDS
+
+
+def test_the_registry_imports_only_the_engine_tables() -> None:
+    """Config validation and the docs read the engine kinds from the registry: importing it must
+    not pull in the normalizer, the parser, the catalogue or config (no cycle back to config)."""
+    code = ("import sys, exporter.sources.engines.registry; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('exporter'))))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                timeout=60).stdout.split())
+    tables = {f"exporter.sources.engines.{kind}" for kind in KINDS}
+    assert loaded == {"exporter", "exporter.sources", "exporter.sources.engines", "exporter.sources.engines.registry",
+                      "exporter.sources.engines.table", *tables}
+
+
+def test_detection_order_names_every_kind_once_and_yields_only_to_earlier_kinds() -> None:
+    assert sorted(DETECTION_ORDER) == sorted(KINDS)
+    for kept, specific in YIELDS_TO.items():
+        assert all(DETECTION_ORDER.index(more) < DETECTION_ORDER.index(kept) for more in specific)
 
 
 def test_every_alias_targets_a_catalogue_family_of_the_same_type() -> None:
@@ -251,7 +271,7 @@ def test_warm_state_follows_a_help_text_change() -> None:
     state = NormalizerState()
     for text in [BLOCKS_HELP + GPU_PREFIX + INFO_16] * 3 + [TOKENS_HELP + GPU_PREFIX + INFO_16] * 3 \
             + [BLOCKS_HELP + GPU_PREFIX + INFO_16] * 2:
-        _same(run(text, state=state), run(text, state=NormalizerState()))
+        _same(run(text, state=state), plain(text))
         assert normalize_if_unchanged(text, target="t", kind=None, state=state) in (None, run(text))
 
 
@@ -467,7 +487,7 @@ def test_max_series_drops_whole_histograms_and_counts_them() -> None:
 
 def test_notes_are_bounded(monkeypatch) -> None:
     # NaN on every name the vLLM table maps: more distinct notes than the bound.
-    page = "".join(f'{name}{{model_name="m"}} NaN\n' for name in sorted(normalize_module._COMPILED["vllm"].keep))
+    page = "".join(f'{name}{{model_name="m"}} NaN\n' for name in sorted(normalize_module.TABLES["vllm"].keep))
     bound = normalize_module.MAX_NOTES
     monkeypatch.setattr(normalize_module, "MAX_NOTES", 10_000)
     assert len(run(page).notes) > bound
@@ -483,13 +503,13 @@ def test_alias_minimum_sentinel() -> None:
 
 def test_live_vllm_v1_names_cover_the_core_schema() -> None:
     """Every name a live vLLM V1 exposes (LLMKube's list) either maps or is knowingly unmapped."""
-    mapped = set(normalize_module._COMPILED["vllm"].keep)
+    mapped = set(normalize_module.TABLES["vllm"].keep)
     live = (FIXTURES / "vllm-v1-llmkube_testdata.names.txt").read_text().split()
     assert set(live) - mapped == {"vllm:request_failure_total"}
 
 
 def test_live_sglang_names_cover_the_core_families() -> None:
-    mapped = normalize_module._COMPILED["sglang"].keep
+    mapped = normalize_module.TABLES["sglang"].keep
     live = set((FIXTURES / "sglang-2026-llmkube_testdata.names.txt").read_text().split())
     for name in ("sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_count",
                  "sglang:token_usage", "sglang:max_total_num_tokens", "sglang:num_running_reqs",
@@ -570,15 +590,15 @@ def test_warm_state_yields_exactly_what_a_cold_one_does(path: pathlib.Path) -> N
     page = path.read_text()
     state = NormalizerState()
     first = normalize(page, target="t", state=state)
-    assert state._plan is None  # planned once the page repeats
+    assert state.memo.plan is None  # planned once the page repeats
     _same(normalize(page, target="t", state=state), first)
-    plan = state._plan
+    plan = state.memo.plan
     assert plan is not None
     for _ in range(3):
         warm = normalize(page, target="t", state=state)
-        _same(warm, normalize(page, target="t", state=NormalizerState()))
+        _same(warm, plain_normalize(page, target="t"))
         _same(warm, first)
-    assert state._plan is plan  # replayed, not rebuilt
+    assert state.memo.plan is plan  # replayed, not rebuilt
 
 
 def _perturbed(page: str, rng: random.Random, odd: float) -> str:
@@ -607,8 +627,8 @@ def test_warm_state_follows_changing_values(path: pathlib.Path) -> None:
     normalize(page, target="t", state=state)
     for cycle in range(30):
         text = _perturbed(page, rng, odd=0.0 if cycle % 3 else 0.02)
-        _same(normalize(text, target="t", state=state), normalize(text, target="t", state=NormalizerState()))
-        _same(normalize(page, target="t", state=state), normalize(page, target="t", state=NormalizerState()))
+        _same(normalize(text, target="t", state=state), plain_normalize(text, target="t"))
+        _same(normalize(page, target="t", state=state), plain_normalize(page, target="t"))
 
 
 @pytest.mark.parametrize("max_series", [3, 7, 10_000])
@@ -640,8 +660,8 @@ def test_warm_state_with_merges_model_fill_and_products(max_series: int) -> None
         for key, value in values.items():
             text = text.replace("@" + key, value)
         warm = run(text, state=state, max_series=max_series)
-        _same(warm, run(text, state=NormalizerState(), max_series=max_series))
-    assert state._plan is not None
+        _same(warm, plain(text, max_series=max_series))
+    assert state.memo.plan is not None
 
 
 def test_warm_state_products_with_a_zero_divisor() -> None:
@@ -651,26 +671,26 @@ def test_warm_state_products_with_a_zero_divisor() -> None:
     state = NormalizerState()
     for divisor in ("10", "0", "0", "20", "0.0", "7"):
         text = page.replace("{max}", divisor)
-        _same(run(text, state=state, kind="triton"), run(text, state=NormalizerState(), kind="triton"))
+        _same(run(text, state=state, kind="triton"), plain(text, kind="triton"))
 
 
 def test_warm_state_stays_bounded_under_a_cardinality_bomb() -> None:
     bomb = "".join(f'vllm:num_requests_running{{model_name="m",engine="{i}"}} 1\n'
-                   for i in range(normalize_module.MAX_PLAN_SAMPLES + 1))
+                   for i in range(MAX_PLAN_SAMPLES + 1))
     state = NormalizerState()
     result = normalize(bomb, target="t", state=state, max_series=100)
     assert result.dropped_series > 0
-    assert state._plan is None  # too big to plan: nothing per page is kept
+    assert state.memo.plan is None  # too big to plan: nothing per page is kept
     assert sum(len(entries) for entries in state._entries) <= normalize_module.MAX_MAPPED_LABEL_SETS
     normalize(bomb, target="t", state=state, max_series=100)
-    assert state._plan is None and state._seen is None
+    assert state.memo == (None, None)
     # Many pages of fresh series, each seen twice: one plan at a time, the label caches bounded.
     for round_ in range(30):
         page = "".join(f'vllm:num_requests_running{{model_name="m{round_}-{i}",engine="0"}} 1\n'
                        for i in range(2_000))
         normalize(page, target="t", state=state)
         normalize(page, target="t", state=state)
-        assert state._plan is not None and len(state._plan.names) == 2_000
+        assert state.memo.plan is not None and len(state.memo.plan.names) == 2_000
         assert sum(len(entries) for entries in state._entries) <= normalize_module.MAX_MAPPED_LABEL_SETS
         assert len(state.label_cache) <= state.label_cache.max_entries
         assert len(state._le) <= normalize_module.MAX_LE_FORMATS
@@ -681,11 +701,11 @@ def test_warm_state_follows_target_kind_and_limit() -> None:
     state = NormalizerState()
     for target, max_series in (("a", 10_000), ("b", 10_000), ("b", 50), ("a", 10_000)):
         warm = normalize(page, target=target, state=state, max_series=max_series)
-        _same(warm, normalize(page, target=target, state=NormalizerState(), max_series=max_series))
+        _same(warm, plain_normalize(page, target=target, max_series=max_series))
     lmdeploy = (FIXTURES / "lmdeploy-early__documented.prom").read_text()
     for text, kind in ((page, "vllm"), (lmdeploy, "lmdeploy"), (lmdeploy, "vllm"), (page, None)):
         _same(normalize(text, target="a", state=state, kind=kind),
-              normalize(text, target="a", state=NormalizerState(), kind=kind))
+              plain_normalize(text, target="a", kind=kind))
 
 
 def test_normalize_if_unchanged_replays_only_a_repeated_page_and_matches_the_full_pass(monkeypatch) -> None:

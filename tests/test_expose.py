@@ -6,8 +6,8 @@ import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.expose import Renderer, format_value, render
-from exporter.snapshot import Sample, labels_of
+from exporter.expose import Renderer, render
+from exporter.snapshot import Sample, format_value, labels_of
 
 
 def _histogram(target: str, values: tuple[float, float, float]) -> list[Sample]:

@@ -16,14 +16,13 @@ from hypothesis import strategies as st
 
 from exporter.sources.engines.exposition import MAX_CACHED_LABEL_SETS, ExpositionError
 from exporter.sources.engines.normalize import (
-    KINDS,
     MAX_LE_FORMATS,
     MAX_MAPPED_LABEL_SETS,
-    SPECS,
     NormalizerState,
     UnknownEngineError,
-    normalize,
 )
+from exporter.sources.engines.registry import KINDS, SPECS
+from exporter.sources.engines.replay import normalize
 
 NAMES = sorted({name + suffix
                 for spec in SPECS.values() for name, alias in spec.alias_items()

@@ -27,7 +27,7 @@ from exporter import httpserver, server
 from exporter.collect import Collector
 from exporter.config import Config
 from exporter.snapshot import Sample, labels_of
-from exporter.sources.base import SourceData
+from exporter.sources.base import SourceData, SourceKind
 from tests.exporter_process import running_exporter
 from tests.support import fake_engine, free_port, stop_process, wait_until
 from tests.test_collect import ScriptedSource
@@ -39,6 +39,9 @@ PARTIAL_HEAD = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 
 class ManySource:
     """A source with `n` series, for pages of several MB."""
+
+    kind = SourceKind.OTHER
+    timeout_s = None
 
     def __init__(self, name: str, n: int) -> None:
         self.name = name

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
+import time
 
-import httpx
 import pytest
 
 from exporter.catalog import FAMILIES, family_of
 from exporter.simulator import Twin, TwinConfig
 from exporter.simulator.gpu import CLOCK_EVENT_REASONS
 from exporter.sources.base import SourceError
-from exporter.sources.gpu.sim import SimGpuSource
+from exporter.sources.gpu.sim import MAX_SIM_GPU_BYTES, SimGpuSource
+from tests.support import free_port, send_body, serve_in_background
 
 EXPECTED = {
     "llm_gpu_up", "llm_gpu_info", "llm_gpu_utilization_ratio", "llm_gpu_memory_used_bytes",
@@ -77,30 +79,54 @@ def test_no_nvlink_series_for_a_gpu_without_nvlink() -> None:
 
 
 def test_from_twin_url_and_failures() -> None:
-    twin = _twin()
-    doc = json.dumps(twin.gpu_state())
+    """Over real loopback HTTP: a twin's document is read; each way a /sim/gpu answer can be wrong
+    is a failure with its reason, not an exception or a made-up GPU."""
+    doc = json.dumps(_twin().gpu_state()).encode()
+    pages = {"/ok/sim/gpu": (200, doc), "/bad/sim/gpu": (200, b"[1, 2]"),
+             "/garbled/sim/gpu": (200, b'{"gpus": [{"index": 0}]}'), "/binary/sim/gpu": (200, b"\xff\xfe{"),
+             "/huge/sim/gpu": (200, b" " * (MAX_SIM_GPU_BYTES + 1) + b"{}")}
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.host == "ok":
-            assert request.url.path == "/sim/gpu"
-            return httpx.Response(200, text=doc)
-        if request.url.host == "bad":
-            return httpx.Response(200, text="[1, 2]")
-        if request.url.host == "garbled":
-            return httpx.Response(200, text='{"gpus": [{"index": 0}]}')
-        if request.url.host == "down":
-            raise httpx.ConnectError("refused", request=request)
-        return httpx.Response(503)
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            status, body = pages.get(self.path, (503, b"no\n"))
+            send_body(self, body, status, "application/json")
 
-    def client() -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        def log_message(self, *args: object) -> None:
+            return
 
-    data = _collect(SimGpuSource("http://ok:8000/", client=client()))
-    assert {s.name for s in data.samples} >= {"llm_gpu_up", "llm_gpu_power_watts"}
-    for host, reason in (("bad", "parse"), ("garbled", "parse"), ("down", "connection"), ("err", "http_status")):
+    server, base = serve_in_background(Handler)
+    try:
+        data = _collect(SimGpuSource(base + "/ok/"))
+        assert {s.name for s in data.samples} >= {"llm_gpu_up", "llm_gpu_power_watts"}
+        down = f"http://127.0.0.1:{free_port()}"
+        for url, reason in ((base + "/bad", "parse"), (base + "/garbled", "parse"), (base + "/binary", "parse"),
+                            (base + "/huge", "too_large"), (down, "connection"), (base + "/err", "http_status")):
+            with pytest.raises(SourceError) as exc:
+                _collect(SimGpuSource(url))
+            assert exc.value.reason == reason, url
+            assert "/sim/gpu" in exc.value.message, exc.value.message  # which twin failed
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_twin_url_that_answers_too_late_is_a_timeout() -> None:
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            time.sleep(1.0)
+            send_body(self, b"{}", 200, "application/json")
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server, base = serve_in_background(Slow)
+    try:
         with pytest.raises(SourceError) as exc:
-            _collect(SimGpuSource(f"http://{host}:8000", client=client()))
-        assert exc.value.reason == reason
+            _collect(SimGpuSource(base, fetch_timeout_s=0.2))
+        assert exc.value.reason == "timeout"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_catalog_has_the_gpu_families() -> None:

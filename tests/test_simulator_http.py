@@ -188,3 +188,24 @@ def test_subprocess_twin() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# What the simulator may import: itself, the GPU and model specs, and the HTTP server it is served
+# by. The exporter's app, config, sources and derivations sit above it (exporter.app.run_demo puts
+# the demo together), and uvicorn is no longer needed by anything.
+SIMULATOR_MAY_IMPORT = ("exporter.simulator", "exporter.specs", "exporter.httpserver")
+
+
+def test_the_simulator_imports_nothing_above_it() -> None:
+    import ast
+
+    offending = []
+    for path in sorted((ROOT / "exporter" / "simulator").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):  # function-level imports count too
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            for name in names:
+                inside = name == "exporter" or name.startswith("exporter.")
+                if name == "uvicorn" or (inside and not name.startswith(SIMULATOR_MAY_IMPORT)):
+                    offending.append(f"{path.name}: {name}")
+    assert offending == []

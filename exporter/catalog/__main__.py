@@ -51,7 +51,7 @@ def render_markdown() -> str:
 
 
 def _engine_coverage() -> str:
-    from exporter.sources.engines.normalize import coverage_table
+    from exporter.sources.engines.coverage import coverage_table
 
     return coverage_table()
 

@@ -42,6 +42,18 @@ SLO_TARGET = 0.9  # attainment below this marks the target degraded whatever the
 SEVERE_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_slowdown", "hw_power_brake_slowdown"})
 POWER_CAP = "sw_power_cap"
 
+# How each verdict is named to a person: (short, for the status page; long, for doctor's report).
+VERDICT_WORDS: Mapping[str, tuple[str, str]] = {
+    "idle": ("idle", "idle (waiting for work)"),
+    "compute": ("compute (tensor FLOPS)", "compute (tensor FLOPS, prefill)"),
+    "memory_bandwidth": ("HBM bandwidth", "HBM bandwidth (decode)"),
+    "kv_capacity": ("KV cache capacity", "KV cache capacity"),
+    "host_cpu": ("host CPU", "host CPU"),
+    "interconnect": ("interconnect (PCIe/NVLink)", "interconnect (PCIe/NVLink)"),
+    "power_thermal": ("power / thermal throttling", "power / thermal throttling"),
+}
+UNKNOWN_VERDICT_WORDS = "cannot tell yet"
+
 REMEDIES: Mapping[str, tuple[str, ...]] = {
     "idle": (
         "Nothing to fix on this node: the engine waits for work.",
@@ -409,7 +421,7 @@ def is_degraded(verdict: str, s: Signals) -> list[str]:
 def samples(target: str, verdict: str, scores: Mapping[str, float]) -> list[Sample]:
     out = []
     for resource in RESOURCES:
-        labels = (("resource", resource), ("target", target))  # labels_of(): sorted by name
+        labels = (("resource", resource), ("target", target))  # sorted (test_derive_stages)
         out.append(Sample("llm_bottleneck", labels, 1.0 if resource == verdict else 0.0))
         out.append(Sample("llm_bottleneck_score", labels, scores.get(resource, 0.0)))
     return out

@@ -8,10 +8,13 @@ tokens/s x 1e6. Both are omitted while nothing is generated (no made-up infinity
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from exporter.derive.view import GpuView
-from exporter.snapshot import Labels, Sample
+from exporter.derive.settings import DeriveSettings
+from exporter.derive.stage import Ctx, Stage, StageState, TargetKey, rounded
+from exporter.derive.view import GpuView, SnapshotView
+from exporter.derive.window import RateWindow, Scopes
+from exporter.snapshot import Sample
 
 ENERGY = "llm_gpu_energy_joules_total"
 POWER = "llm_gpu_power_watts"
@@ -56,10 +59,51 @@ def compute(gpus: Sequence[GpuView], energy_rate: Callable[[GpuView], float | No
     return Energy(power, source, jpt, cost)
 
 
-def samples(energy: Energy, labels: Labels) -> list[Sample]:
+def samples(energy: Energy, key: TargetKey) -> list[Sample]:
+    labels = key.labels
     out = []
     if energy.joules_per_token is not None:
         out.append(Sample("llm_energy_joules_per_token", labels, energy.joules_per_token))
     if energy.cost_per_million is not None:
         out.append(Sample("llm_cost_per_million_tokens", labels, energy.cost_per_million))
     return out
+
+
+def numbers(energy: Energy) -> dict[str, Any]:
+    return dict(power_watts=rounded(energy.power_watts, 1), joules_per_token=rounded(energy.joules_per_token),
+                cost_per_million_tokens=rounded(energy.cost_per_million))
+
+
+class GpuRates(StageState):
+    """The energy counter's rate per GPU, observed once a cycle for every GPU (whichever targets
+    share it), forgotten a while after the GPU went."""
+
+    def __init__(self, settings: DeriveSettings) -> None:
+        window_s = settings.rate_window_s
+        self.windows = Scopes(lambda: RateWindow(window_s), settings.forget_after_s)
+
+    def begin(self, view: SnapshotView) -> None:
+        for gpu in view.gpus:
+            joules = gpu.values.get(ENERGY)
+            if joules is not None:
+                self.windows.get(gpu.key).observe(view.taken_at, {ENERGY: joules}, {})
+
+    def end(self, view: SnapshotView) -> None:
+        self.windows.sweep(view.taken_at)
+
+    def rate(self, gpu: GpuView) -> float | None:
+        return self.windows.get(gpu.key).rate(ENERGY)
+
+
+def _compute(ctx: Ctx, state: GpuRates) -> Energy:
+    thr = ctx.get("throughput")
+    decode = thr.decode_tps if thr is not None else None
+    gpu_count = len(ctx.gpus) or ctx.tp * ctx.dp
+    return compute(ctx.gpus, state.rate, decode, ctx.settings.gpu_price_per_hour, gpu_count)
+
+
+STAGE = Stage(
+    name="energy", compute=_compute, samples=samples, numbers=numbers, state=GpuRates, after=("throughput",),
+    emits=("llm_energy_joules_per_token", "llm_cost_per_million_tokens"),
+    gpu=(ENERGY, POWER),
+)

@@ -8,11 +8,12 @@ omitted without it. Headroom = free tokens / the current mean context per runnin
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from exporter.derive.stage import Ctx, Stage, TargetKey, rounded
 from exporter.derive.throughput import Throughput
-from exporter.derive.view import KV_CAPACITY, EngineView
-from exporter.snapshot import Labels, Sample
+from exporter.derive.view import KV_CAPACITY, KV_USAGE, EngineView
+from exporter.snapshot import Sample
 from exporter.specs.models import ModelShape, kv_bytes_per_token
 
 
@@ -69,7 +70,8 @@ def compute(engine: EngineView, tp: Throughput | None, shape: ModelShape | None)
     )
 
 
-def samples(kv: KvCache, labels: Labels) -> list[Sample]:
+def samples(kv: KvCache, key: TargetKey) -> list[Sample]:
+    labels = key.labels
     out: list[Sample] = []
     for name, value in (("llm_kv_cache_bytes_per_token", kv.bytes_per_token),
                         ("llm_kv_cache_used_tokens", kv.used_tokens),
@@ -79,3 +81,21 @@ def samples(kv: KvCache, labels: Labels) -> list[Sample]:
         if value is not None:
             out.append(Sample(name, labels, value))
     return out
+
+
+def numbers(kv: KvCache) -> dict[str, Any]:
+    return dict(kv_usage_ratio=rounded(kv.usage_ratio), kv_used_tokens=rounded(kv.used_tokens, 0),
+                kv_capacity_tokens=kv.capacity_tokens, kv_bytes_per_token=kv.bytes_per_token,
+                kv_headroom_sequences=kv.headroom_sequences)
+
+
+def _compute(ctx: Ctx, state: None) -> KvCache:
+    return compute(ctx.engine, ctx.get("throughput"), ctx.shape)
+
+
+STAGE = Stage(
+    name="kv", compute=_compute, samples=samples, numbers=numbers, after=("throughput",),
+    emits=("llm_kv_cache_bytes_per_token", "llm_kv_cache_used_tokens", "llm_kv_cache_used_bytes",
+           "llm_kv_cache_capacity_bytes", "llm_kv_cache_headroom_sequences"),
+    engine=(KV_CAPACITY, KV_USAGE, "llm_requests_running"),
+)

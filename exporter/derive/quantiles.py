@@ -16,13 +16,15 @@ quantiles stay within the bounds and attainment within [0, 1].
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import accumulate
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from exporter.derive.view import Histogram
-from exporter.expose import format_value
-from exporter.snapshot import Labels, Sample
+from exporter.derive.settings import DeriveSettings
+from exporter.derive.stage import Ctx, Stage, StageState, TargetKey, rounded
+from exporter.derive.view import Histogram, SnapshotView
+from exporter.derive.window import HistogramWindow, Scopes
+from exporter.snapshot import Labels, Sample, format_value
 
 QUANTILES = (0.5, 0.95, 0.99)
 _INF = float("inf")
@@ -104,7 +106,7 @@ def tail(kind: str, bounds: Sequence[float], counts: Sequence[float], threshold:
     return Tail(kind, counts[-1] if counts else 0.0, qs, threshold, bound, att, note)
 
 
-def samples(tail: Tail, window_name: str, slo_name: str, labels: Labels) -> list[Sample]:
+def tail_samples(tail: Tail, window_name: str, slo_name: str, labels: Labels) -> list[Sample]:
     out = [Sample(window_name, tuple(sorted(labels + (("quantile", format_q(q)),))), v) for q, v in tail.quantiles]
     if slo_name and tail.slo_attainment is not None and tail.slo_bound is not None:
         out.append(Sample(slo_name, tuple(sorted(labels + (("le", format_value(tail.slo_bound)),))),
@@ -114,3 +116,55 @@ def samples(tail: Tail, window_name: str, slo_name: str, labels: Labels) -> list
 
 def format_q(q: float) -> str:
     return f"{q:g}"
+
+
+def samples(tails: Mapping[str, Tail], key: TargetKey) -> list[Sample]:
+    out = []
+    for _, window_name, slo_name, kind in SERIES:
+        if kind in tails:
+            out.extend(tail_samples(tails[kind], window_name, slo_name, key.labels))
+    return out
+
+
+def numbers(tails: Mapping[str, Tail]) -> dict[str, Any]:
+    return {kind: {"window_count": tail.count,
+                   "quantiles": {format_q(q): rounded(v, 6) for q, v in tail.quantiles},
+                   "slo_seconds": tail.slo_threshold, "slo_bound_used": tail.slo_bound,
+                   "slo_attainment": rounded(tail.slo_attainment)} for kind, tail in tails.items()}
+
+
+def notes(tails: Mapping[str, Tail]) -> list[str]:
+    return [tail.note for tail in tails.values() if tail.note]
+
+
+class Windows(StageState):
+    """One histogram window per target and series kind; the SLO thresholds by kind."""
+
+    def __init__(self, settings: DeriveSettings) -> None:
+        window_s = settings.quantile_window_s
+        self.windows = Scopes(lambda: HistogramWindow(window_s), settings.forget_after_s)
+        self.thresholds = {"ttft": settings.slo_ttft_s, "tbt": settings.slo_tbt_s, "e2e": None}
+
+    def end(self, view: SnapshotView) -> None:
+        self.windows.sweep(view.taken_at)
+
+
+def _compute(ctx: Ctx, state: Windows) -> dict[str, Tail]:
+    tails = {}
+    for hist_name, _, _, kind in SERIES:
+        hist = ctx.engine.histograms.get(hist_name)
+        if hist is None:
+            continue
+        window: HistogramWindow = state.windows.get(f"{ctx.engine.target}\0{kind}")
+        delta = window.observe(ctx.now, hist.bounds, hist.counts, hist.series)
+        if delta is None:
+            continue
+        tails[kind] = tail(kind, hist.bounds, delta, state.thresholds[kind])
+    return tails
+
+
+STAGE = Stage(
+    name="quantiles", compute=_compute, samples=samples, numbers=numbers, notes=notes, state=Windows,
+    emits=tuple(name for _, window_name, slo_name, _ in SERIES for name in (window_name, slo_name) if name),
+    histograms=tuple(hist for hist, _, _, _ in SERIES),
+)

@@ -20,12 +20,13 @@ histogram) they fall back to 2 x active parameters per token.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from exporter.derive.kv import KvCache
+from exporter.derive.stage import Ctx, Stage, TargetKey, rounded
 from exporter.derive.throughput import Throughput
 from exporter.derive.view import GpuView
-from exporter.snapshot import Sample, labels_of
+from exporter.snapshot import Sample
 from exporter.specs.gpus import GpuSpec
 from exporter.specs.models import (
     ModelShape,
@@ -110,19 +111,10 @@ class GpuRoof(NamedTuple):
             return None
         return self.model_bandwidth / self.peak_bandwidth
 
-    @property
-    def ridge(self) -> float | None:
-        """Arithmetic intensity where the bandwidth roof meets the compute roof."""
-        if not self.peak_bandwidth or not self.peak_flops:
-            return None
-        return self.peak_flops / self.peak_bandwidth
-
 
 class Roofline(NamedTuple):
     gpus: tuple[GpuRoof, ...]
     mfu: float | None = None
-    decode_bytes_per_step: float | None = None
-    kv_read_known: bool = True
 
 
 def compute(gpus: Sequence[GpuView], specs: Sequence[GpuSpec | None], shape: ModelShape | None, tp: int,
@@ -145,7 +137,7 @@ def compute(gpus: Sequence[GpuView], specs: Sequence[GpuSpec | None], shape: Mod
         peak_bw = spec.mem_bandwidth_bytes_per_s if spec is not None else None
         peak_fl = peak_flops(spec, shape) if spec is not None and shape is not None else (
             spec.bf16_dense_flops if spec is not None else None)
-        gpm = gpu.get("llm_gpu_dram_bandwidth_utilization_ratio")
+        gpm = gpu.get(DRAM_BW)
         model_bw = modelled_bandwidth_per_gpu(steps, per_step, spread) if per_step is not None and steps is not None \
             else None
         intensity = flops_step / per_step if flops_step is not None and per_step else None
@@ -165,18 +157,41 @@ def compute(gpus: Sequence[GpuView], specs: Sequence[GpuSpec | None], shape: Mod
         total = sum(peak_flops(s, shape) for s in known)
         mfu = prefill_mfu(shape, computed, total, thr.mean_prompt_tokens, thr.prefix_hit_share or 0.0) \
             if total > 0 else None
-    return Roofline(tuple(roofs), mfu, per_step, kv_tokens is not None)
+    return Roofline(tuple(roofs), mfu)
 
 
-def samples(roof: Roofline, target: str, model: str) -> list[Sample]:
+DRAM_BW = "llm_gpu_dram_bandwidth_utilization_ratio"
+
+
+def samples(roof: Roofline, key: TargetKey) -> list[Sample]:
+    target = key.target
     out: list[Sample] = []
     for g in roof.gpus:
         for source, bw, ratio in (("model", g.model_bandwidth, g.model_ratio), ("gpm", g.gpm_bandwidth, g.gpm_ratio)):
-            labels = (("gpu", g.gpu), ("source", source), ("target", target))  # sorted by name
+            labels = (("gpu", g.gpu), ("source", source), ("target", target))  # sorted (test_derive_stages)
             if bw is not None:
                 out.append(Sample("llm_hbm_bandwidth_bytes_per_second", labels, bw))
             if ratio is not None and (source == "gpm" or bw is not None):
                 out.append(Sample("llm_hbm_bandwidth_efficiency_ratio", labels, ratio))
     if roof.mfu is not None:
-        out.append(Sample("llm_prefill_mfu_ratio", labels_of(target=target, model=model), roof.mfu))
+        out.append(Sample("llm_prefill_mfu_ratio", key.labels, roof.mfu))
     return out
+
+
+def numbers(roof: Roofline) -> dict[str, Any]:
+    return {"prefill_mfu": rounded(roof.mfu)}
+
+
+def _compute(ctx: Ctx, state: None) -> Roofline | None:
+    if not ctx.gpus and ctx.shape is None:
+        return None  # nothing to place on a roofline
+    specs = [ctx.spec_for(g.name) for g in ctx.gpus]
+    return compute(ctx.gpus, specs, ctx.shape, ctx.tp, ctx.get("throughput"), ctx.get("kv"), ctx.dp)
+
+
+STAGE = Stage(
+    name="roofline", compute=_compute, samples=samples, numbers=numbers, after=("throughput", "kv"),
+    emits=("llm_hbm_bandwidth_bytes_per_second", "llm_hbm_bandwidth_efficiency_ratio",
+           "llm_prefill_mfu_ratio"),
+    gpu=(DRAM_BW,),
+)

@@ -12,22 +12,25 @@ hit ratio gauge, the prompt tokens x (1 - hit ratio). MFU is taken on those.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from exporter.derive.view import EngineView
-from exporter.derive.window import RateWindow
-from exporter.snapshot import Labels, Sample
+from exporter.derive.settings import DeriveSettings
+from exporter.derive.stage import Ctx, Stage, StageState, TargetKey, rounded
+from exporter.derive.view import PREFIX_HIT_RATIO, EngineView, SnapshotView
+from exporter.derive.window import RateWindow, Scopes
+from exporter.snapshot import Sample
 
+# The engine counters the rates are taken of (reset-safe, per series) and the gauges averaged
+# over the window: what this stage declares it reads, so also what the view keeps.
 COUNTERS = (
     "llm_prompt_tokens_total", "llm_generation_tokens_total", "llm_prefill_seconds_total",
     "llm_decode_seconds_total", "llm_preemptions_total", "llm_request_prefill_time_seconds_sum",
     "llm_request_decode_time_seconds_sum", "llm_request_prompt_tokens_sum", "llm_request_prompt_tokens_count",
     "llm_request_generation_tokens_sum", "llm_request_generation_tokens_count",
-    "llm_e2e_request_latency_seconds_count", "llm_requests_total", "llm_batch_prefill_time_seconds_sum",
-    "llm_batch_decode_time_seconds_sum", "llm_prefix_cache_hits_total",
+    "llm_batch_prefill_time_seconds_sum", "llm_batch_decode_time_seconds_sum", "llm_prefix_cache_hits_total",
 )
 _COUNTERS = frozenset(COUNTERS)
-HIT_RATIO = "llm_prefix_cache_hit_ratio"
+HIT_RATIO = PREFIX_HIT_RATIO
 # Phase time sources, best first: engine time counters and per-batch forward times are engine
 # time; per-request times overlap across the batch and so weight decode by the batch size.
 PHASE_TIMES = (
@@ -43,11 +46,9 @@ class Throughput(NamedTuple):
     decode_tps: float | None = None
     prefill_share: float | None = None  # of engine time in prefill + decode
     time_source: str = ""  # which counters gave the phase times
-    token_source: str = ""  # which counters gave the token rates
     mean_batch: float | None = None
     steps_per_s: float | None = None
     preemptions_per_s: float | None = None
-    requests_per_s: float | None = None
     running: float | None = None
     waiting: float | None = None
     mean_request_tokens: float | None = None  # prompt + output of requests finished in the window
@@ -56,7 +57,6 @@ class Throughput(NamedTuple):
     # engine reports no prefix cache), and the share of prompt tokens the cache served.
     prefill_computed_tps: float | None = None
     prefix_hit_share: float | None = None
-    hit_source: str = ""  # how the prefix-cache hits were known ("" when not reported)
 
 
 def observe(window: RateWindow, engine: EngineView, ts: float) -> None:
@@ -73,17 +73,18 @@ def observe(window: RateWindow, engine: EngineView, ts: float) -> None:
 
 
 def computed_prefill(prefill_tps: float | None, hits_tps: float | None, hit_ratio: float | None
-                     ) -> tuple[float | None, float | None, str]:
-    """(prompt tokens/s computed, share served by the prefix cache, how the hits were known)."""
+                     ) -> tuple[float | None, float | None]:
+    """(prompt tokens/s computed, share served by the prefix cache): the hit tokens when the
+    engine counts them, else its hit ratio gauge."""
     if prefill_tps is None:
-        return None, None, ""
+        return None, None
     if hits_tps is not None:
         computed = min(prefill_tps, max(0.0, prefill_tps - hits_tps))
         share = 1.0 - computed / prefill_tps if prefill_tps > 0 else None
-        return computed, share, "prefix-cache hit tokens"
+        return computed, share
     if hit_ratio is not None and 0.0 <= hit_ratio <= 1.0:
-        return prefill_tps * (1.0 - hit_ratio), hit_ratio, "prefix-cache hit ratio"
-    return prefill_tps, None, ""
+        return prefill_tps * (1.0 - hit_ratio), hit_ratio
+    return prefill_tps, None
 
 
 def _share(window: RateWindow, prefill_key: str, decode_key: str) -> float | None:
@@ -118,42 +119,35 @@ def compute(engine: EngineView, window: RateWindow) -> Throughput:
             break
     prefill_tps = window.rate("llm_prompt_tokens_total")
     decode_tps = window.rate("llm_generation_tokens_total")
-    token_source = "token counters"
     if prefill_tps is None and decode_tps is None:
         # Engines without token counters (TGI): tokens of the requests that finished, which lag
         # by one request's duration but average to the same rate.
         prefill_tps = window.rate("llm_request_prompt_tokens_sum")
         decode_tps = window.rate("llm_request_generation_tokens_sum")
-        token_source = "finished requests' token histograms"
-    computed, hit_share, hit_source = computed_prefill(
+    computed, hit_share = computed_prefill(
         prefill_tps, window.rate("llm_prefix_cache_hits_total"), window.mean(HIT_RATIO))
     mean_batch = window.mean("llm_requests_running")
     prompt = _mean_per_request(window, "llm_request_prompt_tokens_sum", "llm_request_prompt_tokens_count")
     output = _mean_per_request(window, "llm_request_generation_tokens_sum", "llm_request_generation_tokens_count")
-    requests = window.rate("llm_e2e_request_latency_seconds_count")
-    if requests is None:
-        requests = window.rate("llm_requests_total")
     return Throughput(
         prefill_tps=prefill_tps,
         decode_tps=decode_tps,
-        token_source=token_source if decode_tps is not None or prefill_tps is not None else "",
         prefill_share=share,
         time_source=time_source,
         mean_batch=mean_batch,
         steps_per_s=steps_per_second(decode_tps, mean_batch),
         preemptions_per_s=window.rate("llm_preemptions_total"),
-        requests_per_s=requests,
         running=engine.get("llm_requests_running"),
         waiting=engine.get("llm_requests_waiting"),
         mean_request_tokens=(prompt + output) if prompt is not None and output is not None else None,
         mean_prompt_tokens=prompt,
         prefill_computed_tps=computed,
         prefix_hit_share=hit_share,
-        hit_source=hit_source,
     )
 
 
-def samples(tp: Throughput, labels: Labels) -> list[Sample]:
+def samples(tp: Throughput, key: TargetKey) -> list[Sample]:
+    labels = key.labels
     out: list[Sample] = []
     for name, value in (("llm_prefill_tokens_per_second", tp.prefill_tps),
                         ("llm_decode_tokens_per_second", tp.decode_tps),
@@ -166,3 +160,38 @@ def samples(tp: Throughput, labels: Labels) -> list[Sample]:
         out.append(Sample("llm_phase_time_ratio", tuple(sorted(labels + (("phase", "decode"),))),
                           1.0 - tp.prefill_share))
     return out
+
+
+def numbers(tp: Throughput) -> dict[str, Any]:
+    return dict(prefill_tokens_per_second=rounded(tp.prefill_tps, 2),
+                decode_tokens_per_second=rounded(tp.decode_tps, 2),
+                prefill_time_share=rounded(tp.prefill_share), mean_batch=rounded(tp.mean_batch, 2),
+                decode_steps_per_second=rounded(tp.steps_per_s, 2), running=tp.running, waiting=tp.waiting,
+                preemptions_per_second=rounded(tp.preemptions_per_s),
+                prefill_computed_tokens_per_second=rounded(tp.prefill_computed_tps, 2),
+                prefix_cache_hit_share=rounded(tp.prefix_hit_share))
+
+
+class Rates(StageState):
+    """One rate window per target, forgotten a while after the target went."""
+
+    def __init__(self, settings: DeriveSettings) -> None:
+        window_s = settings.rate_window_s
+        self.windows = Scopes(lambda: RateWindow(window_s), settings.forget_after_s)
+
+    def end(self, view: SnapshotView) -> None:
+        self.windows.sweep(view.taken_at)
+
+
+def _compute(ctx: Ctx, state: Rates) -> Throughput:
+    window = state.windows.get(ctx.engine.target)
+    observe(window, ctx.engine, ctx.now)
+    return compute(ctx.engine, window)
+
+
+STAGE = Stage(
+    name="throughput", compute=_compute, samples=samples, numbers=numbers, state=Rates,
+    emits=("llm_prefill_tokens_per_second", "llm_decode_tokens_per_second", "llm_mean_batch_size",
+           "llm_decode_steps_per_second", "llm_phase_time_ratio"),
+    engine=(*COUNTERS, *GAUGES, HIT_RATIO),
+)

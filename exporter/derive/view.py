@@ -2,9 +2,10 @@
 
 Snapshot.values() scans every sample per call; with 4 targets x 8 GPUs and dozens of look-ups a
 cycle that would cost milliseconds, so the derivations read this index instead. Only the names
-listed here are kept. What each sample of a source means (which sum, which bucket, which GPU) is
-worked out once per source and kept in a ViewCache while the source's series stay the same; a
-cycle then only gathers values by position (see "layouts" below).
+the stages declare they read are kept (ViewNeeds, the union of their needs). What each sample
+of a source means (which sum, which bucket, which GPU) is worked out once per source and kept
+in a ViewCache while the source's series stay the same; a cycle then only gathers values by
+position (see "layouts" below).
 
 Engine values are summed over data-parallel ranks, and also kept per series (rank) so that the
 windows can tell one rank's counter reset from the others' (window.ResetSafe).
@@ -14,45 +15,64 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from operator import add, itemgetter
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from exporter.snapshot import Labels, Sample, Snapshot
+from exporter.catalog import FAMILIES, family_of
+from exporter.catalog.base import Family
+from exporter.snapshot import Labels, Sample, Snapshot, SourceKind
 
-ENGINE_SUMS = frozenset({
-    "llm_prompt_tokens_total", "llm_generation_tokens_total", "llm_prefill_seconds_total",
-    "llm_decode_seconds_total", "llm_preemptions_total", "llm_requests_running", "llm_requests_waiting",
-    "llm_kv_cache_capacity_tokens", "llm_requests_total",
-    "llm_request_prefill_time_seconds_sum", "llm_request_decode_time_seconds_sum",
-    "llm_request_prompt_tokens_sum", "llm_request_prompt_tokens_count",
-    "llm_request_generation_tokens_sum", "llm_request_generation_tokens_count",
-    "llm_e2e_request_latency_seconds_count", "llm_batch_prefill_time_seconds_sum",
-    "llm_batch_decode_time_seconds_sum", "llm_prefix_cache_hits_total",
-})
-HISTOGRAMS = ("llm_time_to_first_token_seconds", "llm_inter_token_latency_seconds",
-              "llm_e2e_request_latency_seconds")
-_BUCKETS = frozenset(h + "_bucket" for h in HISTOGRAMS)
-_HIST_SUMS = frozenset(h + "_sum" for h in HISTOGRAMS)
-KV_USAGE = "llm_kv_cache_usage_ratio"
+KV_USAGE = "llm_kv_cache_usage_ratio"  # per rank, weighted by the rank's capacity
 KV_CAPACITY = "llm_kv_cache_capacity_tokens"
-PREFIX_HIT_RATIO = "llm_prefix_cache_hit_ratio"
+PREFIX_HIT_RATIO = "llm_prefix_cache_hit_ratio"  # per rank, averaged
+GPU_UP = "llm_gpu_up"
+# Read whatever the stages need: a lost GPU (up 0) and a GPU's identity (its info series) are
+# the view's own business.
+VIEW_GPU = (GPU_UP, "llm_gpu_info")
+# How a GPU family is read, by its catalogue labels: one value per GPU, one per `state`
+# (current/max), or the `reason`s active.
+GAUGE, BY_STATE, REASONS = 0, 1, 2
+HOST_ALL = ("cpu", "all")  # a host family labelled by CPU is read at its all-CPU series
 
-GPU_GAUGES = frozenset({
-    "llm_gpu_utilization_ratio", "llm_gpu_dram_bandwidth_utilization_ratio", "llm_gpu_sm_active_ratio",
-    "llm_gpu_tensor_active_ratio", "llm_gpu_power_watts", "llm_gpu_power_limit_watts",
-    "llm_gpu_energy_joules_total", "llm_gpu_temperature_celsius", "llm_gpu_sm_clock_hertz",
-    "llm_gpu_sm_clock_max_hertz", "llm_gpu_pcie_tx_bytes_per_second", "llm_gpu_pcie_rx_bytes_per_second",
-    "llm_gpu_nvlink_tx_bytes_per_second", "llm_gpu_nvlink_rx_bytes_per_second", "llm_gpu_memory_used_bytes",
-    "llm_gpu_memory_total_bytes", "llm_gpu_up", "llm_gpu_info",
-})
-GPU_STATEFUL = frozenset({"llm_gpu_pcie_link_generation", "llm_gpu_pcie_link_width"})
-CLOCK_EVENT = "llm_gpu_clock_event_active"
-_GPU_KINDS: Mapping[str, int] = MappingProxyType(
-    {**{n: 0 for n in GPU_GAUGES}, **{n: 1 for n in GPU_STATEFUL}, CLOCK_EVENT: 2})
-HOST_GAUGES = frozenset({"llm_engine_process_busiest_thread_cpu_ratio", "llm_engine_numa_mismatch",
-                         "llm_engine_process_found"})
-HOST_CPU = "llm_host_cpu_busy_ratio"
+
+class ViewNeeds(NamedTuple):
+    """What the view keeps of a snapshot: the union of the stages' needs (stage.view_needs)."""
+
+    sums: frozenset[str]  # engine samples summed over ranks (EngineView.sums)
+    kv_usage: bool  # KV_USAGE, for EngineView.kv_used_tokens and kv_usage_ratio
+    hit_ratio: bool  # PREFIX_HIT_RATIO, for EngineView.prefix_hit_ratio
+    buckets: frozenset[str]  # `<histogram>_bucket` of the engine histograms (EngineView.histograms)
+    gpu: Mapping[str, int]  # GPU family -> GAUGE, BY_STATE or REASONS
+    host: frozenset[str]  # host families, one value each (HostView keys)
+    host_all: frozenset[str]  # of those, the ones read at the HOST_ALL label
+
+    @classmethod
+    def of(cls, engine: Collection[str], histograms: Collection[str], gpu: Collection[str],
+           host: Collection[str]) -> ViewNeeds:
+        """Every name must be in the catalogue (a KeyError otherwise: a typo is loud, not None)."""
+        specials = {KV_USAGE, PREFIX_HIT_RATIO}
+        for name in (*engine, *gpu, *host):
+            family_named(name)
+        for name in histograms:
+            if FAMILIES[name].type != "histogram":
+                raise ValueError(f"{name} is not a histogram family")
+        kinds = {}
+        for name in (*VIEW_GPU, *gpu):
+            labels = FAMILIES[name].labels
+            kinds[name] = BY_STATE if "state" in labels else REASONS if "reason" in labels else GAUGE
+        return cls(frozenset(engine) - specials, KV_USAGE in engine, PREFIX_HIT_RATIO in engine,
+                   frozenset(h + "_bucket" for h in histograms), MappingProxyType(kinds), frozenset(host),
+                   frozenset(h for h in host if HOST_ALL[0] in FAMILIES[h].labels))
+
+
+def family_named(sample_name: str) -> Family:
+    """The catalogue family of a sample name; KeyError when there is none."""
+    found = family_of(sample_name)
+    if found is None:
+        raise KeyError(f"{sample_name} is not in the catalogue (exporter/catalog)")
+    return found
 
 
 # The records built every cycle (here and in the other derive modules) are NamedTuples: immutable
@@ -69,7 +89,6 @@ class Histogram(NamedTuple):
 
     bounds: tuple[float, ...]
     counts: tuple[float, ...]
-    sum: float | None = None
     series: tuple[tuple[str, tuple[float, ...]], ...] | None = None
 
 
@@ -207,15 +226,20 @@ class _Picker:
         return len(self.positions) - 1
 
 
-@dataclass(frozen=True, slots=True)
-class _EngineLayout:
+class _HistogramLayout(NamedTuple):
+    name: str
+    bounds: tuple[float, ...]
+    start: int  # its bucket counts are totals[start:stop]
+    stop: int
+    parts: tuple[tuple[str, int, int], ...] | None  # (series id, start, stop) in `series`; None: one series
+    only: str  # the series id of a histogram of one series
+
+
+class _EngineLayout(NamedTuple):
     pick: _Getter  # the samples used, out of the source's samples
-    totals: _Groups  # every sum of the view at once: sums, then histogram sums, then bucket counts
+    totals: _Groups  # every sum of the view at once: sums, then bucket counts
     sum_names: tuple[str, ...]  # totals[:len(sum_names)]
-    hist_sum_names: tuple[str, ...]  # the next len(hist_sum_names) totals
-    # (name, bounds, start, stop) in totals, then the series: (series id, start, stop) in `series`
-    # for each, or None for a histogram of one series (whose id is the last item)
-    histograms: tuple[tuple[str, tuple[float, ...], int, int, tuple[tuple[str, int, int], ...] | None, str], ...]
+    histograms: tuple[_HistogramLayout, ...]
     series_keys: tuple[tuple[str, str], ...]  # (name, series id) of every sum's series
     # Per-series sums first (only when some name has several series: else they are the sums
     # themselves, in the same order), then the bucket counts of histograms with several series.
@@ -234,14 +258,16 @@ def _series_id(labels: Labels) -> str:
     return ",".join(f"{k}={v}" for k, v in labels if k not in _SERIES_SKIP)
 
 
-def _engine_layout(samples: tuple[Sample, ...]) -> _EngineLayout:
+def _engine_layout(samples: tuple[Sample, ...], needs: ViewNeeds) -> _EngineLayout:
     picker = _Picker()
+    engine_sums, buckets_of = needs.sums, needs.buckets
+    kv_usage = KV_USAGE if needs.kv_usage else None
+    hit_ratio_name = PREFIX_HIT_RATIO if needs.hit_ratio else None
     sums: dict[str, list[int]] = {}
     series_sums: dict[tuple[str, str], list[int]] = {}
     capacity: dict[str, int] = {}
     usage: dict[str, int] = {}
     hit_ratio: dict[str, int] = {}
-    hist_sums: dict[str, list[int]] = {}
     buckets: dict[str, dict[float, list[int]]] = {}
     bucket_series: dict[str, dict[str, dict[float, list[int]]]] = {}
     bounds_of: dict[str, float] = {}  # one float per `le` text, as a cycle would see it
@@ -250,38 +276,35 @@ def _engine_layout(samples: tuple[Sample, ...]) -> _EngineLayout:
     model = ""
     for position, s in enumerate(samples):
         name = s.name
-        if name in ENGINE_SUMS:
+        if name in engine_sums:
             i = picker.take(position)
             sums.setdefault(name, []).append(i)
             if name == KV_CAPACITY:
                 capacity[s.label("rank")] = i
-        elif name in _BUCKETS:
+        elif name in buckets_of:
             text = s.label("le")
             bound = bounds_of.get(text)
             if bound is None:
                 bound = bounds_of[text] = float("inf") if text == "+Inf" else float(text)
             i = picker.take(position)
             buckets.setdefault(name[:-7], {}).setdefault(bound, []).append(i)
-        elif name == KV_USAGE:
+        elif name == kv_usage:
             usage[s.label("rank")] = picker.take(position)
-        elif name == PREFIX_HIT_RATIO:
+        elif name == hit_ratio_name:
             hit_ratio[s.label("rank")] = picker.take(position)
-        elif name in _HIST_SUMS:
-            hist_sums.setdefault(name[:-4], []).append(picker.take(position))
         else:
             continue
         sid = ids.get(id(s.labels))
         if sid is None:
             sid = ids[id(s.labels)] = _series_id(s.labels)
-        if name in ENGINE_SUMS:
+        if name in engine_sums:
             series_sums.setdefault((name, sid), []).append(i)
-        elif name in _BUCKETS:
+        elif name in buckets_of:
             bucket_series.setdefault(name[:-7], {}).setdefault(sid, {}).setdefault(bound, []).append(i)
         ranks.add(s.label("rank"))
         if not model:
             model = s.label("model")
     groups: dict[Any, list[int]] = {("sum", name): idx for name, idx in sums.items()}
-    groups.update({("hist_sum", hist): idx for hist, idx in hist_sums.items()})
     per_series: dict[Any, list[int]] = {} if len(series_sums) == len(sums) else dict(series_sums)
     histograms = []
     for hist, per in buckets.items():
@@ -297,9 +320,10 @@ def _engine_layout(samples: tuple[Sample, ...]) -> _EngineLayout:
                 first = len(per_series)
                 per_series.update({("series_bucket", hist, sid, b): own.get(b, []) for b in bounds})
                 parts.append((sid, first, len(per_series)))
-        histograms.append((hist, bounds, start, len(groups), tuple(parts) if parts else None, next(iter(by_series))))
-    return _EngineLayout(_getter(picker.positions), _Groups.of(groups), tuple(sums), tuple(hist_sums),
-                         tuple(histograms), tuple(series_sums), _Groups.of(per_series) if per_series else None,
+        histograms.append(_HistogramLayout(hist, bounds, start, len(groups), tuple(parts) if parts else None,
+                                           next(iter(by_series))))
+    return _EngineLayout(_getter(picker.positions), _Groups.of(groups), tuple(sums), tuple(histograms),
+                         tuple(series_sums), _Groups.of(per_series) if per_series else None,
                          _Latest.of(capacity), _Latest.of(usage), _Latest.of(hit_ratio),
                          len(ranks - {""}) or 1, model)
 
@@ -309,7 +333,6 @@ def _engine_view(source: str, attrs: Mapping[str, str], layout: _EngineLayout, v
     totals = layout.totals.totals(values)
     split = len(layout.sum_names)
     sums = dict(zip(layout.sum_names, totals[:split], strict=True))
-    hist_sums = dict(zip(layout.hist_sum_names, totals[split:split + len(layout.hist_sum_names)], strict=True))
     per_series = layout.series.totals(values) if layout.series is not None else ()
     keys = layout.series_keys
     series = dict(zip(keys, per_series[:len(keys)] if len(keys) != split else totals[:split], strict=True))
@@ -317,7 +340,7 @@ def _engine_view(source: str, attrs: Mapping[str, str], layout: _EngineLayout, v
     for hist, bounds, start, stop, parts, only in layout.histograms:
         counts = totals[start:stop]
         own = ((only, counts),) if parts is None else tuple((sid, per_series[a:b]) for sid, a, b in parts)
-        histograms[hist] = Histogram(bounds, counts, hist_sums.get(hist), own)
+        histograms[hist] = Histogram(bounds, counts, own)
     usage = layout.usage.mapping(values)
     capacity = layout.capacity.mapping(values)
     kv_used: float | None = None
@@ -373,8 +396,9 @@ class _GpuSourceLayout:
     gpus: tuple[_GpuLayout, ...]  # in GPU index order
 
 
-def _gpu_layout(samples: tuple[Sample, ...]) -> _GpuSourceLayout:
+def _gpu_layout(samples: tuple[Sample, ...], needs: ViewNeeds) -> _GpuSourceLayout:
     picker = _Picker()
+    kinds = needs.gpu
     gauges: dict[str, dict[str, int]] = {}
     links: dict[str, dict[tuple[str, str], int]] = {}
     reasons: dict[str, list[tuple[str, int]]] = {}
@@ -384,7 +408,7 @@ def _gpu_layout(samples: tuple[Sample, ...]) -> _GpuSourceLayout:
     # id() because tuple hashes are not cached and every sample here stays alive for the call.
     parsed: dict[int, dict[str, str]] = {}
     for position, s in enumerate(samples):
-        kind = _GPU_KINDS.get(s.name)
+        kind = kinds.get(s.name)
         if kind is None:
             continue
         i = picker.take(position)
@@ -392,15 +416,15 @@ def _gpu_layout(samples: tuple[Sample, ...]) -> _GpuSourceLayout:
         if labels is None:
             labels = parsed[id(s.labels)] = dict(s.labels)
         gpu = labels.get("gpu", "")
-        if kind == 0:
+        if kind == GAUGE:
             gauges.setdefault(gpu, {})[s.name] = i
-        elif kind == 1:
+        elif kind == BY_STATE:
             links.setdefault(gpu, {})[(s.name, labels.get("state", ""))] = i
         else:
             reasons.setdefault(gpu, []).append((labels.get("reason", ""), i))
         if gpu in idents:
             continue
-        if kind == 2:
+        if kind == REASONS:
             clock_idents.setdefault(gpu, []).append((i, labels.get("uuid", ""), labels.get("name", "")))
         else:
             idents[gpu] = (labels.get("uuid", ""), labels.get("name", ""))
@@ -420,12 +444,21 @@ def _gpu_views(layout: _GpuSourceLayout, values: tuple[float, ...]) -> tuple[Gpu
         if ident is None:
             continue  # only inactive clock events this cycle: nothing to derive from
         gauges = gpu.gauges.mapping(values)
-        if gauges.get("llm_gpu_up") == 0.0:
+        if gauges.get(GPU_UP) == 0.0:
             continue  # a lost GPU: its other series are absent, nothing to derive from
         # Inactive clock-event reasons (most of them) carry nothing to derive from.
         views.append(GpuView(gpu.gpu, *ident, MappingProxyType(gauges), MappingProxyType(gpu.link.mapping(values)),
                              gpu.active_reasons(values)))
     return tuple(views)
+
+
+class _Layout(NamedTuple):
+    """A ViewCache record: the layout and what it was built from."""
+
+    build: Callable[[tuple[Sample, ...]], Any]
+    names: tuple[str, ...]  # of all the source's samples
+    labels: tuple[Labels, ...]  # of the samples the layout uses
+    layout: Any
 
 
 class ViewCache:
@@ -435,12 +468,16 @@ class ViewCache:
     labels: a layout is reused while the names of all the source's samples, and the label tuples
     of the samples it uses, are equal to those it was built from. Only sources of the last
     snapshot are kept, and at most `max_sources` (raised to the snapshot's source count, so
-    that a large configuration never evicts the layout the same cycle needs next)."""
+    that a large configuration never evicts the layout the same cycle needs next).
+    `needs`: what the views keep (the stages' needs); a cache serves one set of needs."""
 
-    def __init__(self, max_sources: int = 64) -> None:
+    def __init__(self, needs: ViewNeeds, max_sources: int = 64) -> None:
+        self.needs = needs
         self.max_sources = max_sources
-        self._layouts: dict[str, tuple[Callable[[tuple[Sample, ...]], Any], tuple[str, ...],
-                                       tuple[Labels, ...], Any]] = {}
+        self._layouts: dict[str, _Layout] = {}
+        # Built once: read() tells a source's kind by the identity of its build function.
+        self.engine_layout = partial(_engine_layout, needs=needs)
+        self.gpu_layout = partial(_gpu_layout, needs=needs)
 
     def __len__(self) -> int:
         return len(self._layouts)
@@ -453,17 +490,17 @@ class ViewCache:
         # to bring the cyclic GC round.
         names = tuple(map(_NAME, samples))
         known = self._layouts.get(source)
-        if known is not None and known[0] is build and known[1] == names:
-            layout = known[3]
+        if known is not None and known.build is build and known.names == names:
+            layout = known.layout
             used = layout.pick(samples)
-            if tuple(map(_LABELS, used)) == known[2]:
+            if tuple(map(_LABELS, used)) == known.labels:
                 return layout, (*map(_VALUE, used), 0.0)
         layout = build(samples)
         used = layout.pick(samples)
         self._layouts.pop(source, None)
         while len(self._layouts) >= self.max_sources:
             del self._layouts[next(iter(self._layouts))]  # the longest-standing layout goes first
-        self._layouts[source] = (build, names, tuple(map(_LABELS, used)), layout)
+        self._layouts[source] = _Layout(build, names, tuple(map(_LABELS, used)), layout)
         return layout, (*map(_VALUE, used), 0.0)
 
     def keep_only(self, sources: Collection[str]) -> None:
@@ -471,18 +508,16 @@ class ViewCache:
             del self._layouts[source]
 
 
-def _host(samples: tuple[Sample, ...]) -> dict[str, float]:
+def _host(samples: tuple[Sample, ...], needs: ViewNeeds) -> dict[str, float]:
     host: dict[str, float] = {}
+    wanted, at_all = needs.host, needs.host_all
     for s in samples:
-        if s.name in HOST_GAUGES:
+        if s.name in wanted and (s.name not in at_all or s.label(HOST_ALL[0]) == HOST_ALL[1]):
             host[s.name] = s.value
-        elif s.name == HOST_CPU and s.label("cpu") == "all":
-            host["cpu_all"] = s.value
     return host
 
 
-def build_view(snapshot: Snapshot, cache: ViewCache | None = None) -> SnapshotView:
-    cache = ViewCache() if cache is None else cache
+def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
     cache.max_sources = max(cache.max_sources, len(snapshot.results))
     engines: list[EngineView] = []
     down: list[EngineDown] = []
@@ -491,21 +526,22 @@ def build_view(snapshot: Snapshot, cache: ViewCache | None = None) -> SnapshotVi
     host: dict[str, float] = {}
     host_source = ""
     for name, result in snapshot.results.items():
-        kind = result.attrs.get("kind", "")
-        if kind == "engine" or name.startswith("engine:"):
+        kind = result.kind
+        if kind is SourceKind.ENGINE:
             if result.ok:
-                engines.append(_engine_view(name, result.attrs, *cache.read(name, result.samples, _engine_layout)))
+                engines.append(_engine_view(name, result.attrs,
+                                            *cache.read(name, result.samples, cache.engine_layout)))
             else:
                 down.append(EngineDown(result.attrs.get("target", name.removeprefix("engine:")), name,
                                        result.error_reason or "failed"))
-        elif name == "gpu" or kind == "gpu":
+        elif kind is SourceKind.GPU:
             gpu_source = "ok" if result.ok else (result.error_reason or "failed")
             if result.ok:
-                gpus = _gpu_views(*cache.read(name, result.samples, _gpu_layout))
-        elif name == "host" or kind == "host":
+                gpus = _gpu_views(*cache.read(name, result.samples, cache.gpu_layout))
+        elif kind is SourceKind.HOST:
             host_source = "ok" if result.ok else (result.error_reason or "failed")
             if result.ok:
-                host = _host(result.samples)
+                host = _host(result.samples, cache.needs)
     cache.keep_only(snapshot.results)
     engines.sort(key=lambda e: e.target)
     down.sort(key=lambda d: d.target)

@@ -49,7 +49,9 @@ class SeriesResets:
 
     def __init__(self, width: int, *, started: bool = False) -> None:
         zeros = (0.0,) * width
-        self._state: dict[Hashable, tuple[tuple[float, ...], tuple[float, ...]]] = {}  # key -> (last, offset)
+        # key -> (last values, offset): a plain tuple, made per series per cycle (a NamedTuple's
+        # constructor is a Python call)
+        self._state: dict[Hashable, tuple[tuple[float, ...], tuple[float, ...]]] = {}
         self._frozen = zeros  # what vanished series had counted
         self._gone: dict[Hashable, tuple[float, ...]] = {}  # vanished series -> last values
         self._started = started
@@ -183,6 +185,11 @@ class RateWindow:
         return sum(vals) / len(vals) if vals else None
 
 
+class Checkpoint(NamedTuple):
+    ts: float
+    counts: tuple[float, ...]  # cumulative, reset-adjusted
+
+
 class HistogramWindow:
     """Cumulative bucket counts kept as coarse checkpoints (one per `window_s / checkpoints`
     seconds), so a 5-minute window costs ~30 checkpoints however short the interval."""
@@ -193,7 +200,7 @@ class HistogramWindow:
         self.window_s = window_s
         self.step_s = window_s / checkpoints
         self._bounds: tuple[float, ...] = ()
-        self._checkpoints: deque[tuple[float, tuple[float, ...]]] = deque(maxlen=checkpoints + 2)
+        self._checkpoints: deque[Checkpoint] = deque(maxlen=checkpoints + 2)
         self._resets: SeriesResets | None = None
         self.last_seen = float("-inf")
 
@@ -219,10 +226,10 @@ class HistogramWindow:
             self._resets = None
         offset = self._offset_for(counts, series if series is not None else (("", counts),))
         self.last_seen = ts
-        if not self._checkpoints or ts - self._checkpoints[-1][0] >= self.step_s:
-            self._checkpoints.append((ts, _elementwise(add, counts, offset)))
+        if not self._checkpoints or ts - self._checkpoints[-1].ts >= self.step_s:
+            self._checkpoints.append(Checkpoint(ts, _elementwise(add, counts, offset)))
         # The newest checkpoint at or before the window start is the baseline; older ones go.
-        while len(self._checkpoints) > 1 and self._checkpoints[1][0] <= ts - self.window_s:
+        while len(self._checkpoints) > 1 and self._checkpoints[1].ts <= ts - self.window_s:
             self._checkpoints.popleft()
         base_ts, base = self._checkpoints[0]
         if base_ts >= ts:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -33,11 +34,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 async def _serve(args: argparse.Namespace) -> None:
     twin = Twin(TwinConfig(scenario=args.scenario, engine_format=args.engine_format, gpu=args.gpu,
                            model=args.model, gpus=args.gpus, seed=args.seed, gpu_index_base=args.gpu_index_base))
-    server = await start_server(twin, host=args.host, port=args.port, speed=args.speed, in_process=False)
+    server = await start_server(twin, host=args.host, port=args.port, speed=args.speed)
     print(f"twin ({args.engine_format}, {twin.model.name} on {twin.hw.tp} x {twin.hw.gpu.nvml_name}, "
           f"scenario {twin.scenario.name}) serving {server.url}/metrics", flush=True)
     try:
-        await server.tasks[0]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):  # both end it cleanly, as a supervisor expects
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
     finally:
         await server.stop()
 

@@ -1,8 +1,9 @@
 """The twin's HTTP face on loopback: engine-format /metrics plus /sim/* control endpoints.
 
-Runs in-process as an asyncio task (uvicorn on a socket we bind, so port 0 works and the port is
-known before serving) or as `python -m exporter.simulator`. The twin advances in real time: a
-ticker and every request bring it up to `speed x` wall-clock time elapsed since start.
+Runs in-process on the caller's event loop, served by the exporter's own HTTP server
+(exporter/httpserver.py) on a socket we bind, so port 0 works and the port is known before
+serving; or as `python -m exporter.simulator`. The twin advances in real time: a ticker and every
+request bring it up to `speed x` wall-clock time elapsed since start.
 """
 
 from __future__ import annotations
@@ -11,13 +12,12 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from exporter.httpserver import LISTEN_BACKLOG, HttpServer
 from exporter.simulator.twin import Twin
 
 
@@ -84,22 +84,16 @@ def build_app(clock: RealtimeClock) -> FastAPI:
     return app
 
 
-class _InProcessServer(uvicorn.Server):
-    """uvicorn without its signal handlers: the host program owns Ctrl-C."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    def install_signal_handlers(self) -> None:  # uvicorn < 0.29
-        pass
-
-
 def bind_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.set_inheritable(True)
+    try:
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
     return sock
 
 
@@ -109,8 +103,9 @@ class TwinServer:
 
     clock: RealtimeClock
     sock: socket.socket
-    server: uvicorn.Server
-    tasks: list[asyncio.Task[None]]
+    server: HttpServer
+    ticker: asyncio.Task[None]
+    stopped: bool = False
 
     @property
     def url(self) -> str:
@@ -118,14 +113,13 @@ class TwinServer:
         return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
     async def stop(self) -> None:
-        self.server.should_exit = True
-        for task in self.tasks[1:]:
-            task.cancel()
+        if self.stopped:
+            return
+        self.stopped = True
+        self.ticker.cancel()
+        await self.server.stop()
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(self.tasks[0], timeout=5.0)
-        for task in self.tasks[1:]:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await self.ticker
         self.sock.close()
 
 
@@ -136,16 +130,14 @@ async def _tick(clock: RealtimeClock, every_s: float) -> None:
 
 
 async def start_server(twin: Twin, *, host: str = "127.0.0.1", port: int = 0, speed: float = 1.0,
-                       tick_s: float = 0.5, in_process: bool = True) -> TwinServer:
+                       tick_s: float = 0.5) -> TwinServer:
+    """Serving once this returns; no signal handlers (the host program owns Ctrl-C)."""
     clock = RealtimeClock(twin, speed=speed, offset=twin.now)
     sock = bind_socket(host, port)
-    config = uvicorn.Config(build_app(clock), log_level="warning", access_log=False, lifespan="off")
-    server = _InProcessServer(config) if in_process else uvicorn.Server(config)
-    serve = asyncio.create_task(server.serve(sockets=[sock]))
-    ticker = asyncio.create_task(_tick(clock, tick_s))
-    while not server.started:
-        if serve.done():
-            await serve  # raises the start-up error
-            raise RuntimeError("twin server exited during start-up")
-        await asyncio.sleep(0.01)
-    return TwinServer(clock, sock, server, [serve, ticker])
+    server = HttpServer(build_app(clock))
+    try:
+        await server.start(sock)
+    except BaseException:
+        sock.close()
+        raise
+    return TwinServer(clock, sock, server, asyncio.create_task(_tick(clock, tick_s)))

@@ -6,7 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from exporter.snapshot import Sample
+from exporter.snapshot import Sample, SourceKind
+
+__all__ = ["Source", "SourceData", "SourceError", "SourceKind"]
 
 
 class SourceError(Exception):
@@ -34,8 +36,13 @@ class Source(Protocol):
     Raise SourceError for understood failures; anything else is caught and counted too."""
 
     name: str
+    """Unique among the sources; the `source` label of its self-health series."""
+    kind: SourceKind
+    timeout_s: float | None
+    """How long one collection may take before the cycle reports it failed (`timeout`); None:
+    the collection interval."""
     attrs: Mapping[str, str]
-    """Stable facts about the source (an engine target's name and kind), reported even when a
+    """Stable facts about the source (an engine target's name and engine), reported even when a
     collection fails, so `llm_engine_up 0` still names its target."""
 
     async def collect(self) -> SourceData: ...

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from exporter.snapshot import Sample
-from exporter.sources.base import SourceData, SourceError
+from exporter.sources.base import SourceData, SourceError, SourceKind
 from exporter.sources.host_common import HostOptions, PresenceLog
 from exporter.sources.host_common import sample as _sample
 from exporter.sources.host_engine import EngineTracker
@@ -54,6 +54,8 @@ class HostSource:
     """Source "host". `collect` runs the blocking reads in a worker thread."""
 
     name = "host"
+    kind = SourceKind.HOST
+    timeout_s: float | None = None
 
     def __init__(self, options: HostOptions | None = None, *, clock: Callable[[], float] = time.monotonic):
         self._opts = options or HostOptions()

@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from exporter.sources.host_pci import NumaNode
 from exporter.sources.host_proc import (
@@ -28,13 +29,12 @@ from exporter.sources.host_proc import (
     socket_inode,
 )
 
-# Lets a config say "any known engine" without listing names; not applied unless configured.
-KNOWN_ENGINE_PATTERN = (
-    r"vllm|sglang|text-generation-launcher|text-generation-router|llama-server|tritonserver|lmdeploy"
-)
 
-ThreadKey = tuple[int, int]
-"""(tid, starttime): a tid can be reused by a new thread, the pair cannot."""
+class ThreadKey(NamedTuple):
+    """A thread across cycles: a tid can be reused by a new thread, the pair cannot."""
+
+    tid: int
+    starttime: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +107,6 @@ def read_pidfile(pidfile: str) -> int | None:
         return int(text.split()[0])
     except (ValueError, IndexError):
         return None
-
-
-def find_by_pidfile(proc_root: str, pidfile: str, read: Reader = read_text) -> int | None:
-    """The pid in the file, if that process exists (`read` reads its stat)."""
-    pid = read_pidfile(pidfile)
-    return pid if pid is not None and read_stat(proc_root, pid, read) is not None else None
 
 
 def listening_inodes(proc_root: str, port: int) -> set[int]:
@@ -208,7 +202,7 @@ def _thread_ticks(base: str, tids: list[str], read: Reader) -> dict[ThreadKey, i
             used, starttime = parse_thread_ticks(text)
         except (ValueError, IndexError):
             continue
-        ticks[(int(tid), starttime)] = used
+        ticks[ThreadKey(int(tid), starttime)] = used
     return ticks
 
 

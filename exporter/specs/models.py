@@ -10,7 +10,6 @@ Multi-head latent attention (DeepSeek V2/V3) caches a compressed latent instead 
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -417,7 +416,3 @@ def load_model(name_or_path: str) -> ModelShape:
     if key in UNSUPPORTED:
         raise UnsupportedModel(UNSUPPORTED[key])
     raise KeyError(f"unknown model {name_or_path!r}; built-in: {', '.join(BUILTIN)}; or give a config.json path")
-
-
-def blocks_for_tokens(tokens: int, block_size: int) -> int:
-    return math.ceil(tokens / block_size) if tokens > 0 else 0

@@ -14,33 +14,7 @@ import ssl
 from dataclasses import dataclass
 
 from exporter.config import EngineTarget
-
-MAX_SECRET_BYTES = 64 * 1024
-
-
-class CredentialError(Exception):
-    """A credential could not be read; the message names the file, never the secret."""
-
-
-def read_secret_file(path: str) -> str:
-    """The stripped contents of a secret file; refuse empty files and embedded line breaks (which
-    would otherwise end up as a broken or injected header)."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_SECRET_BYTES + 1)
-    except OSError as error:
-        raise CredentialError(error.strerror or type(error).__name__) from None
-    if len(data) > MAX_SECRET_BYTES:
-        raise CredentialError(f"larger than {MAX_SECRET_BYTES} bytes; is this the right file?")
-    try:
-        text = data.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise CredentialError("not UTF-8 text") from None
-    if not text:
-        raise CredentialError("the file is empty")
-    if any(c in text for c in "\r\n\0"):
-        raise CredentialError("the secret contains a line break or NUL")
-    return text
+from exporter.redact import CredentialError, read_secret_file
 
 
 class SecretFile:

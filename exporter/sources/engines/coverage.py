@@ -7,16 +7,9 @@ tests/test_engines_normalize.py fails when the committed file differs from this 
 
 from __future__ import annotations
 
-from exporter.sources.engines.normalize import (
-    ABSENT_MODELS,
-    DETECTION_ORDER,
-    KINDS,
-    MAX_RANK,
-    REASONS,
-    SPECS,
-    YIELDS_TO,
-    coverage_table,
-)
+from exporter.catalog import engine as engine_catalog
+from exporter.sources.engines.normalize import ABSENT_MODELS, MAX_RANK, REASONS
+from exporter.sources.engines.registry import DETECTION_ORDER, KINDS, SPECS, YIELDS_TO, coverage
 from exporter.sources.engines.table import Alias, EngineSpec, Product, Term, When
 
 INTRO = f"""# Engine formats: what maps to what
@@ -140,6 +133,21 @@ def _engine_section(spec: EngineSpec) -> list[str]:
         lines += [f"- {note}" for note in spec.notes]
     lines.append("")
     return lines
+
+
+def coverage_table() -> str:
+    """Markdown table engine x normalized family: ✔ where an engine feeds the family, – where the
+    series is absent (never a made-up zero). Generated from the alias tables (also in docs/metrics.md)."""
+    covered = {kind: coverage(kind) for kind in KINDS}
+    header = "| Family | " + " | ".join(SPECS[kind].title for kind in KINDS) + " |"
+    rule = "|---|" + "---|" * len(KINDS)
+    rows = [header, rule]
+    for fam in engine_catalog.FAMILIES:
+        if fam.name in ("llm_engine_up", "llm_engine_info"):
+            continue
+        cells = ["✔" if fam.name in covered[kind] else "–" for kind in KINDS]
+        rows.append(f"| `{fam.name}` | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
 
 
 def engines_markdown() -> str:

@@ -35,7 +35,7 @@ import urllib.parse
 import zlib
 from collections.abc import Mapping
 
-from exporter.config import redact_url
+from exporter.redact import redact_url
 from exporter.sources.base import SourceError
 
 MAX_HEAD_BYTES = 64 * 1024  # status line + headers; also the longest chunk-size or trailer line

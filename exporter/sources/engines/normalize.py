@@ -1,10 +1,11 @@
-"""Engine exposition -> the normalized `llm_*` schema (exporter/catalog/engine.py).
+"""Engine exposition -> the normalized `llm_*` schema (exporter/catalog/engine.py): the plain pass.
 
-The per-engine modules are data (table.py explains the vocabulary); this module interprets them:
+The per-engine modules are data (table.py explains the vocabulary) and registry.py says which exist
+and how a page is recognised; this module interprets them:
 
-1. detect the engine kind with a few substring checks on the raw page (no parsing), and pick the
-   kind's table variant by the page conditions (`when`: HELP texts the parser does not read, or
-   another family's presence) found on it;
+1. detect the engine kind (registry.detect_kind: a few substring checks on the raw page, no parsing),
+   and pick the kind's table variant by the page conditions (`when`: HELP texts the parser does not
+   read, or another family's presence) found on it;
 2. parse only the sample names the kind's table maps (the parser drops the rest before touching
    their labels, and `_created` samples are never in a table);
 3. map labels: the engine's model label -> `model`, its data-parallel rank -> `rank` (bounded),
@@ -22,78 +23,52 @@ The per-engine modules are data (table.py explains the vocabulary); this module 
 
 Nothing is invented: a family the engine lacks has no series, never a zero.
 
-Steady state: an engine prints the same series in the same order on every scrape, and what steps
-3-7 decide depends only on the page's (name, labels) sequence and on which values are non-finite or
-below a sentinel minimum, not on the values themselves (products aside: a zero divisor drops one);
-the table variant is part of a page's keys. Validation depends on values too: a plan is only
-recorded from a page that passed it whole (but for non-finite values, which the mask covers), and
-a replay re-checks the plan's counters and histograms in a few C-level passes (_Checks) and takes
-the full pass when one fails. Once a page's keys repeat, the full pass records that
-decision as a _Plan: each output sample's name and labels and the scaled input samples it sums or
-maxes, in the full pass's order of float operations, the notes, and the shape of the products. While
-later pages have the same keys and the same value mask, normalize() only re-evaluates the plan (a
-multiply per output sample, the product terms again, and their shape checked); any difference takes
-the full pass, which records afresh. The output is the same with or without a warm state
-(tests/test_engines_normalize.py proves it).
+The exporter calls replay.normalize, which wraps this pass with a memo for pages whose series
+repeat (see replay.py); a Pass reports its decisions to an optional Trace for that, and is the same
+pass with or without one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
-from itertools import repeat
-from operator import gt, itemgetter, ne
 from types import MappingProxyType
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from prometheus_client.utils import floatToGoString
 
 from exporter.catalog import engine as engine_catalog
 from exporter.snapshot import Labels, Sample
-from exporter.sources.engines import llamacpp, lmdeploy, nim, sglang, tgi, triton, trtllm, vllm
-from exporter.sources.engines.exposition import MAX_CACHED_CHARS, ExpositionError, LabelCache, parse
+from exporter.sources.engines.exposition import (
+    MAX_CACHED_CHARS,
+    Exposition,
+    ExpositionError,
+    LabelCache,
+    parse,
+)
+from exporter.sources.engines.registry import KINDS, SPECS, YIELDS_TO, detect_kind, flavor, matches
 from exporter.sources.engines.table import Alias, EngineSpec, Product, When, Where
 
+if TYPE_CHECKING:
+    from exporter.sources.engines.replay import Memo
+
 __all__ = [
-    "KINDS",
-    "SPECS",
+    "TABLES",
     "ExpositionError",
     "NormalizedScrape",
     "NormalizerState",
+    "Page",
+    "Pass",
+    "Table",
+    "Trace",
     "UnknownEngineError",
-    "coverage_table",
-    "detect_kind",
     "normalize",
+    "read_page",
+    "scrape_of",
 ]
 
-SPECS: Mapping[str, EngineSpec] = MappingProxyType({
-    spec.kind: spec
-    for spec in (vllm.SPEC, sglang.SPEC, tgi.SPEC, llamacpp.SPEC, triton.SPEC, trtllm.SPEC, lmdeploy.SPEC,
-                 nim.SPEC)
-})
-KINDS: tuple[str, ...] = tuple(SPECS)
-"""Valid engine kinds (config validation uses this)."""
-
-# Most specific first: LMDeploy and NIM reuse vLLM's names; the unprefixed trtllm-serve names are
-# NIM's too (trtllm-serve adds an `engine_type` label; NIM is only recognised by a NIM-only name).
-# A NIM that also shows its backend's `vllm:` series is read as vLLM, which has more families, and
-# so is Triton with the vLLM backend (its `vllm:*` series carry `model`; the vLLM table also reads
-# Triton's core request counters).
-DETECTION_ORDER: tuple[str, ...] = ("lmdeploy", "sglang", "llamacpp", "tgi", "trtllm", "vllm", "triton", "nim")
-
-YIELDS_TO: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "triton": ("vllm",),
-    "nim": ("trtllm", "vllm"),
-})
-"""Kind kept from the last page -> the more specific kinds that are checked again on every page,
-because their names can join the kept kind's on the same page later: Triton registers the vLLM
-backend's `vllm:*` families only when the model has loaded (its core `nv_inference_*` come first),
-an idle NIM-looking page can turn out to be another engine once samples appear. Each listed kind
-precedes the kept one in DETECTION_ORDER (checked at import), so this is what detect_kind would
-choose; a few substring scans on these pages only."""
-
-FINISHED = "llm_requests_finished_total"
 REASONS = frozenset({"stop", "length", "abort", "error"})
 """Finish reasons kept as is; anything else becomes `other`."""
 MAX_RANK = 1024
@@ -109,9 +84,6 @@ MAX_LE_FORMATS = 4_096
 MAX_CACHED_LE_LENGTH = 64
 """Bucket bounds longer than this (no float needs more than 24 characters) are formatted every
 time, not cached."""
-MAX_PLAN_SAMPLES = 20_000
-"""A page with more parsed samples than this is not planned (the state keeps no per-page record of
-it): a cardinality bomb costs the full pass every cycle but pins no memory."""
 _HISTOGRAM_PARTS = ("_bucket", "_sum", "_count")
 
 # Reasons of NormalizedScrape.drops (with the parser's label-limit reasons): the `reason` label of
@@ -146,13 +118,16 @@ class UnknownEngineError(ValueError):
 # ---------------------------------------------------------------------------------------------
 # Compiled tables: built once at import from the immutable engine specs.
 
+Slot = tuple[str, int]
+"""(normalized family, alias priority): where the candidates of one alias priority are collected."""
+
 
 @dataclass(frozen=True, slots=True)
 class _Route:
     """How one engine sample name feeds one normalized sample name."""
 
-    index: int  # position in _Compiled.route_list: the per-route label cache of NormalizerState
-    slot: tuple[str, int]  # (family, priority): where candidates are collected
+    index: int  # position in Table.route_list: the per-route label cache of NormalizerState
+    slot: Slot
     name: str  # normalized sample name (family + part)
     part: str  # "", "_bucket", "_sum" or "_count"
     summed: bool  # counters and histogram parts add up on merge; gauges take the max
@@ -165,7 +140,7 @@ class _Route:
 
 
 @dataclass(frozen=True, slots=True)
-class _TermRoute:
+class TermRoute:
     product: int
     term: int
     where: Where | None
@@ -174,27 +149,20 @@ class _TermRoute:
 
 
 @dataclass(frozen=True, slots=True)
-class _Needle:
-    """A detection marker: any of `anywhere` occurs, or the page starts with `prefix`."""
+class Table:
+    """One engine kind's compiled table (or one variant of it, by page conditions)."""
 
-    anywhere: tuple[str, ...]
-    prefix: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Compiled:
     spec: EngineSpec
     route_count: int
     keep: frozenset[str]
     routes: Mapping[str, tuple[_Route, ...]]
-    terms: Mapping[str, tuple[_TermRoute, ...]]
-    markers: tuple[tuple[_Needle, ...], ...]
+    terms: Mapping[str, tuple[TermRoute, ...]]
     types: Mapping[str, str]
     key: str = ""
     """The table's identity in a plan: the kind, plus the page conditions (`when`) found."""
     conditions: tuple[str, ...] = ()
     """The `when` substrings of the spec's aliases and products (on the kind's base table)."""
-    variants: Mapping[frozenset[str], _Compiled] | None = None
+    variants: Mapping[frozenset[str], Table] | None = None
     """Conditions found on a page -> the table for it (on the base table; None without conditions)."""
 
 
@@ -210,18 +178,11 @@ def _alias_routes(source: str, alias: Alias, first_index: int) -> list[tuple[str
     return routes
 
 
-def _needle(marker: str) -> _Needle:
-    if marker.startswith("\n"):
-        bare = marker[1:]
-        return _Needle((marker, "# TYPE " + bare), bare)
-    return _Needle((marker,), None)
-
-
 def _applies(when: When | None, present: frozenset[str] | None) -> bool:
     return when is None or present is None or (when[0] in present) == when[1]
 
 
-def _compile(spec: EngineSpec, present: frozenset[str] | None = None) -> _Compiled:
+def _compile(spec: EngineSpec, present: frozenset[str] | None = None) -> Table:
     """The table of `spec` for pages on which exactly the `present` conditions occur; with None,
     every alias and product (the base table: its `keep`, the union, serves every variant, so the
     parser's caches survive a change of variant)."""
@@ -240,7 +201,7 @@ def _compile(spec: EngineSpec, present: frozenset[str] | None = None) -> _Compil
             if _applies(alias.when, present):
                 routes.setdefault(sample_name, []).append(route)
             count += 1
-    terms: dict[str, list[_TermRoute]] = {}
+    terms: dict[str, list[TermRoute]] = {}
     for index, product in enumerate(spec.products):
         if families.get(product.family) != product.type or product.type == "histogram":
             raise ValueError(f"{spec.kind}: product {product.family} ({product.type}) not in the catalogue")
@@ -251,23 +212,22 @@ def _compile(spec: EngineSpec, present: frozenset[str] | None = None) -> _Compil
                 continue
             summed = product.type == "counter" and term.label is None
             terms.setdefault(term.source, []).append(
-                _TermRoute(index, position, term.where, term.label, summed))
+                TermRoute(index, position, term.where, term.label, summed))
     conditions = tuple(sorted({item.when[0] for item in (*(a for _, a in spec.alias_items()), *spec.products)
                                if item.when is not None}))
-    return _Compiled(
+    return Table(
         spec=spec,
         route_count=count,
         keep=frozenset(names),
         routes=MappingProxyType({k: tuple(v) for k, v in routes.items()}),
         terms=MappingProxyType({k: tuple(v) for k, v in terms.items()}),
-        markers=tuple(tuple(_needle(m) for m in marker) for marker in spec.markers),
         types=MappingProxyType(types),
         key=spec.kind + "".join(f"|{condition!r}" for condition in sorted(present or ())),
         conditions=conditions,
     )
 
 
-def _compile_kind(spec: EngineSpec) -> _Compiled:
+def _compile_kind(spec: EngineSpec) -> Table:
     base = _compile(spec)
     if not base.conditions:
         return base
@@ -280,18 +240,15 @@ def _compile_kind(spec: EngineSpec) -> _Compiled:
     return replace(base, variants=MappingProxyType(variants))
 
 
-def _table(kind: str, text: str) -> _Compiled:
+def table_for(kind: str, text: str) -> Table:
     """The kind's table for this page: one substring scan per page condition of the kind."""
-    base = _COMPILED[kind]
+    base = TABLES[kind]
     if base.variants is None:
         return base
     return base.variants[frozenset(c for c in base.conditions if c in text)]
 
 
-_COMPILED: Mapping[str, _Compiled] = MappingProxyType({kind: _compile_kind(spec) for kind, spec in SPECS.items()})
-assert set(DETECTION_ORDER) == set(KINDS)
-assert all(DETECTION_ORDER.index(more) < DETECTION_ORDER.index(kept)
-           for kept, specific in YIELDS_TO.items() for more in specific)
+TABLES: Mapping[str, Table] = MappingProxyType({kind: _compile_kind(spec) for kind, spec in SPECS.items()})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,31 +274,40 @@ class NormalizedScrape:
     label-limit reasons); a histogram counts each of its series (buckets, _sum, _count)."""
 
 
+class Entry(NamedTuple):
+    """What one engine label set becomes under one route (NormalizerState's route caches)."""
+
+    out: Labels
+    group: Labels
+    """The labels of its whole series (without `le`): how histogram parts are kept together."""
+    model: str | None
+    parts: tuple[str | None, str | None, str | None]
+    """(rank, reason, le): to rebuild the labels once the page's model is known."""
+
+
 class NormalizerState:
     """Per-target memory kept across cycles: the parser's label cache, what each engine label set
     becomes under each alias (so a label set seen last cycle costs one dict lookup), and the last
     detected kind (checked first, so detection costs one or two substring scans once a target is
-    known, and a page that momentarily lacks its markers keeps its kind), and the plan of the last
-    page whose keys repeated (see the module docstring). Every cache is bounded and simply cleared
-    when full; the plan is one page's, and only for a page of at most MAX_PLAN_SAMPLES samples."""
+    known, and a page that momentarily lacks its markers keeps its kind), and replay.py's memo of
+    the last page (None for the plain pass). Every cache is bounded and simply cleared when full."""
 
-    __slots__ = ("_entries", "_entries_for", "_entry_chars", "_entry_count", "_le", "_plan", "_seen", "label_cache",
-                 "last_kind")
+    __slots__ = ("_entries", "_entries_for", "_entry_chars", "_entry_count", "_le", "label_cache", "last_kind",
+                 "memo")
 
     def __init__(self) -> None:
         self.label_cache = LabelCache()
         self.last_kind: str | None = None
-        self._entries: list[dict[Labels, object]] = []
+        self._entries: list[dict[Labels, Entry | bool | None]] = []
         self._entries_for: tuple[str, str] | None = None
+        """(kind, target) the route caches are for."""
         self._entry_count = 0
         self._entry_chars = 0
         self._le: dict[tuple[str, float], str | None] = {}
-        self._plan: _Plan | None = None
-        self._seen: tuple | None = None
-        """(kind, target, names, labels) of the last page that took the full pass."""
+        self.memo: Memo | None = None
 
-    def route_entries(self, kind: str, target: str, route_count: int) -> list[dict[Labels, object]]:
-        """One dict per route of `kind`: engine labels -> mapped entry (see _Run._entry)."""
+    def route_entries(self, kind: str, target: str, route_count: int) -> list[dict[Labels, Entry | bool | None]]:
+        """One dict per route of `kind`: engine labels -> mapped entry (see Pass._entry)."""
         if (self._entries_for != (kind, target) or self._entry_count >= MAX_MAPPED_LABEL_SETS
                 or self._entry_chars >= MAX_MAPPED_LABEL_CHARS):
             self._entries = [{} for _ in range(route_count)]
@@ -376,14 +342,6 @@ class NormalizerState:
         return formatted
 
 
-def detect_kind(text: str) -> str | None:
-    """The engine kind of an exposition, from cheap substring checks; None when unknown."""
-    for kind in DETECTION_ORDER:
-        if _matches(text, _COMPILED[kind].markers):
-            return kind
-    return None
-
-
 def normalize(
     text: str,
     *,
@@ -395,68 +353,48 @@ def normalize(
     """Normalize one engine page. Raises ExpositionError for an invalid payload and
     UnknownEngineError when `kind` is None and the page matches no engine."""
     state = state if state is not None else NormalizerState()
-    scrape = _normalize(text, target, kind, state, max_series, replay_only=False)
-    assert scrape is not None  # only a replay_only call gives up
-    return scrape
+    page = read_page(text, kind, state)
+    run = Pass(page.table, state, page.notes, target)
+    run.consume(page.exposition.samples)
+    samples, dropped = run.finish(max_series)
+    return scrape_of(page, run.model, samples, run.unmapped, dropped, run.drops, run.notes)
 
 
-def normalize_if_unchanged(
-    text: str,
-    *,
-    target: str,
-    kind: str | None,
-    state: NormalizerState,
-    max_series: int = 10_000,
-) -> NormalizedScrape | None:
-    """The page normalized by replaying the last page's plan (its series are unchanged: a parse
-    and value arithmetic, no mapping); None when it needs the full pass of `normalize`."""
-    return _normalize(text, target, kind, state, max_series, replay_only=True)
+@dataclass(slots=True)
+class Page:
+    """One page detected and parsed: what a pass (or a replay) starts from."""
+
+    text: str
+    kind: str
+    table: Table
+    exposition: Exposition
+    notes: dict[str, None]
+    """Notes so far (detection's), in order: a dict as an ordered set."""
 
 
-def _normalize(text: str, target: str, kind: str | None, state: NormalizerState, max_series: int,
-               *, replay_only: bool) -> NormalizedScrape | None:
-    if replay_only and state._plan is None:
-        return None  # nothing to replay: parsing here would only be repeated by the full pass
+def read_page(text: str, kind: str | None, state: NormalizerState) -> Page:
+    """Steps 1 and 2: the page's kind and table variant, and its parse (only the mapped names)."""
     notes: dict[str, None] = {}
     kind = _resolve_kind(text, kind, state, notes)
-    compiled = _table(kind, text)
-    exposition = parse(text, keep=compiled.keep.__contains__, label_cache=state.label_cache)
-    parsed = exposition.samples
-    if parsed:
-        names, labels, values, _ = zip(*parsed, strict=True)
-    else:
-        names = labels = values = ()
-    plan = state._plan
-    replayed = None
-    if plan is not None and plan.fits(compiled.key, target, max_series, names, labels, values):
-        replayed = plan.replay(compiled, state, dict(notes), target, values)
-    if replayed is not None:
-        model, samples, unmapped, dropped, notes, drops = replayed
-    elif replay_only:
-        return None
-    else:
-        # Record a plan once the page's keys repeat: a first scrape, or a page that changes shape
-        # every cycle, pays nothing for it.
-        seen = (compiled.key, target, names, labels) if len(parsed) <= MAX_PLAN_SAMPLES else None
-        record = seen is not None and seen == state._seen
-        run = _Run(compiled, state, notes, target, record=record)
-        run.consume(parsed)
-        samples, dropped = run.finish(max_series)
-        model, unmapped, drops = run.model, run.unmapped, run.drops
-        # A page that failed validation on its values is not planned: the next one may pass.
-        planned = record and not run.invalid
-        state._plan = run.plan(compiled.key, max_series, names, labels, values, dropped) if planned else None
-        state._seen = seen
-    if exposition.rejected:
+    table = table_for(kind, text)
+    exposition = parse(text, keep=table.keep.__contains__, label_cache=state.label_cache)
+    return Page(text, kind, table, exposition, notes)
+
+
+def scrape_of(page: Page, model: str | None, samples: tuple[Sample, ...], unmapped: int, dropped: int,
+              drops: Mapping[str, int], notes: dict[str, None]) -> NormalizedScrape:
+    """The result of a pass (or a replay) over `page`, with the parser's label-limit drops."""
+    rejected = page.exposition.rejected
+    if rejected:
         drops = dict(drops)
-        for reason, count in exposition.rejected.items():
+        for reason, count in rejected.items():
             drops[reason] = drops.get(reason, 0) + count
     return NormalizedScrape(
-        kind=kind,
-        flavor=_flavor(text, compiled.spec),
+        kind=page.kind,
+        flavor=flavor(page.text, page.table.spec),
         model=model or "",
         samples=samples,
-        unmapped_samples=exposition.dropped_samples + unmapped,
+        unmapped_samples=page.exposition.dropped_samples + unmapped,
         dropped_series=dropped,
         notes=tuple(notes)[:MAX_NOTES],
         drops=MappingProxyType(dict(drops)) if drops else _NO_DROPS,
@@ -467,17 +405,7 @@ _NO_DROPS: Mapping[str, int] = MappingProxyType({})
 
 
 # ---------------------------------------------------------------------------------------------
-# Detection
-
-
-def _matches(text: str, markers: tuple[tuple[_Needle, ...], ...]) -> bool:
-    return any(all(_found(text, needle) for needle in marker) for marker in markers)
-
-
-def _found(text: str, needle: _Needle) -> bool:
-    if needle.prefix is not None and text.startswith(needle.prefix):
-        return True
-    return any(part in text for part in needle.anywhere)
+# Detection (registry.py has the markers and the order)
 
 
 def _resolve_kind(text: str, kind: str | None, state: NormalizerState, notes: dict[str, None]) -> str:
@@ -487,8 +415,8 @@ def _resolve_kind(text: str, kind: str | None, state: NormalizerState, notes: di
         state.last_kind = kind
         return kind
     last = state.last_kind
-    if last is not None and _matches(text, _COMPILED[last].markers) and not any(
-            _matches(text, _COMPILED[specific].markers) for specific in YIELDS_TO.get(last, ())):
+    if last is not None and matches(text, last) and not any(
+            matches(text, specific) for specific in YIELDS_TO.get(last, ())):
         return last
     detected = detect_kind(text)
     if detected is None:
@@ -506,13 +434,6 @@ def _resolve_kind(text: str, kind: str | None, state: NormalizerState, notes: di
 
 def _keep_nothing(_name: str) -> bool:
     return False
-
-
-def _flavor(text: str, spec: EngineSpec) -> str:
-    for marker, flavor in spec.flavors:
-        if marker in text:
-            return flavor
-    return spec.default_flavor
 
 
 # ---------------------------------------------------------------------------------------------
@@ -595,49 +516,59 @@ def _label_tuple(target: str, kind: str, model: str | None, rank: str | None, re
 _SKIP = False
 """Entry of a label set that is a tensor-parallel copy (kept by rank 0)."""
 
-_NOTE, _MINIMUM, _TERM = 0, 1, 2
-"""Kinds of _Run.events, what a replay redoes in page order: a fixed note, the value-dependent note
-of a sentinel value, a product term."""
 
-
-def _minimum_note(source: str, value: float) -> str:
+def minimum_note(source: str, value: float) -> str:
     return f"dropped {source} = {value:g} (the engine's 'not available' value)"
 
 
-def _value_mask(values: Sequence[float]) -> tuple[int, ...]:
-    """Indexes of the non-finite values: () in one C-level pass when the sum is finite."""
-    total = sum(values)
-    if total - total == 0.0:
-        return ()
-    return tuple(index for index, value in enumerate(values) if value - value != 0.0)
+class Trace(Protocol):
+    """Told where each of a pass's decisions comes from (replay.Recorder): by sample index, in the
+    order the pass makes them. A pass without one does the same work."""
+
+    def checked(self, index: int, minimum: float) -> None:
+        """Sample `index` went through a route with an alias minimum."""
+
+    def noted(self, text: str) -> None:
+        """A note that does not depend on the value (a non-finite value dropped)."""
+
+    def below(self, source: str, index: int) -> None:
+        """Sample `index` was under its alias minimum and dropped."""
+
+    def term(self, term: TermRoute, mapped: tuple, labels: Labels, index: int) -> None:
+        """Sample `index` fed a product term."""
+
+    def fed(self, slot: Slot, key: tuple[str, Labels], index: int, scale: float, first: bool) -> None:
+        """Sample `index`, times `scale`, started (`first`) or was folded into the candidate `key`."""
+
+    def renamed(self, slot: Slot, key: tuple[str, Labels], new_key: tuple[str, Labels], merged: bool) -> None:
+        """The page's model was given to `key`: it became (or was `merged` into) `new_key`."""
+
+    def emitted(self, slot: Slot, keys: list[tuple[str, Labels]]) -> None:
+        """These candidates became output samples, in this order."""
 
 
-class _Run:
-    """The mutable work of one normalize() call; never outlives it. With `record`, it also notes
-    where every candidate value comes from, so that plan() can describe the page (see _Plan)."""
+class Pass:
+    """The mutable work of one normalization (normalize(), or a replay's product terms); never
+    outlives it."""
 
-    def __init__(self, compiled: _Compiled, state: NormalizerState, notes: dict[str, None], target: str,
-                 record: bool = False) -> None:
-        self.compiled = compiled
+    def __init__(self, table: Table, state: NormalizerState, notes: dict[str, None], target: str,
+                 trace: Trace | None = None) -> None:
+        self.table = table
         self.state = state
         self.notes = notes
         self.target = target
+        self.trace = trace
         self.unmapped = 0
         self.model: str | None = None
-        self.candidates: dict[tuple[str, int], dict[tuple[str, Labels], float]] = {}
+        self.candidates: dict[Slot, dict[tuple[str, Labels], float]] = {}
         self.group_of: dict[tuple[str, Labels], Labels] = {}
         """Histogram part -> the labels of its whole series (without `le`)."""
         self.unfilled: dict[tuple[str, Labels], tuple] = {}
         self.terms: dict[tuple[int, int], dict[tuple, float]] = {}
-        self.product_writes: list[tuple[tuple[str, int], tuple[str, Labels]]] = []
+        self.product_writes: list[tuple[Slot, tuple[str, Labels]]] = []
         """(slot, key) of each product value written, in order: the products' shape."""
-        self.record = record
-        self.sources: dict[tuple[tuple[str, int], tuple[str, Labels]], list | None] = {}
-        """With `record`: (slot, key) -> groups of (sample index, scale) it folds, None for a product."""
-        self.events: list[tuple] = []
-        self.minimum_checks: list[tuple[int, float]] = []
-        self.refs: list[tuple[tuple[str, int], tuple[str, Labels]]] = []
         self.note_log: list[str] | None = None
+        """The notes of finish(), all of them (a replay adds them again)."""
         self.drops: dict[str, int] = {}
         """Series dropped by reason (NormalizedScrape.drops)."""
         self.invalid = False
@@ -652,12 +583,11 @@ class _Run:
         if len(self.notes) < MAX_NOTES:
             self.notes[text] = None
 
-    def _entry(self, route: _Route, labels: Labels) -> object:
+    def _entry(self, route: _Route, labels: Labels) -> Entry | bool | None:
         """What a label set becomes under a route: None when the route does not apply (selector,
-        bucket without le), _SKIP for a rank copy, else (labels out, group labels, model, parts)
-        where parts rebuild the labels once the page's model is known. A bucket whose bound is not
-        a number gets le=_BAD_LE_TEXT, so that its whole histogram is dropped by finish()."""
-        mapped = _map_labels(labels, self.compiled.spec)
+        bucket without le), _SKIP for a rank copy, else its Entry. A bucket whose bound is not a
+        number gets le=_BAD_LE_TEXT, so that its whole histogram is dropped by finish()."""
+        mapped = _map_labels(labels, self.table.spec)
         if mapped is None:
             return _SKIP
         if route.where is not None and route.where not in labels:
@@ -672,20 +602,18 @@ class _Run:
         else:
             le = None
         reason = (reason or route.reason) if route.reason is not None else None
-        kind = self.compiled.spec.kind
+        kind = self.table.spec.kind
         out = _label_tuple(self.target, kind, model, rank, reason, le)
         group = out if le is None else _label_tuple(self.target, kind, model, rank, reason, None)
-        return (out, group, model, (rank, reason, le))
+        return Entry(out, group, model, (rank, reason, le))
 
     def consume(self, samples: list) -> None:
-        routes_of = self.compiled.routes
-        terms_of = self.compiled.terms
-        entries = self.state.route_entries(self.compiled.spec.kind, self.target, self.compiled.route_count)
+        routes_of = self.table.routes
+        terms_of = self.table.terms
+        entries = self.state.route_entries(self.table.spec.kind, self.target, self.table.route_count)
         candidates = self.candidates
         group_of = self.group_of
-        record = self.record
-        sources = self.sources
-        events = self.events
+        trace = self.trace
         added = added_chars = 0
         room = self.state.room()
         chars_room = self.state.chars_room()
@@ -705,21 +633,21 @@ class _Run:
                     continue
                 used = True
                 out, group, model, parts = entry
-                if record and route.minimum is not None:
-                    self.minimum_checks.append((index, route.minimum))
+                if trace is not None and route.minimum is not None:
+                    trace.checked(index, route.minimum)
                 # NaN or +-Inf, without two calls into math. A histogram part goes on: finish()
                 # drops its whole histogram.
                 if value - value != 0.0 and not route.part:
                     text = f"dropped a non-finite value of {route.source}"
                     self.note(text)
                     self.drop(NON_FINITE)
-                    if record:
-                        events.append((_NOTE, text))
+                    if trace is not None:
+                        trace.noted(text)
                     continue
                 if route.minimum is not None and value < route.minimum:
-                    self.note(_minimum_note(route.source, value))
-                    if record:
-                        events.append((_MINIMUM, route.source, index))
+                    self.note(minimum_note(route.source, value))
+                    if trace is not None:
+                        trace.below(route.source, index)
                     continue
                 if route.scaled:
                     value *= route.scale
@@ -736,29 +664,26 @@ class _Run:
                         group_of[key] = group
                     if model is None:
                         self.unfilled[key] = parts
-                    if record:
-                        sources[(route.slot, key)] = [[(index, route.scale if route.scaled else 1.0)]]
-                else:
-                    if route.summed:
-                        bucket[key] = previous + value
-                    elif value > previous:
-                        bucket[key] = value
-                    if record:
-                        sources[(route.slot, key)][-1].append((index, route.scale if route.scaled else 1.0))
+                elif route.summed:
+                    bucket[key] = previous + value
+                elif value > previous:
+                    bucket[key] = value
+                if trace is not None:
+                    trace.fed(route.slot, key, index, route.scale if route.scaled else 1.0, previous is None)
             for term in terms_of.get(name, ()):
-                mapped = _map_labels(labels, self.compiled.spec)
+                mapped = _map_labels(labels, self.table.spec)
                 if mapped is None:
                     skipped = True
                 elif term.where is None or term.where in labels:
                     used = True
-                    self._add_term(term, mapped, labels, value)
-                    if record:
-                        events.append((_TERM, term, mapped, labels, index))
+                    self.add_term(term, mapped, labels, value)
+                    if trace is not None:
+                        trace.term(term, mapped, labels, index)
             if not used and not skipped:
                 self.unmapped += 1
         self.state.counted(added, added_chars)
 
-    def _add_term(self, term: _TermRoute, mapped: tuple, labels: Labels, value: float) -> None:
+    def add_term(self, term: TermRoute, mapped: tuple, labels: Labels, value: float) -> None:
         model, rank = mapped[0], mapped[1]
         if term.label is not None:
             raw = dict(labels).get(term.label)
@@ -766,7 +691,7 @@ class _Run:
                 value = float(raw) if raw is not None else math.nan
             except ValueError:
                 value = math.nan
-        product = self.compiled.spec.products[term.product]
+        product = self.table.spec.products[term.product]
         if value - value != 0.0:
             self.note(f"{product.family}: no number in {product.terms[term.term].source}"
                       + (f" label {term.label}" if term.label else ""))
@@ -783,9 +708,9 @@ class _Run:
         else:
             values[key] = max(previous, value)
 
-    def _products(self) -> None:
-        kind = self.compiled.spec.kind
-        for index, product in enumerate(self.compiled.spec.products):
+    def products(self) -> None:
+        kind = self.table.spec.kind
+        for index, product in enumerate(self.table.spec.products):
             first = self.terms.get((index, 0))
             others = [self.terms.get((index, position)) for position in range(1, len(product.terms))]
             if not first or any(not values for values in others):
@@ -800,8 +725,6 @@ class _Run:
                 key = (product.family, out)
                 bucket[key] = result
                 self.product_writes.append((slot, key))
-                if self.record:
-                    self.sources[(slot, key)] = None
 
     def _product_value(self, product: Product, value: float, others: list, key: tuple) -> float | None:
         if product.terms[0].divide:
@@ -830,10 +753,10 @@ class _Run:
         put the model on everything or on nothing), so this re-keys only those few."""
         if self.model is None or not self.unfilled:
             return
-        kind = self.compiled.spec.kind
-        sources = self.sources
+        kind = self.table.spec.kind
+        trace = self.trace
         for slot, bucket in self.candidates.items():
-            summed = self.compiled.types[slot[0]] != "gauge"
+            summed = self.table.types[slot[0]] != "gauge"
             for key in [key for key in bucket if key in self.unfilled]:
                 rank, reason, le = self.unfilled[key]
                 value = bucket.pop(key)
@@ -846,23 +769,20 @@ class _Run:
                     bucket[new_key] = value
                     if key[0] != slot[0]:  # a histogram part
                         self.group_of[new_key] = group
-                    if self.record:
-                        sources[(slot, new_key)] = sources.pop((slot, key))
                 else:
                     bucket[new_key] = previous + value if summed else max(previous, value)
-                    if self.record:
-                        sources[(slot, new_key)] = sources[(slot, new_key)] + sources.pop((slot, key))
+                if trace is not None:
+                    trace.renamed(slot, key, new_key, previous is not None)
 
     def finish(self, max_series: int) -> tuple[tuple[Sample, ...], int]:
         self._fill_model()
-        self._products()
-        if self.record:
-            self.note_log = []
+        self.products()
+        self.note_log = []
         best: dict[str, int] = {}
         for family, priority in self.candidates:
             if priority > best.get(family, priority - 1):
                 best[family] = priority
-        types = self.compiled.types
+        types = self.table.types
         samples: list[Sample] = []
         dropped = 0
         for family, priority in best.items():
@@ -881,14 +801,14 @@ class _Run:
             dropped += max(0, len(items) - room)
             kept = items[:max(room, 0)]
             samples.extend([Sample(name, labels, value) for (name, labels), value in kept])
-            if self.record:
-                self.refs.extend([((family, priority), key) for key, _value in kept])
+            if self.trace is not None:
+                self.trace.emitted((family, priority), [key for key, _value in kept])
         if dropped:
             self.note(f"dropped {dropped} series over the limit of {max_series}")
             self.drop(CARDINALITY, dropped)
         return tuple(samples), dropped
 
-    def _emit_histograms(self, slot: tuple[str, int], chosen: dict, samples: list[Sample], max_series: int) -> int:
+    def _emit_histograms(self, slot: Slot, chosen: dict, samples: list[Sample], max_series: int) -> int:
         """Append whole histograms (a capped histogram would be wrong, not just short); returns
         how many samples did not fit."""
         family = slot[0]
@@ -914,233 +834,15 @@ class _Run:
                 dropped += len(members)
                 continue
             samples.extend([Sample(name, labels, value) for (name, labels), value in members])
-            if self.record:
-                self.refs.extend([(slot, key) for key, _value in members])
+            if self.trace is not None:
+                self.trace.emitted(slot, [key for key, _value in members])
         return dropped
-
-    def plan(self, kind: str, max_series: int, names: tuple, labels: tuple, values: tuple,
-             dropped: int) -> _Plan:
-        """The recorded decisions of this (finished, recording) run as a _Plan."""
-        out_names: list[str] = []
-        out_labels: list[Labels] = []
-        first_index: list[int] = []
-        scaled: list[tuple[int, int, float]] = []
-        folds: list[tuple[int, list, bool]] = []
-        products: list[tuple[int, tuple[str, int], tuple[str, Labels]]] = []
-        types = self.compiled.types
-        for position, (slot, key) in enumerate(self.refs):
-            out_names.append(key[0])
-            out_labels.append(key[1])
-            groups = self.sources[(slot, key)]
-            if groups is None:
-                first_index.append(0)
-                products.append((position, slot, key))
-                continue
-            index, scale = groups[0][0]
-            first_index.append(index)
-            if len(groups) > 1 or len(groups[0]) > 1:
-                folds.append((position, groups, types[slot[0]] != "gauge"))
-            elif scale != 1.0:
-                scaled.append((position, index, scale))
-        return _Plan(
-            kind=kind, target=self.target, max_series=max_series, names=names, labels=labels,
-            mask=_value_mask(values), minimum_checks=tuple(self.minimum_checks),
-            below=tuple(values[index] < minimum for index, minimum in self.minimum_checks),
-            events=tuple(self.events), model=self.model, unmapped=self.unmapped,
-            product_writes=self.product_writes, out_names=tuple(out_names), out_labels=tuple(out_labels),
-            pick=_picker(first_index), scaled=tuple(scaled), folds=tuple(folds),
-            products=tuple(products), finish_notes=tuple(self.note_log or ()), dropped=dropped,
-            drops=MappingProxyType(dict(self.drops)), checks=self._checks(),
-        )
-
-    def _checks(self) -> _Checks:
-        """What a replay must re-check on the values of this run's output (see _Checks)."""
-        types = self.compiled.types
-        nonnegative: list[int] = []
-        histograms: dict[tuple[str, Labels], tuple[list, list, list]] = {}
-        for position, (slot, key) in enumerate(self.refs):
-            family = slot[0]
-            kind = types[family]
-            if kind == "counter":
-                nonnegative.append(position)
-            elif kind == "histogram":
-                nonnegative.append(position)
-                buckets, counts, _ = entry = histograms.setdefault((family, self.group_of[key]), ([], [], []))
-                name = key[0]
-                if name.endswith("_bucket"):
-                    buckets.append((float(dict(key[1])["le"]), position))
-                elif name.endswith("_count"):
-                    counts.append(position)
-                else:
-                    entry[2].append(position)
-        lower: list[int] = []
-        upper: list[int] = []
-        last: list[int] = []
-        totals: list[int] = []
-        whole: list[int] = []
-        for buckets, counts, _ in histograms.values():
-            buckets.sort()
-            order = [position for _, position in buckets]
-            lower.extend(order[:-1])
-            upper.extend(order[1:])
-            last.append(order[-1])
-            totals.append(counts[0])
-            whole.extend(order)
-            whole.append(counts[0])
-        return _Checks(_positions(nonnegative), _positions(lower), _positions(upper), _positions(last),
-                       _positions(totals), _positions(whole))
-
-
-_new_sample = tuple.__new__
-"""tuple.__new__(Sample, (name, labels, value)) is what Sample(name, labels, value) does, without
-the Python-level __new__ call."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """What one page (its kind, target, max_series, (name, labels) sequence and value mask) becomes,
-    recorded by a full pass: re-evaluated for the next page with the same keys and mask."""
-
-    kind: str
-    """The table's key (_Compiled.key): the kind and the page conditions found on the page."""
-    target: str
-    max_series: int
-    names: tuple[str, ...]
-    labels: tuple[Labels, ...]
-    mask: tuple[int, ...]
-    """Indexes of the non-finite input values."""
-    minimum_checks: tuple[tuple[int, float], ...]
-    below: tuple[bool, ...]
-    """Per minimum check: the value was below the alias minimum (dropped)."""
-    events: tuple[tuple, ...]
-    model: str | None
-    unmapped: int
-    product_writes: list
-    out_names: tuple[str, ...]
-    out_labels: tuple[Labels, ...]
-    pick: Callable[[tuple[float, ...]], list[float]]
-    """The input values -> per output sample, the value of its first input sample (a placeholder
-    for a product): the whole value when it has one input and no scale."""
-    scaled: tuple[tuple[int, int, float], ...]
-    """(output position, input index, scale) for a single input that is scaled."""
-    folds: tuple[tuple[int, list, bool], ...]
-    """(output position, groups of (input index, scale), summed) for merged series."""
-    products: tuple[tuple[int, tuple[str, int], tuple[str, Labels]], ...]
-    finish_notes: tuple[str, ...]
-    dropped: int
-    drops: Mapping[str, int]
-    """The run's drops by reason: the same for every page that fits (non-finite values only)."""
-    checks: _Checks
-
-    def fits(self, kind: str, target: str, max_series: int, names: tuple, labels: tuple,
-             values: tuple) -> bool:
-        return (kind == self.kind and target == self.target and max_series == self.max_series
-                and names == self.names and labels == self.labels and _value_mask(values) == self.mask
-                and tuple(values[index] < minimum for index, minimum in self.minimum_checks) == self.below)
-
-    def replay(self, compiled: _Compiled, state: NormalizerState, notes: dict[str, None], target: str,
-               values: tuple) -> tuple | None:
-        """(model, samples, unmapped, dropped, notes, drops) of a page that fits, or None when its
-        products come out in another shape (a division by zero appeared or went away) or its values
-        fail validation (the full pass then says which)."""
-        run = _Run(compiled, state, notes, target)
-        run.model = self.model
-        for event in self.events:
-            if event[0] == _TERM:
-                run._add_term(event[1], event[2], event[3], values[event[4]])
-            elif event[0] == _NOTE:
-                run.note(event[1])
-            else:
-                run.note(_minimum_note(event[1], values[event[2]]))
-        run._products()
-        if run.product_writes != self.product_writes:
-            return None
-        out = self.pick(values)
-        for position, index, scale in self.scaled:
-            out[position] = values[index] * scale
-        for position, groups, summed in self.folds:
-            out[position] = _fold(values, groups, summed)
-        candidates = run.candidates
-        for position, slot, key in self.products:
-            out[position] = candidates[slot][key]
-        if not self.checks.passed(out):
-            return None
-        for text in self.finish_notes:
-            run.note(text)
-        samples = tuple(map(_new_sample, repeat(Sample), zip(self.out_names, self.out_labels, out, strict=True)))
-        return self.model, samples, self.unmapped, self.dropped, notes, self.drops
-
-
-@dataclass(frozen=True, slots=True)
-class _Checks:
-    """Validation of a replayed page's output values, all C-level passes over positions: the
-    counters and histogram parts are not negative, each histogram's buckets do not fall as `le`
-    rises (`lower` <= `upper`, pairwise), its +Inf bucket (`last`) equals its _count (`totals`), and
-    its counts (`whole`) are whole numbers. Non-finite values change the plan's mask instead."""
-
-    nonnegative: Callable[[list], tuple]
-    lower: Callable[[list], tuple]
-    upper: Callable[[list], tuple]
-    last: Callable[[list], tuple]
-    totals: Callable[[list], tuple]
-    whole: Callable[[list], tuple]
-
-    def passed(self, out: list[float]) -> bool:
-        values = self.nonnegative(out)
-        if values and min(values) < 0.0:
-            return False
-        if any(map(gt, self.lower(out), self.upper(out))) or any(map(ne, self.last(out), self.totals(out))):
-            return False
-        return all(map(float.is_integer, self.whole(out)))
-
-
-def _positions(indexes: list[int]) -> Callable[[list], tuple]:
-    """The items at `indexes` as a tuple, in one C-level call."""
-    if not indexes:
-        return _nothing
-    if len(indexes) == 1:
-        only = indexes[0]
-        return lambda values: (values[only],)
-    return itemgetter(*indexes)
-
-
-def _nothing(_values: list) -> tuple:
-    return ()
 
 
 def _labels_chars(labels: Labels) -> int:
     """Approximate size of a label set in characters, for the route caches' bound."""
     return 16 * len(labels) + sum([len(value) for _, value in labels])
 
-
-def _picker(indexes: list[int]) -> Callable[[tuple[float, ...]], list[float]]:
-    if len(indexes) > 1:
-        getter = itemgetter(*indexes)
-        return lambda values: list(getter(values))
-    return lambda values: [values[index] for index in indexes]
-
-
-def _fold(values: tuple, groups: list, summed: bool) -> float:
-    """A merged series' value, in the order the full pass computes it: each group is folded in page
-    order (consume), then the groups one after another (_fill_model)."""
-    total = 0.0
-    for number, group in enumerate(groups):
-        part = 0.0
-        for position, (index, scale) in enumerate(group):
-            value = values[index] * scale
-            if position == 0:
-                part = value
-            elif summed:
-                part = part + value
-            elif value > part:
-                part = value
-        if number == 0:
-            total = part
-        elif summed:
-            total = total + part
-        else:
-            total = max(total, part)
-    return total
 
 
 def _histogram_fault(family: str, members: list) -> str | None:
@@ -1180,40 +882,3 @@ def _histogram_fault(family: str, members: list) -> str | None:
     if not count.is_integer() or not all(value.is_integer() for _, value in buckets):
         return HISTOGRAM_FRACTIONAL
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Coverage (docs/metrics.md, docs/engines.md)
-
-
-def coverage(kind: str) -> dict[str, list[str]]:
-    """Normalized family -> the engine names feeding it, highest priority first."""
-    spec = SPECS[kind]
-    entries: dict[str, list[tuple[int, str]]] = {}
-    for source, alias in spec.alias_items():
-        shown = source + (f'{{{alias.where[0]}="{alias.where[1]}"}}' if alias.where else "")
-        entries.setdefault(alias.family, []).append((alias.priority, shown))
-    for product in spec.products:
-        shown = " x ".join(
-            ("1/" if term.divide else "") + term.source
-            + (f'{{{term.where[0]}="{term.where[1]}"}}' if term.where else "")
-            + (f"[{term.label}]" if term.label else "")
-            for term in product.terms)
-        entries.setdefault(product.family, []).append((product.priority, shown))
-    return {family: [name for _, name in sorted(items, key=lambda item: -item[0])]
-            for family, items in entries.items()}
-
-
-def coverage_table() -> str:
-    """Markdown table engine x normalized family: ✔ where an engine feeds the family, – where the
-    series is absent (never a made-up zero). Generated from the alias tables."""
-    covered = {kind: coverage(kind) for kind in KINDS}
-    header = "| Family | " + " | ".join(SPECS[kind].title for kind in KINDS) + " |"
-    rule = "|---|" + "---|" * len(KINDS)
-    rows = [header, rule]
-    for fam in engine_catalog.FAMILIES:
-        if fam.name in ("llm_engine_up", "llm_engine_info"):
-            continue
-        cells = ["✔" if fam.name in covered[kind] else "–" for kind in KINDS]
-        rows.append(f"| `{fam.name}` | " + " | ".join(cells) + " |")
-    return "\n".join(rows) + "\n"

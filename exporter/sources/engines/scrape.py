@@ -13,10 +13,11 @@ import urllib.parse
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from exporter.config import EngineTarget, install_log_redaction, redact_url
+from exporter.config import EngineTarget
+from exporter.redact import CredentialError, install_log_redaction, redact_url
 from exporter.snapshot import Sample, labels_of
-from exporter.sources.base import SourceData, SourceError
-from exporter.sources.engines.auth import CredentialError, TargetAuth, ssl_context
+from exporter.sources.base import SourceData, SourceError, SourceKind
+from exporter.sources.engines.auth import TargetAuth, ssl_context
 from exporter.sources.engines.exposition import ExpositionError
 from exporter.sources.engines.http import HttpClient
 from exporter.sources.engines.normalize import (
@@ -24,9 +25,8 @@ from exporter.sources.engines.normalize import (
     NormalizedScrape,
     NormalizerState,
     UnknownEngineError,
-    normalize,
-    normalize_if_unchanged,
 )
+from exporter.sources.engines.replay import normalize, normalize_if_unchanged
 
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 # A page whose last normalize took under this much CPU, and that has not grown, is tried on the
@@ -41,6 +41,8 @@ log = logging.getLogger("llm_exporter.engine")
 
 
 class EngineSource:
+    kind = SourceKind.ENGINE
+
     def __init__(
         self,
         target: EngineTarget,
@@ -51,6 +53,7 @@ class EngineSource:
     ) -> None:
         self.target = target
         self.name = f"engine:{target.name}"
+        self.timeout_s: float | None = target.timeout_s
         self.max_payload_bytes = max_payload_bytes
         self.max_series = max_series
         # Credentials are built per request (a rotated token file is picked up on the next scrape)
@@ -80,7 +83,7 @@ class EngineSource:
     @property
     def attrs(self) -> Mapping[str, str]:
         # Reported in /api/v1/snapshot: the redacted URL and the kind of auth, never a secret or its file.
-        return MappingProxyType({"kind": "engine", "target": self.target.name, "engine": self._last_kind,
+        return MappingProxyType({"kind": self.kind.value, "target": self.target.name, "engine": self._last_kind,
                                  "url": redact_url(self.target.url), "auth": self.target.auth_kind})
 
     async def fetch(self) -> str:

@@ -7,13 +7,19 @@ Rates come from two readings of a counter taken in consecutive cycles, so no cyc
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import NamedTuple
+
+
+class Reading(NamedTuple):
+    value: float
+    t: float  # seconds
 
 
 class CounterRates:
     """Per-key rate of change of a cumulative counter between the last two readings."""
 
     def __init__(self) -> None:
-        self._last: dict[Hashable, tuple[float, float]] = {}
+        self._last: dict[Hashable, Reading] = {}
 
     def update(self, key: Hashable, value: float, t: float, wrap: float | None = None) -> float | None:
         """Record `value` read at time `t` (seconds) and return the rate since the previous reading.
@@ -22,19 +28,19 @@ class CounterRates:
         (a 32-bit counter) a drop is taken as one wrap-around; without it, as a reset (driver
         reload), after which the next reading gives a rate again."""
         last = self._last.get(key)
-        if last is not None and t <= last[1]:
+        if last is not None and t <= last.t:
             # Same or older timestamp: NVML served a cached value. Keep the older point so the
             # next rate spans the full interval.
             return None
-        self._last[key] = (value, t)
+        self._last[key] = Reading(value, t)
         if last is None:
             return None
-        delta = value - last[0]
+        delta = value - last.value
         if delta < 0:
             if wrap is None:
                 return None
             delta += wrap
-        return delta / (t - last[1])
+        return delta / (t - last.t)
 
     def forget(self, key: Hashable) -> None:
         self._last.pop(key, None)
@@ -46,19 +52,24 @@ read by its field or by its own call (one may take over from the other), and two
 counter can differ by a few mJ. Read as a reset, that would add the GPU's whole lifetime again."""
 
 
+class _Total(NamedTuple):
+    raw: float  # the last reading
+    offset: float  # what the resets before it took away
+
+
 class ResetSafeTotals:
     """Keeps a counter monotonic across resets of its source (the energy counter restarts at 0
     when the driver reloads): on a drop, the last value before it is added to an offset; a drop
     within RESET_TOLERANCE holds the total where it was."""
 
     def __init__(self) -> None:
-        self._state: dict[Hashable, tuple[float, float]] = {}
+        self._state: dict[Hashable, _Total] = {}
 
     def update(self, key: Hashable, raw: float) -> float:
-        last_raw, offset = self._state.get(key, (raw, 0.0))
+        last_raw, offset = self._state.get(key) or _Total(raw, 0.0)
         if raw < last_raw:
             if raw >= last_raw * (1.0 - RESET_TOLERANCE):
                 return offset + last_raw
             offset += last_raw
-        self._state[key] = (raw, offset)
+        self._state[key] = _Total(raw, offset)
         return offset + raw

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from exporter.snapshot import Labels, Sample, labels_of, make_labels
 from exporter.sources.gpu._counters import CounterRates, ResetSafeTotals
@@ -95,8 +95,15 @@ NVLINK_KIB = 3  # one link's cumulative KiB: summed over the links into one rate
 # Values served both by a field and by a dedicated call (the call's key names the group). They
 # are read in the batch; one the batch refuses is read with its own call from the next cycle on,
 # so a driver that answers one way and not the other loses nothing.
-# (group, field id, sink, family, extra label)
-_CALL_BACKED: tuple[tuple[str, int, int, str, tuple[str, str] | None], ...] = (
+class CallBacked(NamedTuple):
+    group: str  # the dedicated call that takes over when the batch refuses the field
+    fid: int
+    sink: int  # GAUGE, ENERGY, ...
+    family: str
+    extra: tuple[str, str] | None  # one more label pair, e.g. ("type", "corrected")
+
+
+_CALL_BACKED: tuple[CallBacked, ...] = tuple(CallBacked(*entry) for entry in (
     ("energy", FI_TOTAL_ENERGY, ENERGY, "llm_gpu_energy_joules_total", None),
     ("ecc_corrected", FI_ECC_SBE_VOL_TOTAL, GAUGE, "llm_gpu_ecc_errors_total", ("type", "corrected")),
     ("ecc_uncorrected", FI_ECC_DBE_VOL_TOTAL, GAUGE, "llm_gpu_ecc_errors_total", ("type", "uncorrected")),
@@ -105,8 +112,8 @@ _CALL_BACKED: tuple[tuple[str, int, int, str, tuple[str, str] | None], ...] = (
     ("remapped_rows", FI_REMAPPED_UNC, GAUGE, "llm_gpu_remapped_rows", ("state", "uncorrectable")),
     ("remapped_rows", FI_REMAPPED_PENDING, GAUGE, "llm_gpu_remapped_rows", ("state", "pending")),
     ("remapped_rows", FI_REMAPPED_FAILURE, GAUGE, "llm_gpu_remapped_rows", ("state", "failed")),
-)
-CALL_BACKED_GROUPS = frozenset(group for group, *_ in _CALL_BACKED)
+))
+CALL_BACKED_GROUPS = frozenset(entry.group for entry in _CALL_BACKED)
 
 
 class GpuLost(Exception):
@@ -144,6 +151,13 @@ class FieldSpec:
 Call = tuple[str, str, tuple[Any, ...]]  # (key, function name, arguments)
 
 
+class ReasonSamples(NamedTuple):
+    """The clock-event samples of the last mask read: one entry per GPU, so bounded."""
+
+    mask: int
+    samples: tuple[Sample, ...]
+
+
 @dataclass(slots=True)
 class Device:
     """One GPU within one NVML generation; dropped (GPM buffers freed) when NVML is re-initialised."""
@@ -176,7 +190,7 @@ class Device:
     absent_fields: set[tuple[int, int]] = field(default_factory=set)
     lost: bool = False
     # One-entry caches of values that seldom change between cycles.
-    reason_samples: tuple[int, tuple[Sample, ...]] | None = None  # (mask, its samples)
+    reason_samples: ReasonSamples | None = None
     power_limit: Sample | None = None
     power_limit_due: float = 0.0  # when to ask for the enforced power limit again
     _label_cache: dict[tuple[str, str], Labels] = field(default_factory=dict)
@@ -416,8 +430,8 @@ class DeviceReader:
             specs: tuple[FieldSpec, ...] = ()
         else:
             wanted = [FieldSpec(FI_MEMORY_TEMP, 0, "", GAUGE, "llm_gpu_memory_temperature_celsius", dev.labels)]
-            wanted += [FieldSpec(fid, 0, group, sink, name, dev.with_label(*extra) if extra else dev.labels)
-                       for group, fid, sink, name, extra in _CALL_BACKED if group not in dev.by_call]
+            wanted += [FieldSpec(e.fid, 0, e.group, e.sink, e.family, dev.with_label(*e.extra) if e.extra else dev.labels)
+                       for e in _CALL_BACKED if e.group not in dev.by_call]
             if dev.gpm is None:
                 wanted += [
                     FieldSpec(FI_PCIE_TX_BYTES, 0, "", PCIE_BYTES, "llm_gpu_pcie_tx_bytes_per_second", dev.labels),
@@ -504,11 +518,11 @@ class DeviceReader:
         """One sample per supported reason. The mask seldom changes between cycles, so the samples
         of the last one are kept (a single entry, so bounded)."""
         last = dev.reason_samples
-        if last is not None and last[0] == mask:
-            return last[1]
+        if last is not None and last.mask == mask:
+            return last.samples
         samples = tuple(Sample("llm_gpu_clock_event_active", labels, 1.0 if mask & bit else 0.0)
                         for bit, labels in dev.reasons)
-        dev.reason_samples = (mask, samples)
+        dev.reason_samples = ReasonSamples(mask, samples)
         return samples
 
     def _read_pcie_link(self, dev: Device, out: list[Sample]) -> None:

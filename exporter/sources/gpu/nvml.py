@@ -21,10 +21,10 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from exporter.snapshot import Labels, Sample, make_labels
-from exporter.sources.base import SourceData, SourceError
+from exporter.sources.base import SourceData, SourceError, SourceKind
 from exporter.sources.gpu._device import Device, DeviceReader, GpuIdentity, GpuLost
 from exporter.sources.gpu._errors import (
     DRIVER_NOT_LOADED,
@@ -69,6 +69,16 @@ class NvmlOptions:
     clock: Callable[[], float] = time.monotonic
 
 
+class IdentityAttrs(NamedTuple):
+    """Source attrs fixed for an NVML generation, each a comma-joined list in GPU index order."""
+
+    gpus: str
+    names: str
+    uuids: str
+    pci_bus_ids: str
+    mig: str
+
+
 @dataclass(slots=True)
 class _Generation:
     """Everything that lives between one nvmlInit and its nvmlShutdown."""
@@ -80,7 +90,7 @@ class _Generation:
     cuda_version: str
     xid: XidWatcher | None = None
     needs_reinit: bool = False
-    identity_attrs: tuple[str, str, str, str, str] | None = None  # see NvmlSource._identity_attrs
+    identity_attrs: IdentityAttrs | None = None  # see NvmlSource._identity_attrs
 
 
 class _InitFailure(Exception):
@@ -115,6 +125,8 @@ class NvmlSource:
     """The `gpu` source on real GPUs. See the module docstring for its failure policy."""
 
     name = "gpu"
+    kind = SourceKind.GPU
+    timeout_s: float | None = None  # a hung NVML call is bounded by the interval (module docstring)
 
     def __init__(self, options: NvmlOptions | None = None) -> None:
         self._options = options or NvmlOptions()
@@ -250,11 +262,11 @@ class NvmlSource:
         }
 
     @staticmethod
-    def _identity_attrs(gen: _Generation) -> tuple[str, str, str, str, str]:
+    def _identity_attrs(gen: _Generation) -> IdentityAttrs:
         """gpus, names, uuids, pci_bus_ids and mig attrs: fixed for a generation, so joined once."""
         if gen.identity_attrs is None:
             idents = sorted([d.ident for d in gen.devices] + gen.unopened, key=lambda i: i.index)
-            gen.identity_attrs = (str(len(idents)), ",".join(i.name for i in idents),
+            gen.identity_attrs = IdentityAttrs(str(len(idents)), ",".join(i.name for i in idents),
                                   ",".join(i.uuid for i in idents), ",".join(i.pci_bus_id for i in idents),
                                   ",".join(d.mig_mode for d in gen.devices))
         return gen.identity_attrs

@@ -2,21 +2,24 @@
 exported under the same families and labels as the NVML source.
 
 Reads one or more twins, in process (anything with `gpu_state() -> dict`, such as
-exporter.simulator.Twin) or over HTTP (`GET <twin url>/sim/gpu`).
+exporter.simulator.Twin) or over HTTP (`GET <twin url>/sim/gpu`, with the engine scrape's client:
+bounded time and size, no redirects or environment).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-import httpx
-
-from exporter.config import redact_url
+from exporter.redact import redact_url
 from exporter.snapshot import Labels, Sample, make_labels
-from exporter.sources.base import SourceData, SourceError
+from exporter.sources.base import SourceData, SourceError, SourceKind
+from exporter.sources.engines.http import HttpClient
 
 SIM_DRIVER_VERSION = "sim"
+# A /sim/gpu document is about 1.5 KB per GPU; this holds hundreds and bounds a wrong URL's page.
+MAX_SIM_GPU_BYTES = 1024 * 1024
 
 # /sim/gpu field -> family (a plain gauge or counter per GPU).
 _SCALARS: tuple[tuple[str, str], ...] = (
@@ -76,40 +79,41 @@ def samples_from_state(state: Mapping[str, Any]) -> list[Sample]:
 
 
 class SimGpuSource:
-    """Source "gpu" backed by twins. `targets`: twin objects and/or twin base URLs."""
+    """Source "gpu" backed by twins. `targets`: twin objects and/or twin base URLs.
+    `fetch_timeout_s` bounds each GET; the collection as a whole is bounded by the interval."""
+
+    kind = SourceKind.GPU
+    timeout_s: float | None = None
 
     def __init__(self, targets: Sequence[GpuStateProvider | str] | GpuStateProvider | str, *,
-                 timeout_s: float = 2.0, name: str = "gpu", client: httpx.AsyncClient | None = None) -> None:
+                 fetch_timeout_s: float = 2.0, name: str = "gpu") -> None:
         if isinstance(targets, str) or hasattr(targets, "gpu_state"):
             targets = [targets]  # type: ignore[list-item]
         self.targets: list[GpuStateProvider | str] = list(targets)  # type: ignore[arg-type]
         if not self.targets:
             raise ValueError("SimGpuSource needs at least one twin or twin URL")
         self.name = name
-        self.timeout_s = timeout_s
-        self._client = client
-        self._own_client = client is None
-
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout_s)
-        return self._client
+        self.fetch_timeout_s = fetch_timeout_s
+        self._clients: dict[str, HttpClient] = {}
 
     async def _fetch(self, url: str) -> Mapping[str, Any]:
         endpoint = url.rstrip("/") + "/sim/gpu"
         shown = redact_url(endpoint)  # error messages reach logs and /api/v1/snapshot
+        client = self._clients.get(url)
+        if client is None:
+            try:
+                client = self._clients[url] = HttpClient(endpoint, timeout_s=self.fetch_timeout_s,
+                                                         headers={"Accept": "application/json"})
+            except ValueError as e:
+                raise SourceError("connection", str(e)) from None
         try:
-            resp = await self._http().get(endpoint, timeout=self.timeout_s)
-        except httpx.TimeoutException as e:
-            raise SourceError("timeout", f"{shown}: no answer within {self.timeout_s}s") from e
-        except httpx.HTTPError as e:
-            raise SourceError("connection", f"{shown}: {type(e).__name__}") from e
-        if resp.status_code != 200:
-            raise SourceError("http_status", f"{shown}: HTTP {resp.status_code}")
+            body = await client.get(max_body=MAX_SIM_GPU_BYTES)
+        except SourceError as e:
+            raise SourceError(e.reason, e.message if shown in e.message else f"{shown}: {e.message}") from None
         try:
-            doc = resp.json()
-        except ValueError as e:
-            raise SourceError("parse", f"{shown}: not JSON: {e}") from e
+            doc = json.loads(body)
+        except ValueError as e:  # UnicodeDecodeError included
+            raise SourceError("parse", f"{shown}: not JSON: {e}") from None
         if not isinstance(doc, dict):
             raise SourceError("parse", f"{shown}: expected a JSON object")
         return doc
@@ -125,7 +129,8 @@ class SimGpuSource:
                 names.extend(str(g["name"]) for g in state["gpus"])
                 uuids.extend(str(g["uuid"]) for g in state["gpus"])
             except (KeyError, TypeError, ValueError) as e:
-                raise SourceError("parse", f"malformed twin GPU state: {e!r}") from e
+                where = f" from {redact_url(target.rstrip('/') + '/sim/gpu')}" if isinstance(target, str) else ""
+                raise SourceError("parse", f"malformed twin GPU state{where}: {e!r}") from None
         attrs = {
             "backend": "sim",
             "gpus": str(len(names)),
@@ -138,6 +143,6 @@ class SimGpuSource:
         return SourceData(tuple(samples), attrs)
 
     async def close(self) -> None:
-        if self._client is not None and self._own_client:
-            await self._client.aclose()
-        self._client = None
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.aclose()

@@ -1,0 +1,77 @@
+"""The Alertmanager config: routing by severity (critical pages, warning opens a ticket, info goes
+nowhere) and the inhibitions that keep one cause from paging twice. Built from the rendered areas,
+so a disabled alert drops out of its inhibitions too."""
+
+from __future__ import annotations
+
+from alerts.config import CONFIG
+from alerts.lib import regex_of
+
+
+def alert_names_by_area(areas: dict[str, list[dict]]) -> dict[str, list[str]]:
+    names: dict[str, list[str]] = {}
+    for area, groups in areas.items():
+        for g in groups:
+            for r in g["rules"]:
+                if "alert" in r and r["alert"] not in names.setdefault(area, []):
+                    names[area].append(r["alert"])
+    return names
+
+
+def alertmanager(areas: dict[str, list[dict]], cfg: dict = CONFIG) -> dict:
+    am = cfg["alertmanager"]
+    names = alert_names_by_area(areas)
+    exporter_labels = list(cfg["exporter_labels"])
+    engine_scoped = [n for a in ("slo", "latency", "saturation") for n in names.get(a, [])]
+    gpu_scoped = [n for n in names.get("hardware", []) if n.startswith("LLMGPU") and n != "LLMGPULost"]
+    inhibit = []
+    for source in ("LLMEngineDown", "LLMEngineNotStarted"):
+        if source in names.get("pipeline", []) and engine_scoped:
+            inhibit.append({
+                "source_matchers": [f'alertname="{source}"'],
+                "target_matchers": [f'alertname=~"{regex_of(engine_scoped)}"'],
+                "equal": [*exporter_labels, "target"],
+            })
+    if "LLMGPULost" in names.get("hardware", []) and gpu_scoped:
+        inhibit.append({
+            "source_matchers": ['alertname="LLMGPULost"'],
+            "target_matchers": [f'alertname=~"{regex_of(gpu_scoped)}"'],
+            "equal": [*exporter_labels, "gpu"],
+        })
+    # A critical XID on a GPU (XID 48 is the double-bit ECC event itself) already pages for it.
+    xid_scoped = [n for n in ("LLMGPUXidWarning", "LLMGPUUncorrectableECCErrors")
+                  if n in names.get("hardware", [])]
+    if "LLMGPUXidCritical" in names.get("hardware", []) and xid_scoped:
+        inhibit.append({
+            "source_matchers": ['alertname="LLMGPUXidCritical"'],
+            "target_matchers": [f'alertname=~"{regex_of(xid_scoped)}"' if len(xid_scoped) > 1
+                                else f'alertname="{xid_scoped[0]}"'],
+            "equal": [*exporter_labels, "gpu"],
+        })
+    if {"LLMExporterAbsent", "LLMExporterDown"} <= set(names.get("pipeline", [])):
+        inhibit.append({
+            "source_matchers": ['alertname="LLMExporterAbsent"'],
+            "target_matchers": ['alertname="LLMExporterDown"'],
+            "equal": ["job"],
+        })
+    return {
+        "route": {
+            "receiver": "null",
+            "group_by": list(am["group_by"]),
+            "group_wait": am["group_wait"],
+            "group_interval": am["group_interval"],
+            "repeat_interval": am["repeat_interval_warning"],
+            "routes": [
+                {"matchers": ['severity="critical"'], "receiver": "pager",
+                 "repeat_interval": am["repeat_interval_critical"]},
+                {"matchers": ['severity="warning"'], "receiver": "ticket"},
+                {"matchers": ['severity="info"'], "receiver": "null"},
+            ],
+        },
+        "inhibit_rules": inhibit,
+        "receivers": [
+            {"name": "pager", "webhook_configs": [{"url": am["pager_url"], "send_resolved": True}]},
+            {"name": "ticket", "webhook_configs": [{"url": am["ticket_url"], "send_resolved": True}]},
+            {"name": "null"},
+        ],
+    }

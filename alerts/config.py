@@ -1,0 +1,119 @@
+"""CONFIG: every selector, SLO target and threshold the rules are built from (the kubernetes-mixin's
+config.libsonnet). Durations are Prometheus durations; ratios are 0..1.
+
+The SLOs, the burn-rate pairs and the thresholds the dashboards draw too come from exporter/slo.py,
+so the exporter, the rules and the panels read one declaration; the rest is alerting-only. CONFIG
+stays a plain dict so a variant is `{**CONFIG, key: value}` and generate.scale_durations can walk it.
+"""
+
+from __future__ import annotations
+
+from exporter import slo
+
+CONFIG: dict = {
+    "exporter_selector": slo.EXPORTER_SELECTOR,
+    # The labels that identify one exporter (one sidecar, one host): Alertmanager's inhibitions
+    # match on them.
+    "exporter_labels": slo.EXPORTER_LABELS,
+    # The labels that join GPU series (no `target`) to the engine series of the engines using those
+    # GPUs: LLMGPUSlowdownWhileServing and LLMEngineWithoutGPUMetrics. ("job", "instance") when
+    # one exporter serves both (sidecar, one exporter per host). In the DaemonSet layout
+    # (deploy/kubernetes/daemonset) GPU series come from the node's exporter and engine series
+    # from the sidecars, so join on the node: ("job", "kubernetes_node"), with every PodMonitor/ServiceMonitor
+    # setting `node` from __meta_kubernetes_pod_node_name (the shipped ones do).
+    "gpu_join_labels": ("job", "instance"),
+    # Labels summed away when recording per-target rules; everything else is kept (`without`).
+    # Add "instance" (or "pod") here to get fleet-wide SLOs per target name and model.
+    "aggregate_away": ("rank",),
+    "runbook_url": "https://github.com/llm-exporter/llm-exporter/blob/main/docs/runbooks.md#{anchor}",
+    # Alerts to leave out entirely, e.g. ("LLMEngineWithoutGPUMetrics",) on CPU-only hosts.
+    "disabled_alerts": (),
+    # Window of the quantile and throughput recording rules.
+    "rate_window": slo.RATE_WINDOW,
+    "quantiles": slo.QUANTILES,
+    # Latency SLOs (exporter/slo.py LatencySLO: the threshold must be a bucket bound).
+    "slos": {
+        s.key: {"metric": s.metric, "title": s.title, "summary": s.summary, "alert": s.alert,
+                "objective": s.objective, "threshold_seconds": s.threshold_seconds}
+        for s in slo.SLOS
+    },
+    # SRE workbook multi-window, multi-burn-rate alerts (exporter/slo.py BURN_RATES).
+    "slo_period": slo.SLO_PERIOD,
+    "burn_rates": tuple(
+        {"severity": br.severity, "long": br.long, "short": br.short, "factor": br.factor, "for": br.for_}
+        for br in slo.BURN_RATES
+    ),
+    # Latency and SLO alerts stay quiet below this many requests/s; for SLO alerts over the long window.
+    "min_request_rate": slo.MIN_REQUEST_RATE,
+    # Plain tail alerts for teams without SLOs.
+    "ttft_p99_seconds": 5.0,
+    "tbt_p99_seconds": 0.2,
+    "tail_for": "15m",
+    # Saturation.
+    "kv_cache_usage_ratio": slo.SATURATION.kv_cache_usage_ratio,
+    "kv_cache_for": "15m",
+    "preemption_rate": 0.0,  # preemptions/s above which LLMPreemptionsHappening fires
+    "preemption_for": "10m",
+    "queue_min_waiting": slo.SATURATION.queue_min_waiting,  # waiting requests before a growing queue matters
+    "queue_window": "15m",
+    "queue_running_flat_ratio": 0.1,  # running changed by at most this share over queue_window
+    "queue_for": "10m",
+    "headroom_min_sequences": slo.SATURATION.headroom_min_sequences,
+    "headroom_for": "10m",
+    # Hardware. XID codes: docs/alerts.md says why each code is in its list; a code in both
+    # lists is an error.
+    "xid_critical": (48, 62, 64, 74, 79, 95, 119, 120),
+    "xid_warning": (13, 31, 43, 45, 63, 92, 94),
+    "xid_window": "1h",
+    "ecc_window": "1h",  # LLMGPUUncorrectableECCErrors: new uncorrected errors within this window
+    "slowdown_reasons": ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
+                         "hw_power_brake_slowdown"),
+    # Throttled for more than slowdown_ratio of slowdown_window, for slowdown_for: a slowdown that
+    # comes and goes (power brake 2 minutes of every 3) counts, a short spike does not.
+    "slowdown_window": "5m",
+    "slowdown_ratio": 0.5,
+    "slowdown_for": "5m",
+    "pcie_load_utilization": 0.5,  # GPU busy share above which a trained-down link matters
+    "pcie_for": "10m",
+    "gpu_memory_ratio": 0.98,  # engines preallocate ~90% on purpose; this is "nothing left"
+    "gpu_memory_for": "15m",
+    "gpu_lost_for": "1m",
+    "numa_for": "15m",
+    "bottleneck_resources": ("host_cpu", "power_thermal"),
+    "bottleneck_for": "30m",
+    # Pipeline.
+    # LLMEngineDown pages for an engine that was up within engine_up_lookback and is down for
+    # engine_down_for. An engine not up at all in that lookback (a new pod still loading its model,
+    # or one down for longer than the lookback) is LLMEngineNotStarted, a ticket after
+    # engine_not_started_for (the overlays' startup probe gives a model 15 minutes too).
+    "engine_down_for": "2m",
+    "engine_up_lookback": "6h",
+    "engine_not_started_for": "15m",
+    # Self-health of the GPU and host sources (engine sources are LLMEngineDown's).
+    "source_failing_for": "10m",
+    # LLMExporterSourceFlapping: a source failing on and off (failed in more than source_flapping_ratio
+    # of the scrapes over source_flapping_window, with more than one recovery), for source_flapping_for.
+    "source_flapping_window": "15m",
+    "source_flapping_ratio": 0.1,
+    "source_flapping_for": "15m",
+    "exporter_down_for": "5m",
+    "exporter_absent_for": "10m",
+    "no_gpu_metrics_for": "15m",
+    "bucket_bound_window": "1h",
+    "bucket_bound_for": "30m",
+    # Alertmanager: replace the placeholder URLs (or edit the generated file's copy you deploy).
+    "alertmanager": {
+        "pager_url": "http://alert-pager.example.invalid/llm-exporter",
+        "ticket_url": "http://alert-tickets.example.invalid/llm-exporter",
+        "group_by": ("alertname", "target", "model"),
+        "group_wait": "30s",
+        "group_interval": "5m",
+        "repeat_interval_critical": "1h",
+        "repeat_interval_warning": "12h",
+    },
+    # PrometheusRule metadata; kube-prometheus-stack selects rules by `release: <helm release>`.
+    "prometheusrule": {
+        "name": "llm-exporter",
+        "labels": {"app.kubernetes.io/name": "llm-exporter", "release": "kube-prometheus-stack"},
+    },
+}

@@ -1,0 +1,76 @@
+"""Pipeline alerts: engines down or not started, exporter sources failing or flapping, the exporter
+down or absent, engines without GPU metrics."""
+
+from __future__ import annotations
+
+from alerts.lib import alert, fmt_num, gpu_join_who, on_gpu_join, sel
+
+
+def groups(cfg: dict) -> list[dict]:
+    join, who = on_gpu_join(cfg), gpu_join_who(cfg)
+    job = cfg["exporter_selector"]
+    lookback = cfg["engine_up_lookback"]
+    # Up at any time in the lookback, whatever `engine` label it had then: an engine whose kind is
+    # detected is engine="unknown" until its first successful scrape.
+    was_up = f"max without (engine) (max_over_time({sel('llm_engine_up', cfg=cfg)}[{lookback}])) == 1"
+    not_engine = 'source!~"engine:.*"'
+    sw = cfg["source_flapping_window"]
+    rules = [
+        alert("LLMEngineDown",
+              f"{sel('llm_engine_up', cfg=cfg)} == 0\n"
+              f"and ignoring (engine)\n"
+              f"{was_up}",
+              "critical", "Engine target {{ $labels.target }} is down.",
+              "The exporter on {{ $labels.instance }} cannot scrape or parse the /metrics of engine "
+              f"target {{{{ $labels.target }}}} ({{{{ $labels.engine }}}}), which was up within the last "
+              f"{lookback}.",
+              cfg["engine_down_for"], cfg=cfg),
+        alert("LLMEngineNotStarted",
+              f"{sel('llm_engine_up', cfg=cfg)} == 0\n"
+              f"unless ignoring (engine)\n"
+              f"{was_up}",
+              "warning", "Engine target {{ $labels.target }} has not come up.",
+              "The exporter on {{ $labels.instance }} has not been able to scrape the /metrics of engine "
+              f"target {{{{ $labels.target }}}} at any time in the last {lookback}: a new engine still "
+              f"loading its model after {cfg['engine_not_started_for']}, or failing to start, or one down "
+              f"for longer than {lookback}.",
+              cfg["engine_not_started_for"], cfg=cfg),
+        alert("LLMExporterSourceFailing", f"{sel('llm_exporter_source_up', not_engine, cfg=cfg)} == 0",
+              "warning", "Exporter source {{ $labels.source }} is failing.",
+              "The {{ $labels.source }} source of the exporter on {{ $labels.instance }} has failed "
+              f"every collection for {cfg['source_failing_for']}; its series are missing.",
+              cfg["source_failing_for"], cfg=cfg),
+        alert("LLMExporterSourceFlapping",
+              f"1 - avg_over_time({sel('llm_exporter_source_up', not_engine, cfg=cfg)}[{sw}])\n"
+              f"  > {fmt_num(cfg['source_flapping_ratio'])}\n"
+              f"and\n"
+              f"changes({sel('llm_exporter_source_up', not_engine, cfg=cfg)}[{sw}]) > 2",
+              "warning", "Exporter source {{ $labels.source }} fails on and off.",
+              "The {{ $labels.source }} source of the exporter on {{ $labels.instance }} failed in "
+              f"{{{{ $value | humanizePercentage }}}} of the scrapes over the last {sw}, recovering in "
+              "between: its series keep dropping out (gaps in graphs, stale series, alert timers reset).",
+              cfg["source_flapping_for"], cfg=cfg),
+        alert("LLMExporterDown", f"up{{{job}}} == 0",
+              "warning", "llm-exporter {{ $labels.instance }} is down.",
+              "Prometheus cannot scrape llm-exporter at {{ $labels.instance }}: its engine, GPU and "
+              "host metrics are missing.",
+              cfg["exporter_down_for"], cfg=cfg),
+        alert("LLMExporterAbsent", f"absent(llm_exporter_build_info{{{job}}})",
+              "critical", "No llm-exporter is being scraped.",
+              f"No series of llm_exporter_build_info{{{job}}} for {cfg['exporter_absent_for']}: no "
+              "exporter target is discovered, all are down, or the job scrapes something else. "
+              "Every other llm-exporter alert is blind.",
+              cfg["exporter_absent_for"], cfg=cfg),
+        alert("LLMEngineWithoutGPUMetrics",
+              f"group by ({join}) ({sel('llm_engine_up', cfg=cfg)} == 1)\n"
+              f"unless on ({join})\n"
+              f"group by ({join}) ({sel('llm_gpu_up', cfg=cfg)})",
+              "warning", f"Engine metrics but no GPU metrics from {who}.",
+              (f"The exporter on {who} serves engine metrics but no llm_gpu_* series: "
+               if "instance" in cfg["gpu_join_labels"] else
+               f"Engines on {who} serve metrics but no exporter with the same {join} serves llm_gpu_* "
+               f"series: ")
+              + "the GPU source is off, failing, or cannot see the GPUs (device plugin, NVML library).",
+              cfg["no_gpu_metrics_for"], cfg=cfg),
+    ]
+    return [{"name": "llm-exporter.pipeline.alerts", "rules": rules}]

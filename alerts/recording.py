@@ -1,0 +1,63 @@
+"""Recording rules: per-(target, model) latency quantiles and means, throughput and the SLO
+good-event ratios the slo area's burn-rate alerts read."""
+
+from __future__ import annotations
+
+from alerts.lib import (
+    LATENCY_HISTOGRAMS,
+    good_ratio_rule,
+    le_matcher,
+    pct,
+    rec,
+    request_rate_rule,
+    sel,
+    slo_windows,
+    without,
+)
+
+# The histograms that get p50/p95/p99; the others (queue, prefill, decode) only p99.
+ALL_QUANTILES = ("ttft", "tbt", "e2e")
+
+
+def groups(cfg: dict) -> list[dict]:
+    w = cfg["rate_window"]
+
+    def sum_rate(series: str, window: str, *matchers: str, away: tuple[str, ...] = ()) -> str:
+        """sum without (<aggregate_away>, <away>) (rate(series{<selector>, <matchers>}[window]))."""
+        return f"sum {without(*away, cfg=cfg)} (rate({sel(series, *matchers, cfg=cfg)}[{window}]))"
+
+    def aggregate(op: str, series: str) -> str:
+        return f"{op} {without(cfg=cfg)} ({sel(series, cfg=cfg)})"
+
+    latency: list[dict] = []
+    for short, metric in LATENCY_HISTOGRAMS.items():
+        bucket_rule = f"target_model:{metric}_bucket:rate{w}"
+        latency.append(rec(bucket_rule, sum_rate(metric + "_bucket", w)))
+        for q in cfg["quantiles"] if short in ALL_QUANTILES else (0.99,):
+            latency.append(rec(f"target_model:{metric}:{pct(q)}_{w}",
+                               f"histogram_quantile({q}, {bucket_rule})"))
+        latency.append(rec(f"target_model:{metric}:mean{w}",
+                           f"{sum_rate(metric + '_sum', w)}\n/\n{sum_rate(metric + '_count', w)}"))
+
+    throughput = [
+        rec(f"target_model:llm_prompt_tokens:rate{w}", sum_rate("llm_prompt_tokens_total", w)),
+        rec(f"target_model:llm_generation_tokens:rate{w}", sum_rate("llm_generation_tokens_total", w)),
+        rec(f"target_model:llm_preemptions:rate{w}", sum_rate("llm_preemptions_total", w)),
+        rec("target_model:llm_requests_running:sum", aggregate("sum", "llm_requests_running")),
+        rec("target_model:llm_requests_waiting:sum", aggregate("sum", "llm_requests_waiting")),
+        rec("target_model:llm_kv_cache_usage_ratio:max", aggregate("max", "llm_kv_cache_usage_ratio")),
+    ]
+
+    slo = [rec(request_rate_rule(window), sum_rate("llm_time_to_first_token_seconds_count", window))
+           for window in slo_windows(cfg)]
+    for spec in cfg["slos"].values():
+        metric, le = spec["metric"], le_matcher(spec["threshold_seconds"])
+        for window in slo_windows(cfg):
+            slo.append(rec(good_ratio_rule(metric, window),
+                           f"{sum_rate(metric + '_bucket', window, le, away=('le',))}\n/\n"
+                           f"{sum_rate(metric + '_count', window)}"))
+    return [
+        {"name": "llm-exporter.latency.rules", "rules": latency},
+        {"name": "llm-exporter.throughput.rules", "rules": throughput},
+        {"name": "llm-exporter.slo.rules", "rules": slo},
+    ]

@@ -1,0 +1,44 @@
+"""Saturation alerts: KV cache, preemptions, a queue growing while the batch stays flat."""
+
+from __future__ import annotations
+
+from alerts.lib import TM, alert, fmt_num, fmt_pct, sel, without
+
+
+def groups(cfg: dict) -> list[dict]:
+    w, qw = cfg["rate_window"], cfg["queue_window"]
+    rules = [
+        alert("LLMKVCacheNearlyFull",
+              f"target_model:llm_kv_cache_usage_ratio:max > {fmt_num(cfg['kv_cache_usage_ratio'])}",
+              "warning", "KV cache nearly full.",
+              f"{TM}: KV cache usage is {{{{ $value | humanizePercentage }}}} (threshold "
+              f"{fmt_pct(cfg['kv_cache_usage_ratio'])}); new sequences wait or preempt others.",
+              cfg["kv_cache_for"], cfg=cfg),
+        alert("LLMPreemptionsHappening",
+              f"target_model:llm_preemptions:rate{w} > {fmt_num(cfg['preemption_rate'])}",
+              "warning", "The engine is preempting sequences: the KV cache ran out.",
+              f"{TM}: {{{{ printf \"%.3g\" $value }}}} preemptions/s over {w}; preempted sequences are "
+              f"recomputed or swapped, which costs throughput and tail latency.",
+              cfg["preemption_for"], cfg=cfg),
+        alert("LLMRequestQueueGrowing",
+              f"target_model:llm_requests_waiting:sum > {fmt_num(cfg['queue_min_waiting'])}\n"
+              f"and\n"
+              f"sum {without(cfg=cfg)} (deriv({sel('llm_requests_waiting', cfg=cfg)}[{qw}])) > 0\n"
+              f"and\n"
+              f"abs(sum {without(cfg=cfg)} (delta({sel('llm_requests_running', cfg=cfg)}[{qw}])))\n"
+              f"  <= {fmt_num(cfg['queue_running_flat_ratio'])} * target_model:llm_requests_running:sum",
+              "warning", "Requests queue up while the running batch stays flat.",
+              f"{TM}: {{{{ $value | humanize }}}} requests waiting and growing over {qw} while the "
+              f"running batch did not grow: the engine is at its batch or KV limit.",
+              cfg["queue_for"], cfg=cfg),
+        alert("LLMKVCacheHeadroomExhausted",
+              f"min {without(cfg=cfg)} ({sel('llm_kv_cache_headroom_sequences', cfg=cfg)}) "
+              f"< {fmt_num(cfg['headroom_min_sequences'])}\n"
+              f"and ignoring (engine)\n"
+              f"target_model:llm_requests_waiting:sum > 0",
+              "warning", "No KV cache room for another sequence while requests wait.",
+              f"{TM}: room for {{{{ printf \"%.1f\" $value }}}} more sequences of the current mean length "
+              f"while requests are waiting.",
+              cfg["headroom_for"], cfg=cfg),
+    ]
+    return [{"name": "llm-exporter.saturation.alerts", "rules": rules}]

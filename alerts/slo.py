@@ -1,0 +1,61 @@
+"""SLO alerts: multi-window, multi-burn-rate pairs per latency SLO (exporter/slo.py), and the
+check that each SLO threshold is a bucket bound of the engine's histogram."""
+
+from __future__ import annotations
+
+from alerts.lib import (
+    TM,
+    alert,
+    fmt_num,
+    fmt_pct,
+    good_ratio_rule,
+    le_matcher,
+    request_rate_rule,
+    sel,
+    without,
+)
+from exporter.slo import budget_lasts
+
+
+def groups(cfg: dict) -> list[dict]:
+    rules: list[dict] = []
+    floor = fmt_num(cfg["min_request_rate"])
+    for key, spec in cfg["slos"].items():
+        metric, objective, threshold = spec["metric"], spec["objective"], spec["threshold_seconds"]
+        budget = round(1 - objective, 10)
+        for br in cfg["burn_rates"]:
+            long, short, factor = br["long"], br["short"], br["factor"]
+            expr = (
+                f"(1 - {good_ratio_rule(metric, long)}) / {fmt_num(budget)} > {fmt_num(factor)}\n"
+                f"and\n"
+                f"(1 - {good_ratio_rule(metric, short)}) / {fmt_num(budget)} > {fmt_num(factor)}\n"
+                f"and\n"
+                f"{request_rate_rule(long)} >= {floor}"
+            )
+            page = br["severity"] == "critical"
+            rules.append(alert(
+                spec["alert"], expr, br["severity"],
+                f"{spec['summary']} SLO error budget burning {'fast' if page else 'slowly'}.",
+                f"{TM}: {{{{ $value | humanize }}}}x the sustainable error rate over {long} "
+                f"(and over {short}) for the SLO \"{fmt_pct(objective)} of {spec['title']} "
+                f"within {fmt_num(threshold)}s\" over {cfg['slo_period']}. At {fmt_num(factor)}x the "
+                f"budget lasts {budget_lasts(cfg['slo_period'], factor)}.",
+                br["for"], {"slo": key, "long": long, "short": short}, cfg=cfg,
+            ))
+    bw = cfg["bucket_bound_window"]
+    for key, spec in cfg["slos"].items():
+        metric, le = spec["metric"], le_matcher(spec["threshold_seconds"])
+        expr = (
+            f"sum {without(cfg=cfg)} (rate({sel(metric + '_count', cfg=cfg)}[{bw}])) > 0\n"
+            f"unless\n"
+            f"sum {without('le', cfg=cfg)} (rate({sel(metric + '_bucket', le, cfg=cfg)}[{bw}]))"
+        )
+        rules.append(alert(
+            "LLMSLOThresholdNotABucketBound", expr, "warning",
+            f"The {key} SLO threshold is not a bucket bound of this engine's histogram.",
+            f"{TM} exposes {metric} but no bucket with bound {fmt_num(spec['threshold_seconds'])}s, so "
+            f"the {key} SLO good-event ratio is empty and its burn-rate alerts can never fire. Pick a "
+            f"threshold that is one of the engine's bucket bounds (docs/alerts.md).",
+            cfg["bucket_bound_for"], {"slo": key}, cfg=cfg,
+        ))
+    return [{"name": "llm-exporter.slo.alerts", "rules": rules}]

@@ -1,0 +1,104 @@
+"""The diagnosis JSON (/api/v1/diagnosis, `llm-exporter doctor`, the status page): per target the
+verdict with its evidence and remedies, the stages' numbers, and what was omitted and why.
+
+Built when asked for, not every cycle, from the last cycle's immutable results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import exporter.derive.bottleneck as bottleneck
+from exporter.catalog.derived import RESOURCES
+from exporter.derive.stage import Stage, rounded
+from exporter.derive.view import EngineView, GpuView, SnapshotView
+
+
+class TargetResult(NamedTuple):
+    """Everything derived for one target in one cycle."""
+
+    engine: EngineView
+    gpus: tuple[GpuView, ...]
+    results: Mapping[str, Any]  # stage name -> result (absent: none, failed or not yet)
+    omitted: tuple[str, ...]
+
+
+class Cycle(NamedTuple):
+    """What the last cycle leaves for the diagnosis."""
+
+    view: SnapshotView
+    targets: tuple[TargetResult, ...]
+    note: str  # how the GPUs were assigned, when that is a guess
+    cost_s: float
+
+
+def _numbers(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for stage in stages:
+        result = r.results.get(stage.name)
+        if stage.numbers is not None and result is not None:
+            out.update(stage.numbers(result))
+    return out
+
+
+def _gpu_rows(r: TargetResult) -> list[dict[str, Any]]:
+    roof = r.results.get("roofline")
+    if roof is None:
+        return [{"gpu": g.gpu, "name": g.name} for g in r.gpus]
+    return [{
+        "gpu": g.gpu, "name": g.name, "peak_bandwidth_bytes_per_second": g.peak_bandwidth,
+        "peak_flops": g.peak_flops, "model_bandwidth_bytes_per_second": rounded(g.model_bandwidth, 0),
+        "model_ratio": rounded(g.model_ratio), "gpm_bandwidth_bytes_per_second": rounded(g.gpm_bandwidth, 0),
+        "gpm_ratio": rounded(g.gpm_ratio), "intensity_flops_per_byte": rounded(g.intensity, 3),
+        "achieved_flops": rounded(g.achieved_flops, 0),
+    } for g in roof.gpus]
+
+
+def target_diagnosis(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]:
+    decision = r.results.get("bottleneck")
+    out: dict[str, Any] = {"target": r.engine.target, "engine": r.engine.engine, "model": r.engine.model,
+                           "verdict": decision.verdict if decision else None,
+                           "rule": decision.rule if decision else "", "omitted": list(r.omitted),
+                           "numbers": _numbers(r, stages), "gpus": _gpu_rows(r)}
+    if decision is None:
+        out.update(status="unknown", scores={}, evidence=[], remedies=[], degraded_because=[])
+        return out
+    # The verdict's own evidence first, then the context, then what the other resources show.
+    verdict, signals = decision.verdict, decision.signals
+    evidence: list[str] = []
+    assessment = bottleneck.assess(signals)  # the same scores, now with their words
+    rest = [assessment.evidence.get(res, ()) for res in RESOURCES if res != verdict]
+    for group in (assessment.evidence.get(verdict, ()), assessment.context, *rest):
+        evidence.extend(e for e in group if e not in evidence)
+    degraded = bottleneck.is_degraded(verdict, signals)
+    out.update(status="degraded" if degraded else "healthy", degraded_because=degraded,
+               scores=dict(decision.scores), evidence=evidence,
+               remedies=list(bottleneck.REMEDIES[verdict]), since=decision.state.since)
+    return out
+
+
+def build_diagnosis(cycle: Cycle, stages: Sequence[Stage]) -> dict[str, Any]:
+    view = cycle.view
+    targets = {r.engine.target: target_diagnosis(r, stages) for r in cycle.targets}
+    unreachable = [{"target": d.target, "reason": d.reason} for d in view.engines_down]
+    statuses = [t["status"] for t in targets.values()]
+    if not targets:
+        status = "unknown"
+    elif "degraded" in statuses or unreachable:
+        status = "degraded"
+    elif "unknown" in statuses:
+        status = "unknown"
+    else:
+        status = "healthy"
+    notes = [cycle.note] if cycle.note else []
+    if not targets and not unreachable:
+        notes.append("no engine target configured or seen")
+    return {"ready": True, "taken_at": view.taken_at, "status": status, "targets": targets,
+            "unreachable": unreachable, "notes": notes, "derive_seconds": round(cycle.cost_s, 6)}
+
+
+
+def not_ready() -> dict[str, Any]:
+    return {"ready": False, "status": "unknown", "targets": {}, "unreachable": [],
+            "notes": ["no collection cycle finished yet"]}

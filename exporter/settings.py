@@ -1,0 +1,506 @@
+"""The settings table: every setting of `llm-exporter run`, declared once.
+
+Each `Setting` names its Config field, value type (which validates and says what it accepts),
+default, command-line flag, LLM_EXPORTER_* variable, YAML key and meaning. exporter/config.py
+builds the Config dataclass and validates from it, exporter/cli.py and exporter/doctor.py add
+their flags from it, and deploy/configuration_docs.py writes docs/configuration.md from it.
+Adding a setting is one entry here (and reading the new Config field where it is used).
+
+Imports nothing from exporter/ but data: the spec tables and the SLO thresholds (exporter/slo.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from exporter.slo import TBT, TTFT  # the thresholds alerts/ and dashboards/ use too
+from exporter.yamlsafe import MAX_ECHO_CHARS, shorten
+
+ENV_PREFIX = "LLM_EXPORTER_"
+GPU_BACKENDS = ("auto", "nvml", "sim", "none")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_INTERVAL_S = 1.0
+DEFAULT_ENGINE_TIMEOUT_S = 0.8
+MIN_INTERVAL_S = 0.1  # below this the collector would spin (a cycle itself takes a few ms of CPU)
+MAX_DURATION_S = 3600.0
+DEFAULT_MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
+MAX_TARGET_GPUS = 1024  # GPU indices one target may list in target_gpus (a node has at most a few dozen)
+TARGET_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
+
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; `field` and `value` name it."""
+
+    def __init__(self, field_name: str, value: object, reason: str) -> None:
+        # Values come from files and flags: quote only the start of one (a YAML value can stand
+        # for millions of nodes), and keep the message on one line.
+        shown, why = shorten(repr(value)), shorten(reason, 4 * MAX_ECHO_CHARS)
+        super().__init__(f"invalid {field_name}={shown}: {why}")
+        self.field = field_name
+        self.value = value
+
+
+def did_you_mean(key: str, known: Sequence[str]) -> str:
+    """ " (did you mean 'interval'?)" for the closest known name, or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class UnknownKeyError(ConfigError):
+    """A key no setting knows: `intervall: 5s` would otherwise run with the default interval."""
+
+    def __init__(self, key: str, known: Sequence[str], where: str = "", hint: str = "") -> None:
+        inside = f" in {where}" if where else ""
+        hint = f" ({hint})" if hint else did_you_mean(key, known)
+        ValueError.__init__(self, f"unknown key {shorten(repr(key))}{inside}{hint}")
+        self.field = f"{where}.{key}" if where else key
+        self.value = key
+
+
+# --- value types: each parses one raw value (text from a flag or variable, or a YAML node) -----
+
+def _is_unset(value: object) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Duration:
+    """Seconds from 1.5, "1.5", "500ms", "2s", "1m", "1h"."""
+
+    low_s: float = 0.0  # exclusive unless `minimum_s` is set
+    minimum_s: float | None = None
+    minimum_reason: str = ""
+
+    def parse(self, value: object, name: str) -> float:
+        seconds = parse_duration(value, name)
+        if self.minimum_s is not None and seconds < self.minimum_s:
+            raise ConfigError(name, value, f"at least {self.minimum_s * 1000:g}ms: {self.minimum_reason}")
+        return seconds
+
+    def describe(self) -> str:
+        return "duration"
+
+    def text(self, value: object) -> str:
+        return f"{value:g}s" if isinstance(value, int | float) else str(value)
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: object, field_name: str) -> float:
+    """Seconds from 1.5, "1.5", "500ms", "2s", "1m"."""
+    if isinstance(value, bool):
+        raise ConfigError(field_name, value, "expected a duration like 1s or 500ms")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*", str(value))
+        if not match:
+            raise ConfigError(field_name, value, "expected a duration like 1s or 500ms")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if not 0 < seconds <= MAX_DURATION_S:
+        raise ConfigError(field_name, value, "must be > 0 and at most 1h")
+    return seconds
+
+
+def _number(value: object, name: str, low: float, high: float, kind: type) -> Any:
+    expected = "expected an integer" if kind is int else "expected a number"
+    if isinstance(value, bool):  # YAML `yes` is a bool, not the number 1
+        raise ConfigError(name, value, expected)
+    try:
+        number = kind(str(value))
+    except ValueError:
+        raise ConfigError(name, value, expected) from None
+    if not low <= number <= high:
+        raise ConfigError(name, value, f"must be between {low:g} and {high:g}")
+    return number
+
+
+@dataclass(frozen=True, slots=True)
+class Integer:
+    low: int
+    high: int
+
+    def parse(self, value: object, name: str) -> int:
+        return _number(value, name, self.low, self.high, int)
+
+    def describe(self) -> str:
+        return f"integer {self.low}..{self.high}"
+
+    def text(self, value: object) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Number:
+    low: float
+    high: float
+
+    def parse(self, value: object, name: str) -> float:
+        return _number(value, name, self.low, self.high, float)
+
+    def describe(self) -> str:
+        return f"number {self.low:g}..{self.high:g}"
+
+    def text(self, value: object) -> str:
+        return f"{value:g}" if isinstance(value, int | float) else str(value)
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1 << 10, "mib": 1 << 20,
+               "gib": 1 << 30}
+
+
+@dataclass(frozen=True, slots=True)
+class ByteSize:
+    """A byte count: 8388608, "8MiB", "512KiB", "1GB"."""
+
+    low: int
+    high: int
+
+    def parse(self, value: object, name: str) -> int:
+        match = None if isinstance(value, bool) else re.fullmatch(r"\s*([0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        unit = _BYTE_UNITS.get(match.group(2).lower()) if match else None
+        if match is None or unit is None or len(match.group(1)) > 18:
+            raise ConfigError(name, value, "expected an integer (bytes), or a size like 8MiB or 512KiB")
+        return _number(int(match.group(1)) * unit, name, self.low, self.high, int)
+
+    def describe(self) -> str:
+        return f"bytes {self.low}..{self.high} (or 8MiB, 512KiB)"
+
+    def text(self, value: object) -> str:
+        if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
+            return f"{value >> 20}MiB"
+        return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Boolean:
+    def parse(self, value: object, name: str) -> bool:
+        return as_bool(value, name)
+
+    def describe(self) -> str:
+        return "true or false"
+
+    def text(self, value: object) -> str:
+        return "true" if value else "false"
+
+
+def as_bool(value: object, field_name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(field_name, value, "expected true or false")
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    choices: tuple[str, ...]
+
+    def parse(self, value: object, name: str) -> str:
+        text = str(value).lower() if isinstance(value, str) else str(value)
+        if text not in self.choices:
+            raise ConfigError(name, text, f"expected one of {', '.join(self.choices)}")
+        return text
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(self.choices)
+
+    def text(self, value: object) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    """A string (a path, a URL, a regex, a name); empty means unset."""
+
+    def parse(self, value: object, name: str) -> str:
+        if isinstance(value, Mapping | list | tuple):
+            raise ConfigError(name, value, "expected text")
+        return str(value)
+
+    def describe(self) -> str:
+        return "text"
+
+    def text(self, value: object) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheDtype:
+    """An engine's KV-cache dtype name (vLLM --kv-cache-dtype): fp8, bfloat16, auto..."""
+
+    def parse(self, value: object, name: str) -> str:
+        from exporter.specs.models import kv_cache_dtype_bytes
+
+        try:
+            kv_cache_dtype_bytes(str(value))
+        except ValueError as error:
+            raise ConfigError(name, value, str(error)) from None
+        return str(value)
+
+    def describe(self) -> str:
+        return "KV-cache dtype name"
+
+    def text(self, value: object) -> str:
+        return str(value)
+
+
+def _structured(value: object, name: str) -> object:
+    """A mapping from YAML, or JSON text from a flag or variable."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError):
+        raise ConfigError(name, value, "expected a mapping (in a variable: a JSON object)") from None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpecOverrides:
+    """{field: number} replacing fields of the detected GPU's spec (exporter/specs/gpus.py)."""
+
+    def parse(self, value: object, name: str) -> Mapping[str, float | int]:
+        from exporter.specs.gpus import SPEC_FIELDS
+
+        value = _structured(value, name)
+        if not isinstance(value, Mapping):
+            raise ConfigError(name, value, "expected a mapping of GPU spec fields to numbers")
+        out: dict[str, float | int] = {}
+        for key, number in value.items():
+            if str(key) not in SPEC_FIELDS:
+                raise UnknownKeyError(str(key), SPEC_FIELDS, name)
+            parsed = _number(number, f"{name}.{key}", 0.0, 1e18, float)
+            out[str(key)] = int(parsed) if isinstance(number, int) else parsed
+        return MappingProxyType(out)
+
+    def describe(self) -> str:
+        return "mapping"
+
+    def text(self, value: object) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetGpus:
+    """{target name: [GPU index, ...]}: which GPUs serve which engine target."""
+
+    def parse(self, value: object, name: str) -> Mapping[str, tuple[int, ...]]:
+        value = _structured(value, name)
+        if not isinstance(value, Mapping):
+            raise ConfigError(name, value, "expected a mapping of target names to lists of GPU indices")
+        out: dict[str, tuple[int, ...]] = {}
+        for target, indices in value.items():
+            if not TARGET_NAME_RE.match(str(target)):
+                raise ConfigError(f"{name}.target", target, "letters, digits and _.:- only, 1-64 characters")
+            if isinstance(indices, int | str):
+                indices = [indices]
+            if not isinstance(indices, list | tuple) or len(indices) > MAX_TARGET_GPUS:
+                raise ConfigError(f"{name}.{target}", indices,
+                                  f"expected a list of at most {MAX_TARGET_GPUS} GPU indices")
+            where = f"{name}.{target}"
+            out[str(target)] = tuple(_number(i, where, 0, MAX_TARGET_GPUS - 1, int) for i in indices)
+        return MappingProxyType(out)
+
+    def describe(self) -> str:
+        return "mapping"
+
+    def text(self, value: object) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """HOST:PORT; the Config keeps it as two fields, listen_host and listen_port."""
+
+    def parse(self, value: object, name: str) -> tuple[str, int]:
+        return parse_listen(str(value), name)
+
+    def describe(self) -> str:
+        return "HOST:PORT"
+
+    def text(self, value: object) -> str:
+        return str(value)
+
+
+def parse_listen(value: str, field_name: str = "listen") -> tuple[str, int]:
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ConfigError(field_name, value, "expected HOST:PORT")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ConfigError(field_name, value, "port out of range")
+    return (host.strip("[]") or "0.0.0.0"), port
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTargets:
+    """`URL[,OPTION=VALUE]...` strings or YAML mappings; parsed by exporter.config.parse_engine_spec
+    once the engine timeout is known (its options are exporter.config._TARGET_OPTIONS)."""
+
+    def describe(self) -> str:
+        return "engine targets"
+
+    def text(self, value: object) -> str:
+        return "unset" if not value else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting. `name` is the Config field; `key` the YAML key and LLM_EXPORTER_<KEY> suffix."""
+
+    name: str
+    type: Any  # one of the value types above
+    annotation: str  # the Config field's type, as written in a signature
+    default: Any
+    help: str
+    key: str = ""  # default: the name without a trailing _s
+    flag: str | None = None  # None: YAML and environment only
+    aliases: tuple[str, ...] = ()  # other accepted YAML keys / variable suffixes
+    metavar: str | None = None
+    flag_action: str = "store"  # "append" (repeatable), "store_false" (a --no-... switch)
+    flag_choices: bool = False  # let argparse refuse a bad choice (shows the choices in --help)
+    default_text: str | None = None  # the default as the docs show it, when not the plain value
+    field: bool = True  # False: read before Config is built (--config)
+
+    @property
+    def yaml_key(self) -> str:
+        return self.key or (self.name[:-2] if self.name.endswith("_s") else self.name)
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.yaml_key.upper()
+
+    @property
+    def dest(self) -> str:
+        return self.yaml_key
+
+    def shown_default(self) -> str:
+        if self.default_text is not None:
+            return self.default_text
+        if self.default is None or self.default == ():
+            return "unset"
+        return self.type.text(self.default)
+
+
+_ENGINE_HELP = ("engine /metrics URL to scrape; repeat for several targets (env LLM_EXPORTER_ENGINES); "
+                "credentials: bearer_token_file=PATH | bearer_token_env=VAR | username=U,password_file=PATH"
+                " | username=U,password_env=VAR; TLS: ca_file=PATH, insecure_skip_verify=true. "
+                "Secrets themselves are refused on the command line")
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("config", Text(), "str | None", None, "YAML config file (env LLM_EXPORTER_CONFIG)",
+            flag="--config", field=False),
+    Setting("engines", EngineTargets(), "tuple[EngineTarget, ...]", (), _ENGINE_HELP, flag="--engine",
+            aliases=("engine",), metavar="URL[,kind=K][,name=N][,timeout=T]", flag_action="append"),
+    Setting("web_config_file", Text(), "str | None", None,
+            "TLS and basic auth config in the exporter-toolkit format, reloaded when it changes "
+            "(env LLM_EXPORTER_WEB_CONFIG_FILE; see docs/security.md)", flag="--web.config.file",
+            metavar="PATH"),
+    Setting("listen", Listen(), "str", "0.0.0.0:9480",
+            "HOST:PORT to serve on (default 0.0.0.0:9480; env LLM_EXPORTER_LISTEN)", flag="--listen"),
+    Setting("interval_s", Duration(minimum_s=MIN_INTERVAL_S,
+                                   minimum_reason="a collection cycle costs a few ms of CPU"),
+            "float", DEFAULT_INTERVAL_S, "collection interval, e.g. 1s or 500ms (default 1s)",
+            flag="--interval", aliases=("interval_s",)),
+    Setting("engine_timeout_s", Duration(), "float", DEFAULT_ENGINE_TIMEOUT_S,
+            "per-target scrape timeout (default 0.8s, at most the interval)", flag="--engine-timeout",
+            aliases=("engine_timeout_s",)),
+    Setting("max_payload_bytes", ByteSize(1024, 1 << 30), "int", DEFAULT_MAX_PAYLOAD_BYTES,
+            "engine payload cap (default 8 MiB)", flag="--max-payload-bytes"),
+    Setting("gpu_backend", Choice(GPU_BACKENDS), "str", "auto", "GPU source (default auto)",
+            flag="--gpu-backend", flag_choices=True),
+    Setting("sim_url", Text(), "str | None", None, "twin URL for --gpu-backend sim", flag="--sim-url"),
+    Setting("host_enabled", Boolean(), "bool", True, "disable the host source", flag="--no-host",
+            flag_action="store_false"),
+    Setting("proc_root", Text(), "str", "/proc", "procfs mount point (default /proc)", flag="--proc-root"),
+    Setting("sys_root", Text(), "str", "/sys", "sysfs mount point (default /sys)", flag="--sys-root"),
+    Setting("engine_port", Integer(1, 65535), "int | None", None,
+            "find the engine process by its listening port", flag="--engine-port"),
+    Setting("engine_pidfile", Text(), "str | None", None, "find the engine process by pid file",
+            flag="--engine-pidfile"),
+    Setting("engine_process_name", Text(), "str | None", None,
+            "find the engine process by name (regex on comm/cmdline)", flag="--engine-process-name"),
+    Setting("model", Text(), "str | None", None,
+            "model shape: a built-in name (e.g. llama-3.1-70b) or a config.json path", flag="--model"),
+    Setting("tensor_parallel", Integer(1, 64), "int | None", None,
+            "GPUs per engine replica (default: all GPUs seen)", flag="--tensor-parallel"),
+    Setting("gpu_price_per_hour", Number(0.0, 1e4), "float | None", None,
+            "price of one GPU-hour, for llm_cost_per_million_tokens (omitted when unset)",
+            flag="--gpu-price-per-hour"),
+    Setting("slo_ttft_s", Duration(), "float", TTFT.threshold_seconds,
+            f"TTFT SLO threshold (default {TTFT.threshold_seconds:g}s)",
+            flag="--slo-ttft", aliases=("slo_ttft_s",)),
+    Setting("slo_tbt_s", Duration(), "float", TBT.threshold_seconds,
+            f"time-between-tokens SLO threshold (default {TBT.threshold_seconds * 1000:g}ms)",
+            flag="--slo-tbt", aliases=("slo_tbt_s",)),
+    Setting("quantile_window_s", Duration(), "float", 300.0, "sliding window for tails (default 5m)",
+            flag="--quantile-window", aliases=("quantile_window_s",)),
+    Setting("log_level", Choice(LOG_LEVELS), "str", "info", "debug, info, warning or error (default info)",
+            flag="--log-level"),
+    Setting("max_series_per_target", Integer(10, 1_000_000), "int", 10_000,
+            "normalized series kept per engine target per collection; whole series past it are dropped and "
+            "counted (a guard against label explosions)"),
+    Setting("max_concurrent_scrapes", Integer(1, 256), "int", 4,
+            "/metrics requests served at once; more get 503 and are counted"),
+    # Read by the derivations (exporter/derive/).
+    Setting("kv_cache_dtype", KvCacheDtype(), "str | None", None,
+            "KV-cache dtype the engine runs with (its --kv-cache-dtype: fp8, bfloat16, auto...) when it is "
+            "not the model's own"),
+    Setting("verdict_hold_cycles", Integer(1, 1000), "int | None", None,
+            "cycles in a row a new bottleneck must win before it replaces the verdict (default 3)"),
+    Setting("rate_window_s", Duration(), "float | None", None,
+            "window of the rates behind the bottleneck scores (default 15s or 5 intervals, the longer)",
+            aliases=("rate_window_s",)),
+    Setting("gpu_spec", GpuSpecOverrides(), "Mapping[str, float]", None,
+            "GPU spec fields replacing the detected card's (exporter/specs/gpus.py), e.g. "
+            "{mem_bandwidth_bytes_per_s: 3.35e12}; in a variable, a JSON object"),
+    Setting("target_gpus", TargetGpus(), "Mapping[str, tuple[int, ...]]", None,
+            "which GPUs serve which target, {target: [GPU indices]}; default: slices of --tensor-parallel "
+            "GPUs in target-name order; in a variable, a JSON object"),
+)
+
+BY_NAME: Mapping[str, Setting] = MappingProxyType({s.name: s for s in SETTINGS})
+# YAML keys and variable suffixes (aliases included) -> setting.
+BY_KEY: Mapping[str, Setting] = MappingProxyType(
+    {k: s for s in SETTINGS for k in (s.yaml_key, *s.aliases)})
+# `host:` in YAML may be a block (or `host: false`): {inner key: setting name}.
+HOST_BLOCK: Mapping[str, str] = MappingProxyType(
+    {"enabled": "host_enabled", "proc_root": "proc_root", "sys_root": "sys_root"})
+# Top-level YAML keys that are never settings: a place for anchors (`x-defaults: &d {...}`), as in
+# docker compose files.
+EXTENSION_PREFIX = "x-"
+
+
+def add_flags(parser: Any, names: Sequence[str] | None = None, *, helps: Mapping[str, str] | None = None,
+              defaults: Mapping[str, Any] | None = None, metavars: Mapping[str, str] | None = None) -> None:
+    """Add the flags of the settings `names` (default: every setting with a flag) to an argparse
+    parser or group. Values stay text (dest: the YAML key): exporter.config validates them like the
+    same value from a file, so a flag and its variable fail with the same message."""
+    wanted = [s for s in SETTINGS if s.flag] if names is None else [BY_NAME[n] for n in names]
+    for setting in wanted:
+        shown = (helps or {}).get(setting.name, setting.help)
+        options: dict[str, Any] = {"dest": setting.dest, "help": shown}
+        if setting.flag_action == "store_false":
+            options.update(action="store_const", const=False)
+        else:
+            if setting.flag_action == "append":
+                options["action"] = "append"
+            metavar = (metavars or {}).get(setting.name, setting.metavar)
+            if metavar:
+                options["metavar"] = metavar
+            if setting.flag_choices:
+                options["choices"] = setting.type.choices
+        if defaults and setting.name in defaults:
+            options["default"] = defaults[setting.name]
+        parser.add_argument(setting.flag, **options)

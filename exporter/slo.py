@@ -1,0 +1,100 @@
+"""The latency SLOs and the thresholds shared by the exporter, alerts/ and dashboards/, declared once.
+
+The exporter's defaults (`--slo-ttft`, `--slo-tbt`), the alert rules (alerts/generate.py splices these
+into its CONFIG) and the dashboards' threshold lines all read this module, so the derived
+llm_*_slo_attainment_ratio, the burn-rate alerts and the panels agree on one threshold. A leaf module:
+it imports nothing from the rest of the package, so any layer may import it.
+
+Durations are Prometheus durations ("5m"); ratios are 0..1.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration_seconds(duration: str) -> int:
+    """A Prometheus duration with one unit ("5m", "30d") in seconds."""
+    m = re.fullmatch(r"(\d+)([smhdw])", duration)
+    if not m:
+        raise ValueError(f"unsupported duration {duration!r}")
+    return int(m.group(1)) * _DURATION_UNITS[m.group(2)]
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySLO:
+    """"`objective` of requests (or inter-token gaps) take at most `threshold_seconds`".
+
+    threshold_seconds MUST be a bucket bound of the engine's histogram (vLLM V1 TTFT bounds: ... 0.5,
+    0.75, 1.0, 2.5, 5.0 ...; ITL bounds: ... 0.075, 0.1, 0.15, 0.2, 0.3 ...): otherwise the good-event
+    ratio has no series, the SLO alerts are silent and LLMSLOThresholdNotABucketBound fires."""
+
+    key: str  # the `slo` label of its alerts
+    metric: str  # the histogram family
+    title: str  # "time to first token", inside sentences
+    summary: str  # "Time-to-first-token", at the start of an alert summary
+    alert: str
+    objective: float
+    threshold_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class BurnRate:
+    """One SRE-workbook multi-window pair: fires when both windows burn faster than `factor` times
+    the sustainable rate of the SLO period's budget."""
+
+    severity: str
+    long: str
+    short: str
+    factor: float
+    for_: str
+
+
+def budget_lasts(period: str, factor: float) -> str:
+    """How long a `period` error budget lasts when burnt at `factor` times the sustainable rate:
+    "50 hours", "5 days"."""
+    hours = duration_seconds(period) / 3600 / factor
+    return f"{hours / 24:g} days" if hours >= 72 else f"{hours:g} hours"
+
+
+TTFT = LatencySLO("ttft", "llm_time_to_first_token_seconds", "time to first token", "Time-to-first-token",
+                  "LLMTimeToFirstTokenErrorBudgetBurn", objective=0.99, threshold_seconds=2.5)
+TBT = LatencySLO("tbt", "llm_inter_token_latency_seconds", "time between tokens", "Time-between-tokens",
+                 "LLMTimeBetweenTokensErrorBudgetBurn", objective=0.99, threshold_seconds=0.1)
+SLOS: tuple[LatencySLO, ...] = (TTFT, TBT)
+
+# A 30-day budget; the pairs page for a budget gone in 50 hours (1h/5m) or 5 days (6h/30m), and
+# open a ticket for one gone within the period (3d/6h).
+SLO_PERIOD = "30d"
+BURN_RATES: tuple[BurnRate, ...] = (
+    BurnRate("critical", long="1h", short="5m", factor=14.4, for_="2m"),
+    BurnRate("critical", long="6h", short="30m", factor=6, for_="15m"),
+    BurnRate("warning", long="3d", short="6h", factor=1, for_="3h"),
+)
+
+# Window and quantiles of the quantile and throughput recording rules the dashboards read.
+RATE_WINDOW = "5m"
+QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
+# Traffic floor, in requests/s (rate of the TTFT histogram's _count): latency and SLO alerts stay
+# quiet below it, so one slow request at 3 a.m. pages nobody.
+MIN_REQUEST_RATE = 0.05
+
+# Selects the exporter's series (every llm_* family comes from the exporter's scrape job), and the
+# labels that identify one exporter (one sidecar, one host).
+EXPORTER_SELECTOR = 'job="llm-exporter"'
+EXPORTER_LABELS: tuple[str, ...] = ("job", "instance")
+
+
+@dataclass(frozen=True, slots=True)
+class Saturation:
+    """The saturation thresholds an alert fires on and a dashboard draws as its red line."""
+
+    kv_cache_usage_ratio: float = 0.95
+    queue_min_waiting: int = 5  # waiting requests before a growing queue matters
+    headroom_min_sequences: int = 1  # KV cache room, in sequences of the current mean length
+
+
+SATURATION = Saturation()

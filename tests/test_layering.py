@@ -1,0 +1,136 @@
+"""Module layering: no import cycles among exporter.* modules, and the leaf modules stay leaves.
+
+Imports are read from the source (module level and inside functions alike: a lazy import is still
+a dependency, and a cycle through one is still a cycle); imports under `if TYPE_CHECKING:` are left
+out, they never run. `from exporter.a import b` depends on exporter.a.b when that is a module."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "exporter"
+
+# Cycles still there, each with why; remove an entry when its cycle is gone (the test says so).
+ALLOWED_CYCLES: dict[frozenset[str], str] = {}
+# Modules that import nothing from exporter/ (bar the ones listed): everything may use them.
+LEAVES = {"exporter.redact": set(), "exporter.yamlsafe": set(),
+          "exporter.settings": {"exporter.yamlsafe", "exporter.specs.gpus", "exporter.specs.models",
+                                "exporter.slo"}}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    found: set[str] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        targets = _imports(tree, name, path.name == "__init__.py")
+        graph[name] = {t for t in targets if t in paths and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[frozenset[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(frozenset(component))
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+
+
+def test_no_import_cycles_among_exporter_modules():
+    found = cycles(import_graph())
+    unexpected = [sorted(c) for c in found if c not in ALLOWED_CYCLES]
+    assert not unexpected, f"import cycles: {unexpected}"
+    gone = [sorted(c) for c in ALLOWED_CYCLES if c not in found]
+    assert not gone, f"these cycles are gone: remove them from ALLOWED_CYCLES: {gone}"
+
+
+def test_leaf_modules_import_nothing_from_the_exporter():
+    graph = import_graph()
+    for leaf, allowed in LEAVES.items():
+        assert graph[leaf] <= allowed, (leaf, sorted(graph[leaf] - allowed))
+
+
+def test_config_does_not_reach_into_sources():
+    graph = import_graph()
+    for module in ("exporter.config", "exporter.settings"):
+        upward = sorted(t for t in graph[module] if t.startswith(("exporter.sources.engines.normalize",
+                                                                  "exporter.sources.engines.auth")))
+        assert not upward, (module, upward)
