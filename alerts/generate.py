@@ -76,15 +76,18 @@ def scale_durations(cfg: dict, time_scale: float) -> dict:
     return walk(cfg)  # type: ignore[return-value]
 
 
+def rule_files(rules_dir: pathlib.Path, areas: dict[str, list[dict]]) -> dict[pathlib.Path, str]:
+    """One <area>.yaml of rule groups per area, under `rules_dir`."""
+    return {rules_dir / f"{area}.yaml": HEADER + dump({"groups": groups}) for area, groups in areas.items()}
+
+
 def render_scaled(out: pathlib.Path, time_scale: float, cfg: dict = CONFIG) -> dict[pathlib.Path, str]:
     """rules/<area>.yaml and alertmanager.yml under `out`, from `cfg` with durations scaled."""
     scaled = scale_durations(cfg, time_scale)
     areas = build(scaled)
-    files = {out / "rules" / f"{area}.yaml": HEADER + dump({"groups": groups})
-             for area, groups in areas.items()}
+    files = rule_files(out / "rules", areas)
     files[out / "alertmanager.yml"] = HEADER + dump(alertmanager(areas, scaled))
     return files
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -109,9 +112,7 @@ def dump(data: object) -> str:
 
 def render(cfg: dict = CONFIG) -> dict[pathlib.Path, str]:
     areas = build(cfg)
-    files: dict[pathlib.Path, str] = {}
-    for area, groups in areas.items():
-        files[RULES_DIR / f"{area}.yaml"] = HEADER + dump({"groups": groups})
+    files = rule_files(RULES_DIR, areas)
     all_groups = [g for groups in areas.values() for g in groups]
     pr = cfg["prometheusrule"]
     files[PROMETHEUSRULE] = HEADER + dump({

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from alerts.lib import TM, alert, fmt_num, request_rate_rule
+from alerts.lib import LATENCY_HISTOGRAMS, TM, alert, fmt_num, quantile_rule, request_rate_rule
 
 
 def groups(cfg: dict) -> list[dict]:
     w, floor = cfg["rate_window"], fmt_num(cfg["min_request_rate"])
     rules = []
     for name, metric, thr, what in (
-        ("LLMTimeToFirstTokenP99High", "llm_time_to_first_token_seconds", cfg["ttft_p99_seconds"],
+        ("LLMTimeToFirstTokenP99High", LATENCY_HISTOGRAMS["ttft"], cfg["ttft_p99_seconds"],
          "time to first token"),
-        ("LLMTimeBetweenTokensP99High", "llm_inter_token_latency_seconds", cfg["tbt_p99_seconds"],
+        ("LLMTimeBetweenTokensP99High", LATENCY_HISTOGRAMS["tbt"], cfg["tbt_p99_seconds"],
          "time between tokens"),
     ):
-        expr = (f"target_model:{metric}:p99_{w} > {fmt_num(thr)}\n"
+        expr = (f"{quantile_rule(metric, 0.99, w)} > {fmt_num(thr)}\n"
                 f"and\n"
                 f"{request_rate_rule(w)} >= {floor}")
         rules.append(alert(

@@ -87,6 +87,10 @@ def alert(name: str, expr: str, severity: str, summary: str, description: str,
     return rule
 
 
+def quantile_rule(metric: str, q: float, window: str) -> str:
+    return f"target_model:{metric}:{pct(q)}_{window}"
+
+
 def request_rate_rule(window: str) -> str:
     return f"target_model:llm_time_to_first_token_seconds_count:rate{window}"
 

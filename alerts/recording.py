@@ -7,7 +7,7 @@ from alerts.lib import (
     LATENCY_HISTOGRAMS,
     good_ratio_rule,
     le_matcher,
-    pct,
+    quantile_rule,
     rec,
     request_rate_rule,
     sel,
@@ -34,8 +34,7 @@ def groups(cfg: dict) -> list[dict]:
         bucket_rule = f"target_model:{metric}_bucket:rate{w}"
         latency.append(rec(bucket_rule, sum_rate(metric + "_bucket", w)))
         for q in cfg["quantiles"] if short in ALL_QUANTILES else (0.99,):
-            latency.append(rec(f"target_model:{metric}:{pct(q)}_{w}",
-                               f"histogram_quantile({q}, {bucket_rule})"))
+            latency.append(rec(quantile_rule(metric, q, w), f"histogram_quantile({q}, {bucket_rule})"))
         latency.append(rec(f"target_model:{metric}:mean{w}",
                            f"{sum_rate(metric + '_sum', w)}\n/\n{sum_rate(metric + '_count', w)}"))
 

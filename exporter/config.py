@@ -33,6 +33,7 @@ from exporter.settings import (
     UnknownKeyError,
     as_bool,
     did_you_mean,
+    is_unset,
     parse_duration,
     parse_listen,
 )
@@ -386,8 +387,7 @@ def build_config(settings: Mapping[str, Any], env: Mapping[str, str] | None = No
     values: dict[str, Any] = {}
     for setting in SETTINGS:
         raw = flat.get(setting.yaml_key)
-        unset = raw is None or (isinstance(raw, str) and not raw.strip())
-        if not setting.field or setting.name == "engines" or unset:
+        if not setting.field or setting.name == "engines" or is_unset(raw):
             continue
         value = setting.type.parse(raw, setting.yaml_key)
         if setting.name == "listen":

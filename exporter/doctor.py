@@ -37,8 +37,6 @@ EXIT_CONFIG = 2
 EXIT_UNKNOWN = 3
 STATUS_EXIT = {"healthy": EXIT_HEALTHY, "degraded": EXIT_DEGRADED}
 
-
-
 # The exporter's settings that `doctor --engine` takes too (exporter/settings.py), in --help order.
 ENGINE_SETTINGS = ("engines", "interval_s", "model", "tensor_parallel", "gpu_backend", "host_enabled",
                    "slo_ttft_s", "slo_tbt_s")

@@ -388,8 +388,7 @@ class _Connection(asyncio.Protocol):
             if self._reason is None and not self.server._stopping:
                 self._reason = "tls_handshake"
                 self.server.closed["tls_handshake"] += 1
-            self.server.forget(self)
-            self._connected = False
+            self._connected = False  # _run forgets it
             raise _Closed from None
         if transport is None:  # the transport was closed during the handshake
             self._connected = False
@@ -480,8 +479,8 @@ class _Connection(asyncio.Protocol):
         if self.h11.their_state is not h11.DONE:
             return False
         self.h11.start_next_cycle()
-        self._cycle_bytes = len(self.h11.trailing_data[0])  # a pipelined next request already here
-        self._first_byte_at = self.loop.time()
+        # A pipelined next request already here: its header timeout runs from now (_read_head).
+        self._cycle_bytes = len(self.h11.trailing_data[0])
         return True
 
     async def _discard_body(self) -> bool:
@@ -563,7 +562,7 @@ class _Connection(asyncio.Protocol):
     async def _close(self) -> None:
         """Close (flushing what is buffered) and wait until the connection is gone; a client that
         does not read the rest within the write timeout is dropped."""
-        if not self._connected or self.transport is None:
+        if not self._connected:
             return
         if not self.gone:
             await self.flush()

@@ -1,6 +1,6 @@
 """The settings table: every setting of `llm-exporter run`, declared once.
 
-Each `Setting` names its Config field, value type (which validates and says what it accepts),
+Each `Setting` names its Config field, value type (which validates it),
 default, command-line flag, LLM_EXPORTER_* variable, YAML key and meaning. exporter/config.py
 builds the Config dataclass and validates from it, exporter/cli.py and exporter/doctor.py add
 their flags from it, and deploy/configuration_docs.py writes docs/configuration.md from it.
@@ -30,7 +30,6 @@ MAX_DURATION_S = 3600.0
 DEFAULT_MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 MAX_TARGET_GPUS = 1024  # GPU indices one target may list in target_gpus (a node has at most a few dozen)
 TARGET_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
-
 
 
 class ConfigError(ValueError):
@@ -66,15 +65,25 @@ class UnknownKeyError(ConfigError):
 
 # --- value types: each parses one raw value (text from a flag or variable, or a YAML node) -----
 
-def _is_unset(value: object) -> bool:
+def is_unset(value: object) -> bool:
+    """None or blank text: the setting keeps its default."""
     return value is None or (isinstance(value, str) and not value.strip())
 
 
-@dataclass(frozen=True, slots=True)
-class Duration:
-    """Seconds from 1.5, "1.5", "500ms", "2s", "1m", "1h"."""
+class _ValueType:
+    """Base of the value types: `parse(value, name)` validates a raw value; `text(value)` writes a
+    default as the docs show it (plain str() unless a type overrides it)."""
 
-    low_s: float = 0.0  # exclusive unless `minimum_s` is set
+    __slots__ = ()
+
+    def text(self, value: object) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Duration(_ValueType):
+    """Seconds from 1.5, "1.5", "500ms", "2s", "1m", "1h" (always > 0)."""
+
     minimum_s: float | None = None
     minimum_reason: str = ""
 
@@ -83,9 +92,6 @@ class Duration:
         if self.minimum_s is not None and seconds < self.minimum_s:
             raise ConfigError(name, value, f"at least {self.minimum_s * 1000:g}ms: {self.minimum_reason}")
         return seconds
-
-    def describe(self) -> str:
-        return "duration"
 
     def text(self, value: object) -> str:
         return f"{value:g}s" if isinstance(value, int | float) else str(value)
@@ -124,30 +130,21 @@ def _number(value: object, name: str, low: float, high: float, kind: type) -> An
 
 
 @dataclass(frozen=True, slots=True)
-class Integer:
+class Integer(_ValueType):
     low: int
     high: int
 
     def parse(self, value: object, name: str) -> int:
         return _number(value, name, self.low, self.high, int)
 
-    def describe(self) -> str:
-        return f"integer {self.low}..{self.high}"
-
-    def text(self, value: object) -> str:
-        return str(value)
-
 
 @dataclass(frozen=True, slots=True)
-class Number:
+class Number(_ValueType):
     low: float
     high: float
 
     def parse(self, value: object, name: str) -> float:
         return _number(value, name, self.low, self.high, float)
-
-    def describe(self) -> str:
-        return f"number {self.low:g}..{self.high:g}"
 
     def text(self, value: object) -> str:
         return f"{value:g}" if isinstance(value, int | float) else str(value)
@@ -158,7 +155,7 @@ _BYTE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1
 
 
 @dataclass(frozen=True, slots=True)
-class ByteSize:
+class ByteSize(_ValueType):
     """A byte count: 8388608, "8MiB", "512KiB", "1GB"."""
 
     low: int
@@ -171,9 +168,6 @@ class ByteSize:
             raise ConfigError(name, value, "expected an integer (bytes), or a size like 8MiB or 512KiB")
         return _number(int(match.group(1)) * unit, name, self.low, self.high, int)
 
-    def describe(self) -> str:
-        return f"bytes {self.low}..{self.high} (or 8MiB, 512KiB)"
-
     def text(self, value: object) -> str:
         if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
             return f"{value >> 20}MiB"
@@ -181,12 +175,9 @@ class ByteSize:
 
 
 @dataclass(frozen=True, slots=True)
-class Boolean:
+class Boolean(_ValueType):
     def parse(self, value: object, name: str) -> bool:
         return as_bool(value, name)
-
-    def describe(self) -> str:
-        return "true or false"
 
     def text(self, value: object) -> str:
         return "true" if value else "false"
@@ -204,7 +195,7 @@ def as_bool(value: object, field_name: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Choice:
+class Choice(_ValueType):
     choices: tuple[str, ...]
 
     def parse(self, value: object, name: str) -> str:
@@ -213,15 +204,9 @@ class Choice:
             raise ConfigError(name, text, f"expected one of {', '.join(self.choices)}")
         return text
 
-    def describe(self) -> str:
-        return "one of " + ", ".join(self.choices)
-
-    def text(self, value: object) -> str:
-        return str(value)
-
 
 @dataclass(frozen=True, slots=True)
-class Text:
+class Text(_ValueType):
     """A string (a path, a URL, a regex, a name); empty means unset."""
 
     def parse(self, value: object, name: str) -> str:
@@ -229,15 +214,9 @@ class Text:
             raise ConfigError(name, value, "expected text")
         return str(value)
 
-    def describe(self) -> str:
-        return "text"
-
-    def text(self, value: object) -> str:
-        return str(value)
-
 
 @dataclass(frozen=True, slots=True)
-class KvCacheDtype:
+class KvCacheDtype(_ValueType):
     """An engine's KV-cache dtype name (vLLM --kv-cache-dtype): fp8, bfloat16, auto..."""
 
     def parse(self, value: object, name: str) -> str:
@@ -247,12 +226,6 @@ class KvCacheDtype:
             kv_cache_dtype_bytes(str(value))
         except ValueError as error:
             raise ConfigError(name, value, str(error)) from None
-        return str(value)
-
-    def describe(self) -> str:
-        return "KV-cache dtype name"
-
-    def text(self, value: object) -> str:
         return str(value)
 
 
@@ -267,7 +240,7 @@ def _structured(value: object, name: str) -> object:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuSpecOverrides:
+class GpuSpecOverrides(_ValueType):
     """{field: number} replacing fields of the detected GPU's spec (exporter/specs/gpus.py)."""
 
     def parse(self, value: object, name: str) -> Mapping[str, float | int]:
@@ -284,15 +257,9 @@ class GpuSpecOverrides:
             out[str(key)] = int(parsed) if isinstance(number, int) else parsed
         return MappingProxyType(out)
 
-    def describe(self) -> str:
-        return "mapping"
-
-    def text(self, value: object) -> str:
-        return str(value)
-
 
 @dataclass(frozen=True, slots=True)
-class TargetGpus:
+class TargetGpus(_ValueType):
     """{target name: [GPU index, ...]}: which GPUs serve which engine target."""
 
     def parse(self, value: object, name: str) -> Mapping[str, tuple[int, ...]]:
@@ -312,25 +279,13 @@ class TargetGpus:
             out[str(target)] = tuple(_number(i, where, 0, MAX_TARGET_GPUS - 1, int) for i in indices)
         return MappingProxyType(out)
 
-    def describe(self) -> str:
-        return "mapping"
-
-    def text(self, value: object) -> str:
-        return str(value)
-
 
 @dataclass(frozen=True, slots=True)
-class Listen:
+class Listen(_ValueType):
     """HOST:PORT; the Config keeps it as two fields, listen_host and listen_port."""
 
     def parse(self, value: object, name: str) -> tuple[str, int]:
         return parse_listen(str(value), name)
-
-    def describe(self) -> str:
-        return "HOST:PORT"
-
-    def text(self, value: object) -> str:
-        return str(value)
 
 
 def parse_listen(value: str, field_name: str = "listen") -> tuple[str, int]:
@@ -344,12 +299,9 @@ def parse_listen(value: str, field_name: str = "listen") -> tuple[str, int]:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineTargets:
+class EngineTargets(_ValueType):
     """`URL[,OPTION=VALUE]...` strings or YAML mappings; parsed by exporter.config.parse_engine_spec
     once the engine timeout is known (its options are exporter.config._TARGET_OPTIONS)."""
-
-    def describe(self) -> str:
-        return "engine targets"
 
     def text(self, value: object) -> str:
         return "unset" if not value else str(value)
@@ -360,7 +312,7 @@ class Setting:
     """One setting. `name` is the Config field; `key` the YAML key and LLM_EXPORTER_<KEY> suffix."""
 
     name: str
-    type: Any  # one of the value types above
+    type: Any  # one of the value types above (a _ValueType)
     annotation: str  # the Config field's type, as written in a signature
     default: Any
     help: str

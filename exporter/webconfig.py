@@ -480,7 +480,10 @@ class WebConfigManager:
         """Read, parse and validate (a worker thread: YAML and certificates take milliseconds to
         seconds); change nothing. None when no watched file changed and `force` is off."""
         current = self.current
-        if not force and fingerprint(current.watched + self._also_watched) == self._fingerprint:
+        watched = current.watched + self._also_watched
+        # Taken before the files are read: an edit made while they are parsed is seen next poll.
+        seen = fingerprint(watched)
+        if not force and seen == self._fingerprint:
             return None
         try:
             new = parse_web_config(self.path)
@@ -491,8 +494,8 @@ class WebConfigManager:
             # Remember what was seen so one bad edit logs one line, not one per poll; and watch
             # the files it names, so that creating a missing one retries without touching it.
             also = tuple(p for p in named_files(self.path) if p not in current.watched)
-            return fingerprint(current.watched + also), error, also
-        return fingerprint(new.watched), new, ()
+            return (seen if current.watched + also == watched else fingerprint(current.watched + also)), error, also
+        return (seen if new.watched == watched else fingerprint(new.watched)), new, ()
 
     def _commit(self, outcome: _Outcome | None, reason: str) -> bool | None:
         """Apply what _evaluate found (the event loop: the listening context is changed here)."""

@@ -33,6 +33,7 @@ TIERS: dict[str, str] = {
     "test_faults.py": "process",
     "test_security.py": "process",
     "test_security_targets.py": "process",
+    "test_hardening_dns.py": "process",
     "test_hardening_auth.py": "process",
     "test_hardening_http.py": "process",
     "test_hardening_parse.py": "process",

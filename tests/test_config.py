@@ -174,21 +174,24 @@ def test_hostile_yaml_config_is_refused_in_one_short_line(tmp_path, text, needle
     assert "\n" not in message and len(message) < 600, message[:500]
 
 
-def test_yaml_anchors_and_merge_keys_still_work(tmp_path):
+def _from_yaml(tmp_path, text: str, env: dict[str, str] | None = None) -> Config:
+    """load_config from a YAML file holding `text` (and `env`), no flags."""
     path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return load_config({"config": str(path)}, env or {})
+
+
+def test_yaml_anchors_and_merge_keys_still_work(tmp_path):
     # x-... keys are no setting (refused otherwise, as unknown keys): a place for anchors.
-    path.write_text("x-defaults: &d {kind: vllm, timeout: 300ms}\n"
-                    "engines:\n  - {<<: *d, url: 'http://10.0.0.1:8000', name: a}\n"
-                    "  - {<<: *d, url: 'http://10.0.0.2:8000', name: b}\n")
-    config = load_config({"config": str(path)}, {})
+    config = _from_yaml(tmp_path, "x-defaults: &d {kind: vllm, timeout: 300ms}\n"
+                        "engines:\n  - {<<: *d, url: 'http://10.0.0.1:8000', name: a}\n"
+                        "  - {<<: *d, url: 'http://10.0.0.2:8000', name: b}\n")
     assert [(t.name, t.kind, t.timeout_s) for t in config.engines] == [("a", "vllm", 0.3), ("b", "vllm", 0.3)]
 
 
 def test_a_huge_bad_value_is_quoted_only_in_part(tmp_path):
-    path = tmp_path / "c.yaml"
-    path.write_text("interval: [" + ", ".join(["'fast'"] * 20_000) + "]\n")
     with pytest.raises(ConfigError) as caught:
-        load_config({"config": str(path)}, {})
+        _from_yaml(tmp_path, "interval: [" + ", ".join(["'fast'"] * 20_000) + "]\n")
     message = str(caught.value)
     assert caught.value.field == "interval" and len(message) < 1200, message[:300]
     assert "more characters" in message, message[:300]
@@ -226,11 +229,9 @@ def test_unknown_keys_are_refused_with_the_closest_known_one(settings, field, ne
 
 
 def test_derive_settings_are_typed_validated_fields(tmp_path):
-    path = tmp_path / "c.yaml"
-    path.write_text("kv_cache_dtype: fp8\nverdict_hold_cycles: 5\nrate_window_s: 30\n"
-                    "gpu_spec: {mem_bandwidth_bytes_per_s: 3.35e12, pcie_gen: 5}\n"
-                    "target_gpus: {a: [0, 1], b: [2, 3]}\n")
-    config = load_config({"config": str(path)}, {})
+    config = _from_yaml(tmp_path, "kv_cache_dtype: fp8\nverdict_hold_cycles: 5\nrate_window_s: 30\n"
+                        "gpu_spec: {mem_bandwidth_bytes_per_s: 3.35e12, pcie_gen: 5}\n"
+                        "target_gpus: {a: [0, 1], b: [2, 3]}\n")
     assert (config.kv_cache_dtype, config.verdict_hold_cycles, config.rate_window_s) == ("fp8", 5, 30.0)
     assert dict(config.gpu_spec) == {"mem_bandwidth_bytes_per_s": 3.35e12, "pcie_gen": 5}
     assert dict(config.target_gpus) == {"a": (0, 1), "b": (2, 3)}
@@ -264,9 +265,7 @@ def test_byte_sizes_take_units():
 
 
 def test_an_alias_in_the_file_does_not_beat_the_key_in_the_environment(tmp_path):
-    path = tmp_path / "c.yaml"
-    path.write_text("interval_s: 5\n")
-    assert load_config({"config": str(path)}, {"LLM_EXPORTER_INTERVAL": "2s"}).interval_s == 2.0
+    assert _from_yaml(tmp_path, "interval_s: 5\n", {"LLM_EXPORTER_INTERVAL": "2s"}).interval_s == 2.0
 
 
 def test_an_unknown_variable_is_named_with_the_closest_one_but_not_fatal():

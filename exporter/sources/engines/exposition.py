@@ -66,6 +66,10 @@ MAX_CACHED_LINE_LENGTH = 64 << 10
 fresh megabyte-long lines per scrape would only evict everything else."""
 _ENTRY_OVERHEAD = 100
 """Approximate bytes of dict slot, tuple and str headers per cached entry, for the accounting."""
+PAIR_OVERHEAD = 160
+"""Approximate bytes of one parsed label pair beyond its characters: the pair's tuple, the str
+headers of its name and value, its slot in the block's tuple. Counted per pair, since a block of
+MAX_LABELS_PER_SERIES short labels holds ten times its raw text."""
 
 MAX_LABEL_VALUE_LENGTH = 4096
 """Longest label value kept, in characters. 4096 is PATH_MAX: a model given as a local path fits
@@ -159,7 +163,8 @@ class LabelCache:
             over = label_limit(raw, labels)
             if over is not None:
                 raise LabelLimitExceeded(over)
-            self._make_room(2 * len(raw))  # the key, and the names and values parsed out of it
+            # the key, the names and values parsed out of it, and the pairs' headers
+            self._make_room(2 * len(raw) + PAIR_OVERHEAD * len(labels))
             self._entries[raw] = labels
         return labels
 
@@ -352,14 +357,7 @@ class _Parser:
         else:
             labels = ()
         samples.append((name, labels, number, None))
-        if len(head) <= MAX_CACHED_LINE_LENGTH:
-            heads = cache._heads
-            chars = len(head) + _ENTRY_OVERHEAD
-            if len(heads) + len(cache._entries) >= cache.max_entries or cache._chars + chars > cache.max_chars:
-                cache._make_room()
-                chars -= _ENTRY_OVERHEAD  # _make_room counted it
-            cache._chars += chars
-            heads[head] = (name, labels)
+        cache._remember_head(head, name, labels)
 
     def comment(self, line: str) -> None:
         """A line starting with '#': HELP and TYPE lines repeat on every page, so each is read once."""

@@ -43,6 +43,7 @@ from exporter.catalog import engine as engine_catalog
 from exporter.snapshot import Labels, Sample
 from exporter.sources.engines.exposition import (
     MAX_CACHED_CHARS,
+    PAIR_OVERHEAD,
     Exposition,
     ExpositionError,
     LabelCache,
@@ -64,6 +65,7 @@ __all__ = [
     "Table",
     "Trace",
     "UnknownEngineError",
+    "full_pass",
     "normalize",
     "read_page",
     "scrape_of",
@@ -78,13 +80,16 @@ ABSENT_MODELS = frozenset({"", "undefined", "None"})
 MAX_NOTES = 16
 MAX_MAPPED_LABEL_SETS = 20_000
 MAX_MAPPED_LABEL_CHARS = MAX_CACHED_CHARS
-"""The route caches are cleared past this many characters of engine label values (about bytes):
+"""The route caches are cleared past this many bytes (about) of engine label sets and entries:
 they keep label tuples alive after the parser's cache has let them go."""
 MAX_LE_FORMATS = 4_096
 MAX_CACHED_LE_LENGTH = 64
 """Bucket bounds longer than this (no float needs more than 24 characters) are formatted every
 time, not cached."""
 _HISTOGRAM_PARTS = ("_bucket", "_sum", "_count")
+_PAIR_BYTES = PAIR_OVERHEAD
+_ENTRY_BYTES = 600
+"""About what an Entry adds besides its key: its out and group label tuples, parts, dict slot."""
 
 # Reasons of NormalizedScrape.drops (with the parser's label-limit reasons): the `reason` label of
 # llm_exporter_series_dropped_total.
@@ -353,11 +358,16 @@ def normalize(
     """Normalize one engine page. Raises ExpositionError for an invalid payload and
     UnknownEngineError when `kind` is None and the page matches no engine."""
     state = state if state is not None else NormalizerState()
-    page = read_page(text, kind, state)
-    run = Pass(page.table, state, page.notes, target)
+    return full_pass(read_page(text, kind, state), state, target, max_series)[1]
+
+
+def full_pass(page: Page, state: NormalizerState, target: str, max_series: int,
+              trace: Trace | None = None) -> tuple[Pass, NormalizedScrape]:
+    """Steps 3 to 7 over a read page: the finished Pass (for a Trace's plan) and its scrape."""
+    run = Pass(page.table, state, page.notes, target, trace=trace)
     run.consume(page.exposition.samples)
     samples, dropped = run.finish(max_series)
-    return scrape_of(page, run.model, samples, run.unmapped, dropped, run.drops, run.notes)
+    return run, scrape_of(page, run.model, samples, run.unmapped, dropped, run.drops, run.notes)
 
 
 @dataclass(slots=True)
@@ -840,8 +850,10 @@ class Pass:
 
 
 def _labels_chars(labels: Labels) -> int:
-    """Approximate size of a label set in characters, for the route caches' bound."""
-    return 16 * len(labels) + sum([len(value) for _, value in labels])
+    """Approximate bytes a cached label set and its Entry hold, for the route caches' bound: the
+    names and values, each pair's tuple and str headers (which dominate when a hostile page sends
+    many short labels), and the Entry's own tuples."""
+    return _ENTRY_BYTES + _PAIR_BYTES * len(labels) + sum([len(name) + len(value) for name, value in labels])
 
 
 

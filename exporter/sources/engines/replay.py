@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from exporter.snapshot import Labels, Sample
+from exporter.sources.engines.exposition import MAX_CACHED_CHARS, PAIR_OVERHEAD
 from exporter.sources.engines.normalize import (
     NormalizedScrape,
     NormalizerState,
@@ -36,16 +37,23 @@ from exporter.sources.engines.normalize import (
     Pass,
     Slot,
     TermRoute,
+    full_pass,
     minimum_note,
     read_page,
     scrape_of,
 )
+from exporter.sources.engines.normalize import normalize as plain_normalize
 
 __all__ = ["MAX_PLAN_SAMPLES", "Memo", "normalize", "normalize_if_unchanged"]
 
 MAX_PLAN_SAMPLES = 20_000
 """A page with more parsed samples than this is not planned (the state keeps no per-page record of
 it): a cardinality bomb costs the full pass every cycle but pins no memory."""
+MAX_PLAN_BYTES = MAX_CACHED_CHARS
+"""Nor is a page whose keys would pin more than about this many bytes (its text, as a bound on the
+characters of its names and labels, and each label pair's headers): the memo keeps the last page's
+label tuples after the parser's cache has let them go, and a page of many short labels holds ten
+times its text."""
 
 Key = tuple[str, Labels]
 """An output sample's (name, labels)."""
@@ -60,7 +68,8 @@ def normalize(
     max_series: int = 10_000,
 ) -> NormalizedScrape:
     """normalize.normalize with the memo: the same result, a replay when the page repeats."""
-    state = state if state is not None else NormalizerState()
+    if state is None:  # no state to keep a memo in: the plain pass
+        return plain_normalize(text, target=target, kind=kind, max_series=max_series)
     scrape = _normalize(text, target, kind, state, max_series, replay_only=False)
     assert scrape is not None  # only a replay_only call gives up
     return scrape
@@ -107,8 +116,9 @@ def _normalize(text: str, target: str, kind: str | None, state: NormalizerState,
         names, labels, values, _ = zip(*parsed, strict=True)
     else:
         names = labels = values = ()
+    keys: PageKeys | None = PageKeys(page.table.key, target, names, labels)
     plan = memo.plan if memo is not None else None
-    if plan is not None and plan.fits(page.table.key, target, max_series, names, labels, values):
+    if plan is not None and plan.fits(keys, max_series, values):
         replayed = plan.replay(page, state, target, values)
         if replayed is not None:
             return replayed
@@ -116,16 +126,20 @@ def _normalize(text: str, target: str, kind: str | None, state: NormalizerState,
         return None
     # Record a plan once the page's keys repeat: a first scrape, or a page that changes shape every
     # cycle, pays nothing for it.
-    keys = PageKeys(page.table.key, target, names, labels) if len(parsed) <= MAX_PLAN_SAMPLES else None
+    keys = keys if _plannable(text, labels) else None
     recorder = Recorder() if keys is not None and memo is not None and keys == memo.seen else None
-    run = Pass(page.table, state, page.notes, target, trace=recorder)
-    run.consume(parsed)
-    samples, dropped = run.finish(max_series)
+    run, scrape = full_pass(page, state, target, max_series, recorder)
     # A page that failed validation on its values is not planned: the next one may pass.
     planned = recorder is not None and not run.invalid
-    new_plan = recorder.plan(run, max_series, names, labels, values, dropped) if planned else None
+    new_plan = recorder.plan(run, keys, max_series, values, scrape.dropped_series) if planned else None
     state.memo = Memo(new_plan, keys)
-    return scrape_of(page, run.model, samples, run.unmapped, dropped, run.drops, run.notes)
+    return scrape
+
+
+def _plannable(text: str, labels: tuple[Labels, ...]) -> bool:
+    """Whether the page's keys are small enough to keep (MAX_PLAN_SAMPLES, MAX_PLAN_BYTES)."""
+    return (len(labels) <= MAX_PLAN_SAMPLES
+            and len(text) + PAIR_OVERHEAD * sum(map(len, labels)) <= MAX_PLAN_BYTES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,8 +223,7 @@ class Recorder:
     def emitted(self, slot: Slot, keys: list[Key]) -> None:
         self.refs.extend([(slot, key) for key in keys])
 
-    def plan(self, run: Pass, max_series: int, names: tuple, labels: tuple, values: tuple,
-             dropped: int) -> Plan:
+    def plan(self, run: Pass, keys: PageKeys, max_series: int, values: tuple, dropped: int) -> Plan:
         """The recorded decisions of `run` (finished, with this recorder as its trace) as a Plan."""
         out_names: list[str] = []
         out_labels: list[Labels] = []
@@ -236,8 +249,7 @@ class Recorder:
             elif scale != 1.0:
                 scaled.append(Scaled(position, index, scale))
         return Plan(
-            table=run.table.key, target=run.target, max_series=max_series, names=names, labels=labels,
-            mask=_value_mask(values), minimum_checks=tuple(self.minimum_checks),
+            keys=keys, max_series=max_series, mask=_value_mask(values), minimum_checks=tuple(self.minimum_checks),
             below=tuple(values[index] < minimum for index, minimum in self.minimum_checks),
             events=tuple(self.events), model=run.model, unmapped=run.unmapped,
             product_writes=run.product_writes, out_names=tuple(out_names), out_labels=tuple(out_labels),
@@ -294,16 +306,11 @@ the Python-level __new__ call."""
 
 
 class Plan(NamedTuple):
-    """What one page (its table variant, target, max_series, (name, labels) sequence and value
-    mask) becomes, recorded by a full pass: re-evaluated for the next page with the same keys and
-    mask."""
+    """What one page (its keys, max_series and value mask) becomes, recorded by a full pass:
+    re-evaluated for the next page with the same keys, max_series and mask."""
 
-    table: str
-    """normalize.Table.key: the kind and the page conditions found on the page."""
-    target: str
+    keys: PageKeys
     max_series: int
-    names: tuple[str, ...]
-    labels: tuple[Labels, ...]
     mask: tuple[int, ...]
     """Indexes of the non-finite input values."""
     minimum_checks: tuple[tuple[int, float], ...]
@@ -329,10 +336,12 @@ class Plan(NamedTuple):
     """The run's drops by reason: the same for every page that fits (non-finite values only)."""
     checks: Checks
 
-    def fits(self, table: str, target: str, max_series: int, names: tuple, labels: tuple,
-             values: tuple) -> bool:
-        return (table == self.table and target == self.target and max_series == self.max_series
-                and names == self.names and labels == self.labels and _value_mask(values) == self.mask
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.keys.names
+
+    def fits(self, keys: PageKeys, max_series: int, values: tuple) -> bool:
+        return (keys == self.keys and max_series == self.max_series and _value_mask(values) == self.mask
                 and tuple(values[index] < minimum for index, minimum in self.minimum_checks) == self.below)
 
     def replay(self, page: Page, state: NormalizerState, target: str, values: tuple) -> NormalizedScrape | None:
