@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 APT_PKGS := prometheus prometheus-alertmanager prometheus-node-exporter chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test venv debs demo run bench lint fmt golden generate docs dashboards dashboards-check alerts-test stack stack-down clean
+.PHONY: test test-fast test-live venv debs demo run bench lint fmt golden generate docs dashboards dashboards-check alerts-test stack stack-down clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
@@ -54,6 +54,14 @@ test: venv debs
 	$(BIN)/python -m pytest
 test-fast: venv
 	$(BIN)/python -m pytest -m "not slow"
+
+# Real engines (vLLM CPU, llama.cpp) installed into a cache outside the checkout, keyed by version
+# ($$LLM_EXPORTER_ENGINE_CACHE, default ~/.cache/llm-exporter/engines): the first run installs them
+# (about 10 min on 2 cores: the llama-server build 7.6 min, the vLLM venv 2 min); later runs start at
+# once. tests/live/README.md says what runs.
+test-live: venv
+	$(BIN)/python -m tests.live.engines install
+	LLM_EXPORTER_LIVE=1 $(BIN)/python -m pytest tests/live -p no:cacheprovider -v
 
 demo: venv
 	$(BIN)/llm-exporter demo

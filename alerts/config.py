@@ -60,6 +60,11 @@ CONFIG: dict = {
     "queue_for": "10m",
     "headroom_min_sequences": slo.SATURATION.headroom_min_sequences,
     "headroom_for": "10m",
+    # Speculative decoding: under this acceptance a draft costs more than it saves (the source
+    # documents' warning), over spec_window, for spec_for.
+    "spec_acceptance_min": 0.5,
+    "spec_window": "15m",
+    "spec_for": "15m",
     # Hardware. XID codes: docs/alerts.md says why each code is in its list; a code in both
     # lists is an error.
     "xid_critical": (48, 62, 64, 74, 79, 95, 119, 120),

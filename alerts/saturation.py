@@ -1,4 +1,5 @@
-"""Saturation alerts: KV cache, preemptions, a queue growing while the batch stays flat."""
+"""Saturation alerts: KV cache, preemptions, a queue growing while the batch stays flat, and a
+speculative decoder whose drafts are mostly rejected."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from alerts.lib import TM, alert, fmt_num, fmt_pct, sel, without
 
 
 def groups(cfg: dict) -> list[dict]:
-    w, qw = cfg["rate_window"], cfg["queue_window"]
+    w, qw, sw = cfg["rate_window"], cfg["queue_window"], cfg["spec_window"]
+    drafted = f"sum {without(cfg=cfg)} (rate({sel('llm_spec_decode_draft_tokens_total', cfg=cfg)}[{sw}]))"
+    accepted = f"sum {without(cfg=cfg)} (rate({sel('llm_spec_decode_accepted_tokens_total', cfg=cfg)}[{sw}]))"
     rules = [
         alert("LLMKVCacheNearlyFull",
               f"target_model:llm_kv_cache_usage_ratio:max > {fmt_num(cfg['kv_cache_usage_ratio'])}",
@@ -40,5 +43,12 @@ def groups(cfg: dict) -> list[dict]:
               f"{TM}: room for {{{{ printf \"%.1f\" $value }}}} more sequences of the current mean length "
               f"while requests are waiting.",
               cfg["headroom_for"], cfg=cfg),
+        alert("LLMSpecDecodeLowAcceptance",
+              f"{accepted}\n  /\n{drafted}\n  < {fmt_num(cfg['spec_acceptance_min'])}\nand\n{drafted} > 0",
+              "warning", "Speculative decoding accepts too few draft tokens: it slows decoding.",
+              f"{TM}: {{{{ $value | humanizePercentage }}}} of draft tokens accepted over {sw} (under "
+              f"{fmt_pct(cfg['spec_acceptance_min'])}): each rejected draft costs a draft step and a wider "
+              f"verification for nothing.",
+              cfg["spec_for"], cfg=cfg),
     ]
     return [{"name": "llm-exporter.saturation.alerts", "rules": rules}]

@@ -10,7 +10,8 @@ import platform
 import sys
 import time
 
-MODULES = ("bench.bench_parser", "bench.bench_normalize", "bench.bench_metrics", "bench.bench_gpu", "bench.bench_host", "bench.bench_derive", "bench.bench_fetch", "bench.bench_soak")
+MODULES = ("bench.bench_parser", "bench.bench_normalize", "bench.bench_metrics", "bench.bench_gpu", "bench.bench_host",
+           "bench.bench_derive", "bench.bench_fetch", "bench.bench_soak")
 
 
 def _cpu_model() -> str:

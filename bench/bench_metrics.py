@@ -133,7 +133,8 @@ def run() -> list[tuple[str, str]]:
                  f"{statistics.median(fresh) * 1000:.2f} / {max(fresh) * 1000:.2f}"))
     rows.append(("requests that failed (ours / node_exporter)",
                  f"{failures['llm-exporter']} / {failures.get('node_exporter', '-')}"))
-    rows.append((f"exporter CPU share of one core at 1 s interval, over {CPU_WINDOW_S:.0f} s, scraped at both ends (target < 2%)",
+    rows.append((f"exporter CPU share of one core at 1 s interval, over {CPU_WINDOW_S:.0f} s, "
+                 "scraped at both ends (target < 2%)",
                  f"{cpu_share * 100:.2f}%"))
     rows.append(("exporter CPU per collection cycle (ms)", f"{cpu_share * CPU_WINDOW_S / max(cycles, 1) * 1000:.1f}"))
     rows.append(("exporter RSS after the run (MB, target < 80)", f"{rss_mb:.1f}"))

@@ -221,7 +221,8 @@ def run() -> list[tuple[str, str]]:
     r = soak(duration)
     return [
         (f"soak: {duration:.0f} s, 8 GPUs + host + 4 churning/failing targets, scraped every "
-         f"{SCRAPE_EVERY_S * 1000:.0f} ms (LLM_EXPORTER_SOAK_S)", f"{len(r.latencies_s)} scrapes, {r.cycles:.0f} cycles"),
+         f"{SCRAPE_EVERY_S * 1000:.0f} ms (LLM_EXPORTER_SOAK_S)",
+         f"{len(r.latencies_s)} scrapes, {r.cycles:.0f} cycles"),
         ("soak: RSS after warm-up -> end (MB; growth target < 5)",
          f"{r.warm.rss_mb:.1f} -> {r.end.rss_mb:.1f} ({r.rss_growth_mb:+.1f})"),
         ("soak: open fds / threads, warm-up -> end (target: no growth)",

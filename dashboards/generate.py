@@ -143,7 +143,8 @@ load). UIDs are the MD5 of the file name, so links and bookmarks survive regener
 |---|---|---|
 | `datasource` | Prometheus datasources | every query |
 | `job` | `label_values(llm_exporter_build_info, job)` | every query (the rules select `job="llm-exporter"`) |
-| `instance` | `label_values(llm_exporter_build_info{job=~"$job"}, instance)` | one exporter = one engine host; GPU and host series carry no `target`, so this is how they are scoped |
+| `instance` | `label_values(llm_exporter_build_info{job=~"$job"}, instance)` | one exporter = one engine host; \
+GPU and host series carry no `target`, so this is how they are scoped |
 | `target` | `label_values(llm_engine_up{...}, target)` | engine and derived series |
 | `model` | `label_values(llm_requests_running{...}, model)` | engine series and derived series with a model |
 | `gpu` | `label_values(llm_gpu_up{...}, gpu)` (GPU dashboard) | per-GPU series |
@@ -185,7 +186,8 @@ def render_docs(dashboards: dict[str, dict] | None = None) -> str:
                    f"`dashboards/{MODULES[name].__name__.rsplit('.', 1)[-1]}.py`. {intro}\n")
         for panel in iter_panels(dash):
             if panel["type"] == "row":
-                out.append(f"\n### {panel['title']}\n\n| panel | type | reads | what it answers, how to read it |\n|---|---|---|---|")
+                out.append(f"\n### {panel['title']}\n\n"
+                           "| panel | type | reads | what it answers, how to read it |\n|---|---|---|---|")
                 continue
             if out[-1].startswith("\n## "):
                 out.append("\n| panel | type | reads | what it answers, how to read it |\n|---|---|---|---|")

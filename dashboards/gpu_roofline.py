@@ -77,7 +77,8 @@ def roofline_row() -> Row:
     return row("Roofline: how close to the HBM and compute roofs",
         timeseries("Achieved vs peak HBM bandwidth", """
 Achieved HBM bandwidth per GPU of each exporter: source=model is decode steps/s x (weight bytes + KV bytes read
-per step) / tensor-parallel GPUs; source=gpm is measured (DRAM_BW_UTIL x peak). Peak (dashed) is each card's
+per step) / tensor-parallel GPUs; source=gpm is measured (DRAM_BW_UTIL x peak); source=engine is the engine's own
+estimate of bytes read and written per GPU (vLLM estimated_read/write_bytes_per_gpu). Peak (dashed) is each card's
 spec, per exporter and GPU index, so mixed cards keep their own roofs. When achieved sits near peak, decode is at
 the memory roof: only fewer bytes per step (quantized weights or KV) or more sequences per weight read (bigger
 batch) raise tokens/s.
@@ -90,9 +91,11 @@ batch) raise tokens/s.
         timeseries("HBM bandwidth efficiency (share of peak)", f"""
 Achieved / peak HBM bandwidth. The verdict's memory_bandwidth score reads the mean over the target's GPUs
 (gpm when the GPU has GPM, else model): 0 up to {verdict.pct(verdict.HBM_LOW)} (yellow line), rising linearly to 1 at
-{verdict.pct(verdict.HBM_HIGH)}. At {verdict.pct(verdict.HBM_ROOF)} (purple line) it reaches {verdict.ROOF_MIN}, the score a
+{verdict.pct(verdict.HBM_HIGH)}. At {verdict.pct(verdict.HBM_ROOF)} (purple line) \
+it reaches {verdict.ROOF_MIN}, the score a
 roof needs: from there memory_bandwidth is the verdict unless a constraint scores {verdict.CONSTRAINT_MIN} or more or
-compute scores at least as high (ties go to compute). The gap between gpm and model is traffic the model does not explain: prefill,
+compute scores at least as high (ties go to compute). \
+The gap between gpm and model is traffic the model does not explain: prefill,
 activations, other processes. Low efficiency with high utilization points at small batches, CPU gaps between
 steps or the interconnect.
 """, [target(TG.sel("llm_hbm_bandwidth_efficiency_ratio"), "{{source}} GPU {{gpu}} {{target}} ({{instance}})")],
@@ -104,8 +107,11 @@ Prefill is compute-bound. The verdict's compute score is 0 up to {verdict.pct(ve
 rising linearly to 1 at {verdict.pct(verdict.MFU_HIGH)}; at {verdict.pct(verdict.MFU_ROOF)} (blue line) it reaches
 {verdict.ROOF_MIN}, the score a roof needs: from there compute is the verdict unless a constraint scores
 {verdict.CONSTRAINT_MIN} or more or memory_bandwidth scores higher. At the compute roof only fewer FLOPs (FP8, prefix
-caching) or more TFLOPS help. Low MFU with long TTFT points at queueing, not compute.
-""", [target(TM.sel("llm_prefill_mfu_ratio"), "{{target}} {{model}} ({{instance}})")], unit="percentunit", w=12,
+caching) or more TFLOPS help. Low MFU with long TTFT points at queueing, not compute. "engine" series: the
+engine's own estimate of FLOP/s per GPU (vLLM estimated_flops_per_gpu, prefill and decode together) over the peak.
+""", [target(TM.sel("llm_prefill_mfu_ratio"), "{{target}} {{model}} ({{instance}})"),
+      target(TG.sel("llm_engine_flops_utilization_ratio"), "engine GPU {{gpu}} {{target}} ({{instance}})")],
+            unit="percentunit", w=12,
             minimum=0, threshold_style="dashed",
             steps=thresholds((None, "transparent"), (verdict.MFU_LOW, "yellow"), (verdict.MFU_ROOF, "blue"))),
         timeseries("Decode steps/s and mean batch size", """
@@ -157,7 +163,8 @@ prefill near the limit with sw_power_cap active means clocks are held down by po
         timeseries("Clocks as a share of max", """
 Current SM and memory clock / their maximum. A SM clock well below max while busy, with a throttle reason
 below, is the power/thermal bottleneck: tokens/s falls with the clock and a faster GPU would throttle too.
-""", [target(f"{G.sel('llm_gpu_sm_clock_hertz')}\n/\n{G.sel('llm_gpu_sm_clock_max_hertz')}", "GPU {{gpu}} ({{instance}}) SM"),
+""", [target(f"{G.sel('llm_gpu_sm_clock_hertz')}\n/\n{G.sel('llm_gpu_sm_clock_max_hertz')}",
+             "GPU {{gpu}} ({{instance}}) SM"),
       target(f"{G.sel('llm_gpu_memory_clock_hertz')}\n/\n{G.sel('llm_gpu_memory_clock_max_hertz')}",
              "GPU {{gpu}} ({{instance}}) memory")], unit="percentunit", w=8, minimum=0, maximum=1.05),
         timeseries("Temperature", """
@@ -171,7 +178,8 @@ temperature with clocks dropping at the top is failing cooling, not load.
 Each reason NVML reports, red while active. gpu_idle and applications_clocks_setting are benign;
 sw_power_cap means the power limit holds clocks down; hw_slowdown, hw_thermal_slowdown, sw_thermal_slowdown
 and hw_power_brake_slowdown while serving are the power_thermal bottleneck (alert LLMGPUSlowdownWhileServing).
-""", [target(G.sel("llm_gpu_clock_event_active"), "GPU {{gpu}} ({{instance}}) {{reason}}")], mappings=BOOL_ACTIVE, w=24, h=8),
+""", [target(G.sel("llm_gpu_clock_event_active"), "GPU {{gpu}} ({{instance}}) {{reason}}")],
+            mappings=BOOL_ACTIVE, w=24, h=8),
     )
 
 
@@ -187,7 +195,8 @@ bottleneck (interconnect verdict).
 Bytes/s over NVLink, all links. With tensor parallelism every layer all-reduces activations between GPUs;
 NVLink keeps that off PCIe. Zero traffic with TP > 1 means the GPUs talk over PCIe (check topology).
 """, [target(G.sel("llm_gpu_nvlink_tx_bytes_per_second"), "GPU {{gpu}} ({{instance}}) tx"),
-      target(G.sel("llm_gpu_nvlink_rx_bytes_per_second"), "GPU {{gpu}} ({{instance}}) rx")], unit="Bps", w=8, minimum=0),
+      target(G.sel("llm_gpu_nvlink_rx_bytes_per_second"), "GPU {{gpu}} ({{instance}}) rx")],
+            unit="Bps", w=8, minimum=0),
         table("PCIe link: generation and width vs max", """
 The PCIe link as trained now against the most the GPU and slot support. Idle GPUs train down to save power
 (normal); current below max under load is a bad riser, slot or BIOS setting and halves host transfers.

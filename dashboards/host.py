@@ -54,7 +54,8 @@ A busy thread while the GPU waits between steps is the host_cpu bottleneck: the 
 or detokenizer cannot feed the GPU fast enough. The verdict's host_cpu score from the busiest thread is 0 up to
 {verdict.pct(verdict.HOST_THREAD_START)} of a core (orange line), rising linearly to 1 at
 {verdict.pct(verdict.HOST_THREAD_FULL)}; at {verdict.pct(verdict.HOST_THREAD_VERDICT)} (red line) it reaches
-{verdict.CONSTRAINT_MIN}, where host_cpu becomes the verdict unless another constraint scores higher. The lines hold for the plain case: the score is
+{verdict.CONSTRAINT_MIN}, where host_cpu becomes the verdict unless another constraint scores higher. \
+The lines hold for the plain case: the score is
 halved while a roof (compute or HBM) scores 0.8 or more, and raised by 0.15 once above 0.3 when the engine is
 pinned off its GPUs' NUMA node.
 """, [target(EX.sel("llm_engine_process_busiest_thread_cpu_ratio"), "busiest thread {{instance}}"),

@@ -53,7 +53,7 @@ BURN_COLORS = ("yellow", "orange", "red", "dark-red")  # the pairs' factors, low
 # One colour per verdict, grouped by kind: roofs blue/purple, constraints warm, idle grey.
 RESOURCE_COLORS = {
     "idle": "text", "compute": "blue", "memory_bandwidth": "purple", "kv_capacity": "red",
-    "host_cpu": "orange", "interconnect": "yellow", "power_thermal": "dark-red",
+    "scheduler": "light-red", "host_cpu": "orange", "interconnect": "yellow", "power_thermal": "dark-red",
 }
 
 
@@ -362,8 +362,8 @@ KV cache in bytes: used and the pool the engine allocated at start (capacity tok
 An 80-layer, 8-KV-head, 128-dim FP16 model needs 320 KiB per token, about 31 GiB per 100K tokens: the pool
 size, not the weights, decides how many requests fit.
 """, [target(TM.sel("llm_kv_cache_used_bytes"), "used {{target}} ({{instance}})"),
-      target(TM.sel("llm_kv_cache_capacity_bytes"), "capacity {{target}} ({{instance}})")], unit="bytes", w=8, minimum=0,
-            overrides=[color_override("^capacity.*", "red", dashed=True)]),
+      target(TM.sel("llm_kv_cache_capacity_bytes"), "capacity {{target}} ({{instance}})")],
+            unit="bytes", w=8, minimum=0, overrides=[color_override("^capacity.*", "red", dashed=True)]),
         timeseries("KV headroom: sequences that still fit", """
 How many more sequences of the current mean context fit in the free KV cache. Near 0 with requests waiting
 means new requests queue for memory, not for compute; raising batch limits cannot help.
@@ -373,8 +373,10 @@ means new requests queue for memory, not for compute; raising batch limits canno
         timeseries("Prefix cache hit ratio", """
 Share of prompt tokens found in the prefix cache: hits / queries, the rates of llm_prefix_cache_hits_total
 and llm_prefix_cache_queries_total (vLLM; SGLang and trtllm-serve from their cached and prompt token counters,
-once the first hit has been counted). Engines with only a hit-rate gauge: llm_prefix_cache_hit_ratio (mean over
-ranks), over whatever window the engine computes it. Hits skip prefill work entirely: a high ratio lowers TTFT and prefill compute; a drop after a deploy often
+once the first hit has been counted; llama.cpp from prompt_tokens_cached_total and prompt_tokens_total). \
+Engines with only a hit-rate gauge: llm_prefix_cache_hit_ratio (mean over
+ranks), over whatever window the engine computes it. \
+Hits skip prefill work entirely: a high ratio lowers TTFT and prefill compute; a drop after a deploy often
 means the shared system prompt changed.
 """, [target(divide(f"sum {BY_ENGINE} ({TM.rate('llm_prefix_cache_hits_total')})",
                     f"sum {BY_ENGINE} ({TM.rate('llm_prefix_cache_queries_total')})")
@@ -399,8 +401,8 @@ Price per GPU-hour x GPUs / 3600 / decode tokens/s x 1e6 (the hourly price of th
 over the tokens generated in that second, for a million tokens), in the currency of --gpu-price-per-hour
 (absent when no price is configured). Compare it across batch limits and quantization settings, not across
 time of day.
-""", [target(TM.sel("llm_cost_per_million_tokens"), "{{target}} {{model}} ({{instance}})")], unit="none", w=12, decimals=3,
-            minimum=0),
+""", [target(TM.sel("llm_cost_per_million_tokens"), "{{target}} {{model}} ({{instance}})")],
+            unit="none", w=12, decimals=3, minimum=0),
     )
 
 

@@ -3,7 +3,8 @@
 A small tokenizer walks the expression and keeps only identifiers in metric position. It skips
 string literals, label matchers `{...}` (names, operators, values), range and subquery brackets
 `[5m]`, `[1h:1m]`, numbers and durations, Grafana variables (`$job`, `${gpu}`, `$__rate_interval`),
-functions and aggregations (an identifier followed by `(`, or an aggregation followed by `by`/`without`), keywords (`and`, `or`, `unless`,
+functions and aggregations (an identifier followed by `(`, or an aggregation followed by `by`/`without`), \
+keywords (`and`, `or`, `unless`,
 `bool`, `offset`, `on`, `ignoring`, `group_left`, `group_right`, `by`, `without`, `inf`, `nan`)
 and the label lists that follow `by`, `without`, `on`, `ignoring`, `group_left` and
 `group_right`. A `{__name__="x"}` matcher counts as metric x.

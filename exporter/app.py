@@ -229,8 +229,8 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
             f"scenario {scenario}\n"
             f"  status page   {base}/\n  metrics       {base}/metrics\n"
             f"  diagnosis     {base}/api/v1/diagnosis\n"
-            + "".join(f"  twin {i}        {t.url}/metrics  (switch: curl -X POST '{t.url}/sim/scenario?name=overload')\n"
-                      for i, t in enumerate(twins))
+            + "".join(f"  twin {i}        {t.url}/metrics  "
+                      f"(switch: curl -X POST '{t.url}/sim/scenario?name=overload')\n" for i, t in enumerate(twins))
             + "Ctrl-C stops it."
         )
         await serve(config, sources, sock, stop)

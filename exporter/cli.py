@@ -68,9 +68,6 @@ def setup_logging(level: str) -> None:
     )
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactUrlCredentials())
-    # httpx logs every request's full URL (user:password@ included) at info; ours say what matters.
-    for name in ("httpx", "httpcore"):
-        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:

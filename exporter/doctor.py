@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import ssl
 import sys
@@ -24,12 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-import httpx
-
+from exporter import __version__
 from exporter.config import ConfigError, load_config, parse_duration
 from exporter.derive.bottleneck import UNKNOWN_VERDICT_WORDS, VERDICT_WORDS
 from exporter.redact import CredentialError, read_secret_file, redact_url
 from exporter.settings import BY_NAME, add_flags
+from exporter.sources.base import SourceError
+from exporter.sources.engines.auth import client_context
+from exporter.sources.engines.http import HttpClient
 
 EXIT_HEALTHY = 0
 EXIT_DEGRADED = 1
@@ -83,7 +86,7 @@ MAX_DIAGNOSIS_BYTES = 8 << 20  # a diagnosis is a few KB per target; anything th
 class ExporterAccess:
     """How to reach an exporter served with --web.config.file: whom to trust, who we are."""
 
-    verify: ssl.SSLContext | bool = True
+    verify: ssl.SSLContext | None = None  # None: the certifi bundle, as for https:// engine targets
     auth: tuple[str, str] | None = None
 
 
@@ -96,10 +99,10 @@ def exporter_access(args: argparse.Namespace, env: Mapping[str, str]) -> Exporte
     if given and not args.url:
         raise ConfigError(*given[0], "applies to --url only; an --engine target takes ca_file=, username= "
                           "and password_file= in its spec")
-    verify: ssl.SSLContext | bool = True
+    verify: ssl.SSLContext | None = None
     if args.ca_file or args.cert_file or args.key_file:
         try:
-            verify = ssl.create_default_context(cafile=args.ca_file)
+            verify = client_context(args.ca_file)
         except (OSError, ssl.SSLError) as error:
             raise ConfigError("--ca-file", args.ca_file, f"not a readable CA bundle ({error})") from None
     if bool(args.cert_file) != bool(args.key_file):
@@ -129,31 +132,47 @@ def exporter_access(args: argparse.Namespace, env: Mapping[str, str]) -> Exporte
 
 
 def fetch_diagnosis(url: str, timeout_s: float, access: ExporterAccess | None = None) -> dict[str, Any]:
-    """GET <exporter>/api/v1/diagnosis. Raises RuntimeError with a readable reason."""
+    """GET <exporter>/api/v1/diagnosis with the engine targets' client (bounded in bytes and
+    time). Raises RuntimeError with a readable reason."""
     access = access or ExporterAccess()
     endpoint = url.rstrip("/") + "/api/v1/diagnosis"
+    headers = {"Accept": "application/json", "User-Agent": f"llm-exporter-doctor/{__version__}"}
+    if access.auth:
+        raw = ":".join(access.auth).encode("utf-8")
+        headers["Authorization"] = "Basic " + base64.b64encode(raw).decode("ascii")
     try:
-        with httpx.Client(timeout=timeout_s, verify=access.verify, auth=access.auth) as client, \
-                client.stream("GET", endpoint) as response:
-            if response.status_code == 401:
-                hint = ("wrong --username or password" if access.auth
-                        else "it wants basic auth: --username and --password-file")
-                raise RuntimeError(f"{endpoint} answered HTTP 401 ({hint})")
-            if response.status_code != 200:
-                raise RuntimeError(f"{endpoint} answered HTTP {response.status_code}")
-            body = bytearray()
-            for chunk in response.iter_bytes():
-                body += chunk
-                if len(body) > MAX_DIAGNOSIS_BYTES:
-                    raise RuntimeError(f"{endpoint} answered more than {MAX_DIAGNOSIS_BYTES >> 20} MiB")
-    except httpx.HTTPError as error:
-        raise RuntimeError(f"cannot reach {endpoint}: {type(error).__name__}: {error}") from None
+        client = HttpClient(endpoint, timeout_s=timeout_s, ssl_context=access.verify or client_context(),
+                            headers=headers)
+    except ValueError as error:
+        raise RuntimeError(str(error)) from None
+
+    async def get() -> bytes:
+        try:
+            return await client.get(max_body=MAX_DIAGNOSIS_BYTES)
+        finally:
+            await client.aclose()
+    shown = redact_url(endpoint)
+    try:
+        body = asyncio.run(get())
+    except SourceError as error:
+        if error.status == 401:
+            hint = ("wrong --username or password" if access.auth
+                    else "it wants basic auth: --username and --password-file")
+            raise RuntimeError(f"{shown} answered HTTP 401 ({hint})") from None
+        if error.status is not None:
+            raise RuntimeError(f"{shown} answered HTTP {error.status}") from None
+        if error.reason == "too_large":
+            raise RuntimeError(f"{shown} answered more than {MAX_DIAGNOSIS_BYTES >> 20} MiB") from None
+        if error.reason == "tls":
+            raise RuntimeError(f"cannot reach {shown}: its TLS certificate is not trusted "
+                               "(CERTIFICATE_VERIFY_FAILED; give --ca-file for a private CA)") from None
+        raise RuntimeError(f"cannot reach {shown}: {error.reason}: {error.message}") from None
     try:
         doc = json.loads(body)
     except ValueError:
-        raise RuntimeError(f"{endpoint} did not answer JSON (is it an llm-exporter?)") from None
+        raise RuntimeError(f"{shown} did not answer JSON (is it an llm-exporter?)") from None
     if not isinstance(doc, dict):
-        raise RuntimeError(f"{endpoint} answered an unexpected document")
+        raise RuntimeError(f"{shown} answered an unexpected document")
     return doc
 
 
@@ -215,7 +234,8 @@ def render_report(diagnosis: Mapping[str, Any], source: str, out: TextIO) -> Non
         for line in t.get("omitted", []) or []:
             out.write(f"  not shown: {line}\n")
     for down in diagnosis.get("unreachable", []) or []:
-        out.write(f"\ntarget {down.get('target')}: UNREACHABLE ({down.get('reason')})\n")
+        said = f": {down['message']}" if down.get("message") else ""
+        out.write(f"\ntarget {down.get('target')}: UNREACHABLE ({down.get('reason')}){said}\n")
     for note in diagnosis.get("notes", []) or []:
         out.write(f"\nnote: {note}\n")
     if not targets and not diagnosis.get("unreachable"):

@@ -1,5 +1,5 @@
 """The exporter's HTTP/1.1 front end: asyncio plus h11, serving the ASGI app (RequestGuard ->
-MetricsEndpoint -> FastAPI, exporter/server.py) on the socket that bind_listener made.
+MetricsEndpoint -> Probes, exporter/server.py) on the socket that bind_listener made.
 
 It replaced uvicorn, which could not be made to hold up against hostile clients:
 
@@ -671,3 +671,13 @@ class _Exchange:
         if len(body) <= SEND_SLICE_BYTES:
             parts, body = [b"".join(parts)], None  # the common small response: one write, one syscall
         await conn.output(parts, last=not more, body=body if body is not None else parts[0])
+
+
+async def respond(send: Any, status: int, body: bytes, content_type: bytes, length: int | None = None,
+                  extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Send a whole response through an ASGI `send`. `length`: the Content-Length to declare when
+    `body` is empty for a HEAD."""
+    size = len(body) if length is None else length
+    headers = [(b"content-type", content_type), (b"content-length", str(size).encode()), *(extra or ())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -81,8 +81,7 @@ def redact_url(url: str) -> str:
 
 class RedactUrlCredentials(logging.Filter):
     """Last line of defence for logs: drop user:password@ from any URL in a record, whoever
-    wrote it (httpx logs full request URLs). On the root handlers (cli.setup_logging) and on the
-    httpx logger (EngineSource), so it holds however logging is configured."""
+    wrote it. On the root handlers (cli.setup_logging), so it holds for every logger."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -90,8 +89,3 @@ class RedactUrlCredentials(logging.Filter):
         if redacted != message:
             record.msg, record.args = redacted, None
         return True
-
-
-def install_log_redaction(logger: logging.Logger) -> None:
-    if not any(isinstance(f, RedactUrlCredentials) for f in logger.filters):
-        logger.addFilter(RedactUrlCredentials())

@@ -16,11 +16,10 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from fastapi import FastAPI, Response
-
 from exporter import __version__
 from exporter.collect import Collector, HealthView
 from exporter.expose import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
+from exporter.httpserver import respond
 from exporter.snapshot import Sample, labels_of
 
 log = logging.getLogger("llm_exporter.server")
@@ -222,7 +221,7 @@ class PageCache:
 
 
 class MetricsEndpoint:
-    """Serves /metrics, and the JSON and HTML pages, as plain ASGI in front of FastAPI: the hot
+    """Serves /metrics, and the JSON and HTML pages, as plain ASGI in front of the probes: the hot
     path is one dict lookup and a send of bytes rendered once per cycle. Each in-flight count
     covers the render and the hand-off of the body to the server (which finishes writing it to a
     slow reader on its own, within a memory budget: exporter/httpserver.py), and everything runs
@@ -253,7 +252,7 @@ class MetricsEndpoint:
             return
         if self.in_flight >= self.max_concurrent:
             self.collector.count_rejected()
-            await _send(send, 503, b"too many concurrent scrapes\n", b"text/plain")
+            await respond(send, 503, b"too many concurrent scrapes\n", b"text/plain")
             return
         self.in_flight += 1
         try:
@@ -263,11 +262,11 @@ class MetricsEndpoint:
 
     async def _serve(self, scope: dict, send: Any) -> None:
         if scope.get("method") not in ("GET", "HEAD"):
-            await _send(send, 405, b"method not allowed\n", b"text/plain", extra=[(b"allow", b"GET, HEAD")])
+            await respond(send, 405, b"method not allowed\n", b"text/plain", extra=[(b"allow", b"GET, HEAD")])
             return
         published = self.collector.published()
         if published is None:
-            await _send(send, 503, b"no collection finished yet\n", b"text/plain")
+            await respond(send, 503, b"no collection finished yet\n", b"text/plain")
             return
         accept = b""
         for key, value in scope.get("headers", ()):
@@ -277,15 +276,15 @@ class MetricsEndpoint:
             body, content_type = published.openmetrics(), OPENMETRICS_CONTENT_TYPE.encode()
         else:
             body, content_type = published.text, TEXT_CONTENT_TYPE.encode()
-        await _send(send, 200, b"" if scope.get("method") == "HEAD" else body, content_type, len(body))
+        await respond(send, 200, b"" if scope.get("method") == "HEAD" else body, content_type, len(body))
 
     async def _serve_page(self, scope: dict, send: Any, page: str) -> None:
         if scope.get("method") not in ("GET", "HEAD"):
-            await _send(send, 405, b"method not allowed\n", b"text/plain", extra=[(b"allow", b"GET, HEAD")])
+            await respond(send, 405, b"method not allowed\n", b"text/plain", extra=[(b"allow", b"GET, HEAD")])
             return
         if self.pages_in_flight >= self.max_concurrent:
             self.pages_rejected[page] += 1
-            await _send(send, 503, b"too many concurrent requests\n", b"text/plain")
+            await respond(send, 503, b"too many concurrent requests\n", b"text/plain")
             return
         self.pages_in_flight += 1
         try:
@@ -293,7 +292,7 @@ class MetricsEndpoint:
             content_type = HTML_CONTENT_TYPE if page == "status_page" else JSON_CONTENT_TYPE
             if status == 500:
                 content_type = b"text/plain"
-            await _send(send, status, b"" if scope.get("method") == "HEAD" else body, content_type, len(body))
+            await respond(send, status, b"" if scope.get("method") == "HEAD" else body, content_type, len(body))
         finally:
             self.pages_in_flight -= 1
 
@@ -305,32 +304,36 @@ class MetricsEndpoint:
                 for path, page in PAGES.items() for reason in PAGE_REJECT_REASONS]
 
 
-async def _send(send: Any, status: int, body: bytes, content_type: bytes, length: int | None = None,
-                extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body) if length is None else length).encode()),
-               *(extra or ())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 def create_app(collector: Collector, *, max_concurrent_scrapes: int = 4,
                max_page_bytes: int | None = None) -> MetricsEndpoint:
-    """/healthz and /readyz in FastAPI (and its 404s); /metrics and the pages in MetricsEndpoint.
-    `max_page_bytes`: default MAX_PAGE_BYTES, read at each call (tests lower it)."""
-    app = FastAPI(title="llm-exporter", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
-
-    @app.api_route("/healthz", methods=["GET", "HEAD"])  # probes and uptime checkers may use HEAD
-    async def healthz() -> Response:
-        return Response("ok\n", media_type="text/plain")
-
-    @app.api_route("/readyz", methods=["GET", "HEAD"])
-    async def readyz() -> Response:
-        if collector.ready:
-            return Response("ready\n", media_type="text/plain")
-        return Response("not ready: no collection finished yet\n", status_code=503, media_type="text/plain")
-
-    return MetricsEndpoint(app, collector, max_concurrent_scrapes,
+    """/metrics, the pages, /healthz and /readyz. `max_page_bytes`: default MAX_PAGE_BYTES, read
+    at each call (tests lower it)."""
+    return MetricsEndpoint(Probes(collector), collector, max_concurrent_scrapes,
                            MAX_PAGE_BYTES if max_page_bytes is None else max_page_bytes)
+
+
+class Probes:
+    """/healthz (the process answers) and /readyz (a collection has finished), GET or HEAD:
+    probes and uptime checkers may use HEAD. Anything else is 404."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path, method = scope["path"], scope.get("method")
+        if path not in ("/healthz", "/readyz"):
+            await respond(send, 404, b"not found\n", b"text/plain")
+            return
+        if method not in ("GET", "HEAD"):
+            await respond(send, 405, b"method not allowed\n", b"text/plain", extra=[(b"allow", b"GET, HEAD")])
+            return
+        if path == "/healthz":
+            status, body = 200, b"ok\n"
+        elif self.collector.ready:
+            status, body = 200, b"ready\n"
+        else:
+            status, body = 503, b"not ready: no collection finished yet\n"
+        await respond(send, status, b"" if method == "HEAD" else body, b"text/plain", len(body))
 
 
 # Every endpoint is a GET; a body is never needed, so anything past a small cap is refused before
@@ -345,7 +348,7 @@ Authorize = Callable[[str, "bytes | None"], Awaitable["bool | None"]]
 
 
 class RequestGuard:
-    """The outermost ASGI layer, in front of MetricsEndpoint and FastAPI: refuses oversized
+    """The outermost ASGI layer, in front of MetricsEndpoint: refuses oversized
     headers (431) or body (413) and, when `authorize` is set (basic auth from the web config), a request without
     valid credentials (401 with WWW-Authenticate). /healthz and /readyz stay open (the authorize
     function decides; see exporter/webconfig.py). Query strings are never read here or below for
@@ -366,7 +369,7 @@ class RequestGuard:
         headers = scope.get("headers", ())
         if sum(len(k) + len(v) + 4 for k, v in headers) + len(scope.get("raw_path") or b"") \
                 + len(scope.get("query_string") or b"") > MAX_HEADER_BYTES:
-            await _send(send, 431, b"request headers too large\n", b"text/plain")
+            await respond(send, 431, b"request headers too large\n", b"text/plain")
             return
         for key, value in headers:
             if key == b"content-length":
@@ -376,11 +379,11 @@ class RequestGuard:
             elif key == b"authorization":
                 authorization = value
         if declared is not None and declared > self.max_body_bytes:
-            await _send(send, 413, b"request body too large\n", b"text/plain")
+            await respond(send, 413, b"request body too large\n", b"text/plain")
             return
         allowed = True if self.authorize is None else await self.authorize(scope["path"], authorization)
         if allowed is None:
-            await _send(send, 503, b"too many authentication checks in progress\n", b"text/plain",
+            await respond(send, 503, b"too many authentication checks in progress\n", b"text/plain",
                         extra=[(b"retry-after", b"1")])
             return
         if not allowed:
@@ -401,7 +404,7 @@ class RequestGuard:
                 return None
             total += len(message.get("body", b""))
             if total > self.max_body_bytes:
-                await _send(send, 413, b"request body too large\n", b"text/plain")
+                await respond(send, 413, b"request body too large\n", b"text/plain")
                 return None
             messages.append(message)
             if not message.get("more_body"):

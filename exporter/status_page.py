@@ -145,6 +145,9 @@ def _throughput(n: Mapping[str, Any]) -> str:
             f"<tr><td>decode steps/s</td><td>{_num(n.get('decode_steps_per_second'), '{:.1f}')}</td></tr>"
             f"<tr><td>engine time</td><td>{esc(phase)}</td></tr>"
             f"<tr><td>prefill MFU</td><td>{_bar(n.get('prefill_mfu'), 2.0)}</td></tr>"
+            f"<tr><td>MFU (engine's estimate)</td><td>{_bar(n.get('engine_flops_ratio'), 2.0)}</td></tr>"
+            f"<tr><td>HBM (engine's estimate)</td><td>{_bar(n.get('engine_hbm_ratio'), 2.0)}</td></tr>"
+            f"<tr><td>speculative acceptance</td><td>{_bar(n.get('spec_decode_acceptance'), 2.0)}</td></tr>"
             f"<tr><td>energy</td><td>{_num(n.get('joules_per_token'), '{:.3g}', ' J/token')}</td></tr>"
             f"<tr><td>cost</td><td>{_num(n.get('cost_per_million_tokens'), '{:.3g}', ' per 1M tokens')}</td></tr>"
             "</table>")
@@ -213,7 +216,8 @@ def render(diagnosis: Mapping[str, Any], *, refresh_s: int = 5, version: str = "
     down = diagnosis.get("unreachable", [])
     if down:
         body += ('<section class="target"><h2>Unreachable targets</h2>'
-                 + _list([f"{d['target']}: {d['reason']}" for d in down]) + "</section>")
+                 + _list([f"{d['target']}: {d['reason']}" + (f" ({d['message']})" if d.get("message") else "")
+                          for d in down]) + "</section>")
     if not targets and not down:
         body += f'<section class="target"><h2>No targets</h2>{_list(diagnosis.get("notes", []))}</section>'
     notes = [n for n in diagnosis.get("notes", []) if targets or down]

@@ -187,7 +187,8 @@ def _parse_tls(block: object, base_dir: str) -> TlsSettings:
             context.load_verify_locations(cafile=ca_file)
         except (ssl.SSLError, OSError) as error:
             reason = getattr(error, "reason", None) or getattr(error, "strerror", None) or error
-            raise WebConfigError(f"tls_server_config.client_ca_file {ca_file!r}: not a PEM CA bundle ({reason})") from None
+            raise WebConfigError(f"tls_server_config.client_ca_file {ca_file!r}: "
+                                 f"not a PEM CA bundle ({reason})") from None
     context.verify_mode = verify_mode
     return TlsSettings(cert_file, key_file, ca_file, auth_type, verify_mode, versions["min_version"],
                        versions["max_version"], context)

@@ -8,6 +8,7 @@ tier marker (and `slow`) then goes on each of its tests; a single slow test else
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
@@ -15,6 +16,10 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 GOLDEN = ROOT / "tests" / "golden"
+
+# The live tier (tests/live: real engines, minutes to install and start) runs only from
+# `make test-live`, which sets LLM_EXPORTER_LIVE=1; `make test` and `make test-fast` leave it out.
+collect_ignore_glob = [] if os.environ.get("LLM_EXPORTER_LIVE") == "1" else ["live/*"]
 
 
 # test file (or "file::test function") -> its tier: e2e (a whole stack, a browser, or the CLI's own

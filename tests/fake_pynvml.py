@@ -161,7 +161,8 @@ NVMLError_GpuIsLost = _error_class(NVML_ERROR_GPU_IS_LOST, "NVMLError_GpuIsLost"
 NVMLError_ResetRequired = _error_class(NVML_ERROR_RESET_REQUIRED, "NVMLError_ResetRequired")
 NVMLError_LibRmVersionMismatch = _error_class(NVML_ERROR_LIB_RM_VERSION_MISMATCH, "NVMLError_LibRmVersionMismatch")
 NVMLError_NoData = _error_class(NVML_ERROR_NO_DATA, "NVMLError_NoData")
-NVMLError_ArgumentVersionMismatch = _error_class(NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "NVMLError_ArgumentVersionMismatch")
+NVMLError_ArgumentVersionMismatch = _error_class(NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+                                                 "NVMLError_ArgumentVersionMismatch")
 NVMLError_NotReady = _error_class(NVML_ERROR_NOT_READY, "NVMLError_NotReady")
 NVMLError_GpuNotFound = _error_class(NVML_ERROR_GPU_NOT_FOUND, "NVMLError_GpuNotFound")
 NVMLError_Unknown = _error_class(NVML_ERROR_UNKNOWN, "NVMLError_Unknown")

@@ -143,8 +143,9 @@ def stack(tmp_path_factory):
                 args += ["--engine-format", name]
             elif scenario != "decode-heavy":
                 args += ["--speed", str(SPEED)]
-            processes.append((subprocess.Popen([sys.executable, "-m", "exporter.cli", *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                               stderr=subprocess.PIPE, text=True), signal.SIGINT))
+            processes.append((subprocess.Popen([sys.executable, "-m", "exporter.cli", *args], cwd=ROOT, env=env,
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
+                              signal.SIGINT))
         prom_port = free_port()
         rule_files = sorted(str(p) for p in (ROOT / "alerts" / "rules").glob("*.yaml"))
         config = {

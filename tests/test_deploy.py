@@ -241,7 +241,8 @@ def test_prometheus_config_scrapes_the_job_the_rules_select(tmp_path):
     (tmp_path / "prometheus.yml").write_text(rendered)
     result = run(tool("promtool"), "check", "config", tmp_path / "prometheus.yml")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert len(re.findall(r"SUCCESS: \d+ rules found", result.stdout)) == len(list((ROOT / "alerts/rules").glob("*.yaml")))
+    assert (len(re.findall(r"SUCCESS: \d+ rules found", result.stdout))
+            == len(list((ROOT / "alerts/rules").glob("*.yaml"))))
 
 
 def test_amtool_accepts_the_alertmanager_config():
@@ -534,7 +535,8 @@ def test_systemd_unit_verifies(tmp_path):
     if analyze is None:
         pytest.skip("systemd-analyze not installed")
     unit = tmp_path / "llm-exporter.service"
-    unit.write_text(text.replace("/opt/llm-exporter/bin/llm-exporter", str(pathlib.Path(sys.executable).parent / "llm-exporter")))
+    unit.write_text(text.replace("/opt/llm-exporter/bin/llm-exporter",
+                                 str(pathlib.Path(sys.executable).parent / "llm-exporter")))
     result = run(analyze, "verify", unit, timeout=30)
     problems = [line for line in result.stderr.splitlines()
                 if re.search(r"Unknown (key|section)|Invalid|Failed to parse|not executable|bad-setting", line)]

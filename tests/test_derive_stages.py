@@ -18,8 +18,9 @@ from exporter.derive.settings import DeriveSettings, derive_settings
 from exporter.derive.stage import Stage, check_order, view_needs
 from exporter.derive.view import ViewCache, build_view
 from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult, labels_of
+from exporter.sources.engines.normalize import NormalizerState
 from tests.test_derive_twin import Harness
-from tests.test_derive_verdict import ranked_snapshot, run
+from tests.test_derive_verdict import llamacpp_snapshot, ranked_snapshot, run
 
 DERIVE = pathlib.Path(__file__).resolve().parent.parent / "exporter" / "derive"
 GPU_SOURCES = ("nvml", "gpm", "sim")
@@ -139,6 +140,9 @@ def _outputs() -> list[tuple[str, Sample]]:
     deriver = Deriver(Config(), stages=stages)
     for t in range(4):
         deriver(ranked_snapshot(5.0 * t, {"0": 5_000.0 * t, "1": 4_000.0 * t}), None)
+    deriver, state = Deriver(Config(), stages=stages), NormalizerState()
+    for t in range(4):  # speculative decoding counters
+        deriver(llamacpp_snapshot(5.0 * t, state), None)
     return seen
 
 

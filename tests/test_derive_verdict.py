@@ -97,7 +97,8 @@ def test_sticky_margin_keeps_a_close_standing_verdict():
 
 def engine_samples(target: str, t: float, model: str = "llama-3.1-8b") -> tuple[Sample, ...]:
     labels = labels_of(target=target, engine="vllm", model=model)
-    out = [Sample("llm_prompt_tokens_total", labels, 1000.0 * t), Sample("llm_generation_tokens_total", labels, 500.0 * t),
+    out = [Sample("llm_prompt_tokens_total", labels, 1000.0 * t),
+           Sample("llm_generation_tokens_total", labels, 500.0 * t),
            Sample("llm_requests_running", labels, 10.0), Sample("llm_requests_waiting", labels, 0.0),
            Sample("llm_kv_cache_usage_ratio", labels, 0.5), Sample("llm_kv_cache_capacity_tokens", labels, 100_000.0)]
     total = 0.0
@@ -252,9 +253,13 @@ def ranked_snapshot(t: float, ranks: dict[str, float], gpus: int = 2) -> Snapsho
                     Sample("llm_prompt_tokens_total", labels, generated),
                     Sample("llm_requests_running", labels, 32.0),
                     Sample("llm_kv_cache_usage_ratio", labels, 0.4),
-                    Sample("llm_kv_cache_capacity_tokens", labels, 100_000.0)]
-    results = {"engine:a": SourceResult("engine:a", True, 0.0, t, tuple(samples), kind=SourceKind.ENGINE, attrs=MappingProxyType(
-        {"kind": "engine", "target": "a", "engine": "vllm", "model": "llama-3.1-8b"})),
+                    Sample("llm_kv_cache_capacity_tokens", labels, 100_000.0),
+                    # vLLM's own estimates: 1 GFLOP and 1 MB per generated token, per GPU
+                    Sample("llm_engine_estimated_flops_total", labels, generated * 1e9),
+                    Sample("llm_engine_estimated_read_bytes_total", labels, generated * 1e6)]
+    results = {"engine:a": SourceResult("engine:a", True, 0.0, t, tuple(samples), kind=SourceKind.ENGINE,
+                                        attrs=MappingProxyType({"kind": "engine", "target": "a", "engine": "vllm",
+                                                                "model": "llama-3.1-8b"})),
                "gpu": SourceResult("gpu", True, 0.0, t, gpu_samples(gpus, t), kind=SourceKind.GPU)}
     return Snapshot(1_000.0 + t, MappingProxyType(results))
 
@@ -294,3 +299,34 @@ def test_kv_cache_dtype_setting_next_to_the_model():
     deriver = build_deriver(Config(kv_cache_dtype="fp7"))
     assert bytes_per_token(deriver) == 131_072
     assert any("kv_cache_dtype ignored" in o for o in deriver.diagnosis()["targets"]["a"]["omitted"])
+
+
+def llamacpp_page(t: float, *, slots_busy: int = 4, deferred: int = 0, spec: bool = True) -> str:
+    """A llama.cpp /metrics page (build 11434's names) after `t` seconds of steady decoding on
+    `slots_busy` slots: 20 tokens/s per slot, 10 llama_decode() calls/s, 40 computed and 60 cached
+    prompt tokens/s, and (with `spec`) 100 draft tokens/s of which 30 accepted."""
+    counters = {"prompt_tokens_total": 40 * t, "prompt_tokens_cached_total": 60 * t, "prompt_seconds_total": 0.1 * t,
+                "tokens_predicted_total": 20 * slots_busy * t,
+                "tokens_predicted_seconds_total": slots_busy * 0.9 * t, "n_decode_total": 10 * t,
+                "n_tokens_max": 700}
+    if spec:
+        counters |= {"spec_decode_num_draft_tokens_total": 100 * t, "spec_decode_num_accepted_tokens_total": 30 * t,
+                     "spec_decode_num_drafts_total": 25 * t}
+    gauges = {"prompt_tokens_seconds": 400.0, "predicted_tokens_seconds": 22.0,
+              "requests_processing": slots_busy, "requests_deferred": deferred, "n_busy_slots_per_decode": 3.9}
+    lines = []
+    for kind, items in (("counter", counters), ("gauge", gauges)):
+        for name, value in items.items():
+            lines += [f"# HELP llamacpp:{name} .", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {value:g}"]
+    return "\n".join(lines) + "\n"
+
+
+def llamacpp_snapshot(t: float, state, **page) -> Snapshot:
+    """llamacpp_page normalized by the real normalizer, as the engine source would pass it on."""
+    from exporter.sources.engines.normalize import normalize
+
+    scrape = normalize(llamacpp_page(t, **page), target="a", state=state)
+    results = {"engine:a": SourceResult("engine:a", True, 0.0, t, scrape.samples, kind=SourceKind.ENGINE,
+                                        attrs=MappingProxyType({"kind": "engine", "target": "a",
+                                                                "engine": "llamacpp", "model": ""}))}
+    return Snapshot(1_000.0 + t, MappingProxyType(results))

@@ -57,7 +57,8 @@ def _wait(stack: FullStack, predicate, timeout: float, what: str) -> None:
     if not wait_until(predicate, timeout=timeout, interval=0.25):
         received = [(r.name, r.status, r.labels.get("long", "")) for r in stack.receiver.alerts()]
         raise AssertionError(f"{what} within {timeout:g}s.\nreceived: {received}\n"
-                             f"firing in Prometheus: {[a['alertname'] for a in stack.firing()]}\n{logs(stack.directory)}")
+                             f"firing in Prometheus: {[a['alertname'] for a in stack.firing()]}\n"
+                             f"{logs(stack.directory)}")
 
 
 def _seconds(text: str) -> float:
@@ -93,7 +94,8 @@ def test_overload_pages_the_ttft_burn_and_the_p99_alert_with_labels_and_numbers(
     assert page.receiver == "/pager"
     assert page.labels["severity"] == "critical" and page.labels["slo"] == "ttft"
     assert page.labels["target"] == TARGET and page.labels["model"] == model
-    burn = re.search(r": ([\d.]+)x the sustainable error rate over (\w+) \(and over (\w+)\)", page.annotations["description"])
+    burn = re.search(r": ([\d.]+)x the sustainable error rate over (\w+) \(and over (\w+)\)",
+                     page.annotations["description"])
     assert burn, page.annotations["description"]
     # Burning faster than the pair's factor, and at most 100x (every request bad, 1% budget).
     assert fast["factor"] < float(burn.group(1)) <= 100.0, page.annotations["description"]
@@ -251,7 +253,8 @@ def test_engine_restart_resets_counters_without_a_rate_spike_or_an_alert(stack: 
     assert stack.value(f'resets(llm_generation_tokens_total{{target="{TARGET}"}}[{since}])') >= 1
     for family in families:
         after = _max_rate(stack, family, since)
-        assert after <= 1.5 * before[family], f"{family}: rate {after:.0f}/s after the restart, {before[family]:.0f} before"
+        assert after <= 1.5 * before[family], (
+            f"{family}: rate {after:.0f}/s after the restart, {before[family]:.0f} before")
     derived_after = stack.value(f'max_over_time(llm_decode_tokens_per_second{{target="{TARGET}"}}[{since}])')
     assert derived_after <= 1.5 * derived_before, (derived_after, derived_before)
     new = [(r.name, r.labels) for r in stack.receiver.alerts(status="firing", since=restarted)

@@ -307,10 +307,11 @@ def test_llamacpp_current(engine_server: str) -> None:
     assert (result.kind, result.model) == ("llamacpp", "")
     assert value(result, "llm_prefill_seconds_total") == 32.378
     assert value(result, "llm_decode_seconds_total") == 469.376
-    assert value(result, "llm_prompt_tokens_total") == 26129
+    assert value(result, "llm_prompt_tokens_total") == 26129  # a build without prompt_tokens_cached_total
     assert value(result, "llm_generation_tokens_total") == 10911
+    assert value(result, "llm_engine_steps_total") == 10420  # n_decode_total: llama_decode() calls
     # mistyped "counters" (a max and an average) and the throughput gauges are not exported
-    assert len(result.samples) == 6
+    assert len(result.samples) == 7
     assert "llm_kv_cache_usage_ratio" not in names(result)
 
 
@@ -318,7 +319,7 @@ def test_llamacpp_old_nan_is_handled(engine_server: str) -> None:
     result = scrape(engine_server, "llamacpp-old_with_kvcache-hardcoded_fallback.prom")
     assert value(result, "llm_kv_cache_usage_ratio") == 0.0
     assert all(math.isfinite(s.value) for s in result.samples)
-    assert result.unmapped_samples == 5  # n_decode, n_busy_slots (-nan(ind)), 2 throughputs, kv tokens
+    assert result.unmapped_samples == 4  # n_busy_slots (-nan(ind)), 2 throughputs, kv tokens
 
 
 # ---------------------------------------------------------------------------------------------

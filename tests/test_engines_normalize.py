@@ -238,7 +238,8 @@ def test_sglang_dp_attention_ranks_are_not_tp_copies() -> None:
 # ---------------------------------------------------------------------------------------------
 # Prefix-cache units and sources
 
-BLOCKS_HELP = ("# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries, in terms of number of queried blocks.\n"
+BLOCKS_HELP = ("# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries, "
+               "in terms of number of queried blocks.\n"
                "# HELP vllm:gpu_prefix_cache_hits_total GPU prefix cache hits, in terms of number of cached blocks.\n")
 TOKENS_HELP = BLOCKS_HELP.replace("queried blocks", "queried tokens").replace("cached blocks", "cached tokens")
 GPU_PREFIX = ('vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 100\n'
@@ -427,7 +428,8 @@ def test_triton_used_over_max_only_without_fraction() -> None:
             'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="m",version="1"} 64\n')
     assert get(run(base), "llm_kv_cache_usage_ratio") == [0.25]
     assert get(run(base), "llm_kv_cache_capacity_tokens") == [6400.0]
-    with_fraction = base + 'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="m",version="1"} 0.3\n'
+    with_fraction = base + (
+        'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="m",version="1"} 0.3\n')
     assert get(run(with_fraction), "llm_kv_cache_usage_ratio") == [0.3]
     zero_max = base.replace("} 100", "} 0")
     result = run(zero_max)
@@ -723,3 +725,46 @@ def test_normalize_if_unchanged_replays_only_a_repeated_page_and_matches_the_ful
     assert replayed is not None and replayed == full and replayed != first
     changed = page.replace('model_name="', 'model_name="other-')
     assert normalize_if_unchanged(changed, target="t", kind=None, state=state) is None
+
+
+LIVE = pathlib.Path(__file__).parent / "fixtures" / "live"
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in LIVE.glob("*.prom")))
+def test_every_family_on_a_live_engine_page_is_mapped_or_listed_with_a_reason(page):
+    """Pages captured from the real engines of the live tier (tests/live): a family that is neither
+    mapped nor in its table's `unmapped` (docs/engines.md) fails, so a new engine release that adds
+    families shows up here and in `make test-live`."""
+    from exporter.sources.engines.normalize import normalize
+    from exporter.sources.engines.registry import SPECS
+
+    text = (LIVE / page).read_text()
+    scrape = normalize(text, target="live")
+    assert SPECS[scrape.kind].unaccounted(text) == []
+    assert scrape.samples and not scrape.drops, scrape.notes
+
+
+def test_the_unaccounted_check_names_a_new_family():
+    from exporter.sources.engines.registry import SPECS
+
+    page = "vllm:num_requests_running 1\nvllm:brand_new_total 3\nvllm:brand_new_created 1\nprocess_open_fds 9\n"
+    assert SPECS["vllm"].unaccounted(page) == ["vllm:brand_new_total"]
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in LIVE.glob("*.prom")))
+def test_a_live_page_normalizes_to_the_independent_reading_of_the_alias_tables(page):
+    """tests/live/expected.py reads a page with prometheus_client's parser and the alias tables
+    alone; the normalizer must agree on every total and every bucket (what make test-live checks
+    through the real exporter, here on the committed captures)."""
+    from exporter.sources.engines.normalize import normalize
+    from exporter.sources.engines.registry import SPECS
+    from tests.live.expected import expected_totals
+
+    text = (LIVE / page).read_text()
+    scrape = normalize(text, target="t")
+    got: dict = {}
+    for s in scrape.samples:
+        le = dict(s.labels).get("le")
+        key = (s.name, float(le) if s.name.endswith("_bucket") else None)
+        got[key] = got.get(key, 0.0) + s.value
+    assert got == expected_totals(SPECS[scrape.kind], text)

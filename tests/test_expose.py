@@ -36,7 +36,8 @@ def test_rendering_is_sorted_and_parseable():
     text = render(_histogram("b", (1, 2, 3)) + _histogram("a", (4, 5, 6))).decode()
     targets = [line.split('target="')[1][0] for line in text.splitlines() if "_bucket" in line]
     assert targets == ["a", "a", "a", "b", "b", "b"]
-    buckets = [line.split('le="')[1].split('"')[0] for line in text.splitlines() if 'target="a"' in line and "_bucket" in line]
+    buckets = [line.split('le="')[1].split('"')[0] for line in text.splitlines()
+               if 'target="a"' in line and "_bucket" in line]
     assert buckets == ["0.1", "1.0", "+Inf"]
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["llm_time_to_first_token_seconds"].type == "histogram"
@@ -60,7 +61,8 @@ def test_page_plan_reuse_formats_special_values_and_notices_changed_labels():
     renderer = Renderer()
     first = _histogram("a", (1, 2, 3)) + [Sample("llm_requests_running", labels_of(target="a"), 2.0)]
     renderer.render(first)
-    specials = _histogram("a", (math.inf, -math.inf, 3)) + [Sample("llm_requests_running", labels_of(target="a"), math.nan)]
+    specials = (_histogram("a", (math.inf, -math.inf, 3))
+                + [Sample("llm_requests_running", labels_of(target="a"), math.nan)])
     assert renderer.render(specials) == render(specials)
     assert b'llm_requests_running{target="a"} NaN' in renderer.render(specials)
     # Same names in the same order, one label value changed: the cached layout must not be used.

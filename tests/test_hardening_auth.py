@@ -112,7 +112,8 @@ def test_a_reload_that_stops_verifying_client_certificates_is_refused(tmp_path, 
                                             "client_auth_type": "RequireAndVerifyClientCert"}})
     good = _client(server_ca, client_ca.issue_cert("prometheus@example"))
     with running_exporter(_config(web), [ScriptedSource("a")], tls=good) as base:
-        for weaker in ({**cert}, {**cert, "client_ca_file": "clients.crt", "client_auth_type": "VerifyClientCertIfGiven"}):
+        for weaker in ({**cert},
+                       {**cert, "client_ca_file": "clients.crt", "client_auth_type": "VerifyClientCertIfGiven"}):
             _write_yaml(web, {"tls_server_config": weaker})
             assert wait_until(lambda: _metric(base, RELOAD_OK, verify=good) == 0.0, timeout=10), weaker
             with pytest.raises(httpx.TransportError):  # a client without a certificate is still turned away

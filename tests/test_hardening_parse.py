@@ -208,7 +208,8 @@ def test_fresh_long_label_values_keep_rss_flat_through_the_engine_source():
     print(f"RSS growth over 30 cycles: {growth / MB:.1f} MB")
     assert growth < 50 * MB, f"RSS grew {growth / MB:.1f} MB over 30 cycles"
     assert _value(last, "llm_engine_up", target="t") == 1.0
-    assert _value(last, "llm_exporter_series_dropped_total", source="engine:t", reason="label_value_too_long") == 33 * 20
+    assert _value(last, "llm_exporter_series_dropped_total", source="engine:t",
+                  reason="label_value_too_long") == 33 * 20
     text = last.text.decode()
     assert "h" * 1000 not in text  # no over-long value reaches /metrics
     assert "w" * 4000 in text  # values under the limit still do
@@ -253,7 +254,8 @@ def _counter_page(value: str) -> str:
             + _ttft(VALID_TTFT))
 
 
-CASES = {**{f"histogram:{k}": (k, GOOD + v, "llm_time_to_first_token_seconds_bucket") for k, v in HOSTILE_PAGES.items()},
+CASES = {**{f"histogram:{k}": (k, GOOD + v, "llm_time_to_first_token_seconds_bucket")
+            for k, v in HOSTILE_PAGES.items()},
          "counter:nan": ("non_finite", _counter_page("NaN"), "llm_generation_tokens_total"),
          "counter:inf": ("non_finite", _counter_page("+Inf"), "llm_generation_tokens_total"),
          "counter:negative": ("negative_counter", _counter_page("-5"), "llm_generation_tokens_total")}
@@ -295,7 +297,8 @@ def test_a_replayed_page_is_validated_again():
         assert dict(result.drops) == {reason: 5}
         assert not [s for s in result.samples if s.name.startswith("llm_time_to_first_token_seconds")]
         assert normalize(good, target="t", kind="vllm", state=state).drops == {}
-    negative = GOOD.replace("vllm:prompt_tokens_total{model_name=\"m\"} 100", "vllm:prompt_tokens_total{model_name=\"m\"} -1")
+    negative = GOOD.replace("vllm:prompt_tokens_total{model_name=\"m\"} 100",
+                            "vllm:prompt_tokens_total{model_name=\"m\"} -1")
     assert dict(normalize(negative + _ttft(VALID_TTFT), target="t", kind="vllm", state=state).drops) == {
         "negative_counter": 1}
 

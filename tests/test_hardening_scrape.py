@@ -159,7 +159,8 @@ FAILURES = [
 @pytest.mark.parametrize("kind, reason", FAILURES, ids=[k for k, _ in FAILURES])
 def test_failed_scrapes_free_their_buffers_without_the_cyclic_gc(hostile_engine, kind, reason):
     late = kind == "late_failure"
-    source = EngineSource(EngineTarget(url=f"{hostile_engine}/{kind}", name="t", timeout_s=2.0 if late else 0.3 if kind == "timeout_mid_body" else 1.5),
+    source = EngineSource(EngineTarget(url=f"{hostile_engine}/{kind}", name="t",
+                                       timeout_s=2.0 if late else 0.3 if kind == "timeout_mid_body" else 1.5),
                           max_payload_bytes=CAP, max_series=10_000)
     collector = Collector([source], interval_s=1.0, timeouts={source.name: 0.1 if late else 2.0})
     me = psutil.Process()

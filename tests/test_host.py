@@ -105,7 +105,8 @@ def test_golden_second_cycle(case: str, tmp_path: pathlib.Path, assert_golden) -
 
 @pytest.mark.parametrize("case", CASES)
 def test_golden_passes_promtool(case: str) -> None:
-    promtool_check_metrics((pathlib.Path(__file__).resolve().parent / "golden" / "host" / f"{case}.metrics").read_bytes())
+    promtool_check_metrics(
+        (pathlib.Path(__file__).resolve().parent / "golden" / "host" / f"{case}.metrics").read_bytes())
 
 
 def test_every_sample_has_a_catalogued_family(tmp_path: pathlib.Path) -> None:
@@ -509,7 +510,8 @@ def test_parse_small_files() -> None:
     assert parse_loadavg("0.50 1.25 2.00 3/400 1234\n") == (0.5, 1.25, 2.0)
     assert parse_meminfo("MemTotal:  2 kB\nHugePages_Total: 4\n") == {"MemTotal": 2048, "HugePages_Total": 4}
     assert parse_meminfo("Node 1 MemFree:   3 kB\n") == {"MemFree": 3072}
-    psi = parse_pressure("some avg10=2.66 avg60=1.01 avg300=1.12 total=6800014\nfull avg10=9 avg60=9 avg300=9 total=1\n")
+    psi = parse_pressure("some avg10=2.66 avg60=1.01 avg300=1.12 total=6800014\n"
+                         "full avg10=9 avg60=9 avg300=9 total=1\n")
     assert psi is not None
     assert (psi.avg10, psi.avg60, psi.total_seconds) == (pytest.approx(0.0266), pytest.approx(0.0101), 6.800014)
     assert parse_pressure("full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n") is None

@@ -332,6 +332,24 @@ def test_a_non_200_drops_the_connection_and_the_next_fetch_recovers():
     assert server.accepts == 2
 
 
+LLAMACPP_501 = (b'{"error":{"code":501,"message":"This server does not support metrics endpoint. '
+                b'Start it with `--metrics`","type":"not_supported_error"}}')
+
+
+@pytest.mark.parametrize(("body", "hint"), [
+    (LLAMACPP_501, ": This server does not support metrics endpoint. Start it with `--metrics`"),
+    (b"plain\x1b[31m words\r\nsecond line", ": plain [31m words second line"),  # printable, one line
+    (b'{"error": "' + b"x" * 400 + b'"}', ": " + "x" * 197 + "..."),  # shortened
+    (b"y" * 5000, ""),  # over MAX_ERROR_BODY: not read, no hint
+    (b"", ""),
+])
+def test_an_error_answer_says_what_the_engine_said_shortened_and_printable(body, hint):
+    with RawServer(answer(body, status="501 Not Implemented")) as server:
+        error = failure(server.url())
+    assert error.reason == "http_status" and error.status == 501
+    assert error.message == f"HTTP 501 from {server.url()}{hint}"
+
+
 def test_oversized_headers_are_refused():
     def huge(sock, head, index):
         sock.sendall(b"HTTP/1.1 200 OK\r\n" + b"X-Filler: " + b"a" * (70 * 1024) + b"\r\nContent-Length: 2\r\n\r\nok")

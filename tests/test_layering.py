@@ -134,3 +134,26 @@ def test_config_does_not_reach_into_sources():
         upward = sorted(t for t in graph[module] if t.startswith(("exporter.sources.engines.normalize",
                                                                   "exporter.sources.engines.auth")))
         assert not upward, (module, upward)
+
+
+# Import name -> the distribution in pyproject's `dependencies` that provides it.
+RUNTIME_IMPORTS = {"h11": "h11", "yaml": "pyyaml", "prometheus_client": "prometheus-client", "psutil": "psutil",
+                   "pynvml": "nvidia-ml-py", "bcrypt": "bcrypt", "certifi": "certifi"}
+
+
+def test_the_package_imports_only_the_standard_library_and_its_declared_dependencies():
+    import sys
+    import tomllib
+
+    declared = {d.split(">")[0].split("=")[0].split("<")[0].strip().lower()
+                for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    assert set(RUNTIME_IMPORTS.values()) == declared, "RUNTIME_IMPORTS and pyproject's dependencies differ"
+    found: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = _module_name(path)
+        for target in _imports(ast.parse(path.read_text(encoding="utf-8")), name, path.name == "__init__.py"):
+            top = target.split(".")[0]
+            if top and top != "exporter" and top not in sys.stdlib_module_names:
+                found.setdefault(top, set()).add(name)
+    undeclared = {top: sorted(users) for top, users in found.items() if top not in RUNTIME_IMPORTS}
+    assert not undeclared, f"imports of packages that are not runtime dependencies: {undeclared}"

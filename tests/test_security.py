@@ -217,7 +217,8 @@ def test_bad_web_config_at_reload_keeps_the_last_good_one(tmp_path, fast_reload,
             return [r for r in caplog.records if "not reloaded" in r.getMessage()]
 
         for edits, bad in enumerate(("basic_auth_users: [unclosed\n", {"basic_auth_users": {"prometheus": "plaintext"}},
-                                     {"tls_server_config": {"cert_file": "missing.crt", "key_file": "missing.key"}}), 1):
+                                     {"tls_server_config": {"cert_file": "missing.crt",
+                                                            "key_file": "missing.key"}}), 1):
             _write_yaml(web, bad)
             # Each edit is seen before the next is written (the metric alone is already 0 after the first).
             assert wait_until(lambda n=edits: len(refusals()) >= n, timeout=10), bad
@@ -434,7 +435,8 @@ NOT_PEM = __file__  # a file that exists everywhere and is no certificate
     (["--url", "https://127.0.0.1:9", "--password-file", "/nonexistent/pw"], {}, "--username"),
     (["--url", "https://127.0.0.1:9", "--username", "u", "--password-file", "/nonexistent/pw"], {},
      "--password-file='/nonexistent/pw': No such file"),
-    (["--url", "https://127.0.0.1:9", "--username", "u", "--password-env", "UNSET_PW"], {}, "--password-env='UNSET_PW'"),
+    (["--url", "https://127.0.0.1:9", "--username", "u", "--password-env", "UNSET_PW"], {},
+     "--password-env='UNSET_PW'"),
     (["--url", "https://127.0.0.1:9", "--ca-file", "/nonexistent/ca.pem"], {}, "--ca-file='/nonexistent/ca.pem'"),
     (["--url", "https://127.0.0.1:9", "--cert-file", NOT_PEM], {}, "needs both --cert-file and --key-file"),
     (["--url", "https://127.0.0.1:9", "--cert-file", NOT_PEM, "--key-file", NOT_PEM], {},

@@ -41,6 +41,9 @@ def test_metrics_text_and_openmetrics_and_json():
             head, get = httpx.head(base + path, timeout=5), httpx.get(base + path, timeout=5)
             assert head.status_code == 200 and head.content == b"", path
             assert head.headers["content-type"] == get.headers["content-type"], path
+        assert httpx.get(base + "/nope", timeout=5).status_code == 404
+        refused = httpx.post(base + "/readyz", timeout=5)
+        assert refused.status_code == 405 and refused.headers["allow"] == "GET, HEAD"
 
 
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"

@@ -138,6 +138,13 @@ def test_in_process_servers_and_control_endpoints() -> None:
                     assert (await client.post(twins[0].url + "/sim/scenario", json=body)).status_code == 400, body
                 assert (await client.post(twins[0].url + "/sim/scenario?name=pcie-degraded")).status_code == 409
                 assert (await client.post(twins[0].url + "/sim/restart")).json()["restarts"] == 1
+                assert (await client.get(twins[0].url + "/nope")).status_code == 404
+                refused = await client.get(twins[0].url + "/sim/restart")
+                assert refused.status_code == 405 and refused.headers["allow"] == "POST"
+                head = await client.head(twins[0].url + "/metrics")
+                assert head.status_code == 200 and head.content == b"" and int(head.headers["content-length"]) > 0
+                too_big = await client.post(twins[0].url + "/sim/scenario", content=b"{" + b" " * 10_000 + b"}")
+                assert too_big.status_code == 400
         finally:
             for t in twins:
                 await t.stop()
@@ -147,15 +154,16 @@ def test_in_process_servers_and_control_endpoints() -> None:
 
 def test_every_twin_handler_runs_on_the_event_loop() -> None:
     """The exporter reads /metrics and /sim/gpu of a twin at the same moment every cycle. A plain
-    `def` handler runs in FastAPI's thread pool, and two of them advanced the engine concurrently
-    and corrupted it (KV blocks leaked past 100%). The race is too rare to provoke reliably in a
-    test, so the guard is structural: every route's endpoint must be a coroutine function."""
+    `def` handler run in a thread pool (as FastAPI ran them), and two of them advanced the engine
+    concurrently and corrupted it (KV blocks leaked past 100%). The race is too rare to provoke
+    reliably in a test, so the guard is structural: every route's handler must be a coroutine
+    function."""
     import inspect
 
     from exporter.simulator.server import RealtimeClock, build_app
 
     app = build_app(RealtimeClock(_twin("vllm", seconds=1.0)))
-    endpoints = {route.path: route.endpoint for route in app.routes if hasattr(route, "endpoint")}
+    endpoints = {path: handler for (_, path), handler in app.routes.items()}
     assert {"/metrics", "/sim/gpu", "/sim/scenario", "/sim/restart"} <= set(endpoints)
     assert [path for path, fn in endpoints.items() if not inspect.iscoroutinefunction(fn)] == []
 

@@ -4,7 +4,8 @@ source has. Formulas are in docs/diagnosis.md and in each derive module."""
 from exporter.catalog.base import family
 
 TM = ("target", "model")
-RESOURCES = ("idle", "compute", "memory_bandwidth", "kv_capacity", "host_cpu", "interconnect", "power_thermal")
+RESOURCES = ("idle", "compute", "memory_bandwidth", "kv_capacity", "scheduler", "host_cpu", "interconnect",
+             "power_thermal")
 
 FAMILIES = (
     family("llm_prefill_tokens_per_second", "gauge", "tokens/s",
@@ -17,14 +18,20 @@ FAMILIES = (
            "histogram _sum (llm_request_generation_tokens; prompt tokens likewise).", TM, "derived"),
     family("llm_phase_time_ratio", "gauge", "ratio",
            "Share of engine time in each phase: increase of prefill time / (prefill + decode time), from "
-           "llm_prefill_seconds_total/llm_decode_seconds_total, else the per-batch forward-time "
-           "histograms' _sum, else the per-request prefill/decode time histograms' _sum (which weight "
-           "decode by batch size). Absent when the engine reports none.", TM + ("phase",), "derived"),
+           "the per-batch forward-time histograms' _sum, else the per-request prefill/decode time "
+           "histograms' _sum, else llama.cpp's per-slot llm_prefill_seconds_total/llm_decode_seconds_total "
+           "(the last two weight decode by batch size). Absent when the engine reports none.",
+           TM + ("phase",), "derived"),
     family("llm_mean_batch_size", "gauge", "sequences",
            "Mean of llm_requests_running over the rate window.", TM, "derived"),
     family("llm_decode_steps_per_second", "gauge", "steps/s",
-           "Decode steps per second = decode tokens/s / max(1, mean batch size): each step emits one "
-           "token per running sequence.", TM, "derived"),
+           "Engine steps per second: the windowed rate of llm_engine_steps_total where the engine counts "
+           "its forward passes (llama.cpp), else decode tokens/s / max(1, mean batch size): each step "
+           "emits one token per running sequence.", TM, "derived"),
+    family("llm_spec_decode_acceptance_ratio", "gauge", "ratio",
+           "Speculative decoding: draft tokens accepted / draft tokens proposed over the rate window. "
+           "Under about 0.5 the draft model costs more than it saves and decoding gets slower "
+           "(LLMSpecDecodeLowAcceptance). Absent without speculative decoding.", TM, "derived"),
     family("llm_kv_cache_bytes_per_token", "gauge", "bytes",
            "KV cache bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per KV element, "
            "from the model shape (--model, else the engine's model name when it is a built-in shape); "
@@ -45,12 +52,19 @@ FAMILIES = (
            "Achieved HBM bandwidth per GPU. source=model: decode steps/s x (weight bytes read per step x "
            "data-parallel ranks + KV used tokens x KV bytes per token) / (tensor-parallel x data-parallel "
            "GPUs); KV bytes per token from the model shape and kv_cache_dtype. source=gpm: "
-           "llm_gpu_dram_bandwidth_utilization_ratio x the card's peak bandwidth (exporter/specs/gpus.py).", ("target", "gpu", "source"), "derived"),
+           "llm_gpu_dram_bandwidth_utilization_ratio x the card's peak bandwidth (exporter/specs/gpus.py). "
+           "source=engine: the engine's own estimate of bytes read + written per GPU (vLLM "
+           "estimated_read/write_bytes_per_gpu_total), as a rate.",
+           ("target", "gpu", "source"), "derived"),
     family("llm_hbm_bandwidth_efficiency_ratio", "gauge", "ratio",
            "Achieved HBM bandwidth / the card's peak: source=model from the formula above, source=gpm the "
-           "GPM DRAM_BW_UTIL ratio itself; the gap between them is what the model does not explain "
-           "(prefill traffic, activations, other processes).",
+           "GPM DRAM_BW_UTIL ratio itself, source=engine the engine's own estimate; the gap between them "
+           "is what the model does not explain (prefill traffic, activations, other processes).",
            ("target", "gpu", "source"), "derived"),
+    family("llm_engine_flops_utilization_ratio", "gauge", "ratio",
+           "The engine's own estimate of FLOP/s per GPU (vLLM estimated_flops_per_gpu_total, as a rate) / "
+           "the card's peak dense FLOPS for the model's precision: engine-measured MFU over prefill and "
+           "decode together, beside the modelled llm_prefill_mfu_ratio.", ("target", "gpu"), "derived"),
     family("llm_prefill_mfu_ratio", "gauge", "ratio",
            "Prefill model FLOPs utilization = prefill FLOPs per token at the window's mean prompt length "
            "(matmuls + attention; 2 x active params without a prompt-length histogram) x computed prompt "
@@ -77,14 +91,16 @@ FAMILIES = (
            "End-to-end request latency quantiles over the sliding window, as above.", TM + ("quantile",), "derived"),
     family("llm_ttft_slo_attainment_ratio", "gauge", "ratio",
            "Share of requests in the window with TTFT <= le = window count of bucket le / window total, "
-           "where le is the largest bucket bound at or below --slo-ttft (so it never flatters).", TM + ("le",), "derived"),
+           "where le is the largest bucket bound at or below --slo-ttft (so it never flatters).",
+           TM + ("le",), "derived"),
     family("llm_tbt_slo_attainment_ratio", "gauge", "ratio",
            "Share of inter-token gaps in the window <= le, le the largest bucket bound at or below "
            "--slo-tbt.",
            TM + ("le",), "derived"),
     family("llm_bottleneck", "gauge", "bool",
            "The bottleneck verdict (docs/diagnosis.md): 1 for the resource that limits the target now, 0 "
-           "for the others; absent on the first cycle and for unreachable targets. Resources: " + ", ".join(RESOURCES) + ".", ("target", "resource"), "derived"),
+           "for the others; absent on the first cycle and for unreachable targets. Resources: "
+           + ", ".join(RESOURCES) + ".", ("target", "resource"), "derived"),
     family("llm_bottleneck_score", "gauge", "score",
            "How strongly the evidence points at each resource (0..1; formulas in docs/diagnosis.md); the "
            "verdict follows the diagnosis order with hysteresis.", ("target", "resource"), "derived"),

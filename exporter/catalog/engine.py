@@ -37,15 +37,19 @@ FAMILIES = (
     family("llm_request_generation_tokens", "histogram", "tokens",
            "Output length of finished requests, in tokens.", T, "engine"),
     family("llm_prompt_tokens_total", "counter", "tokens",
-           "Prompt (prefill) tokens processed.", T, "engine"),
+           "Prompt tokens of every request, computed or served by the prefix cache (the cached ones are "
+           "llm_prefix_cache_hits_total where the engine counts them; llama.cpp counts them apart and they "
+           "are added here).", T, "engine"),
     family("llm_generation_tokens_total", "counter", "tokens",
            "Output (decode) tokens generated.", T, "engine"),
     family("llm_prefill_seconds_total", "counter", "seconds",
-           "Cumulative engine time spent processing prompts, for engines that give time counters "
-           "instead of histograms (llama.cpp).", T, "engine"),
+           "Cumulative per-request time spent processing prompts, for engines that give time counters "
+           "instead of histograms (llama.cpp): summed over the requests (slots) running at once, so it "
+           "grows by up to N seconds per second with N slots busy.", T, "engine"),
     family("llm_decode_seconds_total", "counter", "seconds",
-           "Cumulative engine time spent generating tokens, for engines that give time counters "
-           "instead of histograms (llama.cpp).", T, "engine"),
+           "Cumulative per-request time spent generating tokens, for engines that give time counters "
+           "instead of histograms (llama.cpp): summed over the requests (slots) decoding at once. "
+           "rate() of it / rate(llm_generation_tokens_total) is the mean time per output token.", T, "engine"),
     family("llm_request_duration_seconds_total", "counter", "seconds",
            "Cumulative end-to-end request time, for engines that give only a time counter (Triton, in "
            "microseconds natively).", T, "engine"),
@@ -75,6 +79,10 @@ FAMILIES = (
            "KV cache capacity in tokens (blocks x block size).", T, "engine"),
     family("llm_kv_cache_block_size_tokens", "gauge", "tokens",
            "Tokens per KV cache block.", T, "engine"),
+    family("llm_kv_cache_memory_bytes", "gauge", "bytes",
+           "GPU memory the engine allocated to the KV cache, per worker (vLLM cache_config_info "
+           "kv_cache_memory_bytes): with the capacity in tokens it gives the bytes per token of the "
+           "dtype the engine really runs.", T, "engine"),
     # Added with the per-engine alias tables (exporter/sources/engines/): families some engines
     # offer that the core schema lacked.
     family("llm_requests_running_max", "gauge", "requests",
@@ -89,4 +97,23 @@ FAMILIES = (
     family("llm_batch_decode_time_seconds", "histogram", "seconds",
            "Duration of one decode step over the running batch (TGI batch inference, "
            "method=decode)." + HISTOGRAM_HELP, T, "engine"),
+    family("llm_engine_steps_total", "counter", "steps",
+           "Forward passes of the engine over its batch (llama.cpp llama_decode() calls, without "
+           "speculative and multimodal ones): rate() is engine steps per second.", T, "engine"),
+    family("llm_engine_estimated_flops_total", "counter", "FLOP",
+           "Floating-point operations the engine estimates it ran, per GPU (vLLM "
+           "estimated_flops_per_gpu_total, from its own model of each step): rate() is achieved FLOP/s.",
+           T, "engine"),
+    family("llm_engine_estimated_read_bytes_total", "counter", "bytes",
+           "Bytes the engine estimates it read from GPU memory, per GPU (vLLM estimated_read_bytes_per_gpu_total).",
+           T, "engine"),
+    family("llm_engine_estimated_write_bytes_total", "counter", "bytes",
+           "Bytes the engine estimates it wrote to GPU memory, per GPU (vLLM estimated_write_bytes_per_gpu_total).",
+           T, "engine"),
+    family("llm_spec_decode_draft_tokens_total", "counter", "tokens",
+           "Speculative decoding: tokens proposed by the draft model (or n-gram/EAGLE proposer).", T, "engine"),
+    family("llm_spec_decode_accepted_tokens_total", "counter", "tokens",
+           "Speculative decoding: draft tokens the target model accepted.", T, "engine"),
+    family("llm_spec_decode_drafts_total", "counter", "drafts",
+           "Speculative decoding: verification steps (drafts checked by the target model).", T, "engine"),
 )

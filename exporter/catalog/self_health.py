@@ -19,7 +19,8 @@ FAMILIES = (
     family("llm_exporter_collections_total", "counter", "cycles",
            "Collection cycles completed since the exporter started.", (), "self"),
     family("llm_exporter_cycle_duration_seconds", "gauge", "seconds",
-           "Wall time of the last whole collection cycle (all sources and derive; a page is rendered by its first scrape).", (), "self"),
+           "Wall time of the last whole collection cycle (all sources and derive; a page is rendered by its "
+           "first scrape).", (), "self"),
     family("llm_exporter_scrapes_rejected_total", "counter", "requests",
            "/metrics requests answered 503 because too many scrapes were in flight.", (), "self"),
     family("llm_exporter_series_dropped_total", "counter", "series",

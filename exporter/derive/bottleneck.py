@@ -6,7 +6,7 @@ and thermal. Two kinds of resource are told apart:
 
 - roofs (compute, memory_bandwidth): the GPU doing its job at its limit. That is where a healthy,
   loaded engine sits; prefill tends to the compute roof, decode to the bandwidth roof.
-- constraints (kv_capacity, host_cpu, interconnect, power_thermal): something that keeps the GPU
+- constraints (kv_capacity, scheduler, host_cpu, interconnect, power_thermal): something that keeps the GPU
   from its roof or caps concurrency. When one is clearly active it is the verdict even if a roof
   also scores high, because the fix is elsewhere ("the most expensive mistake is upgrading a part
   that was never the bottleneck").
@@ -29,7 +29,7 @@ from exporter.catalog.derived import RESOURCES
 from exporter.snapshot import Sample
 
 ROOFS = ("compute", "memory_bandwidth")
-CONSTRAINTS = ("kv_capacity", "host_cpu", "interconnect", "power_thermal")
+CONSTRAINTS = ("kv_capacity", "scheduler", "host_cpu", "interconnect", "power_thermal")
 CONSTRAINT_MIN = 0.6
 ROOF_MIN = 0.35
 STICKY = 0.1
@@ -48,6 +48,7 @@ VERDICT_WORDS: Mapping[str, tuple[str, str]] = {
     "compute": ("compute (tensor FLOPS)", "compute (tensor FLOPS, prefill)"),
     "memory_bandwidth": ("HBM bandwidth", "HBM bandwidth (decode)"),
     "kv_capacity": ("KV cache capacity", "KV cache capacity"),
+    "scheduler": ("scheduler limit (max sequences/slots)", "the scheduler's limit (max running sequences or slots)"),
     "host_cpu": ("host CPU", "host CPU"),
     "interconnect": ("interconnect (PCIe/NVLink)", "interconnect (PCIe/NVLink)"),
     "power_thermal": ("power / thermal throttling", "power / thermal throttling"),
@@ -76,6 +77,14 @@ REMEDIES: Mapping[str, tuple[str, ...]] = {
         "KV cache is full: set KV limits (lower --max-model-len / --max-num-seqs) so admitted requests fit.",
         "Quantize the KV cache (fp8) or the weights to free memory for KV; raise gpu-memory-utilization.",
         "Add more replicas (or more GPUs per replica) to spread the KV; route long-context requests apart.",
+    ),
+    "scheduler": (
+        "Requests wait while the KV cache has room: the engine runs as many sequences as it is allowed "
+        "(vLLM --max-num-seqs, SGLang --max-running-requests, llama.cpp -np slots, TGI "
+        "--max-concurrent-requests). Raise that cap if TBT has budget left.",
+        "Raise the per-step token budget with it (vLLM --max-num-batched-tokens) so the larger batch is "
+        "scheduled; check that the KV headroom covers the extra sequences.",
+        "Or add replicas behind the load balancer when the latency budget is already spent.",
     ),
     "host_cpu": (
         "The host CPU feeds the GPU too slowly: apply CPU pinning on the GPU's NUMA node (numactl/taskset).",
@@ -126,6 +135,9 @@ class Signals(NamedTuple):
     running: float | None = None
     waiting: float | None = None
     mean_batch: float | None = None
+    mean_waiting: float | None = None
+    peak_running: float | None = None
+    running_cap: float | None = None
     prefill_tps: float | None = None
     decode_tps: float | None = None
     prefill_share: float | None = None
@@ -233,12 +245,46 @@ def _kv(s: Signals, ev: list[str] | None) -> float:
     return score
 
 
+SCHEDULER_WAITING_MIN = 1.0  # mean requests waiting over the window
+AT_CAP = 0.9  # running at this share of its cap (or of its peak in the window) counts as at the cap
+KV_ROOM = 0.9  # KV usage under this leaves room: the wait is not KV's
+
+
+def _scheduler(s: Signals, roof: float, ev: list[str] | None) -> float:
+    """Requests wait, running sits at its cap and the KV cache has room: the engine's own limit on
+    running sequences (or slots) holds them back, not a resource. Next to a GPU at its roof the
+    queue is the roof's (a larger batch would not go much faster), so the score halves there."""
+    waiting, running = s.mean_waiting, s.mean_batch
+    if waiting is None or running is None or waiting < SCHEDULER_WAITING_MIN or running < 1.0:
+        return 0.0
+    cap = s.running_cap if s.running_cap else s.peak_running
+    if not cap or running < AT_CAP * cap:
+        return 0.0
+    if (s.kv_usage is not None and s.kv_usage >= KV_ROOM) or (s.preemptions_per_s or 0.0) > 0:
+        return 0.0  # waiting on KV blocks: kv_capacity's case
+    score = 0.6 + 0.4 * ramp(waiting / running, 0.1, 1.0)
+    if roof >= 0.8:
+        score *= 0.5
+    if ev is not None:
+        what = f"its configured maximum of {s.running_cap:.0f}" if s.running_cap else \
+            f"its peak of {cap:.0f} (a cap: it does not go higher)"
+        room = f", KV cache {pct(s.kv_usage)} used" if s.kv_usage is not None else ""
+        ev.append(f"{waiting:.1f} requests waiting on average while {running:.1f} run, at {what}{room}")
+    return score
+
+
 def _host(s: Signals, roof: float, ev: list[str] | None) -> float:
     score = max(ramp(s.busiest_thread, 0.70, 0.95), 0.5 * ramp(s.cpu_all, 0.85, 0.98))
+    cpu_inference = not s.gpus_known and s.work and s.cpu_all is not None
+    if cpu_inference:
+        # No GPU: the model runs on the CPU cores, and all of them busy is the compute roof.
+        score = max(score, ramp(s.cpu_all, 0.70, 0.95))
     if ev is not None:
         if s.busiest_thread is not None:
             ev.append(f"busiest engine thread at {pct(s.busiest_thread)} of a core")
-        if s.cpu_all is not None and s.cpu_all >= 0.85:
+        if cpu_inference:
+            ev.append(f"no GPU seen: inference runs on the host CPUs, {pct(s.cpu_all)} busy")
+        elif s.cpu_all is not None and s.cpu_all >= 0.85:
             ev.append(f"host CPUs {pct(s.cpu_all)} busy")
     if score > 0 and roof >= 0.8:
         # A busy CPU next to a GPU at its roof is not what limits tokens/s.
@@ -321,15 +367,16 @@ def _scores(s: Signals, evidence: dict[str, list[str]] | None) -> dict[str, floa
     compute = _compute(s, ev("compute"))
     bandwidth = _bandwidth(s, ev("memory_bandwidth"))
     kv = _kv(s, ev("kv_capacity"))
+    scheduler = _scheduler(s, max(compute, bandwidth), ev("scheduler"))
     host = _host(s, max(compute, bandwidth), ev("host_cpu"))
     link = _interconnect(s, ev("interconnect"))
     power = _power(s, ev("power_thermal"))
-    others = max(compute, bandwidth, kv, host, link, power)
+    others = max(compute, bandwidth, kv, scheduler, host, link, power)
     idle = 1.0 if not s.work else max(0.0, 1.0 - 2.0 * others)
     if evidence is not None:
         evidence["idle"] = ["no requests running or waiting and no tokens generated"] if not s.work else []
     scores = {"idle": idle, "compute": compute, "memory_bandwidth": bandwidth, "kv_capacity": kv,
-              "host_cpu": host, "interconnect": link, "power_thermal": power}
+              "scheduler": scheduler, "host_cpu": host, "interconnect": link, "power_thermal": power}
     return {k: round(v, 4) for k, v in scores.items()}
 
 
@@ -341,8 +388,7 @@ def scores(s: Signals) -> dict[str, float]:
 def assess(s: Signals) -> Assessment:
     evidence: dict[str, list[str]] = {}
     scores = _scores(s, evidence)
-    order = ("idle", "compute", "memory_bandwidth", "kv_capacity", "host_cpu", "interconnect", "power_thermal")
-    return Assessment(scores, {k: tuple(evidence[k]) for k in order}, tuple(_context(s)))
+    return Assessment(scores, {k: tuple(evidence[k]) for k in RESOURCES}, tuple(_context(s)))
 
 
 def roof_positions(s: Signals) -> dict[str, float]:

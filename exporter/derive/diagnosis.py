@@ -81,7 +81,7 @@ def target_diagnosis(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]
 def build_diagnosis(cycle: Cycle, stages: Sequence[Stage]) -> dict[str, Any]:
     view = cycle.view
     targets = {r.engine.target: target_diagnosis(r, stages) for r in cycle.targets}
-    unreachable = [{"target": d.target, "reason": d.reason} for d in view.engines_down]
+    unreachable = [{"target": d.target, "reason": d.reason, "message": d.message} for d in view.engines_down]
     statuses = [t["status"] for t in targets.values()]
     if not targets:
         status = "unknown"

@@ -1,8 +1,12 @@
 """KV cache occupancy in tokens and bytes, and headroom in sequences.
 
-bytes/token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element (specs.models).
-Used tokens come from the engine (usage ratio x capacity); bytes need the model shape, and are
-omitted without it. Headroom = free tokens / the current mean context per running sequence.
+bytes/token: where the engine says how much memory its KV cache holds (vLLM's
+kv_cache_memory_bytes, per worker), that x tensor-parallel workers / capacity in tokens, which
+follows whatever dtype the engine really runs (`--dtype float32` with `--kv-cache-dtype auto`
+holds 4-byte elements, which no config.json says). Otherwise 2 (K and V) x layers x kv_heads x
+head_dim x bytes per element from the model shape (specs.models), omitted without one. Used
+tokens come from the engine (usage ratio x capacity). Headroom = free tokens / the current mean
+context per running sequence.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from exporter.derive.view import KV_CAPACITY, KV_USAGE, EngineView
 from exporter.snapshot import Sample
 from exporter.specs.models import ModelShape, kv_bytes_per_token
 
+KV_MEMORY = "llm_kv_cache_memory_bytes"
+
 
 class KvCache(NamedTuple):
     usage_ratio: float | None = None
@@ -24,6 +30,7 @@ class KvCache(NamedTuple):
     bytes_per_token: float | None = None
     mean_context: float | None = None
     headroom_sequences: float | None = None
+    bytes_source: str = ""  # "engine" (its KV memory / capacity) or "model shape"
 
     @property
     def used_bytes(self) -> float | None:
@@ -51,7 +58,17 @@ def headroom_sequences(capacity: float, used: float, context: float) -> float:
     return float(math.floor(max(0.0, capacity - used) / context)) if context > 0 else 0.0
 
 
-def compute(engine: EngineView, tp: Throughput | None, shape: ModelShape | None) -> KvCache:
+def bytes_per_token(engine: EngineView, shape: ModelShape | None, workers: int) -> tuple[float | None, str]:
+    """(KV bytes per token, where it came from): the engine's own allocation first."""
+    memory, capacity = engine.get(KV_MEMORY), engine.get(KV_CAPACITY)
+    if memory and capacity:
+        return memory * max(1, workers) / capacity, "engine"
+    if shape is not None:
+        return kv_bytes_per_token(shape), "model shape"
+    return None, ""
+
+
+def compute(engine: EngineView, tp: Throughput | None, shape: ModelShape | None, workers: int = 1) -> KvCache:
     capacity = engine.get(KV_CAPACITY)
     used = engine.kv_used_tokens
     running = tp.running if tp is not None else engine.get("llm_requests_running")
@@ -60,13 +77,15 @@ def compute(engine: EngineView, tp: Throughput | None, shape: ModelShape | None)
     headroom = None
     if capacity is not None and used is not None and context is not None:
         headroom = headroom_sequences(capacity, used, context)
+    per_token, source = bytes_per_token(engine, shape, workers)
     return KvCache(
         usage_ratio=engine.kv_usage_ratio,
         used_tokens=used,
         capacity_tokens=capacity,
-        bytes_per_token=kv_bytes_per_token(shape) if shape is not None else None,
+        bytes_per_token=per_token,
         mean_context=context,
         headroom_sequences=headroom,
+        bytes_source=source,
     )
 
 
@@ -86,16 +105,17 @@ def samples(kv: KvCache, key: TargetKey) -> list[Sample]:
 def numbers(kv: KvCache) -> dict[str, Any]:
     return dict(kv_usage_ratio=rounded(kv.usage_ratio), kv_used_tokens=rounded(kv.used_tokens, 0),
                 kv_capacity_tokens=kv.capacity_tokens, kv_bytes_per_token=kv.bytes_per_token,
+                kv_bytes_per_token_from=kv.bytes_source or None,
                 kv_headroom_sequences=kv.headroom_sequences)
 
 
 def _compute(ctx: Ctx, state: None) -> KvCache:
-    return compute(ctx.engine, ctx.get("throughput"), ctx.shape)
+    return compute(ctx.engine, ctx.get("throughput"), ctx.shape, ctx.tp)
 
 
 STAGE = Stage(
     name="kv", compute=_compute, samples=samples, numbers=numbers, after=("throughput",),
     emits=("llm_kv_cache_bytes_per_token", "llm_kv_cache_used_tokens", "llm_kv_cache_used_bytes",
            "llm_kv_cache_capacity_bytes", "llm_kv_cache_headroom_sequences"),
-    engine=(KV_CAPACITY, KV_USAGE, "llm_requests_running"),
+    engine=(KV_CAPACITY, KV_USAGE, KV_MEMORY, "llm_requests_running"),
 )

@@ -38,13 +38,16 @@ from exporter.specs.models import (
 )
 
 
-def decode_bytes_per_step(shape: ModelShape, batch: float, kv_tokens: float, ranks: int = 1) -> float:
+def decode_bytes_per_step(shape: ModelShape, batch: float, kv_tokens: float, ranks: int = 1,
+                          kv_token_bytes: float | None = None) -> float:
     """Bytes one decode step reads from HBM over all GPUs: weights once per data-parallel rank
     (MoE: the experts that rank's share of the batch routes to) plus the KV cache of the running
-    sequences (`batch` and `kv_tokens` summed over the ranks)."""
+    sequences (`batch` and `kv_tokens` summed over the ranks). `kv_token_bytes`: the KV stage's
+    bytes per token (the engine's own when it says), else the model shape's."""
     ranks = max(1, ranks)
     tokens = max(1, round(batch / ranks))
-    return ranks * weight_bytes_read_per_step(shape, tokens) + kv_tokens * kv_bytes_per_token(shape)
+    per_token = kv_bytes_per_token(shape) if kv_token_bytes is None else kv_token_bytes
+    return ranks * weight_bytes_read_per_step(shape, tokens) + kv_tokens * per_token
 
 
 def modelled_bandwidth_per_gpu(steps_per_s: float, bytes_per_step: float, gpus: int) -> float:
@@ -104,6 +107,20 @@ class GpuRoof(NamedTuple):
     gpm_ratio: float | None = None
     intensity: float | None = None  # decode FLOPs per HBM byte
     achieved_flops: float | None = None  # decode FLOP/s on this GPU (modelled)
+    engine_bandwidth: float | None = None  # bytes/s the engine itself estimates for each GPU
+    engine_flops: float | None = None  # FLOP/s likewise
+
+    @property
+    def engine_ratio(self) -> float | None:
+        if self.engine_bandwidth is None or not self.peak_bandwidth:
+            return None
+        return self.engine_bandwidth / self.peak_bandwidth
+
+    @property
+    def engine_flops_ratio(self) -> float | None:
+        if self.engine_flops is None or not self.peak_flops:
+            return None
+        return self.engine_flops / self.peak_flops
 
     @property
     def model_ratio(self) -> float | None:
@@ -126,7 +143,8 @@ def compute(gpus: Sequence[GpuView], specs: Sequence[GpuSpec | None], shape: Mod
     kv_tokens = kv.used_tokens if kv is not None else None
     per_step = None
     if shape is not None and steps is not None and batch is not None:
-        per_step = decode_bytes_per_step(shape, batch, kv_tokens or 0.0, ranks)
+        per_step = decode_bytes_per_step(shape, batch, kv_tokens or 0.0, ranks,
+                                         kv.bytes_per_token if kv is not None else None)
     spread = max(tp, 1) * ranks
     flops_step = None
     if shape is not None and batch is not None and batch > 0:
@@ -147,6 +165,10 @@ def compute(gpus: Sequence[GpuView], specs: Sequence[GpuSpec | None], shape: Mod
             model_bandwidth=model_bw if peak_bw else None,
             gpm_bandwidth=gpm * peak_bw if gpm is not None and peak_bw else None,
             gpm_ratio=gpm, intensity=intensity, achieved_flops=achieved,
+            # Each data-parallel rank reports its own GPUs' figure and the view sums the ranks.
+            engine_bandwidth=thr.engine_bytes_per_gpu / ranks if thr and thr.engine_bytes_per_gpu is not None
+            else None,
+            engine_flops=thr.engine_flops_per_gpu / ranks if thr and thr.engine_flops_per_gpu is not None else None,
         ))
     mfu = None
     known = [s for s in specs if s is not None]
@@ -167,19 +189,27 @@ def samples(roof: Roofline, key: TargetKey) -> list[Sample]:
     target = key.target
     out: list[Sample] = []
     for g in roof.gpus:
-        for source, bw, ratio in (("model", g.model_bandwidth, g.model_ratio), ("gpm", g.gpm_bandwidth, g.gpm_ratio)):
+        for source, bw, ratio in (("model", g.model_bandwidth, g.model_ratio), ("gpm", g.gpm_bandwidth, g.gpm_ratio),
+                                  ("engine", g.engine_bandwidth, g.engine_ratio)):
             labels = (("gpu", g.gpu), ("source", source), ("target", target))  # sorted (test_derive_stages)
             if bw is not None:
                 out.append(Sample("llm_hbm_bandwidth_bytes_per_second", labels, bw))
             if ratio is not None and (source == "gpm" or bw is not None):
                 out.append(Sample("llm_hbm_bandwidth_efficiency_ratio", labels, ratio))
+        if g.engine_flops_ratio is not None:
+            out.append(Sample("llm_engine_flops_utilization_ratio", (("gpu", g.gpu), ("target", target)),
+                              g.engine_flops_ratio))
     if roof.mfu is not None:
         out.append(Sample("llm_prefill_mfu_ratio", key.labels, roof.mfu))
     return out
 
 
 def numbers(roof: Roofline) -> dict[str, Any]:
-    return {"prefill_mfu": rounded(roof.mfu)}
+    engine_bw = [g.engine_ratio for g in roof.gpus if g.engine_ratio is not None]
+    engine_fl = [g.engine_flops_ratio for g in roof.gpus if g.engine_flops_ratio is not None]
+    return {"prefill_mfu": rounded(roof.mfu),
+            "engine_hbm_ratio": rounded(sum(engine_bw) / len(engine_bw)) if engine_bw else None,
+            "engine_flops_ratio": rounded(sum(engine_fl) / len(engine_fl)) if engine_fl else None}
 
 
 def _compute(ctx: Ctx, state: None) -> Roofline | None:
@@ -192,6 +222,6 @@ def _compute(ctx: Ctx, state: None) -> Roofline | None:
 STAGE = Stage(
     name="roofline", compute=_compute, samples=samples, numbers=numbers, after=("throughput", "kv"),
     emits=("llm_hbm_bandwidth_bytes_per_second", "llm_hbm_bandwidth_efficiency_ratio",
-           "llm_prefill_mfu_ratio"),
+           "llm_prefill_mfu_ratio", "llm_engine_flops_utilization_ratio"),
     gpu=(DRAM_BW,),
 )

@@ -94,6 +94,8 @@ def gather(ctx: Ctx) -> Signals:
         values["prefill_share"], values["time_source"] = thr.prefill_share, thr.time_source
         values["preemptions_per_s"] = thr.preemptions_per_s
         values["prefix_hit_share"] = thr.prefix_hit_share
+        values["mean_waiting"], values["peak_running"] = thr.mean_waiting, thr.peak_running
+        values["running_cap"] = thr.running_cap
     if kvc is not None:
         values["kv_usage"], values["kv_headroom"] = kvc.usage_ratio, kvc.headroom_sequences
     if roof is not None:

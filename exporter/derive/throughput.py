@@ -28,17 +28,21 @@ COUNTERS = (
     "llm_request_decode_time_seconds_sum", "llm_request_prompt_tokens_sum", "llm_request_prompt_tokens_count",
     "llm_request_generation_tokens_sum", "llm_request_generation_tokens_count",
     "llm_batch_prefill_time_seconds_sum", "llm_batch_decode_time_seconds_sum", "llm_prefix_cache_hits_total",
+    "llm_engine_steps_total", "llm_spec_decode_draft_tokens_total", "llm_spec_decode_accepted_tokens_total",
+    "llm_engine_estimated_flops_total", "llm_engine_estimated_read_bytes_total",
+    "llm_engine_estimated_write_bytes_total",
 )
 _COUNTERS = frozenset(COUNTERS)
 HIT_RATIO = PREFIX_HIT_RATIO
-# Phase time sources, best first: engine time counters and per-batch forward times are engine
-# time; per-request times overlap across the batch and so weight decode by the batch size.
+# Phase time sources, best first: per-batch forward times are engine time; per-request times
+# (histograms, or llama.cpp's per-slot time counters) overlap across the batch and so weight
+# decode by the batch size.
 PHASE_TIMES = (
-    ("llm_prefill_seconds_total", "llm_decode_seconds_total", "engine time counters"),
     ("llm_batch_prefill_time_seconds_sum", "llm_batch_decode_time_seconds_sum", "per-batch forward time"),
     ("llm_request_prefill_time_seconds_sum", "llm_request_decode_time_seconds_sum", "per-request prefill/decode time"),
+    ("llm_prefill_seconds_total", "llm_decode_seconds_total", "per-slot time counters"),
 )
-GAUGES = ("llm_requests_running", "llm_requests_waiting")
+GAUGES = ("llm_requests_running", "llm_requests_waiting", "llm_requests_running_max")
 
 
 class Throughput(NamedTuple):
@@ -51,12 +55,19 @@ class Throughput(NamedTuple):
     preemptions_per_s: float | None = None
     running: float | None = None
     waiting: float | None = None
+    mean_waiting: float | None = None
+    peak_running: float | None = None  # the most requests running at once in the window
+    running_cap: float | None = None  # the engine's configured maximum, where it reports one
     mean_request_tokens: float | None = None  # prompt + output of requests finished in the window
     mean_prompt_tokens: float | None = None  # prompt length of requests finished in the window
     # Prompt tokens/s the GPU computes: prefill_tps less prefix-cache hits (== prefill_tps when the
     # engine reports no prefix cache), and the share of prompt tokens the cache served.
     prefill_computed_tps: float | None = None
     prefix_hit_share: float | None = None
+    spec_acceptance: float | None = None  # draft tokens accepted / proposed in the window
+    # The engine's own estimates per GPU (vLLM estimated_*_per_gpu_total), as rates.
+    engine_flops_per_gpu: float | None = None
+    engine_bytes_per_gpu: float | None = None
 
 
 def observe(window: RateWindow, engine: EngineView, ts: float) -> None:
@@ -127,6 +138,16 @@ def compute(engine: EngineView, window: RateWindow) -> Throughput:
     computed, hit_share = computed_prefill(
         prefill_tps, window.rate("llm_prefix_cache_hits_total"), window.mean(HIT_RATIO))
     mean_batch = window.mean("llm_requests_running")
+    # An engine that counts its forward passes gives steps/s directly; otherwise one decode step
+    # emits a token per running sequence.
+    steps = window.rate("llm_engine_steps_total")
+    drafted = window.increase("llm_spec_decode_draft_tokens_total")
+    accepted = window.increase("llm_spec_decode_accepted_tokens_total")
+    acceptance = None
+    if drafted is not None and accepted is not None and drafted[0] > 0:
+        acceptance = min(1.0, max(0.0, accepted[0] / drafted[0]))
+    read = window.rate("llm_engine_estimated_read_bytes_total")
+    write = window.rate("llm_engine_estimated_write_bytes_total")
     prompt = _mean_per_request(window, "llm_request_prompt_tokens_sum", "llm_request_prompt_tokens_count")
     output = _mean_per_request(window, "llm_request_generation_tokens_sum", "llm_request_generation_tokens_count")
     return Throughput(
@@ -135,14 +156,20 @@ def compute(engine: EngineView, window: RateWindow) -> Throughput:
         prefill_share=share,
         time_source=time_source,
         mean_batch=mean_batch,
-        steps_per_s=steps_per_second(decode_tps, mean_batch),
+        steps_per_s=steps if steps is not None else steps_per_second(decode_tps, mean_batch),
         preemptions_per_s=window.rate("llm_preemptions_total"),
         running=engine.get("llm_requests_running"),
         waiting=engine.get("llm_requests_waiting"),
+        mean_waiting=window.mean("llm_requests_waiting"),
+        peak_running=window.max("llm_requests_running"),
+        running_cap=engine.get("llm_requests_running_max"),
         mean_request_tokens=(prompt + output) if prompt is not None and output is not None else None,
         mean_prompt_tokens=prompt,
         prefill_computed_tps=computed,
         prefix_hit_share=hit_share,
+        spec_acceptance=acceptance,
+        engine_flops_per_gpu=window.rate("llm_engine_estimated_flops_total"),
+        engine_bytes_per_gpu=None if read is None and write is None else (read or 0.0) + (write or 0.0),
     )
 
 
@@ -152,7 +179,8 @@ def samples(tp: Throughput, key: TargetKey) -> list[Sample]:
     for name, value in (("llm_prefill_tokens_per_second", tp.prefill_tps),
                         ("llm_decode_tokens_per_second", tp.decode_tps),
                         ("llm_mean_batch_size", tp.mean_batch),
-                        ("llm_decode_steps_per_second", tp.steps_per_s)):
+                        ("llm_decode_steps_per_second", tp.steps_per_s),
+                        ("llm_spec_decode_acceptance_ratio", tp.spec_acceptance)):
         if value is not None:
             out.append(Sample(name, labels, value))
     if tp.prefill_share is not None:
@@ -169,7 +197,8 @@ def numbers(tp: Throughput) -> dict[str, Any]:
                 decode_steps_per_second=rounded(tp.steps_per_s, 2), running=tp.running, waiting=tp.waiting,
                 preemptions_per_second=rounded(tp.preemptions_per_s),
                 prefill_computed_tokens_per_second=rounded(tp.prefill_computed_tps, 2),
-                prefix_cache_hit_share=rounded(tp.prefix_hit_share))
+                prefix_cache_hit_share=rounded(tp.prefix_hit_share),
+                spec_decode_acceptance=rounded(tp.spec_acceptance))
 
 
 class Rates(StageState):
@@ -192,6 +221,6 @@ def _compute(ctx: Ctx, state: Rates) -> Throughput:
 STAGE = Stage(
     name="throughput", compute=_compute, samples=samples, numbers=numbers, state=Rates,
     emits=("llm_prefill_tokens_per_second", "llm_decode_tokens_per_second", "llm_mean_batch_size",
-           "llm_decode_steps_per_second", "llm_phase_time_ratio"),
+           "llm_decode_steps_per_second", "llm_spec_decode_acceptance_ratio", "llm_phase_time_ratio"),
     engine=(*COUNTERS, *GAUGES, HIT_RATIO),
 )

@@ -8,7 +8,7 @@ in a ViewCache while the source's series stay the same; a cycle then only gather
 position (see "layouts" below).
 
 Engine values are summed over data-parallel ranks, and also kept per series (rank) so that the
-windows can tell one rank's counter reset from the others' (window.ResetSafe).
+windows can tell one rank's counter reset from the others' (exporter.counters.ResetSafe).
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ class EngineDown:
     target: str
     source: str
     reason: str
+    message: str = ""  # what the failure said (redacted by the source; bounded): the engine's hint
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,7 +354,7 @@ def _engine_view(source: str, attrs: Mapping[str, str], layout: _EngineLayout, v
         kv_ratio = sum(usage.values()) / len(usage)
     hits = layout.hit_ratio.values(values) if layout.hit_ratio.keys else ()
     return EngineView(
-        target=attrs.get("target", source.removeprefix("engine:")),
+        target=attrs.get("target", source),
         source=source,
         engine=attrs.get("engine", "unknown"),
         model=attrs.get("model", "") or layout.model,
@@ -532,8 +533,8 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
                 engines.append(_engine_view(name, result.attrs,
                                             *cache.read(name, result.samples, cache.engine_layout)))
             else:
-                down.append(EngineDown(result.attrs.get("target", name.removeprefix("engine:")), name,
-                                       result.error_reason or "failed"))
+                down.append(EngineDown(result.attrs.get("target", name), name,
+                                       result.error_reason or "failed", result.error_message))
         elif kind is SourceKind.GPU:
             gpu_source = "ok" if result.ok else (result.error_reason or "failed")
             if result.ok:

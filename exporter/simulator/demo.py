@@ -35,7 +35,8 @@ async def start_twins(*, scenario: str, engines: int, gpus: int, engine_format: 
     try:
         for i in range(engines):
             twin = Twin(TwinConfig(scenario=scenario, engine_format=engine_format, gpu=gpu_name, model=model,
-                                   gpus=gpus, seed=seed + i, gpu_index_base=i * max(gpus, get_scenario(scenario).min_gpus)))
+                                   gpus=gpus, seed=seed + i,
+                                   gpu_index_base=i * max(gpus, get_scenario(scenario).min_gpus)))
             server = await start_server(twin, host=host, port=base_port + i if base_port else 0, speed=speed)
             started.append(RunningTwin(server.url, twin, server))
     except BaseException:

@@ -573,7 +573,8 @@ class LlamaCppRecorder(Recorder):
         )
         lines = []
         for name, kind, doc, value in rows:
-            lines += [f"# HELP llamacpp:{name} {doc}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {num(value)}"]
+            lines += [f"# HELP llamacpp:{name} {doc}", f"# TYPE llamacpp:{name} {kind}",
+                      f"llamacpp:{name} {num(value)}"]
         self.bucket_prompt_tokens = self.bucket_pred_tokens = 0
         self.bucket_prompt_s = self.bucket_pred_s = 0.0
         return "\n".join(lines) + "\n"

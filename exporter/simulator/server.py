@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-
-from exporter.httpserver import LISTEN_BACKLOG, HttpServer
+from exporter.httpserver import LISTEN_BACKLOG, HttpServer, respond
 from exporter.simulator.twin import Twin
 
 
@@ -34,54 +35,96 @@ class RealtimeClock:
         self.twin.advance_to(self.offset + (time.monotonic() - self.started) * self.speed)
 
 
-def build_app(clock: RealtimeClock) -> FastAPI:
-    # Every handler that touches the twin is `async def`: it then runs on the event loop, one at a
-    # time with the ticker. A plain `def` would run in FastAPI's thread pool, and two requests at
-    # once (the engine scrape and /sim/gpu arrive together each cycle) would advance the twin
-    # concurrently and corrupt it (KV blocks leaked until the engine stalled).
-    app = FastAPI(title="llm-exporter twin", docs_url=None, redoc_url=None, openapi_url=None)
-    twin = clock.twin
+Handler = Callable[[dict, Any], Awaitable[tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]]]
+MAX_CONTROL_BODY = 4096  # a /sim/scenario body names one scenario
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        clock.sync()
-        return Response(twin.metrics_text(), media_type=twin.content_type, headers=twin.metrics_headers())
 
-    @app.get("/health")
-    async def health() -> Response:
-        return Response(status_code=200)
+class TwinApp:
+    """The twin's routes as plain ASGI. Every handler is a coroutine on the event loop, one at a
+    time with the ticker: run concurrently (in a thread pool), the engine scrape and /sim/gpu that
+    arrive together each cycle would advance the twin at once and corrupt it (KV blocks leaked
+    until the engine stalled)."""
 
-    @app.get("/sim/gpu")
-    async def sim_gpu() -> Response:
-        clock.sync()
-        return JSONResponse(twin.gpu_state())
+    def __init__(self, clock: RealtimeClock) -> None:
+        self.clock = clock
+        self.routes: dict[tuple[str, str], Handler] = {
+            ("GET", "/metrics"): self.metrics, ("GET", "/health"): self.health,
+            ("GET", "/sim/gpu"): self.sim_gpu, ("POST", "/sim/scenario"): self.sim_scenario,
+            ("POST", "/sim/restart"): self.sim_restart}
 
-    @app.post("/sim/scenario")
-    async def sim_scenario(request: Request) -> Response:
-        name = request.query_params.get("name")
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        method, path = scope["method"], scope["path"]
+        handler = self.routes.get(("GET" if method == "HEAD" else method, path))
+        if handler is None:
+            allowed = [m for m, p in self.routes if p == path]
+            if allowed:
+                await respond(send, 405, b"method not allowed\n", b"text/plain",
+                              extra=[(b"allow", ", ".join(allowed).encode())])
+            else:
+                await respond(send, 404, b"not found\n", b"text/plain")
+            return
+        status, body, content_type, headers = await handler(scope, receive)
+        await respond(send, status, b"" if method == "HEAD" else body, content_type, len(body), headers)
+
+    async def metrics(self, scope: dict, receive: Any) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
+        self.clock.sync()
+        twin = self.clock.twin
+        headers = [(k.encode(), v.encode()) for k, v in twin.metrics_headers().items()]
+        return 200, twin.metrics_text().encode(), twin.content_type.encode(), headers
+
+    async def health(self, scope: dict, receive: Any) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
+        return 200, b"", b"text/plain", []
+
+    async def sim_gpu(self, scope: dict, receive: Any) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
+        self.clock.sync()
+        return _json(200, self.clock.twin.gpu_state())
+
+    async def sim_scenario(self, scope: dict, receive: Any) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
+        query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        name: Any = query["name"][0] if "name" in query else None
         if name is None:
             try:
-                body = await request.json()
+                body = json.loads(await _read_body(receive, MAX_CONTROL_BODY) or b"{}")
             except ValueError:
                 body = {}
             name = body.get("scenario") if isinstance(body, dict) else None
         if not name or not isinstance(name, str):
-            return JSONResponse({"error": "give ?name=S or a JSON body {\"scenario\": S}"}, status_code=400)
-        clock.sync()
+            return _json(400, {"error": "give ?name=S or a JSON body {\"scenario\": S}"})
+        self.clock.sync()
+        twin = self.clock.twin
         try:
             twin.set_scenario(name)
         except ValueError as e:
-            status = 409 if "needs at least" in str(e) else 400
-            return JSONResponse({"error": str(e)}, status_code=status)
-        return JSONResponse({"scenario": twin.scenario.name, "twin_time_s": twin.now})
+            return _json(409 if "needs at least" in str(e) else 400, {"error": str(e)})
+        return _json(200, {"scenario": twin.scenario.name, "twin_time_s": twin.now})
 
-    @app.post("/sim/restart")
-    async def sim_restart() -> Response:
-        clock.sync()
+    async def sim_restart(self, scope: dict, receive: Any) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
+        self.clock.sync()
+        twin = self.clock.twin
         twin.restart()
-        return JSONResponse({"restarts": twin.restarts, "twin_time_s": twin.now})
+        return _json(200, {"restarts": twin.restarts, "twin_time_s": twin.now})
 
-    return app
+
+def _json(status: int, doc: Any) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
+    return status, json.dumps(doc).encode(), b"application/json", []
+
+
+async def _read_body(receive: Any, cap: int) -> bytes:
+    """The request body, or ValueError past `cap` bytes."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return bytes(body)
+        body += message.get("body", b"")
+        if len(body) > cap:
+            raise ValueError("body too large")
+        if not message.get("more_body"):
+            return bytes(body)
+
+
+def build_app(clock: RealtimeClock) -> TwinApp:
+    return TwinApp(clock)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

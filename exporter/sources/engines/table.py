@@ -84,6 +84,14 @@ def _frozen(mapping: Mapping[str, str] | None = None) -> Mapping[str, str]:
     return MappingProxyType(dict(mapping or {}))
 
 
+COMMON_UNMAPPED: Mapping[str, str] = MappingProxyType({
+    "process_*": "the engine process's own runtime (CPU, memory, fds): the host source reads the process",
+    "python_*": "the Python runtime's garbage collector and version",
+    "http_*": "the API server's HTTP instrumentation (requests by handler, sizes): not inference",
+})
+"""Families every Python engine's page carries beside its own (prometheus_client defaults)."""
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
     """Everything normalize.py needs to know about one engine kind."""
@@ -111,6 +119,37 @@ class EngineSpec:
     default_flavor: str = ""
     notes: tuple[str, ...] = ()
     """Engine-level quirks and gaps, for docs/engines.md."""
+    unmapped: Mapping[str, str] = field(default_factory=_frozen)
+    """Engine families left out on purpose -> why, for docs/engines.md. A name ending in `*` covers
+    every family with that prefix. The live tier (tests/live) fails on a family of a real engine's
+    page that is neither mapped nor listed here."""
+
+    def accounts_for(self, family: str) -> bool:
+        """Whether `family` (as exposed, without `_bucket`/`_sum`/`_count`/`_created`) is mapped or
+        listed as unmapped."""
+        if family in self.aliases or any(t.source == family for p in self.products for t in p.terms):
+            return True
+        return any(family == name or (name.endswith("*") and family.startswith(name[:-1]))
+                   for name in self.unmapped)
+
+    def unaccounted(self, page: str) -> list[str]:
+        """The families on a /metrics page (by sample name) that are neither mapped nor listed in
+        `unmapped`: what docs/engines.md does not explain yet."""
+        found: set[str] = set()
+        for line in page.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if self.accounts_for(name) or self.accounts_for(name + "_total"):
+                continue
+            for suffix in ("_bucket", "_sum", "_count", "_created", "_info"):
+                base = name.removesuffix(suffix)
+                if base != name and (self.accounts_for(base) or self.accounts_for(base + "_total")):
+                    break
+            else:
+                if not name.endswith("_created"):  # reported by its family's own samples
+                    found.add(name)
+        return sorted(found)
 
     def alias_items(self) -> tuple[tuple[str, Alias], ...]:
         """(engine name, alias) pairs, flattening tuples."""

@@ -11,7 +11,7 @@ lines, so the aliases test the raw page for the blocks wording (`when`, one subs
 blocks -> x block_size from cache_config_info, anything else (tokens, or no HELP) -> as is.
 """
 
-from exporter.sources.engines.table import US, Alias, EngineSpec, Product, Term
+from exporter.sources.engines.table import COMMON_UNMAPPED, US, Alias, EngineSpec, Product, Term
 
 INFO = "vllm:cache_config_info"
 QUERIES_IN_BLOCKS = "prefix cache queries, in terms of number of queried blocks"
@@ -58,6 +58,13 @@ ALIASES = {
     "vllm:request_generation_tokens": Alias("llm_request_generation_tokens", "histogram"),
     "vllm:iteration_tokens_total": Alias("llm_iteration_tokens", "histogram",
                                          note="a histogram despite the _total suffix"),
+    "vllm:estimated_flops_per_gpu_total": Alias("llm_engine_estimated_flops_total", "counter",
+                                                note="vLLM's own per-GPU estimate (>= 0.11)"),
+    "vllm:estimated_read_bytes_per_gpu_total": Alias("llm_engine_estimated_read_bytes_total", "counter"),
+    "vllm:estimated_write_bytes_per_gpu_total": Alias("llm_engine_estimated_write_bytes_total", "counter"),
+    "vllm:spec_decode_num_draft_tokens_total": Alias("llm_spec_decode_draft_tokens_total", "counter"),
+    "vllm:spec_decode_num_accepted_tokens_total": Alias("llm_spec_decode_accepted_tokens_total", "counter"),
+    "vllm:spec_decode_num_drafts_total": Alias("llm_spec_decode_drafts_total", "counter"),
     # Triton's vLLM backend: the vllm:* families above (labels `model`, `version`) beside Triton's
     # core per-model counters, which carry what the backend does not export (finished requests).
     "nv_inference_request_success": Alias("llm_requests_finished_total", "counter", priority=1, reason="other",
@@ -76,6 +83,8 @@ PRODUCTS = (
             note="cache_config_info labels num_gpu_blocks x block_size"),
     Product("llm_kv_cache_block_size_tokens", "gauge", (Term(INFO, label="block_size"),),
             note="cache_config_info label block_size"),
+    Product("llm_kv_cache_memory_bytes", "gauge", (Term(INFO, label="kv_cache_memory_bytes"),),
+            note="cache_config_info label kv_cache_memory_bytes (newer releases)"),
     # V1 0.8 counted prefix-cache lookups in blocks (HELP "... number of queried blocks"); hits
     # are whole blocks, so x block_size is tokens (queries: tokens in full blocks). Without
     # cache_config_info there is no series. Later releases count tokens under the same name.
@@ -100,14 +109,44 @@ SPEC = EngineSpec(
     flavors=(("nv_inference_", "triton-vllm"), ("vllm:num_requests_swapped", "vllm-v0"),
              ("vllm:cpu_cache_usage_perc", "vllm-v0"), ("vllm:gpu_prefix_cache_hit_rate", "vllm-v0")),
     default_flavor="vllm-v1",
+    unmapped={
+        "vllm:num_requests_waiting_by_reason": "the waiting queue split by reason (capacity, deferred); "
+                                               "llm_requests_waiting is its total",
+        "vllm:engine_sleep_state": "sleep mode (awake, weights_offloaded, discard_all): an operator's "
+                                   "state, not a load signal",
+        "vllm:prompt_tokens_by_source_total": "llm_prompt_tokens_total split by source (local_compute, "
+                                              "local_cache_hit, external_kv_transfer); the local cache share "
+                                              "is prefix_cache_hits_total",
+        "vllm:prompt_tokens_cached_total": "cached prompt tokens, KV-connector transfers included: the local "
+                                           "share is prefix_cache_hits_total",
+        "vllm:prompt_tokens_cached_by_source_total": "as prompt_tokens_cached_total, by source",
+        "vllm:external_prefix_cache_*": "lookups through a KV connector (LMCache, disaggregated prefill); "
+                                        "zero without one",
+        "vllm:mm_cache_*": "the multimodal encoder cache: no inputs but text here",
+        "vllm:admission_rejections_total": "requests refused before the queue (max_num_queued_reqs/tokens "
+                                           "limits, by reason): not yet in the schema",
+        "vllm:request_max_num_generation_tokens": "the client's requested output bound per request",
+        "vllm:request_params_*": "client request parameters (n, max_tokens), not engine behaviour",
+        "vllm:request_num_preemptions": "preemptions per finished request; llm_preemptions_total has the rate",
+        "vllm:request_prefill_kv_computed_tokens": "prompt tokens computed per request (cache hits left "
+                                                   "out); the window's computed share comes from the counters",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total": "per draft position: the acceptance ratio needs "
+                                                              "only the totals",
+        "vllm:lora_requests_info": "a timestamp value with adapter lists in its labels",
+        "vllm:num_requests_swapped": "V0 swap",
+        "vllm:cpu_cache_usage_perc": "V0 swap",
+        "vllm:model_forward_time_milliseconds": "V0 tracing only",
+        "vllm:model_execute_time_milliseconds": "V0 tracing only",
+        "vllm:request_failure_total": "labels not documented; would double-count reason=\"error\"",
+        **COMMON_UNMAPPED,
+    },
     notes=(
         "`engine` (the data-parallel engine index) becomes `rank`; `model_name` becomes `model`.",
         "`*_created` samples (V1 does not disable them) are not mapped.",
         "cache_config_info is set after KV profiling: capacity appears a few seconds after start.",
-        "Not mapped: lora_requests_info (a timestamp value and adapter lists in labels), "
-        "spec-decode counters, num_requests_swapped/cpu_cache_usage_perc (V0 swap), "
-        "model_forward/execute_time_milliseconds (V0 tracing only), request_failure_total "
-        "(labels not documented; would double-count reason=\"error\").",
+        "`prompt_tokens_total` counts every prompt token, the cached ones included; "
+        "`prefix_cache_hits_total` (tokens) is the locally cached share, so the computed prompt "
+        "tokens are their difference (the same split as llama.cpp's).",
         "Bucket bounds are kept as exposed (V0 TTFT stops at 10 s, V1 at 2560 s, and "
         "--custom-histogram-buckets can change them).",
         "gpu_prefix_cache_queries/hits: V1 0.8 counted blocks, later releases count tokens under "

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import NamedTuple
 
+from exporter.counters import SeriesResets
+
 
 class Reading(NamedTuple):
     value: float
@@ -52,24 +54,21 @@ read by its field or by its own call (one may take over from the other), and two
 counter can differ by a few mJ. Read as a reset, that would add the GPU's whole lifetime again."""
 
 
-class _Total(NamedTuple):
-    raw: float  # the last reading
-    offset: float  # what the resets before it took away
-
-
 class ResetSafeTotals:
     """Keeps a counter monotonic across resets of its source (the energy counter restarts at 0
-    when the driver reloads): on a drop, the last value before it is added to an offset; a drop
-    within RESET_TOLERANCE holds the total where it was."""
+    when the driver reloads) with the one reset rule of exporter.counters; a drop within
+    RESET_TOLERANCE is read-out jitter and holds the total where it was."""
 
     def __init__(self) -> None:
-        self._state: dict[Hashable, _Total] = {}
+        self._resets: dict[Hashable, SeriesResets] = {}
+        self._last: dict[Hashable, float] = {}
 
     def update(self, key: Hashable, raw: float) -> float:
-        last_raw, offset = self._state.get(key) or _Total(raw, 0.0)
-        if raw < last_raw:
-            if raw >= last_raw * (1.0 - RESET_TOLERANCE):
-                return offset + last_raw
-            offset += last_raw
-        self._state[key] = _Total(raw, offset)
-        return offset + raw
+        last = self._last.get(key)
+        if last is not None and last * (1.0 - RESET_TOLERANCE) <= raw < last:
+            raw = last
+        self._last[key] = raw
+        resets = self._resets.get(key)
+        if resets is None:
+            resets = self._resets[key] = SeriesResets(1)
+        return raw + resets.update(((key, (raw,)),))[0]

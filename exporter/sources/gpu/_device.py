@@ -430,7 +430,8 @@ class DeviceReader:
             specs: tuple[FieldSpec, ...] = ()
         else:
             wanted = [FieldSpec(FI_MEMORY_TEMP, 0, "", GAUGE, "llm_gpu_memory_temperature_celsius", dev.labels)]
-            wanted += [FieldSpec(e.fid, 0, e.group, e.sink, e.family, dev.with_label(*e.extra) if e.extra else dev.labels)
+            wanted += [FieldSpec(e.fid, 0, e.group, e.sink, e.family,
+                                 dev.with_label(*e.extra) if e.extra else dev.labels)
                        for e in _CALL_BACKED if e.group not in dev.by_call]
             if dev.gpm is None:
                 wanted += [

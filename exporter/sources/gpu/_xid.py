@@ -123,7 +123,3 @@ class XidWatcher:
         event_set, self._event_set = self._event_set, None
         with contextlib.suppress(Exception):
             self._nvml.nvmlEventSetFree(event_set)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()

@@ -1,0 +1,249 @@
+"""The live tier: real vLLM (CPU) and llama.cpp engines, the real `llm-exporter run` scraping them
+through a recording proxy, real traffic.
+
+For each engine: requests one at a time (streaming and not), shared prefixes, closed-loop clients
+over the engine's seq/slot cap, clients that abort mid-stream, then an engine restart (vLLM's with
+a 10-block KV cache, which forces preemptions). After each phase the proxy freezes on the last page
+it passed on, and every mapped family on the exporter's /metrics must equal the native values of
+that exact page (tests/live/expected.py: totals, sums and every bucket). Every family on a live
+page must be mapped or listed with a reason (docs/engines.md). While requests wait at the cap, the
+verdict must not say idle.
+
+Run by `make test-live` (installs the engines into the cache outside the checkout first).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from exporter.catalog import engine as engine_catalog
+from exporter.sources.engines.registry import SPECS
+from tests.live import engines
+from tests.live.expected import expected_totals, exporter_totals
+from tests.live.proxy import RecordingProxy
+from tests.live.traffic import complete
+
+pytestmark = [pytest.mark.live, pytest.mark.timeout(60 * 60)]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TARGET = "live"
+ENGINE_FAMILIES = {f.name for f in engine_catalog.FAMILIES}
+# Two cores run the engine, its clients and the exporter: a busy vLLM on the CPU can take most of a
+# second to answer /metrics, so the exporter scrapes every 2 s.
+INTERVAL_S = 2.0
+PREFIX = "You are a terse assistant that answers questions about GPU inference servers. " * 4
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+@contextlib.contextmanager
+def exporter(engine_url: str, engine_port: int) -> Iterator[str]:
+    """`llm-exporter run` as a user starts it next to an engine on a machine without a GPU."""
+    port = engines.free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "exporter.cli", "run", "--engine", f"{engine_url},name={TARGET}",
+           "--listen", f"127.0.0.1:{port}", "--interval", f"{INTERVAL_S:g}s",
+           "--engine-timeout", f"{0.9 * INTERVAL_S:g}s",
+           "--gpu-backend", "none", "--engine-port", str(engine_port)]
+    with tempfile.NamedTemporaryFile(prefix="exporter-", suffix=".log", delete=False) as log:
+        process = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError):
+                if _get(base + "/readyz", 1)[0] == 200:
+                    break
+            assert process.poll() is None and time.monotonic() < deadline, pathlib.Path(log.name).read_text()[-2000:]
+            time.sleep(0.2)
+        yield base
+    finally:
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+        if process.poll() is None:
+            process.kill()
+
+
+def _diagnosis(base: str) -> dict:
+    return json.loads(_get(base + "/api/v1/diagnosis")[1])["targets"].get(TARGET, {})
+
+
+def _exporter_value(base: str, name: str) -> float | None:
+    for line in _get(base + "/metrics")[1].splitlines():
+        if line.startswith(name + "{") and f'target="{TARGET}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def assert_exporter_matches_the_page(proxy: RecordingProxy, base: str, kind: str) -> dict:
+    """Freeze the proxy on one page, let the exporter consume it twice, compare. Returns the totals."""
+    page = proxy.freeze().decode()
+    try:
+        time.sleep(2.5 * INTERVAL_S)  # two cycles on the frozen page
+        spec = SPECS[kind]
+        expected = expected_totals(spec, page)
+        got = exporter_totals(_get(base + "/metrics")[1], TARGET, ENGINE_FAMILIES)
+        assert expected, "nothing mapped on the live page"
+        missing = sorted(k for k in expected if k not in got)
+        wrong = {k: (expected[k], got[k]) for k in expected if k in got and
+                 not abs(expected[k] - got[k]) <= 1e-9 * max(1.0, abs(expected[k]))}
+        invented = sorted(k for k in got if k not in expected and k[0] not in ("llm_engine_up", "llm_engine_info"))
+        assert not missing and not wrong and not invented, (missing, wrong, invented)
+        assert spec.unaccounted(page) == [], "families neither mapped nor listed in docs/engines.md"
+        return expected
+    finally:
+        proxy.thaw()
+
+
+def closed_loop(url: str, clients: int, seconds: float, max_tokens: int,
+                probe: Callable[[], None] | None = None) -> list:
+    """`clients` users each sending the next request when the last one ended, for `seconds`;
+    `probe` runs on this thread every second meanwhile."""
+    deadline = time.monotonic() + seconds
+
+    def user(i: int) -> list:
+        done = []
+        while time.monotonic() < deadline:
+            done.append(complete(url, f"{PREFIX} Question {i}-{len(done)}: why is TTFT high?",
+                                 max_tokens=max_tokens, stream=i % 2 == 0))
+        return done
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=clients) as pool:
+        futures = [pool.submit(user, i) for i in range(clients)]
+        while not all(f.done() for f in futures):
+            if probe is not None:
+                probe()
+            time.sleep(1.0)
+        return [c for f in futures for c in f.result()]
+
+
+def traffic_and_checks(engine: engines.Engine, base: str, proxy: RecordingProxy, kind: str, cap: int) -> dict:
+    url = engine.base_url
+    report: dict = {}
+    # One at a time, streaming and not, chat and completions.
+    for stream in (False, True):
+        done = complete(url, "What limits decode speed?", max_tokens=12, stream=stream)
+        assert done.status == 200 and done.completion_tokens == 12, done
+    chat = complete(url, messages=[{"role": "user", "content": "Is the KV cache full?"}], max_tokens=8)
+    assert chat.status == 200, chat
+    # Shared prefixes (prefix-cache hits) and clients that give up mid-stream.
+    for i in range(4):
+        assert complete(url, f"{PREFIX} Shared question {i}", max_tokens=8).status == 200
+    aborted = [complete(url, f"{PREFIX} Abort {i}", max_tokens=64, stream=True, abort_after_chunks=2)
+               for i in range(3)]
+    assert all(a.aborted for a in aborted), aborted
+    time.sleep(2)
+    report["single"] = assert_exporter_matches_the_page(proxy, base, kind)
+
+    # Over the cap: closed-loop clients, twice the seq/slot cap. Requests wait; the verdict must
+    # not be idle once the windows have seen the queue.
+    seen: list[tuple[float, float | None, str]] = []
+    start = time.monotonic()
+
+    def probe() -> None:
+        target = _diagnosis(base)
+        numbers = target.get("numbers") or {}
+        seen.append((time.monotonic() - start, numbers.get("waiting"), target.get("verdict", "")))
+
+    done = closed_loop(url, 2 * cap, 45.0, max_tokens=48, probe=probe)
+    assert done and all(c.status == 200 for c in done), [c for c in done if c.status != 200][:3]
+    queued = [(t, w, v) for t, w, v in seen if t > 20 and (w or 0) >= 1]
+    assert queued, f"no request waited over the cap of {cap}: {seen}"
+    assert all(v != "idle" for _, _, v in queued), seen
+    report["over_cap_verdicts"] = sorted({v for _, _, v in queued})
+    time.sleep(2)
+    report["over_cap"] = assert_exporter_matches_the_page(proxy, base, kind)
+    return report
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed() -> None:
+    engines.install_all()
+
+
+def test_llamacpp_live(tmp_path: pathlib.Path) -> None:
+    port = engines.free_port()
+    engine = engines.start_llamacpp(port, log_dir=tmp_path)
+    try:
+        with RecordingProxy(engine.base_url) as proxy, exporter(proxy.url, port) as base:
+            report = traffic_and_checks(engine, base, proxy, "llamacpp", cap=4)
+            # Restart: the exporter sees it down, then up, and the rates survive the counter reset.
+            engine.stop()
+            wait_for(lambda: _exporter_value(base, "llm_engine_up") == 0.0, 15, "engine not reported down")
+            engine = engines.start_llamacpp(port, log_dir=tmp_path)
+            wait_for(lambda: _exporter_value(base, "llm_engine_up") == 1.0, 30, "engine not reported up again")
+            for i in range(3):
+                assert complete(engine.base_url, f"after restart {i}", max_tokens=16).status == 200
+            time.sleep(3)
+            rate = _exporter_value(base, "llm_decode_tokens_per_second")
+            assert rate is None or rate >= 0.0, rate
+            report["restarted"] = assert_exporter_matches_the_page(proxy, base, "llamacpp")
+            assert report["restarted"][("llm_generation_tokens_total", None)] == 48.0
+    finally:
+        engine.stop()
+    print("llama.cpp live report:", {k: v if isinstance(v, list) else len(v) for k, v in report.items()})
+
+
+def test_vllm_live(tmp_path: pathlib.Path) -> None:
+    port = engines.free_port()
+    # --enable-mfu-metrics: vLLM's own FLOPs and bytes estimates count (they stay 0 without it).
+    engine = engines.start_vllm(port, log_dir=tmp_path, extra_args=("--enable-mfu-metrics",))
+    try:
+        with RecordingProxy(engine.base_url) as proxy, exporter(proxy.url, port) as base:
+            report = traffic_and_checks(engine, base, proxy, "vllm", cap=8)
+            assert report["over_cap"][("llm_engine_estimated_flops_total", None)] > 0
+            # Restart with a KV cache of 10 blocks (1,280 tokens): long requests at the seq cap
+            # preempt each other.
+            engine.stop()
+            wait_for(lambda: _exporter_value(base, "llm_engine_up") == 0.0, 15, "engine not reported down")
+            engine = engines.start_vllm(port, log_dir=tmp_path, extra_args=(
+                "--enable-mfu-metrics", "--num-gpu-blocks-override", "10", "--max-model-len", "1024"))
+            wait_for(lambda: _exporter_value(base, "llm_engine_up") == 1.0, 60, "engine not reported up again")
+            done = closed_loop(engine.base_url, 12, 30.0, max_tokens=400)
+            assert all(c.status == 200 for c in done), [c for c in done if c.status != 200][:3]
+            time.sleep(2)
+            report["kv_pressure"] = totals = assert_exporter_matches_the_page(proxy, base, "vllm")
+            assert totals[("llm_preemptions_total", None)] > 0, "no preemption under KV pressure"
+            assert totals[("llm_kv_cache_capacity_tokens", None)] == 1280.0
+    finally:
+        engine.stop()
+    print("vLLM live report:", {k: v if isinstance(v, list) else len(v) for k, v in report.items()})
+
+
+def test_doctor_on_a_llamacpp_started_without_metrics_says_to_add_the_flag(tmp_path: pathlib.Path) -> None:
+    port = engines.free_port()
+    with engines.start_llamacpp(port, metrics=False, log_dir=tmp_path) as engine:
+        result = subprocess.run(
+            [sys.executable, "-m", "exporter.cli", "doctor", "--engine", engine.base_url + "/metrics",
+             "--duration", "2s"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode in (1, 3), result
+    assert "UNREACHABLE (http_status)" in result.stdout and "HTTP 501" in result.stdout, result.stdout
+    assert "--metrics" in result.stdout, result.stdout
