@@ -215,9 +215,13 @@ class VllmRecorder(Recorder):
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.success = {"stop": 0, "length": 0, "abort": 0, "error": 0}
+        # vLLM's own roofline estimates per GPU (--enable-mfu-metrics): the twin's step costs.
+        self.flops = self.read_bytes = 0.0
 
     def on_step(self, rec: StepRecord) -> None:
         self.h["iteration"].observe(rec.decode_seqs + rec.prefill_tokens)
+        self.flops += rec.cost.flops_per_gpu
+        self.read_bytes += rec.cost.bytes_per_gpu
 
     def on_itl(self, value: float, count: int) -> None:
         self.h["itl"].observe(value, count)
@@ -275,6 +279,10 @@ class VllmRecorder(Recorder):
         f.counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
                   self.prefix_hits)
         f.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", self.preemptions)
+        f.counter("vllm:estimated_flops_per_gpu", "Estimated number of floating point operations per GPU "
+                  "(for Model Flops Utilization calculations).", self.flops)
+        f.counter("vllm:estimated_read_bytes_per_gpu", "Estimated number of bytes read from memory per GPU "
+                  "(for Model Flops Utilization calculations).", self.read_bytes)
         f.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
         f.counter("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens)
         f.counter("vllm:request_success", "Count of successfully processed requests.", 0,
