@@ -106,3 +106,23 @@ def test_hanging_target_does_not_slow_metrics():
     assert up == {"good": 1.0, "hung": 0.0}
     assert any(s.labels["target"] == "good" for s in samples["llm_requests_running"])
     assert not any(s.labels["target"] == "hung" for s in samples["llm_requests_running"])
+
+
+def test_run_gives_the_scheduler_verdict_and_spec_acceptance_for_a_busy_llamacpp():
+    """The real process on a llama.cpp page that moves like a busy server (4 slots busy, 4
+    deferred, drafts accepted 30%): the scheduler verdict and the acceptance ratio on /metrics,
+    as the in-process tests in test_derive_formulas.py see them."""
+    from tests.test_derive_verdict import llamacpp_page
+
+    started = time.monotonic()
+    with fake_engine(llamacpp_page(0.0, deferred=4).encode()) as (url, behaviour), \
+            exporter_process("--engine", f"{url},name=a", "--no-host") as base:
+        def moved() -> bool:
+            behaviour.body = llamacpp_page(time.monotonic() - started, deferred=4).encode()
+            samples = _scrape(base)
+            verdict = [s for s in samples.get("llm_bottleneck", []) if s.value == 1.0]
+            return bool(verdict) and verdict[0].labels["resource"] == "scheduler" \
+                and "llm_spec_decode_acceptance_ratio" in samples
+        assert wait_until(moved, timeout=30, interval=0.2), _scrape(base).get("llm_bottleneck")
+        ratio = _scrape(base)["llm_spec_decode_acceptance_ratio"][0].value
+        assert abs(ratio - 0.3) < 0.02, ratio
