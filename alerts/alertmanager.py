@@ -1,11 +1,13 @@
 """The Alertmanager config: routing by severity (critical pages, warning opens a ticket, info goes
-nowhere) and the inhibitions that keep one cause from paging twice. Built from the rendered areas,
-so a disabled alert drops out of its inhibitions too."""
+nowhere) and the inhibitions that keep one cause from paging twice (an engine down, a lost GPU, a
+critical XID, an absent exporter; the longer burn-rate pair of an SLO over its shorter ones). Built
+from the rendered areas, so a disabled alert drops out of its inhibitions too."""
 
 from __future__ import annotations
 
 from alerts.config import CONFIG
-from alerts.lib import regex_of
+from alerts.lib import nominal, regex_of
+from exporter.slo import duration_seconds
 
 
 def alert_names_by_area(areas: dict[str, list[dict]]) -> dict[str, list[str]]:
@@ -18,13 +20,39 @@ def alert_names_by_area(areas: dict[str, list[dict]]) -> dict[str, list[str]]:
     return names
 
 
+def burn_inhibitions(names: list[str], cfg: dict = CONFIG) -> list[dict]:
+    """One SLO breach, one page: for each SLO alert, a burn pair inhibits the pairs of shorter long
+    windows at its severity, and a paging pair inhibits the ticket pairs. Without these the pairs
+    of one SLO (one Alertmanager group) flip in and out as their windows fill and empty, and
+    every flip is a new notification."""
+    rank = {"critical": 2, "warning": 1, "info": 0}
+    scope = [*cfg["exporter_labels"], "target", "model", "slo"]
+    pairs = sorted(cfg["burn_rates"], key=lambda br: duration_seconds(nominal(br["long"])))
+    out = []
+    for spec in cfg["slos"].values():
+        if spec["alert"] not in names:
+            continue
+        for source in pairs:
+            for target in pairs:
+                longer = duration_seconds(nominal(source["long"])) > duration_seconds(nominal(target["long"]))
+                same, higher = source["severity"] == target["severity"], rank[source["severity"]] > rank[
+                    target["severity"]]
+                if (same and longer) or higher:
+                    out.append({
+                        "source_matchers": [f'alertname="{spec["alert"]}"', f'long="{source["long"]}"'],
+                        "target_matchers": [f'alertname="{spec["alert"]}"', f'long="{target["long"]}"'],
+                        "equal": list(scope),
+                    })
+    return out
+
+
 def alertmanager(areas: dict[str, list[dict]], cfg: dict = CONFIG) -> dict:
     am = cfg["alertmanager"]
     names = alert_names_by_area(areas)
     exporter_labels = list(cfg["exporter_labels"])
     engine_scoped = [n for a in ("slo", "latency", "saturation") for n in names.get(a, [])]
     gpu_scoped = [n for n in names.get("hardware", []) if n.startswith("LLMGPU") and n != "LLMGPULost"]
-    inhibit = []
+    inhibit = burn_inhibitions(names.get("slo", []), cfg)
     for source in ("LLMEngineDown", "LLMEngineNotStarted"):
         if source in names.get("pipeline", []) and engine_scoped:
             inhibit.append({

@@ -43,6 +43,9 @@ CONFIG: dict = {
         {"severity": br.severity, "long": br.long, "short": br.short, "factor": br.factor, "for": br.for_}
         for br in slo.BURN_RATES
     ),
+    # Each burn-rate alert keeps firing for its pair's short window after its condition clears
+    # (Prometheus keep_firing_for, 2.42+): one page per breach instead of one per flip.
+    "burn_keep_firing": True,
     # Latency and SLO alerts stay quiet below this many requests/s; for SLO alerts over the long window.
     "min_request_rate": slo.MIN_REQUEST_RATE,
     # Plain tail alerts for teams without SLOs.
@@ -50,14 +53,26 @@ CONFIG: dict = {
     "tbt_p99_seconds": 0.2,
     "tail_for": "15m",
     # Saturation.
+    # LLMKVCacheNearlyFull: usage at or above kv_cache_usage_ratio for kv_cache_share of kv_cache_window,
+    # or reaching it in that window while the engine preempts. A real gauge at the limit is not flat:
+    # each preemption frees blocks (vLLM with a small cache swings 1.0 -> 0.89 -> 0.78 and back), so
+    # an instantaneous threshold with `for` resets at every dip.
     "kv_cache_usage_ratio": slo.SATURATION.kv_cache_usage_ratio,
-    "kv_cache_for": "15m",
+    "kv_cache_window": "10m",
+    "kv_cache_share": 0.5,
+    "kv_cache_for": "5m",
     "preemption_rate": 0.0,  # preemptions/s above which LLMPreemptionsHappening fires
     "preemption_for": "10m",
     "queue_min_waiting": slo.SATURATION.queue_min_waiting,  # waiting requests before a growing queue matters
     "queue_window": "15m",
     "queue_running_flat_ratio": 0.1,  # running changed by at most this share over queue_window
     "queue_for": "10m",
+    # LLMRequestQueueStanding: at least queue_min_waiting requests waiting in queue_standing_share of
+    # queue_standing_window while the engine runs requests. Closed-loop clients or a seq cap hold a
+    # deep queue flat: it never grows, and requests wait all the same.
+    "queue_standing_window": "10m",
+    "queue_standing_share": 0.8,
+    "queue_standing_for": "5m",
     "headroom_min_sequences": slo.SATURATION.headroom_min_sequences,
     "headroom_for": "10m",
     # Speculative decoding: under this acceptance a draft costs more than it saves (the source
@@ -71,6 +86,7 @@ CONFIG: dict = {
     "xid_warning": (13, 31, 43, 45, 63, 92, 94),
     "xid_window": "1h",
     "ecc_window": "1h",  # LLMGPUUncorrectableECCErrors: new uncorrected errors within this window
+    "row_remap_pending_for": "15m",  # a pending remap waits for a reset; a short one is a reset in flight
     "slowdown_reasons": ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
                          "hw_power_brake_slowdown"),
     # Throttled for more than slowdown_ratio of slowdown_window, for slowdown_for: a slowdown that

@@ -35,7 +35,8 @@ if str(ROOT) not in sys.path:  # run as a script: make `alerts` and `exporter` i
 from alerts import hardware, latency, pipeline, recording, saturation, slo  # noqa: E402
 from alerts.alertmanager import alertmanager  # noqa: E402
 from alerts.config import CONFIG  # noqa: E402
-from exporter.slo import duration_seconds  # noqa: E402
+from alerts.lib import Scaled  # noqa: E402
+from exporter.slo import duration_seconds, prometheus_duration  # noqa: E402
 
 RULES_DIR = ROOT / "alerts" / "rules"
 PROMETHEUSRULE = ROOT / "deploy" / "kubernetes" / "base" / "prometheusrule.yaml"
@@ -63,15 +64,18 @@ def build(cfg: dict = CONFIG) -> dict[str, list[dict]]:
 
 def scale_durations(cfg: dict, time_scale: float) -> dict:
     """A copy of `cfg` with every duration (rate and SLO windows, `for`, Alertmanager timers)
-    multiplied by `time_scale`, in whole seconds, at least 1s. For end-to-end tests that cannot wait
-    an hour; recording rule names follow their windows (rate5m becomes rate3s at 0.01)."""
+    multiplied by `time_scale`, in whole seconds, at least 1s, written as Prometheus writes them
+    (1h26m24s). For end-to-end tests that cannot wait an hour. Each is a lib.Scaled that remembers
+    its nominal duration: recording-rule names keep it (rate5m stays rate5m, over 3s at 0.01), so
+    the dashboards read a scaled stack unchanged. Every duration the rules use is in CONFIG
+    (test_alerts checks that no area module writes one literally)."""
     def walk(value: object) -> object:
         if isinstance(value, dict):
             return {k: walk(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
             return type(value)(walk(v) for v in value)
-        if isinstance(value, str) and re.fullmatch(r"\d+[smhdw]", value):
-            return f"{max(1, round(duration_seconds(value) * time_scale))}s"
+        if isinstance(value, str) and re.fullmatch(r"(\d+[smhdw])+", value):
+            return Scaled(prometheus_duration(duration_seconds(value) * time_scale), value)
         return value
     return walk(cfg)  # type: ignore[return-value]
 
@@ -103,6 +107,7 @@ def _str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
 
 
 _Dumper.add_representer(str, _str)
+_Dumper.add_representer(Scaled, _str)
 
 
 def dump(data: object) -> str:

@@ -47,7 +47,7 @@ def groups(cfg: dict) -> list[dict]:
               sel("llm_gpu_remapped_rows", 'state="pending"', cfg=cfg) + " > 0",
               "warning", "A row remap waits for a reset of GPU {{ $labels.gpu }}.",
               f"{GPU}: a memory row remap is pending; it takes effect at the next GPU reset.",
-              "15m", cfg=cfg),
+              cfg["row_remap_pending_for"], cfg=cfg),
         alert("LLMGPUSlowdownWhileServing",
               f"avg_over_time({slowdown}[{sw}]) > {fmt_num(cfg['slowdown_ratio'])}\n"
               f"and on ({join})\n"

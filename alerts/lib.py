@@ -23,6 +23,25 @@ LATENCY_HISTOGRAMS = {
 }
 
 
+class Scaled(str):
+    """A duration rendered at a test's --time-scale (generate.scale_durations). The string is the
+    scaled duration the expressions use; `nominal` is the duration it stands for, which the
+    recording-rule names keep, so the dashboards and the alerts reading them work on a scaled
+    stack unchanged."""
+
+    nominal: str
+
+    def __new__(cls, value: str, nominal: str) -> Scaled:
+        self = super().__new__(cls, value)
+        self.nominal = nominal
+        return self
+
+
+def nominal(window: str) -> str:
+    """The window a recording-rule name states: the unscaled one under --time-scale."""
+    return getattr(window, "nominal", window)
+
+
 def sel(metric: str, *matchers: str, cfg: dict = CONFIG) -> str:
     """`metric{<exporter selector>,<matchers>}`."""
     return f"{metric}{{{','.join((cfg['exporter_selector'], *matchers))}}}"
@@ -74,10 +93,13 @@ def rec(name: str, expr: str) -> dict:
 
 
 def alert(name: str, expr: str, severity: str, summary: str, description: str,
-          for_: str | None = None, labels: dict | None = None, cfg: dict = CONFIG) -> dict:
+          for_: str | None = None, labels: dict | None = None, cfg: dict = CONFIG,
+          keep_firing_for: str | None = None) -> dict:
     rule: dict = {"alert": name, "expr": expr}
     if for_ and for_ not in ("0", "0s", "0m"):
         rule["for"] = for_
+    if keep_firing_for:
+        rule["keep_firing_for"] = keep_firing_for
     rule["labels"] = {"severity": severity, **(labels or {})}
     rule["annotations"] = {
         "summary": summary,
@@ -88,22 +110,21 @@ def alert(name: str, expr: str, severity: str, summary: str, description: str,
 
 
 def quantile_rule(metric: str, q: float, window: str) -> str:
-    return f"target_model:{metric}:{pct(q)}_{window}"
+    return f"target_model:{metric}:{pct(q)}_{nominal(window)}"
 
 
 def request_rate_rule(window: str) -> str:
-    return f"target_model:llm_time_to_first_token_seconds_count:rate{window}"
+    return f"target_model:llm_time_to_first_token_seconds_count:rate{nominal(window)}"
 
 
 def good_ratio_rule(metric: str, window: str) -> str:
-    return f"target_model:{metric}:slo_good_ratio_rate{window}"
+    return f"target_model:{metric}:slo_good_ratio_rate{nominal(window)}"
 
 
 def slo_windows(cfg: dict) -> list[str]:
     """The rate window and every burn-rate pair's windows, shortest first."""
-    seen: list[str] = [cfg["rate_window"]]
+    seen: dict[str, str] = {nominal(cfg["rate_window"]): cfg["rate_window"]}
     for br in cfg["burn_rates"]:
         for w in (br["short"], br["long"]):
-            if w not in seen:
-                seen.append(w)
-    return sorted(seen, key=duration_seconds)
+            seen.setdefault(nominal(w), w)
+    return sorted(seen.values(), key=lambda w: duration_seconds(nominal(w)))

@@ -7,6 +7,7 @@ from alerts.lib import (
     LATENCY_HISTOGRAMS,
     good_ratio_rule,
     le_matcher,
+    nominal,
     quantile_rule,
     rec,
     request_rate_rule,
@@ -21,6 +22,7 @@ ALL_QUANTILES = ("ttft", "tbt", "e2e")
 
 def groups(cfg: dict) -> list[dict]:
     w = cfg["rate_window"]
+    n = nominal(w)  # in rule names: unscaled under --time-scale
 
     def sum_rate(series: str, window: str, *matchers: str, away: tuple[str, ...] = ()) -> str:
         """sum without (<aggregate_away>, <away>) (rate(series{<selector>, <matchers>}[window]))."""
@@ -31,17 +33,17 @@ def groups(cfg: dict) -> list[dict]:
 
     latency: list[dict] = []
     for short, metric in LATENCY_HISTOGRAMS.items():
-        bucket_rule = f"target_model:{metric}_bucket:rate{w}"
+        bucket_rule = f"target_model:{metric}_bucket:rate{n}"
         latency.append(rec(bucket_rule, sum_rate(metric + "_bucket", w)))
         for q in cfg["quantiles"] if short in ALL_QUANTILES else (0.99,):
             latency.append(rec(quantile_rule(metric, q, w), f"histogram_quantile({q}, {bucket_rule})"))
-        latency.append(rec(f"target_model:{metric}:mean{w}",
+        latency.append(rec(f"target_model:{metric}:mean{n}",
                            f"{sum_rate(metric + '_sum', w)}\n/\n{sum_rate(metric + '_count', w)}"))
 
     throughput = [
-        rec(f"target_model:llm_prompt_tokens:rate{w}", sum_rate("llm_prompt_tokens_total", w)),
-        rec(f"target_model:llm_generation_tokens:rate{w}", sum_rate("llm_generation_tokens_total", w)),
-        rec(f"target_model:llm_preemptions:rate{w}", sum_rate("llm_preemptions_total", w)),
+        rec(f"target_model:llm_prompt_tokens:rate{n}", sum_rate("llm_prompt_tokens_total", w)),
+        rec(f"target_model:llm_generation_tokens:rate{n}", sum_rate("llm_generation_tokens_total", w)),
+        rec(f"target_model:llm_preemptions:rate{n}", sum_rate("llm_preemptions_total", w)),
         rec("target_model:llm_requests_running:sum", aggregate("sum", "llm_requests_running")),
         rec("target_model:llm_requests_waiting:sum", aggregate("sum", "llm_requests_waiting")),
         rec("target_model:llm_kv_cache_usage_ratio:max", aggregate("max", "llm_kv_cache_usage_ratio")),

@@ -1,5 +1,5 @@
-"""Saturation alerts: KV cache, preemptions, a queue growing while the batch stays flat, and a
-speculative decoder whose drafts are mostly rejected."""
+"""Saturation alerts: KV cache, preemptions, a queue growing while the batch stays flat or standing
+deep, and a speculative decoder whose drafts are mostly rejected."""
 
 from __future__ import annotations
 
@@ -8,14 +8,25 @@ from alerts.lib import TM, alert, fmt_num, fmt_pct, sel, without
 
 def groups(cfg: dict) -> list[dict]:
     w, qw, sw = cfg["rate_window"], cfg["queue_window"], cfg["spec_window"]
+    kw, stw = cfg["kv_cache_window"], cfg["queue_standing_window"]
+    usage, kv = "target_model:llm_kv_cache_usage_ratio:max", fmt_num(cfg["kv_cache_usage_ratio"])
+    floor = fmt_num(cfg["queue_min_waiting"])
     drafted = f"sum {without(cfg=cfg)} (rate({sel('llm_spec_decode_draft_tokens_total', cfg=cfg)}[{sw}]))"
     accepted = f"sum {without(cfg=cfg)} (rate({sel('llm_spec_decode_accepted_tokens_total', cfg=cfg)}[{sw}]))"
     rules = [
         alert("LLMKVCacheNearlyFull",
-              f"target_model:llm_kv_cache_usage_ratio:max > {fmt_num(cfg['kv_cache_usage_ratio'])}",
+              f"quantile_over_time({fmt_num(round(1 - cfg['kv_cache_share'], 6))}, {usage}[{kw}]) >= {kv}\n"
+              f"or\n"
+              f"(\n"
+              f"  max_over_time({usage}[{kw}]) >= {kv}\n"
+              f"  and\n"
+              f"  sum {without(cfg=cfg)} (increase({sel('llm_preemptions_total', cfg=cfg)}[{kw}])) > 0\n"
+              f")",
               "warning", "KV cache nearly full.",
-              f"{TM}: KV cache usage is {{{{ $value | humanizePercentage }}}} (threshold "
-              f"{fmt_pct(cfg['kv_cache_usage_ratio'])}); new sequences wait or preempt others.",
+              f"{TM}: KV cache usage at or above {fmt_pct(cfg['kv_cache_usage_ratio'])} "
+              f"({{{{ $value | humanizePercentage }}}}) for over {fmt_pct(cfg['kv_cache_share'])} of the "
+              f"last {kw}, or reaching it while the engine preempts sequences: new sequences wait or "
+              f"preempt others.",
               cfg["kv_cache_for"], cfg=cfg),
         alert("LLMPreemptionsHappening",
               f"target_model:llm_preemptions:rate{w} > {fmt_num(cfg['preemption_rate'])}",
@@ -24,7 +35,7 @@ def groups(cfg: dict) -> list[dict]:
               f"recomputed or swapped, which costs throughput and tail latency.",
               cfg["preemption_for"], cfg=cfg),
         alert("LLMRequestQueueGrowing",
-              f"target_model:llm_requests_waiting:sum > {fmt_num(cfg['queue_min_waiting'])}\n"
+              f"target_model:llm_requests_waiting:sum > {floor}\n"
               f"and\n"
               f"sum {without(cfg=cfg)} (deriv({sel('llm_requests_waiting', cfg=cfg)}[{qw}])) > 0\n"
               f"and\n"
@@ -34,6 +45,16 @@ def groups(cfg: dict) -> list[dict]:
               f"{TM}: {{{{ $value | humanize }}}} requests waiting and growing over {qw} while the "
               f"running batch did not grow: the engine is at its batch or KV limit.",
               cfg["queue_for"], cfg=cfg),
+        alert("LLMRequestQueueStanding",
+              f"quantile_over_time({fmt_num(round(1 - cfg['queue_standing_share'], 6))}, "
+              f"target_model:llm_requests_waiting:sum[{stw}]) >= {floor}",
+              "warning", "Requests keep waiting: the engine admits no more than it runs.",
+              f"{TM}: at least {{{{ $value | humanize }}}} requests waiting in "
+              f"{fmt_pct(cfg['queue_standing_share'])} of the last {stw} (floor {floor}). A queue that "
+              f"stands instead of draining means arrivals exceed what the engine admits: it runs at its "
+              f"sequence or slot cap, its token budget or its KV cache (or not at all: check "
+              f"llm_requests_running).",
+              cfg["queue_standing_for"], cfg=cfg),
         alert("LLMKVCacheHeadroomExhausted",
               f"min {without(cfg=cfg)} ({sel('llm_kv_cache_headroom_sequences', cfg=cfg)}) "
               f"< {fmt_num(cfg['headroom_min_sequences'])}\n"

@@ -41,6 +41,10 @@ def groups(cfg: dict) -> list[dict]:
                 f"within {fmt_num(threshold)}s\" over {cfg['slo_period']}. At {fmt_num(factor)}x the "
                 f"budget lasts {budget_lasts(cfg['slo_period'], factor)}.",
                 br["for"], {"slo": key, "long": long, "short": short}, cfg=cfg,
+                # A short window that empties for a moment (a lull between finishing requests, a
+                # scrape gap) must not resolve the page and fire it again: each flip is a new
+                # notification. Kept for one short window, it resolves that much later.
+                keep_firing_for=short if cfg["burn_keep_firing"] else None,
             ))
     bw = cfg["bucket_bound_window"]
     for key, spec in cfg["slos"].items():

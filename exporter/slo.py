@@ -13,15 +13,42 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION_UNITS = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}
+_DURATION = re.compile(r"(?:\d+[wdhms])+")
 
 
 def duration_seconds(duration: str) -> int:
-    """A Prometheus duration with one unit ("5m", "30d") in seconds."""
-    m = re.fullmatch(r"(\d+)([smhdw])", duration)
-    if not m:
+    """A Prometheus duration in seconds: one unit ("5m", "30d") or several, largest first ("1h26m24s")."""
+    if not _DURATION.fullmatch(duration):
         raise ValueError(f"unsupported duration {duration!r}")
-    return int(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    return sum(int(n) * _DURATION_UNITS[u] for n, u in re.findall(r"(\d+)([wdhms])", duration))
+
+
+def prometheus_duration(seconds: float) -> str:
+    """Whole seconds (at least 1) as the shortest Prometheus duration: 6s, 1m12s, 1h26m24s, 14h24m."""
+    left, out = max(1, round(seconds)), ""
+    for unit, size in _DURATION_UNITS.items():
+        if unit == "w":  # "1w2d" reads worse than "9d"
+            continue
+        count, left = divmod(left, size)
+        out += f"{count}{unit}" if count else ""
+    return out
+
+
+def _plural(count: float, unit: str) -> str:
+    return f"{count:g} {unit}" + ("" if count == 1 else "s")
+
+
+def human_duration(seconds: float) -> str:
+    """A span for prose, in its largest sensible unit: "5 days", "50 hours", "1 hour", "12 minutes"."""
+    hours = seconds / 3600
+    if hours >= 72:
+        return _plural(round(hours / 24, 1), "day")
+    if hours >= 1:
+        return _plural(round(hours, 1), "hour")
+    if seconds >= 60:
+        return _plural(round(seconds / 60, 1), "minute")
+    return _plural(round(seconds, 1), "second")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +83,7 @@ class BurnRate:
 def budget_lasts(period: str, factor: float) -> str:
     """How long a `period` error budget lasts when burnt at `factor` times the sustainable rate:
     "50 hours", "5 days"."""
-    hours = duration_seconds(period) / 3600 / factor
-    return f"{hours / 24:g} days" if hours >= 72 else f"{hours:g} hours"
+    return human_duration(duration_seconds(period) / factor)
 
 
 TTFT = LatencySLO("ttft", "llm_time_to_first_token_seconds", "time to first token", "Time-to-first-token",

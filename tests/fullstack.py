@@ -74,11 +74,24 @@ class Received:
         return self.labels.get("alertname", "")
 
 
+@dataclass(frozen=True)
+class Notification:
+    """One webhook POST: one notification of one Alertmanager group."""
+
+    at: float
+    receiver: str
+    status: str  # firing while any alert in it fires
+    group: dict  # groupLabels
+    alerts: tuple[tuple[str, str], ...]  # (long label or alertname, status) per alert, as sent
+
+
 class WebhookReceiver:
-    """Collects every alert Alertmanager POSTs (the webhook_config JSON, version 4)."""
+    """Collects every alert Alertmanager POSTs (the webhook_config JSON, version 4), and every
+    notification as a whole (to count pages)."""
 
     def __init__(self) -> None:
         self.received: list[Received] = []
+        self.notifications: list[Notification] = []
         self.lock = threading.Lock()
         owner = self
 
@@ -89,6 +102,10 @@ class WebhookReceiver:
                 with contextlib.suppress(ValueError):
                     doc = json.loads(body)
                     with owner.lock:
+                        owner.notifications.append(Notification(
+                            now, self.path, doc.get("status", ""), doc.get("groupLabels", {}),
+                            tuple((a.get("labels", {}).get("long") or a.get("labels", {}).get("alertname", ""),
+                                   a.get("status", "")) for a in doc.get("alerts", []))))
                         for a in doc.get("alerts", []):
                             owner.received.append(Received(now, self.path, a.get("status", ""),
                                                            a.get("labels", {}), a.get("annotations", {})))
@@ -109,6 +126,23 @@ class WebhookReceiver:
             items = list(self.received)
         return [r for r in items if (name is None or r.name == name) and (status is None or r.status == status)
                 and r.at >= since and all(r.labels.get(k) == v for k, v in labels.items())]
+
+    def notified(self, alertname: str, /, *, since: float = 0.0, **group: str) -> list[Notification]:
+        """Notifications of the groups of `alertname` (and the given group labels) since `since`."""
+        with self.lock:
+            items = list(self.notifications)
+        return [n for n in items if n.group.get("alertname") == alertname and n.at >= since
+                and all(n.group.get(k) == v for k, v in group.items())]
+
+    def pages(self, alertname: str, /, *, since: float = 0.0, **group: str) -> list[Notification]:
+        """The notifications that opened a page: a group's first firing one, and each firing one
+        after it was resolved. Updates of a firing group are not new pages."""
+        out, firing = [], False
+        for n in self.notified(alertname, since=since, **group):
+            if n.status == "firing" and not firing:
+                out.append(n)
+            firing = n.status == "firing"
+        return out
 
     def last_status(self, name: str, /, **labels: str) -> str | None:
         found = self.alerts(name, **labels)
@@ -187,6 +221,7 @@ class FullStack:
     exporter_proc: object
     prometheus_config: str
     scaled: dict  # the scaled alerts CONFIG the rules were rendered from
+    target: str = TARGET  # the engine target's name (the `target` label)
     marks: dict[str, float] = field(default_factory=dict)  # what one test leaves for the next
     client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=10))
 
@@ -250,19 +285,33 @@ class FullStack:
         launcher.start(launcher.Plan(self.directory, [self.exporter_proc], self.prometheus_config))
 
 
+@dataclass(frozen=True)
+class LiveEngine:
+    """A real engine the exporter scrapes directly (tests/live): it dies and restarts for real, so
+    there is no twin and no proxy, and no GPU source on a CPU-only machine."""
+
+    port: int
+    target: str = "live"
+    interval: str = "2s"  # a busy vLLM on two cores can take most of a second to answer /metrics
+    engine_timeout: str = "1800ms"
+
+
 @contextlib.contextmanager
-def full_stack(directory: pathlib.Path) -> Iterator[FullStack]:
+def full_stack(directory: pathlib.Path, *, live: LiveEngine | None = None,
+               time_scale: float = TIME_SCALE) -> Iterator[FullStack]:
+    """The stack on loopback: the twin behind an EngineProxy (default), or the `live` engine."""
     prometheus_bin = _binary("prometheus")
     alertmanager_bin = _binary("prometheus-alertmanager", "alertmanager")
     receiver = WebhookReceiver()
     ports = {name: free_port() for name in ("twin", "exporter", "alertmanager", "prometheus")}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     proxy = EngineProxy(urls["twin"])
+    target = live.target if live else TARGET
 
     cfg = dict(generate.CONFIG)
     cfg["alertmanager"] = {**cfg["alertmanager"], "pager_url": receiver.url + "/pager",
                            "ticket_url": receiver.url + "/ticket"}
-    for path, text in generate.render_scaled(directory, TIME_SCALE, cfg).items():
+    for path, text in generate.render_scaled(directory, time_scale, cfg).items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     prometheus_config = json.dumps({  # JSON is YAML
@@ -274,13 +323,19 @@ def full_stack(directory: pathlib.Path) -> Iterator[FullStack]:
     }, indent=1)
     python = sys.executable
     Proc = launcher.Proc
-    twin = Proc("twin", [python, "-m", "exporter.simulator", "--port", str(ports["twin"]), "--scenario",
-                         "decode-heavy", "--speed", str(TWIN_SPEED), "--seed", "1"], {}, ports["twin"], urls["twin"])
+    procs = []
+    if live is None:
+        procs.append(Proc("twin", [python, "-m", "exporter.simulator", "--port", str(ports["twin"]), "--scenario",
+                                   "decode-heavy", "--speed", str(TWIN_SPEED), "--seed", "1"], {}, ports["twin"],
+                          urls["twin"]))
+        sources = ["--interval", "1s", "--engine", f"{proxy.url},name={target}", "--gpu-backend", "sim",
+                   "--sim-url", urls["twin"], "--engine-port", str(ports["twin"])]
+    else:
+        sources = ["--interval", live.interval, "--engine-timeout", live.engine_timeout,
+                   "--engine", f"http://127.0.0.1:{live.port}/metrics,name={target}", "--gpu-backend", "none",
+                   "--engine-port", str(live.port)]
     exporter = Proc("exporter", [python, "-m", "exporter.cli", "run", "--listen", f"127.0.0.1:{ports['exporter']}",
-                                 "--interval", "1s", "--engine", f"{proxy.url},name={TARGET}",
-                                 "--gpu-backend", "sim", "--sim-url", urls["twin"],
-                                 "--engine-port", str(ports["twin"]), "--log-level", "warning"],
-                    {}, ports["exporter"], urls["exporter"])
+                                 *sources, "--log-level", "warning"], {}, ports["exporter"], urls["exporter"])
     alertmanager = Proc("alertmanager", [
         alertmanager_bin, f"--config.file={directory / 'alertmanager.yml'}",
         f"--storage.path={directory / 'am-data'}", f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
@@ -290,12 +345,14 @@ def full_stack(directory: pathlib.Path) -> Iterator[FullStack]:
         f"--web.listen-address=127.0.0.1:{ports['prometheus']}", "--rules.alert.resend-delay=1s",
         "--log.level=warn"], {}, ports["prometheus"], urls["prometheus"])
     stack = FullStack(directory, receiver, proxy, urls["twin"], urls["exporter"], urls["prometheus"],
-                      urls["alertmanager"], exporter, prometheus_config, generate.scale_durations(cfg, TIME_SCALE))
+                      urls["alertmanager"], exporter, prometheus_config, generate.scale_durations(cfg, time_scale),
+                      target=target)
     try:
-        proxy.start()
-        launcher.start(launcher.Plan(directory, [twin, exporter, alertmanager, prometheus], prometheus_config),
+        if live is None:
+            proxy.start()
+        launcher.start(launcher.Plan(directory, [*procs, exporter, alertmanager, prometheus], prometheus_config),
                        timeout_s=30)
-        assert wait_until(lambda: bool(stack.query(f'llm_engine_up{{target="{TARGET}"}} == 1')), timeout=30,
+        assert wait_until(lambda: bool(stack.query(f'llm_engine_up{{target="{target}"}} == 1')), timeout=30,
                           interval=0.5), "Prometheus never scraped the exporter"
         yield stack
     finally:

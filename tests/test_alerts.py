@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import json
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -85,13 +87,48 @@ def test_each_area_module_builds_only_its_own_groups():
             assert names == [f"llm-exporter.{area}.alerts"], names
 
 
-def test_time_scale_renders_scaled_windows_into_out(tmp_path):
-    result = run(sys.executable, ALERTS / "generate.py", "--time-scale", "0.01", "--out", tmp_path)
+def test_time_scale_scales_every_duration_and_keeps_rule_names_and_descriptions_readable(tmp_path):
+    result = run(sys.executable, ALERTS / "generate.py", "--time-scale", "0.02", "--out", tmp_path)
     assert result.returncode == 0, result.stderr
-    recording = (tmp_path / "rules" / "recording.yaml").read_text()
-    assert "target_model:llm_prompt_tokens:rate3s" in recording and "rate5m" not in recording
     assert sorted(p.stem for p in (tmp_path / "rules").glob("*.yaml")) == sorted(generate.AREAS)
-    assert (tmp_path / "alertmanager.yml").exists()
+    scaled = [r for p in sorted((tmp_path / "rules").glob("*.yaml")) for g in yaml.safe_load(p.read_text())["groups"]
+              for r in g["rules"]]
+    nominal = rules()
+    # Recording-rule names keep the nominal window (the dashboards query them by that name); their
+    # ranges are scaled: rate5m records over [6s].
+    assert [r.get("record") for r in scaled] == [r.get("record") for r in nominal]
+    recording = (tmp_path / "rules" / "recording.yaml").read_text()
+    assert "target_model:llm_prompt_tokens:rate5m" in recording and "[6s]" in recording and "[5m]" not in recording
+    for before, after in zip(nominal, scaled, strict=True):
+        for key in ("for", "keep_firing_for"):
+            if key in before:  # every `for` scaled, none left literal (LLMGPURowRemapPending kept 15m)
+                want = slo.prometheus_duration(slo.duration_seconds(before[key]) * 0.02)
+                assert after[key] == want, (before.get("alert"), key, after[key], want)
+        ranges = re.findall(r"\[(\w+)(?::\w*)?\]|offset (\w+)", after["expr"])
+        for found in (a or b for a, b in ranges):
+            assert slo.duration_seconds(found) <= 0.02 * 6 * 86400 + 1, (after.get("alert"), found)
+        text = " ".join(after.get("annotations", {}).values())
+        assert not re.search(r"\b\d{4,}s\b", text), text  # "over 51840s"
+        assert not re.search(r"\b1 (hours|days|minutes)\b", text), text  # "the budget lasts 1 hours"
+    fast = next(r for r in scaled if r.get("labels", {}).get("long") == "1m12s")
+    description = fast["annotations"]["description"]
+    assert "over 1m12s (and over 6s)" in description and "At 14.4x the budget lasts 1 hour." in description
+    am = yaml.safe_load((tmp_path / "alertmanager.yml").read_text())
+    assert am["route"]["group_interval"] == "6s"
+    # The burn inhibitions name the pairs by the scaled `long` label the scaled alerts carry.
+    longs = {m for r in am["inhibit_rules"] for m in r["source_matchers"] + r["target_matchers"]
+             if m.startswith("long=")}
+    assert longs == {'long="1m12s"', 'long="7m12s"', 'long="1h26m24s"'}, longs
+
+
+def test_area_modules_write_no_duration_literally():
+    """Every duration a rule uses comes from CONFIG, so --time-scale reaches it."""
+    for path in sorted(ALERTS.glob("*.py")):
+        if path.name in ("config.py", "generate.py"):
+            continue
+        code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+        literal = [d for d in re.findall(r"""["'\[](\d+[smhdw])["'\]]""", code) if slo.duration_seconds(d) > 0]
+        assert not literal, f"{path.name} writes durations {literal}: declare them in alerts/config.py"
 
 
 def test_slo_thresholds_are_declared_once_for_exporter_alerts_and_dashboards():
@@ -375,9 +412,70 @@ def test_alertmanager_routes_by_severity_and_inhibits_known_alerts():
     names = {r["alert"] for r in alert_rules()}
     for rule in am["inhibit_rules"]:
         for matcher in rule["source_matchers"] + rule["target_matchers"]:
+            if matcher.startswith("long="):  # which burn-rate pair of an SLO (alerts/alertmanager.py)
+                assert matcher[len('long="'):-1] in {br["long"] for br in generate.CONFIG["burn_rates"]}, matcher
+                continue
             m = re.fullmatch(r'alertname(=~?)"(.+)"', matcher)
             assert m, matcher
             listed = set(m.group(2).split("|")) if m.group(1) == "=~" else {m.group(2)}
             assert listed <= names, f"inhibit rule names unknown alerts {sorted(listed - names)}"
     sources = {rule["source_matchers"][0] for rule in am["inhibit_rules"]}
     assert {'alertname="LLMEngineDown"', 'alertname="LLMGPULost"', 'alertname="LLMGPUXidCritical"'} <= sources
+
+
+def test_a_real_alertmanager_pages_once_per_slo_breach_with_the_longer_burn_pair_inhibiting_the_shorter(tmp_path):
+    """The generated config in a real Alertmanager, alerts pushed with amtool as Prometheus would:
+    the fast pair pages; when the slow pair fires it takes over the page and the fast pair and the
+    ticket pair of the same SLO and target are shown suppressed; another target's page is not."""
+    from tests.fullstack import WebhookReceiver
+    from tests.support import free_port, wait_until
+
+    amtool = tool("amtool")
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    assert binary, "prometheus-alertmanager not found on PATH; `make debs` installs it. This test never skips."
+    receiver = WebhookReceiver()
+    cfg = {**generate.CONFIG, "alertmanager": {**generate.CONFIG["alertmanager"], "group_wait": "1s",
+                                                "group_interval": "1s", "pager_url": receiver.url + "/pager",
+                                                "ticket_url": receiver.url + "/ticket"}}
+    (tmp_path / "am.yml").write_text(generate.dump(generate.alertmanager(generate.build(cfg), cfg)))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path}",
+                                f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+                                "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    burn = generate.CONFIG["slos"]["ttft"]["alert"]
+    fast, slow, ticket = generate.CONFIG["burn_rates"]
+
+    def add(pair: dict, target: str = "vllm-a") -> None:
+        result = run(amtool, "alert", "add", f"--alertmanager.url={url}", f"alertname={burn}",
+                     f"severity={pair['severity']}", "slo=ttft", f"long={pair['long']}", f"short={pair['short']}",
+                     "job=llm-exporter", "instance=node-1:9480", f"target={target}", "model=llama-70b")
+        assert result.returncode == 0, result.stderr
+
+    def states(target: str = "vllm-a") -> dict[str, str]:
+        result = run(amtool, "alert", "query", f"--alertmanager.url={url}", "--active", "--inhibited", "-o", "json",
+                     f"alertname={burn}", f"target={target}")
+        assert result.returncode == 0, result.stderr
+        return {a["labels"]["long"]: a["status"]["state"] for a in json.loads(result.stdout)}
+
+    try:
+        assert wait_until(lambda: run(amtool, "config", "show", f"--alertmanager.url={url}").returncode == 0,
+                          timeout=20, interval=0.2), "Alertmanager did not start"
+        add(fast)
+        assert wait_until(lambda: receiver.alerts(burn, status="firing", long=fast["long"]), timeout=10)
+        add(slow)
+        add(ticket)
+        assert wait_until(lambda: states() == {fast["long"]: "suppressed", slow["long"]: "active",
+                                               ticket["long"]: "suppressed"}, timeout=10), states()
+        add(fast, target="vllm-b")  # same SLO, another target: its own page
+        assert wait_until(lambda: states("vllm-b") == {fast["long"]: "active"}, timeout=10), states("vllm-b")
+        assert wait_until(lambda: receiver.alerts(burn, status="firing", target="vllm-b"), timeout=10)
+        time.sleep(2)  # two group intervals: nothing more may arrive for the suppressed pairs
+        tickets = [r for r in receiver.alerts() if r.receiver == "/ticket"]
+        assert not tickets, "the ticket pair went out while its SLO pages"
+        pages = [r for r in receiver.alerts(burn, target="vllm-a") if r.labels["long"] == slow["long"]]
+        assert pages, "the slow pair's page did not arrive"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        receiver.close()

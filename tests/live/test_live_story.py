@@ -1,0 +1,207 @@
+"""The user's story on a real engine, end to end: vLLM (CPU) with a 10-block KV cache and a seq cap
+of 8 -> `llm-exporter run` -> Prometheus with the generated rules rendered at TIME_SCALE -> the
+generated Alertmanager routing -> a webhook receiver in this process (tests/fullstack.py).
+
+1. overload and KV pressure: 24 closed-loop clients over the cap of 8. One TTFT page arrives (the
+   fast burn pair, later taken over by the slow pair: an update, not a new page), and the KV-full
+   and standing-queue tickets, which fit how the real gauges move (usage swinging as preemptions
+   free blocks, a deep queue that stands rather than grows). Every alert of the target carries
+   the same identifying labels. The dashboards' queries of recording rules have data on the
+   scaled stack (the rules keep their nominal names).
+2. the engine killed: LLMEngineDown pages; the target's SLO, latency and saturation alerts show as
+   suppressed in Alertmanager and none of them reaches the receiver while it is down.
+3. the engine restarted, light traffic: every alert that fired is resolved, nothing fires.
+
+The notification timeline is printed (pytest -s, or the report on failure) for the closing note.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import pathlib
+import threading
+import time
+
+import pytest
+import yaml
+
+from tests.fullstack import FullStack, LiveEngine, full_stack, logs
+from tests.live import engines
+from tests.live.traffic import complete
+from tests.support import wait_until
+
+pytestmark = [pytest.mark.live, pytest.mark.timeout(20 * 60)]
+
+TIME_SCALE = 0.02  # 1h -> 1m12s, 5m -> 6s, the KV and queue windows 10m -> 12s
+CLIENTS, CAP = 24, 8
+KV_ARGS = ("--num-gpu-blocks-override", "10", "--max-model-len", "1024")
+PROMPT = "You are a terse assistant that answers questions about GPU inference servers. " * 4
+TTFT_BURN = "LLMTimeToFirstTokenErrorBudgetBurn"
+KV_FULL, STANDING, ENGINE_DOWN = "LLMKVCacheNearlyFull", "LLMRequestQueueStanding", "LLMEngineDown"
+ENGINE_SCOPED = ("slo", "latency", "saturation")
+IDENTITY = ("job", "instance", "target", "engine")  # on every alert of a target; `model` where the series has it
+
+
+def _wait(stack: FullStack, predicate, timeout: float, what: str) -> None:
+    if not wait_until(predicate, timeout=timeout, interval=0.5):
+        raise AssertionError(f"{what} within {timeout:g}s.\n{timeline(stack)}\n"
+                             f"firing in Prometheus: {sorted({a['alertname'] for a in stack.firing()})}\n"
+                             f"{logs(stack.directory)}")
+
+
+def timeline(stack: FullStack, since: float = 0.0) -> str:
+    start = stack.marks.get("start", since)
+    lines = [f"{n.at - start:7.1f}s {n.receiver:7} {n.group.get('alertname', '')} {n.status}: "
+             + ", ".join(f"{a}={s}" for a, s in n.alerts) for n in stack.receiver.notifications if n.at >= since]
+    return "notifications:\n  " + "\n  ".join(lines)
+
+
+def _engine_alert_names(stack: FullStack) -> set[str]:
+    """The alerts LLMEngineDown inhibits (the slo, latency and saturation areas), from the rendered rules."""
+    return {r["alert"] for area in ENGINE_SCOPED
+            for group in yaml.safe_load((stack.directory / "rules" / f"{area}.yaml").read_text())["groups"]
+            for r in group["rules"] if "alert" in r}
+
+
+class ClosedLoop:
+    """CLIENTS users, each sending the next request when the last one ended, until stop()."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.done, self.failed = url, 0, 0
+        self.halt = threading.Event()
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=CLIENTS)
+        self.futures = [self.pool.submit(self._user, i) for i in range(CLIENTS)]
+
+    def _user(self, i: int) -> None:
+        n = 0
+        while not self.halt.is_set():
+            n += 1
+            try:
+                ok = complete(self.url, f"{PROMPT} Question {i}-{n}: why is TTFT high?", max_tokens=300,
+                              stream=i % 2 == 0, timeout=120).status == 200
+            except OSError:
+                ok = False
+                self.halt.wait(0.5)
+            self.done, self.failed = self.done + ok, self.failed + (not ok)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _dashboard_queries_of_recording_rules(stack: FullStack) -> tuple[list[str], list[str]]:
+    """(queries of recording rules with data, without) over every dashboard panel."""
+    from tests.test_dashboards_live import all_queries, substitute
+
+    with_data, empty = [], []
+    instance = stack.exporter.removeprefix("http://")
+    for _, _, _, expr in all_queries():
+        if "target_model:" not in expr:
+            continue
+        concrete = substitute(expr, instance=instance, model=".*").replace('"demo-0"', f'"{stack.target}"')
+        (with_data if stack.query(concrete) else empty).append(expr)
+    return with_data, empty
+
+
+def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_inhibits_all_resolve(
+        tmp_path: pathlib.Path) -> None:
+    engines.install_all()
+    port = engines.free_port()
+    engine = engines.start_vllm(port, log_dir=tmp_path, extra_args=KV_ARGS)
+    load: ClosedLoop | None = None
+    try:
+        with full_stack(tmp_path / "stack", live=LiveEngine(port), time_scale=TIME_SCALE) as stack:
+            target, rx, scaled = stack.target, stack.receiver, stack.scaled
+            fast, slow = scaled["burn_rates"][0], scaled["burn_rates"][1]
+            stack.marks["start"] = time.monotonic()
+            for i in range(3):  # a healthy baseline: nothing pages
+                assert complete(engine.base_url, f"baseline {i}", max_tokens=8).status == 200
+            time.sleep(3)
+            assert not rx.alerts(status="firing"), timeline(stack)
+
+            # 1. Overload with KV pressure.
+            overload = time.monotonic()
+            stack.marks["overload"] = overload
+            load = ClosedLoop(engine.base_url)
+            _wait(stack, lambda: rx.alerts(TTFT_BURN, status="firing", since=overload), 240, "no TTFT page")
+            first_page = rx.alerts(TTFT_BURN, status="firing", since=overload)[0]
+            _wait(stack, lambda: rx.alerts(KV_FULL, status="firing", since=overload)
+                  and rx.alerts(STANDING, status="firing", since=overload), 120,
+                  "the KV-full and standing-queue tickets did not arrive")
+            # Keep the breach going until the slow pair takes the page over (an update of the group).
+            _wait(stack, lambda: any(n.status == "firing" and (slow["long"], "firing") in n.alerts
+                                     for n in rx.notified(TTFT_BURN, since=overload)), 120,
+                  "the slow burn pair never joined the page")
+            time.sleep(10)  # a few more group intervals of the breach, where flips used to re-notify
+            breach = rx.notified(TTFT_BURN, since=overload, target=target)
+            pages = rx.pages(TTFT_BURN, since=overload, target=target)
+            # Every verdict of the last 30 s of the breach (the verdict holds 3 cycles before it moves).
+            verdicts = {r["metric"]["resource"] for r in stack.query(
+                f'max_over_time(llm_bottleneck{{target="{target}"}}[30s]) == 1')}
+            with_data, empty = _dashboard_queries_of_recording_rules(stack)
+            report = {"ttft_page_s": round(first_page.at - overload, 1),
+                      "kv_full_s": round(rx.alerts(KV_FULL, status="firing", since=overload)[0].at - overload, 1),
+                      "standing_s": round(rx.alerts(STANDING, status="firing", since=overload)[0].at - overload, 1),
+                      "ttft_notifications": len(breach), "ttft_pages": len(pages), "verdicts": sorted(verdicts),
+                      "requests": load.done, "recording_rule_panels": (len(with_data), len(empty))}
+            assert len(pages) == 1, f"{report}\n{timeline(stack)}"
+            assert len(breach) <= 6, f"the page was re-sent as the windows moved: {report}\n{timeline(stack)}"
+            assert first_page.receiver == "/pager" and first_page.labels["long"] == fast["long"]
+            for name in (KV_FULL, STANDING):
+                ticket = rx.alerts(name, status="firing", since=overload)[0]
+                assert ticket.receiver == "/ticket" and ticket.labels["severity"] == "warning", ticket
+            assert verdicts and not verdicts & {"idle", "headroom"}, report
+            # Panels on recording rules read the nominal names (rate5m over 6s here): most have data.
+            assert len(with_data) > 2 * len(empty), (report, empty)
+            engine_alerts = _engine_alert_names(stack)
+            for r in rx.alerts(status="firing"):
+                if r.name in engine_alerts or r.name == ENGINE_DOWN:
+                    missing = [k for k in (*IDENTITY, *(("model",) if r.name in engine_alerts else ()))
+                               if not r.labels.get(k)]
+                    assert not missing, f"{r.name} lacks {missing}: {r.labels}"
+
+            # 2. The engine killed while the overload still burns.
+            killed = time.monotonic()
+            load.stop()
+            engine.stop()
+            _wait(stack, lambda: rx.alerts(ENGINE_DOWN, status="firing", since=killed), 30, "no LLMEngineDown page")
+            down = rx.alerts(ENGINE_DOWN, status="firing", since=killed)[0]
+            report["engine_down_s"] = round(down.at - killed, 1)
+            assert down.receiver == "/pager" and down.labels["target"] == target
+
+            def suppressed() -> list[dict]:
+                return [a for a in stack.am_alerts() if a["labels"]["alertname"] in engine_alerts
+                        and a["labels"].get("target") == target and a["status"]["state"] == "suppressed"]
+
+            _wait(stack, suppressed, 10, "Alertmanager shows none of the target's alerts inhibited")
+            active = [a["labels"]["alertname"] for a in stack.am_alerts() if a["labels"]["alertname"] in engine_alerts
+                      and a["labels"].get("target") == target and a["status"]["state"] == "active"]
+            assert not active, f"not inhibited while {ENGINE_DOWN} fires: {active}"
+            report["suppressed"] = sorted({a["labels"]["alertname"] for a in suppressed()})
+            time.sleep(4)
+            leaked = [(r.name, r.status) for r in rx.alerts(since=down.at + 1.0) if r.name in engine_alerts]
+            assert not leaked, f"{leaked}\n{timeline(stack)}"
+
+            # 3. Restart, light traffic, everything resolves.
+            restarted = time.monotonic()
+            engine = engines.start_vllm(port, log_dir=tmp_path, extra_args=KV_ARGS)
+            report["restart_ready_s"] = round(time.monotonic() - restarted, 1)
+            _wait(stack, lambda: stack.value(f'llm_engine_up{{target="{target}"}}') == 1.0, 30, "engine not up again")
+            for i in range(4):
+                assert complete(engine.base_url, f"after restart {i}", max_tokens=8).status == 200
+            fired = {(r.name, r.labels.get("long", "")) for r in rx.alerts(status="firing")}
+
+            def all_resolved() -> bool:
+                still = [a for a in stack.alerts_since(0) if a.get("target") == target]
+                return not still and all(rx.last_status(name, **({"long": long} if long else {})) == "resolved"
+                                         for name, long in fired)
+
+            _wait(stack, all_resolved, 150, "not every alert resolved after the restart")
+            report["resolved_after_restart_s"] = round(time.monotonic() - restarted, 1)
+            assert len(rx.pages(TTFT_BURN, since=overload, target=target)) == 1, timeline(stack)
+            print("live story:", report)
+            print(timeline(stack))
+    finally:
+        if load is not None:
+            load.stop()
+        engine.stop()
