@@ -58,7 +58,7 @@ def groups(cfg: dict) -> list[dict]:
         alert("LLMKVCacheHeadroomExhausted",
               f"min {without(cfg=cfg)} ({sel('llm_kv_cache_headroom_sequences', cfg=cfg)}) "
               f"< {fmt_num(cfg['headroom_min_sequences'])}\n"
-              f"and ignoring (engine)\n"
+              f"and\n"
               f"target_model:llm_requests_waiting:sum > 0",
               "warning", "No KV cache room for another sequence while requests wait.",
               f"{TM}: room for {{{{ printf \"%.1f\" $value }}}} more sequences of the current mean length "

@@ -50,9 +50,10 @@ BY_ENGINE = f"by ({', '.join(ENGINE)})"
 BURN_WINDOWS = sorted({w for br in slo.BURN_RATES for w in (br.short, br.long)}, key=slo.duration_seconds)
 BURN_COLORS = ("yellow", "orange", "red", "dark-red")  # the pairs' factors, lowest first
 
-# One colour per verdict, grouped by kind: roofs blue/purple, constraints warm, idle grey.
+# One colour per verdict, grouped by kind: idle grey, headroom green (healthy, serving), roofs
+# blue/purple, constraints warm.
 RESOURCE_COLORS = {
-    "idle": "text", "compute": "blue", "memory_bandwidth": "purple", "kv_capacity": "red",
+    "idle": "text", "headroom": "green", "compute": "blue", "memory_bandwidth": "purple", "kv_capacity": "red",
     "scheduler": "light-red", "host_cpu": "orange", "interconnect": "yellow", "power_thermal": "dark-red",
 }
 
@@ -134,9 +135,11 @@ traffic; {said}. Read a pair as its two lines both above their line.
 def now_row() -> Row:
     return row("Now",
         stat("Bottleneck now", """
-The resource that limits each engine target now (llm_bottleneck == 1). compute and memory_bandwidth are
-roofs: a loaded, healthy engine sits on one (prefill on compute, decode on HBM bandwidth). kv_capacity,
-host_cpu, interconnect and power_thermal are constraints: the fix is elsewhere than a faster GPU.
+The resource that limits each engine target now (llm_bottleneck == 1). idle: no work at all; headroom: the
+engine serves and no resource is near its limit (healthy; llm_kv_cache_headroom_sequences and the roof scores
+say how much more load fits). compute and memory_bandwidth are roofs: a loaded, healthy engine sits on one
+(prefill on compute, decode on HBM bandwidth). kv_capacity, scheduler, host_cpu, interconnect and
+power_thermal are constraints: the fix is elsewhere than a faster GPU.
 """, [target(f'{T.sel("llm_bottleneck")} == 1', "{{target}} ({{instance}}): {{resource}}")],
              w=6, text_mode="name", color_mode="none", graph=False),
         stat("Engine targets up", """
@@ -181,9 +184,9 @@ def verdict_row() -> Row:
     return row("Bottleneck verdict and its evidence",
         state_timeline("Bottleneck verdict over time", f"""
 One row per engine target; the colour is the verdict (llm_bottleneck). The diagnosis order of the source
-documents: is there load, then is prefill or decode slow, then compute, HBM bandwidth, KV capacity, CPU,
-interconnect, power/thermal. The verdict has hysteresis ({HOLD_CYCLES} cycles to change), so short blips do
-not flap it.
+documents: is there load (idle: none; headroom: serving with nothing near a limit), then is prefill or
+decode slow, then compute, HBM bandwidth, KV capacity, CPU, interconnect, power/thermal. The verdict has
+hysteresis ({HOLD_CYCLES} cycles to change), so short blips do not flap it.
 "The most expensive mistake is upgrading a part that was never the bottleneck."
 """, [target(verdict_code_expr(), "{{target}} ({{instance}})")], mappings=verdict_map, w=24, h=5,
         steps=thresholds((None, "text"))),
@@ -191,8 +194,9 @@ not flap it.
 How strongly the evidence points at each resource (llm_bottleneck_score, 0..1; formulas in
 docs/diagnosis.md). A constraint (kv_capacity, host_cpu, interconnect, power_thermal) becomes the verdict at
 {verdict.CONSTRAINT_MIN} (red line); a roof (compute, memory_bandwidth) at {verdict.ROOF_MIN} (blue line) when no
-constraint does. Two high roofs at once usually mean a mix of prefill and decode; a constraint next to a high
-roof is the thing holding the GPU off its roof.
+constraint does; headroom (1 - 2 x the highest other score while serving) is the verdict when neither does.
+Two high roofs at once usually mean a mix of prefill and decode; a constraint next to a high roof is the thing
+holding the GPU off its roof.
 """, [target(T.sel("llm_bottleneck_score"), "{{target}} ({{instance}}) {{resource}}")], unit="percentunit",
             minimum=0, maximum=1, w=12, threshold_style="dashed",
             steps=thresholds((None, "transparent"), (verdict.ROOF_MIN, "blue"), (verdict.CONSTRAINT_MIN, "red"))),
@@ -279,8 +283,10 @@ LMDeploy, NIM); engines with only time per output token (TGI, trtllm-serve) have
         burn_panel(TBT, w=8),
         timeseries("SLO attainment in the exporter's window", """
 The same good-event shares computed by the exporter over its sliding window (--quantile-window), with the
-le bucket it used. Available without Prometheus recording rules; the two should agree. TBT, as in the
-recording rules, is the inter-token latency histogram: none for TGI and trtllm-serve.
+le bucket it used. Available without Prometheus recording rules; the two should agree, except after an
+engine restart: the exporter then counts only the requests since the restart, and a gap in the line means no
+recent traffic (nothing finished in the window), not 0%. TBT, as in the recording rules, is the inter-token
+latency histogram: none for TGI and trtllm-serve.
 """, [target(TM.sel("llm_ttft_slo_attainment_ratio"), "TTFT <= {{le}}s {{target}} ({{instance}})"),
       target(TM.sel("llm_tbt_slo_attainment_ratio"), "TBT <= {{le}}s {{target}} ({{instance}})")],
             unit="percentunit", w=12, decimals=3, maximum=1),

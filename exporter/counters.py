@@ -41,7 +41,7 @@ class SeriesResets:
     left off, or from zero when it came back lower. One never seen before starts at its first values
     (its baseline), except in the first update, whose values are every series' baseline anyway."""
 
-    __slots__ = ("_state", "_frozen", "_gone", "_started", "offset")
+    __slots__ = ("_state", "_frozen", "_gone", "_started", "offset", "restarts")
 
     def __init__(self, width: int, *, started: bool = False) -> None:
         zeros = (0.0,) * width
@@ -52,6 +52,7 @@ class SeriesResets:
         self._gone: dict[Hashable, tuple[float, ...]] = {}  # vanished series -> last values
         self._started = started
         self.offset = zeros  # what to add to the sum of the series' values
+        self.restarts = 0  # series seen restarting (values fell, or came back lower) so far
 
     def update(self, series: Collection[tuple[Hashable, tuple[float, ...]]]) -> tuple[float, ...]:
         """Take the current values of every present series; return the offset for their sum."""
@@ -67,6 +68,7 @@ class SeriesResets:
                     offset = tuple(map(neg, own)) if self._started else zeros
                 elif any(map(lt, own, prev)):
                     offset = zeros  # came back restarted
+                    self.restarts += 1
                 else:
                     offset = tuple(map(neg, prev))  # came back where it left off
                 changed = True
@@ -75,6 +77,7 @@ class SeriesResets:
                 if own is not last and any(map(lt, own, last)):
                     offset = elementwise(add, offset, last)
                     changed = True
+                    self.restarts += 1
             state[key] = (own, offset)
         self._started = True
         if len(state) > present:

@@ -6,9 +6,10 @@
                                                           sample an engine directly for a short window
     add --json for machines.
 
-Exit status: 0 healthy (every target at its own roof or idle, SLOs met), 1 degraded (a constraint
-such as KV capacity, host CPU, interconnect or throttling limits a target, an SLO is missed, or a
-target is unreachable), 3 cannot tell (no answer, no targets, or not enough data yet). 2 stays
+Exit status: 0 healthy (every target at its own roof, idle or with headroom, each SLO met or with
+no recent traffic to judge it on), 1 degraded (a constraint such as KV capacity, host CPU,
+interconnect or throttling limits a target, an SLO is missed, or a target is unreachable), 3
+cannot tell (no answer, no targets, or not enough data yet). 2 stays
 the usual status for bad arguments.
 """
 
@@ -221,6 +222,12 @@ def render_report(diagnosis: Mapping[str, Any], source: str, out: TextIO) -> Non
         out.write(f"   [{t.get('status', 'unknown')}]\n")
         for reason in t.get("degraded_because", []) or []:
             out.write(f"  degraded: {reason}\n")
+        slo_words = [state.get("words", "") for state in (t.get("slo") or {}).values()]
+        for words in slo_words:
+            out.write(f"  {words}\n")
+        for note in t.get("notes", []) or []:
+            if note not in slo_words:
+                out.write(f"  note: {note}\n")
         if t.get("evidence"):
             out.write("  why:\n")
             for line in t["evidence"]:

@@ -123,7 +123,9 @@ def _tails(numbers: Mapping[str, Any]) -> str:
         q = tail.get("quantiles", {})
         slo = ""
         attained, bound = tail.get("slo_attainment"), tail.get("slo_bound_used")
-        if attained is not None and bound is not None:
+        if tail.get("slo_no_recent_traffic"):
+            slo = '<span class="muted">no recent traffic</span>'
+        elif attained is not None and bound is not None:
             slo = f"{attained * 100:.0f}% &le; {bound:g}s"
         rows.append(f"<tr><td>{title}</td><td>{_num(q.get('0.5'), '{:.3g}', 's')}</td>"
                     f"<td>{_num(q.get('0.95'), '{:.3g}', 's')}</td><td>{_num(q.get('0.99'), '{:.3g}', 's')}</td>"
@@ -183,6 +185,11 @@ def _list(items: Sequence[str], empty: str = "none") -> str:
     return "<ul>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>"
 
 
+def _notes(notes: Sequence[str]) -> str:
+    """What the status leaves out on purpose, e.g. an SLO with no recent traffic to judge it on."""
+    return "".join(f'<p class="muted note">{esc(n)}</p>' for n in notes)
+
+
 def _target(t: Mapping[str, Any]) -> str:
     verdict = t.get("verdict")
     status = t.get("status", "unknown")
@@ -196,6 +203,7 @@ def _target(t: Mapping[str, Any]) -> str:
         f'</span></h2>'
         f'<p>Bottleneck: <span class="verdict {esc(status)}" data-verdict="{esc(verdict or "")}">{esc(words)}</span>'
         f' <span class="muted">{esc(status)}{": " + esc("; ".join(because)) if because else ""}</span></p>'
+        f'{_notes(t.get("notes") or [])}'
         f'<div class="grid"><div><h3>Evidence</h3>{_list(t.get("evidence", []), "no evidence yet")}'
         f'<h3>First things to try</h3>{_list(t.get("remedies", []), "-")}</div>'
         f'<div><h3>Scores</h3>{_scores(t.get("scores", {}), verdict)}</div></div>'

@@ -294,6 +294,12 @@ class LiveEngine:
     target: str = "live"
     interval: str = "2s"  # a busy vLLM on two cores can take most of a second to answer /metrics
     engine_timeout: str = "1800ms"
+    # Prometheus tells Alertmanager an alert ends 4 x this after each send: on two cores a busy engine
+    # can stall an evaluation for seconds, and at the twin's 1s every alert then "resolved" and fired
+    # again at once (seen in the live story).
+    resend_delay: str = "3s"
+    # What a user on a CPU-only host sets (docs/alerts.md): no GPU source, so no GPU metrics to miss.
+    disabled_alerts: tuple[str, ...] = ("LLMEngineWithoutGPUMetrics",)
 
 
 @contextlib.contextmanager
@@ -311,6 +317,8 @@ def full_stack(directory: pathlib.Path, *, live: LiveEngine | None = None,
     cfg = dict(generate.CONFIG)
     cfg["alertmanager"] = {**cfg["alertmanager"], "pager_url": receiver.url + "/pager",
                            "ticket_url": receiver.url + "/ticket"}
+    if live is not None:
+        cfg["disabled_alerts"] = live.disabled_alerts
     for path, text in generate.render_scaled(directory, time_scale, cfg).items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -342,7 +350,8 @@ def full_stack(directory: pathlib.Path, *, live: LiveEngine | None = None,
         "--cluster.listen-address=", "--log.level=warn"], {}, ports["alertmanager"], urls["alertmanager"])
     prometheus = Proc("prometheus", [
         prometheus_bin, f"--config.file={directory / 'prometheus.yml'}", f"--storage.tsdb.path={directory / 'data'}",
-        f"--web.listen-address=127.0.0.1:{ports['prometheus']}", "--rules.alert.resend-delay=1s",
+        f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+        f"--rules.alert.resend-delay={live.resend_delay if live else '1s'}",
         "--log.level=warn"], {}, ports["prometheus"], urls["prometheus"])
     stack = FullStack(directory, receiver, proxy, urls["twin"], urls["exporter"], urls["prometheus"],
                       urls["alertmanager"], exporter, prometheus_config, generate.scale_durations(cfg, time_scale),

@@ -24,7 +24,7 @@ KiB, GiB = 1024, 1 << 30
 SEED_70B = ModelShape("seed-70b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, vocab=128256,
                       intermediate=28672)
 
-KEY = TargetKey("t", "m", (("model", "m"), ("target", "t")))
+KEY = TargetKey("t", "m", (("engine", "vllm"), ("model", "m"), ("target", "t")), "vllm")
 
 
 def engine_view(**sums: float) -> EngineView:
@@ -273,6 +273,63 @@ def test_histogram_window_survives_a_counter_reset():
     assert delta[-1] == 14.0  # 10 more before the restart + 4 after, since the first checkpoint
 
 
+def test_a_restart_keeps_the_window_for_quantiles_but_not_for_the_slo_attainment():
+    """Issue 19: after an engine restart with no traffic, the status said "only 0% of requests
+    meet the TTFT SLO" from requests the previous process finished. The window keeps them (as
+    increase() does: the quantiles still match histogram_quantile), but the attainment reads only
+    what was measured since the restart, and with nothing since it is absent, never 0."""
+    win = HistogramWindow(300.0, checkpoints=30)
+    slow = [3.0] * 10  # all over a 2.5 s SLO
+    for t in range(0, 60, 5):
+        win.observe(float(t), BOUNDS, bucketize(slow * (t // 5 + 1)))
+    delta = win.observe(60.0, BOUNDS, bucketize(slow * 13))
+    assert win.restarted_at is None and win.fresh is delta and delta[-1] == 120.0
+    before = quantiles.tail("ttft", BOUNDS, delta, 2.5, win.fresh)
+    assert before.slo_attainment == 0.0 and not before.no_recent_traffic
+    zeros = bucketize([])
+    for t in (65.0, 70.0, 100.0):  # restarted between 60 and 65; nothing finished since
+        delta = win.observe(t, BOUNDS, zeros)
+        assert delta is not None and delta[-1] == 120.0  # the window still holds the old requests
+        assert win.fresh == zeros and win.restarted_at == 65.0
+        tail = quantiles.tail("ttft", BOUNDS, delta, 2.5, win.fresh, window_s=300.0,
+                              restarted_s_ago=t - win.restarted_at)
+        assert tail.quantile(0.99) == pytest.approx(4.975)  # quantiles over the whole window (2.5..5 s)
+        assert tail.slo_attainment is None and tail.no_recent_traffic and tail.slo_count == 0.0
+        samples = quantiles.tail_samples(tail, "llm_ttft_window_seconds", "llm_ttft_slo_attainment_ratio", ())
+        assert not [x for x in samples if x.name == "llm_ttft_slo_attainment_ratio"]
+    delta = win.observe(105.0, BOUNDS, bucketize([0.2] * 4))  # the new process serves, fast
+    assert delta[-1] == 124.0 and win.fresh == bucketize([0.2] * 4)
+    assert quantiles.tail("ttft", BOUNDS, delta, 2.5, win.fresh).slo_attainment == 1.0
+    # Once the restart is older than the window, the whole window is the running process's again.
+    for t in range(110, 420, 10):
+        delta = win.observe(float(t), BOUNDS, bucketize([0.2] * 4))
+    assert win.restarted_at is None and win.fresh is delta and delta[-1] == 0.0
+
+
+def test_without_a_restart_an_empty_window_has_no_attainment():
+    win = HistogramWindow(60.0, checkpoints=30)
+    counts = bucketize([0.02] * 10)
+    for t in range(0, 200, 2):  # the same 10 requests, long ago
+        delta = win.observe(float(t), BOUNDS, counts)
+    tail = quantiles.tail("ttft", BOUNDS, delta, 2.5, win.fresh, window_s=60.0)
+    assert win.restarted_at is None and tail.slo_attainment is None and tail.no_recent_traffic
+    assert quantiles.numbers({"ttft": tail})["ttft"]["slo_no_recent_traffic"] is True
+    # Without an SLO bound there is nothing to judge, and nothing to say about traffic.
+    assert not quantiles.tail("ttft", BOUNDS, delta, 0.001, win.fresh).no_recent_traffic
+
+
+def test_one_rank_restarting_starts_the_attainment_of_the_whole_target_again():
+    # Two ranks; rank 1 restarts at t=10. The attainment reads what both ranks measured since.
+    win = HistogramWindow(300.0)
+    bounds = (2.5, float("inf"))
+    for t, r0, r1 in ((0, 10, 10), (5, 20, 20)):
+        win.observe(float(t), bounds, (0.0, float(r0 + r1)), (("rank=0", (0.0, float(r0))),
+                                                                ("rank=1", (0.0, float(r1)))))
+    delta = win.observe(10.0, bounds, (3.0, 25.0 + 3.0), (("rank=0", (0.0, 25.0)), ("rank=1", (3.0, 3.0))))
+    assert delta == (3.0, 28.0)  # 0 -> 10: rank 0 +15, rank 1 +10 before the restart and 3 after
+    assert win.fresh == (3.0, 8.0) and win.restarted_at == 10.0  # since the restart: rank 0 +5, rank 1 3
+
+
 def test_slo_bound_is_the_closest_at_or_below_the_threshold():
     assert quantiles.slo_bound(BOUNDS, 2.5) == 2.5
     assert quantiles.slo_bound(BOUNDS, 0.3) == 0.25
@@ -500,8 +557,10 @@ def test_llamacpp_prompt_tokens_include_the_cached_ones_and_steps_come_from_llam
 
 def test_requests_waiting_while_running_sits_at_its_cap_is_the_scheduler_not_idle():
     """llama.cpp with its 4 slots busy and 4 requests deferred (no KV gauge, no GPU): the
-    scheduler's limit, with the slots named in the evidence; with nothing deferred it is not."""
-    assert _diagnosis_with(deferred=0)["verdict"] == "idle"
+    scheduler's limit, with the slots named in the evidence; with nothing deferred it is
+    headroom (serving, nothing near a limit), never idle: it is serving."""
+    served = _diagnosis_with(deferred=0)
+    assert served["verdict"] == "headroom" and served["status"] == "healthy", served
     target = _diagnosis_with(deferred=4)
     assert target["verdict"] == "scheduler", target
     assert any("4.0 requests waiting on average while 4.0 run" in e for e in target["evidence"]), target

@@ -163,6 +163,19 @@ def test_derived_labels_are_sorted_by_name():
         assert len({k for k, _ in s.labels}) == len(s.labels), (stage_name, s)
 
 
+def test_derived_samples_carry_exactly_their_declared_labels_with_the_engine():
+    """The catalogue is the one declaration: every derived sample has the labels its family
+    declares, no more and no fewer, and every per-target family names the engine, as the target's
+    engine series do (so LLMKVCacheHeadroomExhausted carries `engine` like the target's other alerts)."""
+    seen = _outputs()
+    for stage_name, s in seen:
+        fam = family_of(s.name)
+        assert {k for k, _ in s.labels} == set(fam.labels), (stage_name, s)
+        assert "engine" in fam.labels and s.label("engine") not in ("", None), (stage_name, s)
+    engines = {s.label("engine") for _, s in seen}
+    assert {"vllm", "llamacpp"} <= engines, engines
+
+
 def test_a_stage_whose_samples_raise_loses_only_its_families_and_is_logged_once(caplog):
     def broken(result, key):
         raise ValueError("cannot render")

@@ -127,7 +127,7 @@ def test_engine_restart_gives_no_negative_or_huge_rates():
     assert after and min(after) >= 0
     assert max(after) <= 1.2 * max(before)
     diag = harness.cycle()[1]
-    assert diag["verdict"] in ("memory_bandwidth", "idle")
+    assert diag["verdict"] in ("memory_bandwidth", "headroom", "idle")
 
 
 @pytest.mark.parametrize(("engine_format", "scenario", "expected"), [

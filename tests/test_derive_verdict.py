@@ -33,10 +33,39 @@ def verdict_of(**signals) -> str:
     (dict(hbm_gpm=0.3, busiest_thread=0.98), "host_cpu"),
     (dict(hbm_gpm=0.3, tp=2, degraded_links=("GPU0 gen3 x8 (max gen5 x16)",)), "interconnect"),
     (dict(hbm_gpm=0.8, throttles=("GPU0 hw_thermal_slowdown",), clock_ratio=0.5), "power_thermal"),
-    (dict(hbm_gpm=0.1, mfu=0.05), "idle"),  # work, but no resource near a limit: headroom
+    (dict(hbm_gpm=0.1, mfu=0.05), "headroom"),  # work, but no resource near a limit
+    (dict(hbm_gpm=0.1, kv_usage=0.95), "headroom"),  # a constraint below its threshold is not the verdict
 ])
 def test_rules(signals, expected):
     assert verdict_of(**signals) == expected
+
+
+def test_idle_means_no_work_and_headroom_means_serving_with_room():
+    """idle only without work; serving with nothing near a limit is headroom (issue 19: ~6 req/s on
+    a healthy engine read as idle, which users take for "not serving")."""
+    quiet = Signals(running=0.0, mean_batch=0.0, decode_tps=0.0, prefill_tps=0.0)
+    scores = assess(quiet).scores
+    assert (scores["idle"], scores["headroom"]) == (1.0, 0.0)
+    assert raw_verdict(quiet, scores, None) == ("idle", "no work")
+    light = Signals(**{**BUSY, "running": 3.0, "mean_batch": 3.0, "decode_tps": 120.0, "prefill_tps": 300.0,
+                       "hbm_gpm": 0.38, "mfu": 0.02})
+    a = assess(light)
+    assert a.scores["idle"] == 0.0
+    assert a.scores["headroom"] == pytest.approx(1 - 2 * a.scores["memory_bandwidth"], abs=1e-4)
+    assert raw_verdict(light, a.scores, None)[0] == "headroom"
+    assert a.evidence["headroom"] == (
+        "serving, and no resource near its limit: the highest score is memory_bandwidth 0.20 "
+        "(a roof verdict needs 0.35)",)
+    assert not assess(Signals(**{**BUSY, "hbm_gpm": 0.9})).evidence["headroom"]  # no words against a roof
+
+
+def test_headroom_has_words_and_remedies_and_is_healthy():
+    from exporter.derive.bottleneck import REMEDIES, VERDICT_WORDS, is_degraded
+
+    assert set(VERDICT_WORDS) == set(REMEDIES) == set(RESOURCES)
+    assert VERDICT_WORDS["headroom"][1] == "headroom (serving, no resource near its limit)"
+    assert any("llm_kv_cache_headroom_sequences" in r for r in REMEDIES["headroom"])
+    assert is_degraded("headroom", Signals(**BUSY)) == [] == is_degraded("idle", Signals())
 
 
 def test_full_kv_without_queue_or_preemption_is_not_a_constraint():
@@ -299,6 +328,43 @@ def test_kv_cache_dtype_setting_next_to_the_model():
     deriver = build_deriver(Config(kv_cache_dtype="fp7"))
     assert bytes_per_token(deriver) == 131_072
     assert any("kv_cache_dtype ignored" in o for o in deriver.diagnosis()["targets"]["a"]["omitted"])
+
+
+def restarting_snapshot(t: float, served: float) -> Snapshot:
+    """One vLLM target that has served `served` requests so far (each 3 s to first token, over a
+    2.5 s SLO), with token counters to match: 0 after a restart."""
+    labels = labels_of(target="a", engine="vllm", model="llama-3.1-8b")
+    samples = [Sample("llm_prompt_tokens_total", labels, 100.0 * served),
+               Sample("llm_generation_tokens_total", labels, 50.0 * served),
+               Sample("llm_requests_running", labels, 0.0), Sample("llm_requests_waiting", labels, 0.0)]
+    for le, count in (("0.5", 0.0), ("2.5", 0.0), ("5", served), ("+Inf", served)):
+        samples.append(Sample("llm_time_to_first_token_seconds_bucket", labels + (("le", le),), count))
+    results = {"engine:a": SourceResult("engine:a", True, 0.0, t, tuple(samples), kind=SourceKind.ENGINE,
+                                        attrs=MappingProxyType({"kind": "engine", "target": "a", "engine": "vllm",
+                                                                "model": "llama-3.1-8b"}))}
+    return Snapshot(1_000.0 + t, MappingProxyType(results))
+
+
+def test_after_a_restart_without_traffic_the_slo_says_no_recent_traffic_not_degraded():
+    deriver = build_deriver(Config(interval_s=5.0))
+    for i in range(12):  # one minute of slow requests: the TTFT SLO is missed
+        out = deriver(restarting_snapshot(5.0 * i, 10.0 * i), None)
+    before = deriver.diagnosis()["targets"]["a"]
+    assert before["status"] == "degraded" and "only 0% of requests meet the TTFT SLO" in before["degraded_because"]
+    assert before["slo"]["ttft"]["state"] == "missed" and not before["notes"]
+    assert [s.value for s in out if s.name == "llm_ttft_slo_attainment_ratio"] == [0.0]
+    for i in range(12, 16):  # the engine restarted: counters from 0, and nothing served since
+        out = deriver(restarting_snapshot(5.0 * i, 0.0), None)
+    diag = deriver.diagnosis()
+    after = diag["targets"]["a"]
+    assert after["status"] == "healthy" and diag["status"] == "healthy", after["degraded_because"]
+    assert after["degraded_because"] == []
+    assert after["slo"]["ttft"]["state"] == "no_recent_traffic" and after["slo"]["ttft"]["attainment"] is None
+    assert after["notes"] == ["TTFT SLO: no recent traffic (no requests finished since the engine restarted "
+                              "15 seconds ago)"]
+    assert not [s for s in out if s.name == "llm_ttft_slo_attainment_ratio"]  # absent, not 0 nor stale
+    assert [s for s in out if s.name == "llm_ttft_window_seconds"]  # the window's tails still cover the minute
+    assert after["numbers"]["ttft"]["slo_no_recent_traffic"] is True
 
 
 def llamacpp_page(t: float, *, slots_busy: int = 4, deferred: int = 0, spec: bool = True) -> str:

@@ -130,3 +130,41 @@ def test_exit_codes_and_report_for_healthy_and_unreachable():
     render_report({**healthy, "status": "degraded", "unreachable": [{"target": "b", "reason": "timeout"}]}, "x", out)
     text = out.getvalue()
     assert "bottleneck: HBM bandwidth" in text and "UNREACHABLE (timeout)" in text and "1. quantize" in text
+
+
+def _restarted_diagnosis() -> dict:
+    """A real Deriver's diagnosis of a target that missed its TTFT SLO, restarted and has served
+    nothing since (tests/test_derive_verdict.py has the pages)."""
+    from exporter.derive import build_deriver
+    from tests.test_derive_verdict import restarting_snapshot
+
+    deriver = build_deriver(Config(interval_s=5.0))
+    for i in range(12):
+        deriver(restarting_snapshot(5.0 * i, 10.0 * i), None)
+    for i in range(12, 16):
+        deriver(restarting_snapshot(5.0 * i, 0.0), None)
+    return deriver.diagnosis()
+
+
+def test_no_recent_traffic_is_said_and_does_not_degrade_the_exit_code():
+    diagnosis = _restarted_diagnosis()
+    assert exit_code(diagnosis) == 0
+    out = io.StringIO()
+    render_report(diagnosis, "x", out)
+    text = out.getvalue()
+    assert "  TTFT SLO: no recent traffic (no requests finished since the engine restarted 15 seconds ago)\n" in text
+    assert "degraded:" not in text and "[healthy]" in text
+
+
+def test_headroom_is_healthy_for_the_exit_code_and_worded():
+    from tests.test_derive_formulas import _diagnosis_with
+
+    target = _diagnosis_with(deferred=0)  # llama.cpp serving on 4 slots, nothing waiting
+    assert target["verdict"] == "headroom"
+    diagnosis = {"ready": True, "status": "healthy", "targets": {"a": target}, "unreachable": []}
+    assert exit_code(diagnosis) == 0
+    out = io.StringIO()
+    render_report(diagnosis, "x", out)
+    text = out.getvalue()
+    assert "bottleneck: headroom (serving, no resource near its limit)   [healthy]" in text
+    assert "llm_kv_cache_headroom_sequences" in text

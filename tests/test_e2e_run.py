@@ -126,3 +126,59 @@ def test_run_gives_the_scheduler_verdict_and_spec_acceptance_for_a_busy_llamacpp
         assert wait_until(moved, timeout=30, interval=0.2), _scrape(base).get("llm_bottleneck")
         ratio = _scrape(base)["llm_spec_decode_acceptance_ratio"][0].value
         assert abs(ratio - 0.3) < 0.02, ratio
+
+
+def _vllm_page(served: int) -> bytes:
+    """A vLLM page after `served` requests, each 3 s to its first token (over the 2.5 s TTFT SLO)."""
+    lines = ["# TYPE vllm:num_requests_running gauge", f'vllm:num_requests_running{{model_name="m"}} {min(served, 4)}',
+             "# TYPE vllm:num_requests_waiting gauge", 'vllm:num_requests_waiting{model_name="m"} 0',
+             "# TYPE vllm:prompt_tokens_total counter", f'vllm:prompt_tokens_total{{model_name="m"}} {100 * served}',
+             "# TYPE vllm:generation_tokens_total counter",
+             f'vllm:generation_tokens_total{{model_name="m"}} {50 * served}',
+             "# TYPE vllm:time_to_first_token_seconds histogram"]
+    for le, count in (("0.5", 0), ("1.0", 0), ("2.5", 0), ("5.0", served), ("+Inf", served)):
+        lines.append(f'vllm:time_to_first_token_seconds_bucket{{le="{le}",model_name="m"}} {count}')
+    lines += [f'vllm:time_to_first_token_seconds_sum{{model_name="m"}} {3 * served}',
+              f'vllm:time_to_first_token_seconds_count{{model_name="m"}} {served}']
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_run_says_no_recent_traffic_after_an_engine_restart_instead_of_degrading():
+    """Issue 19: the real process, slow requests, then an engine restart (counters back to 0) and no
+    traffic since: the TTFT SLO has no recent traffic, the target is not degraded by what the previous
+    process served, and /metrics has no attainment sample for it (absent, not 0, not the old value)."""
+    started = time.monotonic()
+    with fake_engine(_vllm_page(0)) as (url, behaviour), \
+            exporter_process("--engine", f"{url},name=a,kind=vllm", "--no-host") as base:
+        def diagnosis() -> dict:
+            return httpx.get(base + "/api/v1/diagnosis", timeout=5).json()
+
+        def missed() -> bool:
+            behaviour.body = _vllm_page(int(10 * (time.monotonic() - started)))
+            target = diagnosis()["targets"].get("a", {})
+            return target.get("slo", {}).get("ttft", {}).get("state") == "missed"
+        assert wait_until(missed, timeout=20, interval=0.2), diagnosis()
+        degraded = diagnosis()["targets"]["a"]
+        assert degraded["status"] == "degraded" and "only 0% of requests meet the TTFT SLO" in degraded[
+            "degraded_because"]
+        attained = [s for s in _scrape(base).get("llm_ttft_slo_attainment_ratio", []) if s.labels["target"] == "a"]
+        assert attained and attained[0].labels["engine"] == "vllm"  # derived families carry the engine label
+
+        behaviour.body = _vllm_page(0)  # restarted; nothing served since
+
+        def quiet() -> bool:
+            target = diagnosis()["targets"].get("a", {})
+            attainment = [s for s in _scrape(base).get("llm_ttft_slo_attainment_ratio", [])
+                          if s.labels["target"] == "a"]
+            return target.get("slo", {}).get("ttft", {}).get("state") == "no_recent_traffic" and not attainment
+        assert wait_until(quiet, timeout=20, interval=0.2), diagnosis()
+        doc = diagnosis()
+        target = doc["targets"]["a"]
+        assert target["status"] != "degraded" and doc["status"] != "degraded", target["degraded_because"]
+        assert not any("SLO" in reason for reason in target["degraded_because"])
+        assert any(note.startswith("TTFT SLO: no recent traffic (no requests finished since the engine restarted")
+                   for note in target["notes"]), target["notes"]
+        assert "no recent traffic" in httpx.get(base + "/", timeout=5).text
+        samples = _scrape(base)
+        assert not [s for s in samples.get("llm_ttft_slo_attainment_ratio", []) if s.labels["target"] == "a"]
+        assert {s.labels["engine"] for s in samples["llm_bottleneck"]} == {"vllm"}

@@ -178,6 +178,9 @@ def test_labels_are_target_engine_model_rank_reason() -> None:
         'vllm:request_success_total{engine="0",finished_reason="timeout",model_name="m"} 2\n'
         'vllm:num_requests_running{engine="9999",model_name="m"} 1\n'
         'vllm:num_requests_running{engine="dp-a",model_name="m"} 2\n'
+        # str.isdigit() is true for these and int() refuses them (found by the fuzz test)
+        'vllm:num_requests_running{engine="\u00b3\u00b3",model_name="m"} 1\n'
+        'vllm:num_requests_running{engine="\u2460",model_name="m"} 1\n'
     )
     result = run(text)
     finished = {s.label("reason"): s.value for s in result.samples if s.name == "llm_requests_finished_total"}

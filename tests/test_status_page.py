@@ -71,3 +71,12 @@ def test_roofline_svg_places_the_decode_point_under_the_roof():
     svg = roofline_svg(gpu)
     assert svg.startswith("<svg") and "<circle" in svg and "HBM model 69%, GPM 70%" in svg
     assert "no peak spec" in roofline_svg({"gpu": "1", "name": "mystery"})
+
+
+def test_page_says_no_recent_traffic_for_an_slo_without_requests():
+    from tests.test_doctor import _restarted_diagnosis
+
+    html = render(_restarted_diagnosis())
+    assert "TTFT SLO: no recent traffic (no requests finished since the engine restarted 15 seconds ago)" in html
+    assert "<td>no recent traffic" in html or '<span class="muted">no recent traffic</span>' in html
+    assert 'class="verdict healthy"' in html

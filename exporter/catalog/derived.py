@@ -3,9 +3,14 @@ source has. Formulas are in docs/diagnosis.md and in each derive module."""
 
 from exporter.catalog.base import family
 
-TM = ("target", "model")
-RESOURCES = ("idle", "compute", "memory_bandwidth", "kv_capacity", "scheduler", "host_cpu", "interconnect",
-             "power_thermal")
+# Every per-target family carries the labels of the target's engine series (target, engine, model),
+# so a derived series, and an alert built on one, names the engine as the engine's own series do.
+TE = ("target", "engine")
+TM = TE + ("model",)
+# The verdict's resources, in the diagnosis order (ties go to the earlier one). idle: no work;
+# headroom: serving with no resource near its limit (healthy); then the roofs, then the constraints.
+RESOURCES = ("idle", "headroom", "compute", "memory_bandwidth", "kv_capacity", "scheduler", "host_cpu",
+             "interconnect", "power_thermal")
 
 FAMILIES = (
     family("llm_prefill_tokens_per_second", "gauge", "tokens/s",
@@ -55,16 +60,16 @@ FAMILIES = (
            "llm_gpu_dram_bandwidth_utilization_ratio x the card's peak bandwidth (exporter/specs/gpus.py). "
            "source=engine: the engine's own estimate of bytes read + written per GPU (vLLM "
            "estimated_read/write_bytes_per_gpu_total), as a rate.",
-           ("target", "gpu", "source"), "derived"),
+           TE + ("gpu", "source"), "derived"),
     family("llm_hbm_bandwidth_efficiency_ratio", "gauge", "ratio",
            "Achieved HBM bandwidth / the card's peak: source=model from the formula above, source=gpm the "
            "GPM DRAM_BW_UTIL ratio itself, source=engine the engine's own estimate; the gap between them "
            "is what the model does not explain (prefill traffic, activations, other processes).",
-           ("target", "gpu", "source"), "derived"),
+           TE + ("gpu", "source"), "derived"),
     family("llm_engine_flops_utilization_ratio", "gauge", "ratio",
            "The engine's own estimate of FLOP/s per GPU (vLLM estimated_flops_per_gpu_total, as a rate) / "
            "the card's peak dense FLOPS for the model's precision: engine-measured MFU over prefill and "
-           "decode together, beside the modelled llm_prefill_mfu_ratio.", ("target", "gpu"), "derived"),
+           "decode together, beside the modelled llm_prefill_mfu_ratio.", TE + ("gpu",), "derived"),
     family("llm_prefill_mfu_ratio", "gauge", "ratio",
            "Prefill model FLOPs utilization = prefill FLOPs per token at the window's mean prompt length "
            "(matmuls + attention; 2 x active params without a prompt-length histogram) x computed prompt "
@@ -91,17 +96,20 @@ FAMILIES = (
            "End-to-end request latency quantiles over the sliding window, as above.", TM + ("quantile",), "derived"),
     family("llm_ttft_slo_attainment_ratio", "gauge", "ratio",
            "Share of requests in the window with TTFT <= le = window count of bucket le / window total, "
-           "where le is the largest bucket bound at or below --slo-ttft (so it never flatters).",
+           "where le is the largest bucket bound at or below --slo-ttft (so it never flatters). Counts only "
+           "what the running engine measured: after an engine restart, the requests since the restart. "
+           "Absent, never 0, while the window holds none (no recent traffic).",
            TM + ("le",), "derived"),
     family("llm_tbt_slo_attainment_ratio", "gauge", "ratio",
            "Share of inter-token gaps in the window <= le, le the largest bucket bound at or below "
-           "--slo-tbt.",
+           "--slo-tbt; since the latest engine restart, and absent without any, as above.",
            TM + ("le",), "derived"),
     family("llm_bottleneck", "gauge", "bool",
            "The bottleneck verdict (docs/diagnosis.md): 1 for the resource that limits the target now, 0 "
            "for the others; absent on the first cycle and for unreachable targets. Resources: "
-           + ", ".join(RESOURCES) + ".", ("target", "resource"), "derived"),
+           + ", ".join(RESOURCES) + " (idle: no work; headroom: serving, no resource near its limit).",
+           TE + ("resource",), "derived"),
     family("llm_bottleneck_score", "gauge", "score",
            "How strongly the evidence points at each resource (0..1; formulas in docs/diagnosis.md); the "
-           "verdict follows the diagnosis order with hysteresis.", ("target", "resource"), "derived"),
+           "verdict follows the diagnosis order with hysteresis.", TE + ("resource",), "derived"),
 )

@@ -163,7 +163,8 @@ class Deriver:
         tp = self.settings.tensor_parallel or max(1, len(gpus) // dp)
         if self._kv_note:
             omitted.append(self._kv_note)
-        key = TargetKey(engine.target, engine.model, labels_of(model=engine.model, target=engine.target))
+        key = TargetKey(engine.target, engine.model,
+                        labels_of(engine=engine.engine, model=engine.model, target=engine.target), engine.engine)
         ctx = Ctx(view, engine, gpus, shape, tp, dp, key, self.settings, self.spec_for)
         for stage in self.stages:
             ctx.results[stage.name] = self._compute(stage, ctx, omitted)

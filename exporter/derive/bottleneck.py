@@ -12,7 +12,8 @@ and thermal. Two kinds of resource are told apart:
   that was never the bottleneck").
 
 Rules (thresholds in docs/diagnosis.md): no work -> idle; else the constraint with the highest
-score >= CONSTRAINT_MIN; else the higher roof if >= ROOF_MIN; else idle (headroom). Two roofs with
+score >= CONSTRAINT_MIN; else the higher roof if >= ROOF_MIN; else headroom (serving, nothing near
+a limit: healthy, and not idle, which says there is no work). Two roofs with
 the same score (both clamp at 1.0 once past their ramp) are told apart by how far past its ramp
 each input is (the unclamped ramp position); other ties go to the earlier resource in the order.
 Hysteresis: the standing verdict needs STICKY less to stay, and a new one must win HOLD_CYCLES
@@ -45,6 +46,7 @@ POWER_CAP = "sw_power_cap"
 # How each verdict is named to a person: (short, for the status page; long, for doctor's report).
 VERDICT_WORDS: Mapping[str, tuple[str, str]] = {
     "idle": ("idle", "idle (waiting for work)"),
+    "headroom": ("headroom", "headroom (serving, no resource near its limit)"),
     "compute": ("compute (tensor FLOPS)", "compute (tensor FLOPS, prefill)"),
     "memory_bandwidth": ("HBM bandwidth", "HBM bandwidth (decode)"),
     "kv_capacity": ("KV cache capacity", "KV cache capacity"),
@@ -60,6 +62,14 @@ REMEDIES: Mapping[str, tuple[str, ...]] = {
         "Nothing to fix on this node: the engine waits for work.",
         "If users still see slow tokens, look upstream (load balancer, network, client) before the GPU.",
         "Consider fewer replicas or a smaller GPU for this load.",
+    ),
+    "headroom": (
+        "Nothing to fix: the engine serves its load and no resource is near its limit.",
+        "How much more load fits: llm_kv_cache_headroom_sequences is how many more sequences of the current "
+        "mean context the KV cache holds; the roof scores (llm_bottleneck_score, resource compute and "
+        f"memory_bandwidth) show how far the GPU is from its roof (a roof verdict from {ROOF_MIN}).",
+        "Capacity planning: raise the load (or consolidate replicas) until a roof verdict appears and size "
+        "replicas on that load; if users still see slow tokens, look upstream (load balancer, network, client).",
     ),
     "compute": (
         "Prefill is compute-bound: quantize to FP8/INT8 where the GPU has those tensor cores.",
@@ -371,13 +381,31 @@ def _scores(s: Signals, evidence: dict[str, list[str]] | None) -> dict[str, floa
     host = _host(s, max(compute, bandwidth), ev("host_cpu"))
     link = _interconnect(s, ev("interconnect"))
     power = _power(s, ev("power_thermal"))
-    others = max(compute, bandwidth, kv, scheduler, host, link, power)
-    idle = 1.0 if not s.work else max(0.0, 1.0 - 2.0 * others)
+    limits = {"compute": compute, "memory_bandwidth": bandwidth, "kv_capacity": kv, "scheduler": scheduler,
+              "host_cpu": host, "interconnect": link, "power_thermal": power}
+    work = s.work
+    # idle: there is no work. headroom: there is, and the closer the nearest limit, the lower it is.
+    idle = 0.0 if work else 1.0
+    headroom = max(0.0, 1.0 - 2.0 * max(limits.values())) if work else 0.0
     if evidence is not None:
-        evidence["idle"] = ["no requests running or waiting and no tokens generated"] if not s.work else []
-    scores = {"idle": idle, "compute": compute, "memory_bandwidth": bandwidth, "kv_capacity": kv,
-              "scheduler": scheduler, "host_cpu": host, "interconnect": link, "power_thermal": power}
+        evidence["idle"] = [] if work else ["no requests running or waiting and no tokens generated"]
+        evidence["headroom"] = _headroom_words(limits) if work else []
+    scores = {"idle": idle, "headroom": headroom, **limits}
     return {k: round(v, 4) for k, v in scores.items()}
+
+
+def _headroom_words(limits: Mapping[str, float]) -> list[str]:
+    """Worded only when no resource reaches its verdict's threshold (else the words would contradict
+    the roof or constraint that does)."""
+    if any(limits[r] >= ROOF_MIN for r in ROOFS) or any(limits[r] >= CONSTRAINT_MIN for r in CONSTRAINTS):
+        return []
+    # The first resource in the diagnosis order among the highest: the one closest to its limit.
+    nearest = max(limits, key=lambda r: (limits[r], -RESOURCES.index(r)))
+    if limits[nearest] <= 0:
+        return ["serving, and no resource scores above 0 (a series no source provides scores 0: see omitted)"]
+    kind, needs = ("roof", ROOF_MIN) if nearest in ROOFS else ("constraint", CONSTRAINT_MIN)
+    return [f"serving, and no resource near its limit: the highest score is {nearest} {limits[nearest]:.2f} "
+            f"(a {kind} verdict needs {needs})"]
 
 
 def scores(s: Signals) -> dict[str, float]:
@@ -429,7 +457,7 @@ def raw_verdict(s: Signals, scores: Mapping[str, float], current: str | None) ->
     roofs = [r for r in ROOFS if passes(r, ROOF_MIN)]
     if roofs:
         return _best(roofs, scores, current, s), f"roof score >= {ROOF_MIN}"
-    return "idle", f"no resource above {ROOF_MIN}: headroom"
+    return "headroom", f"serving; no constraint >= {CONSTRAINT_MIN} and no roof >= {ROOF_MIN}"
 
 
 class Hysteresis(NamedTuple):
@@ -464,10 +492,10 @@ def is_degraded(verdict: str, s: Signals) -> list[str]:
     return why
 
 
-def samples(target: str, verdict: str, scores: Mapping[str, float]) -> list[Sample]:
+def samples(target: str, verdict: str, scores: Mapping[str, float], engine: str = "") -> list[Sample]:
     out = []
     for resource in RESOURCES:
-        labels = (("resource", resource), ("target", target))  # sorted (test_derive_stages)
+        labels = (("engine", engine), ("resource", resource), ("target", target))  # sorted (test_derive_stages)
         out.append(Sample("llm_bottleneck", labels, 1.0 if resource == verdict else 0.0))
         out.append(Sample("llm_bottleneck_score", labels, scores.get(resource, 0.0)))
     return out

@@ -13,6 +13,11 @@ import exporter.derive.bottleneck as bottleneck
 from exporter.catalog.derived import RESOURCES
 from exporter.derive.stage import Stage, rounded
 from exporter.derive.view import EngineView, GpuView, SnapshotView
+from exporter.slo import human_duration
+
+# Per SLO kind: its name, what its histogram counts, and what "no recent traffic" means for it.
+SLO_WORDS = {"ttft": ("TTFT", "requests", "no requests finished"),
+             "tbt": ("TBT", "token gaps", "no tokens streamed")}
 
 
 class TargetResult(NamedTuple):
@@ -55,12 +60,39 @@ def _gpu_rows(r: TargetResult) -> list[dict[str, Any]]:
     } for g in roof.gpus]
 
 
+def slo_states(tails: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per SLO with a bucket bound: met, missed, or no recent traffic (nothing measured in the
+    window since the engine last restarted: the attainment is absent and degrades nothing)."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind, (title, what, none) in SLO_WORDS.items():
+        tail = tails.get(kind)
+        if tail is None or tail.slo_bound is None:
+            continue
+        attained = tail.slo_attainment
+        if tail.no_recent_traffic or attained is None:
+            if tail.restarted_s_ago is not None:
+                when = f"since the engine restarted {human_duration(round(tail.restarted_s_ago))} ago"
+            else:
+                when = f"in the last {human_duration(tail.window_s)}" if tail.window_s else "in the window"
+            state, words = "no_recent_traffic", f"{title} SLO: no recent traffic ({none} {when})"
+        else:
+            state = "met" if attained >= bottleneck.SLO_TARGET else "missed"
+            words = (f"{title} SLO: {bottleneck.pct(attained)} of {tail.slo_count:.0f} {what} within "
+                     f"{tail.slo_bound:g}s" + ("" if state == "met" else
+                                               f" (under {bottleneck.pct(bottleneck.SLO_TARGET)}: missed)"))
+        out[kind] = {"state": state, "attainment": rounded(attained), "bound_seconds": tail.slo_bound,
+                     "threshold_seconds": tail.slo_threshold, "count": tail.slo_count, "words": words}
+    return out
+
+
 def target_diagnosis(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]:
     decision = r.results.get("bottleneck")
+    slo = slo_states(r.results.get("quantiles") or {})
     out: dict[str, Any] = {"target": r.engine.target, "engine": r.engine.engine, "model": r.engine.model,
                            "verdict": decision.verdict if decision else None,
                            "rule": decision.rule if decision else "", "omitted": list(r.omitted),
-                           "numbers": _numbers(r, stages), "gpus": _gpu_rows(r)}
+                           "numbers": _numbers(r, stages), "gpus": _gpu_rows(r), "slo": slo,
+                           "notes": [s["words"] for s in slo.values() if s["state"] == "no_recent_traffic"]}
     if decision is None:
         out.update(status="unknown", scores={}, evidence=[], remedies=[], degraded_because=[])
         return out

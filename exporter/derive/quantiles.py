@@ -11,6 +11,12 @@ fall as `le` rises), but a window's counts are differences of two such pages, an
 be monotonic: a bucket's own count can fall between pages while every cumulative count rises. Like
 PromQL's histogram_quantile(), tail() first raises each count to the largest below it, so
 quantiles stay within the bounds and attainment within [0, 1].
+
+The quantiles cover the whole window, across an engine restart (as histogram_quantile() over
+increase() does). The SLO attainment covers what the running engine measured: the window's
+observations since the latest restart inside it (window.HistogramWindow.fresh). With none (no
+increase of the histogram's count: no requests finished since, or in the window) the attainment
+is absent, never 0 and never the last value, and the diagnosis says "no recent traffic".
 """
 
 from __future__ import annotations
@@ -80,20 +86,33 @@ class Tail(NamedTuple):
     quantiles: tuple[tuple[float, float], ...]  # (q, seconds)
     slo_threshold: float | None = None
     slo_bound: float | None = None
-    slo_attainment: float | None = None
+    slo_attainment: float | None = None  # None without an SLO, a bound, or observations (slo_count 0)
     note: str = ""
+    slo_count: float = 0.0  # observations the attainment reads: the window's, since the latest restart in it
+    window_s: float | None = None  # the window's length (for the diagnosis' words)
+    restarted_s_ago: float | None = None  # the latest restart inside the window, seconds before now
 
     def quantile(self, q: float) -> float | None:
         return dict(self.quantiles).get(q)
+
+    @property
+    def no_recent_traffic(self) -> bool:
+        """An SLO with a bucket bound but nothing to judge it on: no observations in the window
+        (since the engine restarted, when it did inside it)."""
+        return self.slo_bound is not None and self.slo_count <= 0
 
 
 def compute(kind: str, delta: Histogram, threshold: float | None) -> Tail:
     return tail(kind, delta.bounds, delta.counts, threshold)
 
 
-def tail(kind: str, bounds: Sequence[float], counts: Sequence[float], threshold: float | None) -> Tail:
-    """compute() on the bucket bounds and window counts as they are (no Histogram to build)."""
+def tail(kind: str, bounds: Sequence[float], counts: Sequence[float], threshold: float | None,
+         fresh: Sequence[float] | None = None, *, window_s: float | None = None,
+         restarted_s_ago: float | None = None) -> Tail:
+    """compute() on the bucket bounds and window counts as they are (no Histogram to build).
+    `fresh`: the window counts since the latest restart, for the attainment (default `counts`)."""
     counts = tuple(accumulate(counts, max))  # monotonic, as histogram_quantile() makes them
+    slo_counts = counts if fresh is None or fresh is counts else tuple(accumulate(fresh, max))
     qs = tuple((q, v) for q in QUANTILES if (v := histogram_quantile(q, bounds, counts)) is not None)
     bound = att = None
     note = ""
@@ -102,8 +121,9 @@ def tail(kind: str, bounds: Sequence[float], counts: Sequence[float], threshold:
         if bound is None:
             note = f"no {kind} bucket bound at or below the SLO {threshold:g}s: attainment omitted"
         else:
-            att = attainment(bounds, counts, bound)
-    return Tail(kind, counts[-1] if counts else 0.0, qs, threshold, bound, att, note)
+            att = attainment(bounds, slo_counts, bound)
+    return Tail(kind, counts[-1] if counts else 0.0, qs, threshold, bound, att, note,
+                slo_counts[-1] if slo_counts else 0.0, window_s, restarted_s_ago)
 
 
 def tail_samples(tail: Tail, window_name: str, slo_name: str, labels: Labels) -> list[Sample]:
@@ -130,7 +150,9 @@ def numbers(tails: Mapping[str, Tail]) -> dict[str, Any]:
     return {kind: {"window_count": tail.count,
                    "quantiles": {format_q(q): rounded(v, 6) for q, v in tail.quantiles},
                    "slo_seconds": tail.slo_threshold, "slo_bound_used": tail.slo_bound,
-                   "slo_attainment": rounded(tail.slo_attainment)} for kind, tail in tails.items()}
+                   "slo_attainment": rounded(tail.slo_attainment), "slo_window_count": tail.slo_count,
+                   "slo_no_recent_traffic": tail.no_recent_traffic,
+                   "restarted_seconds_ago": rounded(tail.restarted_s_ago, 1)} for kind, tail in tails.items()}
 
 
 def notes(tails: Mapping[str, Tail]) -> list[str]:
@@ -159,7 +181,9 @@ def _compute(ctx: Ctx, state: Windows) -> dict[str, Tail]:
         delta = window.observe(ctx.now, hist.bounds, hist.counts, hist.series)
         if delta is None:
             continue
-        tails[kind] = tail(kind, hist.bounds, delta, state.thresholds[kind])
+        since = None if window.restarted_at is None else max(0.0, ctx.now - window.restarted_at)
+        tails[kind] = tail(kind, hist.bounds, delta, state.thresholds[kind], window.fresh,
+                           window_s=window.window_s, restarted_s_ago=since)
     return tails
 
 

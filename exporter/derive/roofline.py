@@ -186,19 +186,20 @@ DRAM_BW = "llm_gpu_dram_bandwidth_utilization_ratio"
 
 
 def samples(roof: Roofline, key: TargetKey) -> list[Sample]:
-    target = key.target
+    target, engine = key.target, key.engine
     out: list[Sample] = []
     for g in roof.gpus:
         for source, bw, ratio in (("model", g.model_bandwidth, g.model_ratio), ("gpm", g.gpm_bandwidth, g.gpm_ratio),
                                   ("engine", g.engine_bandwidth, g.engine_ratio)):
-            labels = (("gpu", g.gpu), ("source", source), ("target", target))  # sorted (test_derive_stages)
+            # sorted by name (test_derive_stages)
+            labels = (("engine", engine), ("gpu", g.gpu), ("source", source), ("target", target))
             if bw is not None:
                 out.append(Sample("llm_hbm_bandwidth_bytes_per_second", labels, bw))
             if ratio is not None and (source == "gpm" or bw is not None):
                 out.append(Sample("llm_hbm_bandwidth_efficiency_ratio", labels, ratio))
         if g.engine_flops_ratio is not None:
-            out.append(Sample("llm_engine_flops_utilization_ratio", (("gpu", g.gpu), ("target", target)),
-                              g.engine_flops_ratio))
+            out.append(Sample("llm_engine_flops_utilization_ratio",
+                              (("engine", engine), ("gpu", g.gpu), ("target", target)), g.engine_flops_ratio))
     if roof.mfu is not None:
         out.append(Sample("llm_prefill_mfu_ratio", key.labels, roof.mfu))
     return out

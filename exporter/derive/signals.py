@@ -157,7 +157,7 @@ def decide(ctx: Ctx, state: Verdicts) -> Decision:
 
 
 def samples(decision: Decision, key: TargetKey) -> list[Sample]:
-    return bottleneck.samples(key.target, decision.verdict, decision.scores)
+    return bottleneck.samples(key.target, decision.verdict, decision.scores, key.engine)
 
 
 STAGE = Stage(

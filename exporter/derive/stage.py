@@ -28,7 +28,11 @@ class NotYet(Exception):
 class TargetKey(NamedTuple):
     target: str
     model: str
-    labels: Labels  # (("model", model), ("target", target)): labels_of(), sorted by name
+    # (("engine", engine), ("model", model), ("target", target)): labels_of(), sorted by name. The
+    # engine label is the one every engine series of the target carries, so derived series and the
+    # alerts built on them name the engine as the target's other series do.
+    labels: Labels
+    engine: str = ""
 
 
 class StageState:

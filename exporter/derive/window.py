@@ -80,9 +80,17 @@ class Checkpoint(NamedTuple):
 
 class HistogramWindow:
     """Cumulative bucket counts kept as coarse checkpoints (one per `window_s / checkpoints`
-    seconds), so a 5-minute window costs ~30 checkpoints however short the interval."""
+    seconds), so a 5-minute window costs ~30 checkpoints however short the interval.
 
-    __slots__ = ("window_s", "step_s", "_bounds", "_checkpoints", "_resets", "last_seen")
+    Across a restart of one of its series (an engine or a data-parallel rank restarting: its counts
+    fall) the window keeps what was counted before, as PromQL's increase() does: `observe` returns
+    that delta, and the quantiles follow it. `fresh` is the part of it counted since the latest
+    restart inside the window (the whole delta when there was none): what the engine process now
+    running has measured, which the SLO attainment reads, so that an engine that restarted and has
+    served nothing since does not carry its previous life's misses."""
+
+    __slots__ = ("window_s", "step_s", "_bounds", "_checkpoints", "_resets", "last_seen", "_previous",
+                 "_restarts_seen", "_restart", "fresh", "restarted_at")
 
     def __init__(self, window_s: float, checkpoints: int = 30) -> None:
         self.window_s = window_s
@@ -91,11 +99,17 @@ class HistogramWindow:
         self._checkpoints: deque[Checkpoint] = deque(maxlen=checkpoints + 2)
         self._resets: SeriesResets | None = None
         self.last_seen = float("-inf")
+        self._previous: tuple[tuple[float, ...], tuple[float, ...]] | None = None  # (counts, offset) last cycle
+        self._restarts_seen = 0
+        self._restart: Checkpoint | None = None  # when the latest restart was seen, and the counts before it
+        self.fresh: tuple[float, ...] | None = None  # the last delta's part since that restart
+        self.restarted_at: float | None = None  # that restart's time while it is inside the window
 
     def _offset_for(self, counts: tuple[float, ...], series) -> tuple[float, ...]:
         """What to add to `counts` (the sum of `series`) to undo the resets seen so far."""
         if self._resets is None or len(self._resets.offset) != len(counts):
             self._resets = SeriesResets(len(counts))
+            self._restarts_seen, self._previous, self._restart = 0, None, None
         return self._resets.update(series)
 
     def __len__(self) -> int:
@@ -106,13 +120,23 @@ class HistogramWindow:
         """Record the current cumulative counts; return the bucket deltas over the window
         (cumulative, aligned with `bounds`), or None when there is no earlier checkpoint yet.
         `series`: the per-series counts that `counts` sums (view.Histogram.series), so that a
-        reset is handled per series; without it `counts` is one series."""
+        reset is handled per series; without it `counts` is one series. Sets `fresh` and
+        `restarted_at` (None with the delta)."""
+        self.fresh = self.restarted_at = None
         if bounds != self._bounds:
             # New bucket layout (engine upgraded or replaced): old checkpoints do not compare.
             self._bounds = bounds
             self._checkpoints.clear()
             self._resets = None
         offset = self._offset_for(counts, series if series is not None else (("", counts),))
+        resets = self._resets
+        assert resets is not None
+        if resets.restarts != self._restarts_seen:
+            # Restarted since the last cycle: what the window had counted then is the old process's.
+            self._restarts_seen = resets.restarts
+            if self._previous is not None:
+                self._restart = Checkpoint(ts, elementwise(add, *self._previous))
+        self._previous = (counts, offset)
         self.last_seen = ts
         if not self._checkpoints or ts - self._checkpoints[-1].ts >= self.step_s:
             self._checkpoints.append(Checkpoint(ts, elementwise(add, counts, offset)))
@@ -124,7 +148,16 @@ class HistogramWindow:
             return None
         # max(0.0, adjusted - base) per bucket in one pass: the adjusted counts (counts + offset)
         # are only kept when they make a checkpoint, and builtin max() would cost a call each.
-        return tuple([d if (d := c + o - b) > 0.0 else 0.0 for c, o, b in zip(counts, offset, base, strict=True)])
+        delta = tuple([d if (d := c + o - b) > 0.0 else 0.0 for c, o, b in zip(counts, offset, base, strict=True)])
+        restart = self._restart
+        if restart is not None and restart.ts > base_ts:
+            self.restarted_at = restart.ts
+            self.fresh = tuple([d if (d := c + o - b) > 0.0 else 0.0
+                                for c, o, b in zip(counts, offset, restart.counts, strict=True)])
+        else:
+            self._restart = None  # out of the window: the whole delta is the running process's
+            self.fresh = delta
+        return delta
 
 
 class Scopes:

@@ -18,6 +18,8 @@ The notification timeline is printed (pytest -s, or the report on failure) for t
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import os
 import pathlib
 import threading
 import time
@@ -63,6 +65,14 @@ def _engine_alert_names(stack: FullStack) -> set[str]:
             for r in group["rules"] if "alert" in r}
 
 
+def _niced(engine: engines.Engine) -> engines.Engine:
+    """The engine's process group at nice 5. On two cores vLLM's busy worker threads otherwise starve
+    Prometheus and the exporter, which on a real deployment run elsewhere or on spare cores."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PGRP, engine.process.pid, 5)
+    return engine
+
+
 class ClosedLoop:
     """CLIENTS users, each sending the next request when the last one ended, until stop()."""
 
@@ -89,8 +99,26 @@ class ClosedLoop:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+def health(stack: FullStack, since_wall: float) -> dict:
+    """How the pipeline itself kept up during the story: the verdict sequence, exporter scrapes
+    failed or slow, engine scrapes failed (the exporter's view)."""
+    span = f"{max(5, int(time.time() - since_wall))}s"
+    body = stack.client.get(f"{stack.prometheus}/api/v1/query_range", params={
+        "query": f'llm_bottleneck{{target="{stack.target}"}} == 1', "start": since_wall, "end": time.time(),
+        "step": 2}).json()["data"]["result"]
+    points = sorted((float(t), r["metric"]["resource"]) for r in body for t, _ in r["values"])
+    sequence = [v for i, (_, v) in enumerate(points) if i == 0 or points[i - 1][1] != v]
+    return {"verdicts": sequence,
+            "exporter_scrapes_failed": stack.value(f'count_over_time((up{{job="llm-exporter"}} == 0)[{span}:1s])'),
+            "exporter_scrape_max_s": stack.value(f'max_over_time(scrape_duration_seconds[{span}])'),
+            "engine_down_cycles": stack.value(
+                f'count_over_time((llm_engine_up{{target="{stack.target}"}} == 0)[{span}:2s])')}
+
+
 def _dashboard_queries_of_recording_rules(stack: FullStack) -> tuple[list[str], list[str]]:
-    """(queries of recording rules with data, without) over every dashboard panel."""
+    """(queries of recording rules with data, without) over every dashboard panel: with data at one of
+    the last few evaluation instants (a busy engine's page can miss a cycle, and a scaled 6 s window
+    then holds a gap)."""
     from tests.test_dashboards_live import all_queries, substitute
 
     with_data, empty = [], []
@@ -99,7 +127,11 @@ def _dashboard_queries_of_recording_rules(stack: FullStack) -> tuple[list[str], 
         if "target_model:" not in expr:
             continue
         concrete = substitute(expr, instance=instance, model=".*").replace('"demo-0"', f'"{stack.target}"')
-        (with_data if stack.query(concrete) else empty).append(expr)
+        now = time.time()
+        found = any(stack.client.get(f"{stack.prometheus}/api/v1/query",
+                                     params={"query": concrete, "time": now - back}).json()["data"]["result"]
+                    for back in (0, 3, 6, 9))
+        (with_data if found else empty).append(expr)
     return with_data, empty
 
 
@@ -107,7 +139,7 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_inhibit
         tmp_path: pathlib.Path) -> None:
     engines.install_all()
     port = engines.free_port()
-    engine = engines.start_vllm(port, log_dir=tmp_path, extra_args=KV_ARGS)
+    engine = _niced(engines.start_vllm(port, log_dir=tmp_path, extra_args=KV_ARGS))
     load: ClosedLoop | None = None
     try:
         with full_stack(tmp_path / "stack", live=LiveEngine(port), time_scale=TIME_SCALE) as stack:
@@ -120,7 +152,7 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_inhibit
             assert not rx.alerts(status="firing"), timeline(stack)
 
             # 1. Overload with KV pressure.
-            overload = time.monotonic()
+            overload, overload_wall = time.monotonic(), time.time()
             stack.marks["overload"] = overload
             load = ClosedLoop(engine.base_url)
             _wait(stack, lambda: rx.alerts(TTFT_BURN, status="firing", since=overload), 240, "no TTFT page")
@@ -135,15 +167,18 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_inhibit
             time.sleep(10)  # a few more group intervals of the breach, where flips used to re-notify
             breach = rx.notified(TTFT_BURN, since=overload, target=target)
             pages = rx.pages(TTFT_BURN, since=overload, target=target)
-            # Every verdict of the last 30 s of the breach (the verdict holds 3 cycles before it moves).
+            # Every verdict since the KV ticket arrived (before it, the baseline's idle may still hold:
+            # a new verdict must win 3 cycles in a row).
+            kv_at = rx.alerts(KV_FULL, status="firing", since=overload)[0].at
             verdicts = {r["metric"]["resource"] for r in stack.query(
-                f'max_over_time(llm_bottleneck{{target="{target}"}}[30s]) == 1')}
+                f'max_over_time(llm_bottleneck{{target="{target}"}}[{max(5, int(time.monotonic() - kv_at))}s]) == 1')}
             with_data, empty = _dashboard_queries_of_recording_rules(stack)
             report = {"ttft_page_s": round(first_page.at - overload, 1),
                       "kv_full_s": round(rx.alerts(KV_FULL, status="firing", since=overload)[0].at - overload, 1),
                       "standing_s": round(rx.alerts(STANDING, status="firing", since=overload)[0].at - overload, 1),
                       "ttft_notifications": len(breach), "ttft_pages": len(pages), "verdicts": sorted(verdicts),
-                      "requests": load.done, "recording_rule_panels": (len(with_data), len(empty))}
+                      "requests": load.done, "recording_rule_panels": (len(with_data), len(empty)),
+                      "pipeline": health(stack, overload_wall)}
             assert len(pages) == 1, f"{report}\n{timeline(stack)}"
             assert len(breach) <= 6, f"the page was re-sent as the windows moved: {report}\n{timeline(stack)}"
             assert first_page.receiver == "/pager" and first_page.labels["long"] == fast["long"]
@@ -184,9 +219,20 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_inhibit
 
             # 3. Restart, light traffic, everything resolves.
             restarted = time.monotonic()
-            engine = engines.start_vllm(port, log_dir=tmp_path, extra_args=KV_ARGS)
+            engine = _niced(engines.start_vllm(port, log_dir=tmp_path, extra_args=KV_ARGS))
             report["restart_ready_s"] = round(time.monotonic() - restarted, 1)
             _wait(stack, lambda: stack.value(f'llm_engine_up{{target="{target}"}}') == 1.0, 30, "engine not up again")
+
+            # Up, and no request finished since the restart: the SLOs say so instead of degrading the
+            # target with the old process's requests.
+            def diagnosis() -> dict:
+                return stack.client.get(f"{stack.exporter}/api/v1/diagnosis").json()["targets"].get(target, {})
+
+            _wait(stack, lambda: (diagnosis().get("slo") or {}).get("ttft", {}).get("state") == "no_recent_traffic",
+                  20, "the TTFT SLO did not say no recent traffic after the restart")
+            after = diagnosis()
+            assert after["status"] != "degraded" or not any("SLO" in why for why in after["degraded_because"]), after
+            report["after_restart"] = after["slo"]["ttft"]["words"]
             for i in range(4):
                 assert complete(engine.base_url, f"after restart {i}", max_tokens=8).status == 200
             fired = {(r.name, r.labels.get("long", "")) for r in rx.alerts(status="firing")}

@@ -471,7 +471,8 @@ def _format_le(raw: str, scale: float) -> str | None:
 
 
 def _bound_rank(value: str) -> str:
-    if value.isdigit() and int(value) < MAX_RANK:
+    # ASCII digits only: str.isdigit() is also true for "³" or "①", which int() refuses.
+    if value.isascii() and value.isdigit() and int(value) < MAX_RANK:
         return str(int(value))
     return "other"
 
