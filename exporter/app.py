@@ -65,6 +65,12 @@ def build_sources(config: Config, *, gpu_source: Source | None = None) -> list[S
 
 
 def _host_source(config: Config) -> Source:
+    if config.host_backend == "sim":
+        if not config.sim_url:
+            raise ConfigError("host_backend", "sim", "needs sim_url (the twin's URL) outside `llm-exporter demo`")
+        from exporter.sources.host_sim import SimHostSource
+
+        return SimHostSource(config.sim_url)
     from exporter.sources.host import HostOptions, HostSource
 
     return HostSource(HostOptions(
@@ -205,28 +211,31 @@ async def _reload_web(web: WebConfigManager) -> None:
 
 
 async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, engine_format: str, gpu_name: str,
-                   model: str, seed: int = 0, speed: float = 1.0, stop: asyncio.Event | None = None,
-                   announce: Callable[[str], None] = print) -> None:
+                   model: str, seed: int = 0, speed: float = 1.0, numa_mismatch: bool = False,
+                   stop: asyncio.Event | None = None, announce: Callable[[str], None] = print) -> None:
     """`llm-exporter demo`: twins on loopback, the exporter scraping them over HTTP exactly as it
-    scrapes a real engine, the simulated GPU source reading the twins, the host source reading
-    this machine. Runs until `stop` is set or SIGINT/SIGTERM. Assembled here, above the simulator,
-    so the simulator never imports the exporter's app."""
+    scrapes a real engine, the simulated GPU source reading the twins, and the host source
+    `config.host_backend` says: sim (the demo's default) reads the first twin's host over HTTP,
+    as `run --host-backend sim --sim-url URL` does; procfs reads this machine. Runs until `stop`
+    is set or SIGINT/SIGTERM. Assembled here, above the simulator, so the simulator never imports
+    the exporter's app."""
     from exporter.simulator.demo import start_twins
     from exporter.sources.gpu.sim import SimGpuSource
 
     sock = bind_listener(config)
     twins = await start_twins(scenario=scenario, engines=engines, gpus=gpus, engine_format=engine_format,
-                              gpu_name=gpu_name, model=model, seed=seed, speed=speed)
+                              gpu_name=gpu_name, model=model, seed=seed, speed=speed, numa_mismatch=numa_mismatch)
     try:
         targets = tuple(EngineTarget(url=t.url + "/metrics", name=f"demo-{i}", kind=None,
                                      timeout_s=config.engine_timeout_s) for i, t in enumerate(twins))
-        config = dataclasses.replace(config, engines=targets, model=config.model or model)
+        config = dataclasses.replace(config, engines=targets, model=config.model or model,
+                                     sim_url=twins[0].url if config.host_backend == "sim" else config.sim_url)
         sources = build_sources(config, gpu_source=SimGpuSource([t.twin for t in twins]))
         base = f"http://{'127.0.0.1' if config.listen_host in ('0.0.0.0', '') else config.listen_host}:" \
                f"{config.listen_port}"
         announce(
             f"llm-exporter demo: {engines} {engine_format} twin(s) of {model} on {gpus}x {gpu_name}, "
-            f"scenario {scenario}\n"
+            f"scenario {scenario}, host {config.host_backend}\n"
             f"  status page   {base}/\n  metrics       {base}/metrics\n"
             f"  diagnosis     {base}/api/v1/diagnosis\n"
             + "".join(f"  twin {i}        {t.url}/metrics  "

@@ -36,12 +36,16 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speed", type=float, default=1.0,
                         help="simulated seconds per real second (e.g. 8 fills a KV cache 8x sooner); token "
                              "rates and the bandwidth modelled from them then read SPEED times too high")
-    add_flags(parser, ("gpu_price_per_hour", "listen", "interval_s", "log_level"),
+    parser.add_argument("--numa-mismatch", dest="numa_mismatch", action="store_true",
+                        help="pin each twin's engine to CPUs of a NUMA node that holds none of its GPUs")
+    add_flags(parser, ("gpu_price_per_hour", "listen", "interval_s", "log_level", "host_backend"),
               helps={"gpu_price_per_hour": "price of one GPU-hour, for the cost-per-token panels",
+                     "host_backend": "sim: the twins' simulated host (default); procfs: this machine's",
                      "listen": "exporter HOST:PORT (default 127.0.0.1:9480)",
                      "interval_s": "collection interval (default 1s)",
                      "log_level": "debug, info, warning or error (default warning)"},
-              defaults={"listen": "127.0.0.1:9480", "interval_s": "1s", "log_level": "warning"})
+              defaults={"listen": "127.0.0.1:9480", "interval_s": "1s", "log_level": "warning",
+                        "host_backend": "sim"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,11 +104,12 @@ def command_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         if not 0.1 <= args.speed <= 100:
             raise ConfigError("speed", args.speed, "must be between 0.1 and 100")
         config = load_config({"listen": args.listen, "interval": args.interval, "log_level": args.log_level,
-                              "gpu_backend": "none", "gpu_price_per_hour": args.gpu_price_per_hour}, {})
+                              "gpu_backend": "none", "gpu_price_per_hour": args.gpu_price_per_hour,
+                              "host_backend": args.host_backend}, {})
         setup_logging(config.log_level)
         asyncio.run(run_demo(config, scenario=args.scenario, engines=args.engines, gpus=args.gpus,
                              engine_format=args.engine_format, gpu_name=args.gpu_name, model=args.model,
-                             seed=args.seed, speed=args.speed))
+                             seed=args.seed, speed=args.speed, numa_mismatch=args.numa_mismatch))
     except ConfigError as error:
         print(f"llm-exporter: {error}", file=sys.stderr)
         return EXIT_CONFIG

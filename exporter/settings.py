@@ -22,6 +22,7 @@ from exporter.yamlsafe import MAX_ECHO_CHARS, shorten
 
 ENV_PREFIX = "LLM_EXPORTER_"
 GPU_BACKENDS = ("auto", "nvml", "sim", "none")
+HOST_BACKENDS = ("procfs", "sim")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_ENGINE_TIMEOUT_S = 0.8
@@ -372,9 +373,13 @@ SETTINGS: tuple[Setting, ...] = (
             "engine payload cap (default 8 MiB)", flag="--max-payload-bytes"),
     Setting("gpu_backend", Choice(GPU_BACKENDS), "str", "auto", "GPU source (default auto)",
             flag="--gpu-backend", flag_choices=True),
-    Setting("sim_url", Text(), "str | None", None, "twin URL for --gpu-backend sim", flag="--sim-url"),
+    Setting("sim_url", Text(), "str | None", None, "twin URL for --gpu-backend sim and --host-backend sim",
+            flag="--sim-url"),
     Setting("host_enabled", Boolean(), "bool", True, "disable the host source", flag="--no-host",
             flag_action="store_false"),
+    Setting("host_backend", Choice(HOST_BACKENDS), "str", "procfs",
+            "host source: procfs (this machine's /proc and /sys) or sim (the twin at --sim-url; default procfs)",
+            flag="--host-backend", flag_choices=True),
     Setting("proc_root", Text(), "str", "/proc", "procfs mount point (default /proc)", flag="--proc-root"),
     Setting("sys_root", Text(), "str", "/sys", "sysfs mount point (default /sys)", flag="--sys-root"),
     Setting("engine_port", Integer(1, 65535), "int | None", None,
@@ -428,7 +433,7 @@ BY_KEY: Mapping[str, Setting] = MappingProxyType(
     {k: s for s in SETTINGS for k in (s.yaml_key, *s.aliases)})
 # `host:` in YAML may be a block (or `host: false`): {inner key: setting name}.
 HOST_BLOCK: Mapping[str, str] = MappingProxyType(
-    {"enabled": "host_enabled", "proc_root": "proc_root", "sys_root": "sys_root"})
+    {"enabled": "host_enabled", "backend": "host_backend", "proc_root": "proc_root", "sys_root": "sys_root"})
 # Top-level YAML keys that are never settings: a place for anchors (`x-defaults: &d {...}`), as in
 # docker compose files.
 EXTENSION_PREFIX = "x-"

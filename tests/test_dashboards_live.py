@@ -85,11 +85,6 @@ NO_DATA: dict[tuple[str, str, str], tuple[str, bool]] = {
         ("the simulated GPU does not model row remapping", True),
     ("LLM Serving / GPU and roofline", "ECC errors, row remapping and PCIe replays", "C"):
         ("the simulated GPU does not model the PCIe replay counter", True),
-    ("LLM Serving / Host", "GPU NUMA nodes (sysfs)", "A"):
-        ("needs an NVIDIA PCI device in this machine's sysfs (the demo's GPUs are simulated)", False),
-    **{("LLM Serving / Host", "GPU PCIe links from sysfs", ref):
-       ("needs an NVIDIA PCI device in this machine's sysfs (the demo's GPUs are simulated)", False)
-       for ref in "ABCD"},
     ("LLM Serving / Host", "Collection errors by reason", "A"):
         ("llm_exporter_collect_errors_total appears only after a failed collection; the demo's sources "
          "do not fail", False),

@@ -1,5 +1,7 @@
 """The verdict on each twin scenario, fast-forwarded (exporter/simulator), through the same
-normalizer and simulated GPU source the exporter uses."""
+normalizer and the same simulated GPU and host sources' sample builders the exporter uses
+(`--gpu-backend sim`, `--host-backend sim`). tests/test_demo_host.py checks the same on the live
+`llm-exporter demo` process."""
 
 from __future__ import annotations
 
@@ -15,17 +17,14 @@ from exporter.simulator import Twin, TwinConfig
 from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult
 from exporter.sources.engines.normalize import NormalizerState, normalize
 from exporter.sources.gpu.sim import samples_from_state
+from exporter.sources.host_sim import samples_from_host_state
 
 EPOCH = 1_700_000_000.0
 
 
 def host_samples(twin: Twin) -> tuple[Sample, ...]:
-    """The twin models the host CPU (budget and busy cores) but serves no host series; this stands
-    in for the host source: the engine's busiest thread as busy cores over the budget (at most one
-    core, which is all one thread can use)."""
-    host = twin.gpu_state()["host"]
-    ratio = min(1.0, host["cpu_busy_cores"] / max(1.0, host["cpu_budget_cores"]))
-    return (Sample("llm_engine_process_busiest_thread_cpu_ratio", (), ratio),)
+    """What SimHostSource reads from the twin (its host model), as in the product."""
+    return tuple(samples_from_host_state(twin.host_state())[0])
 
 
 class Harness:

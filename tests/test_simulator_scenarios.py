@@ -15,6 +15,7 @@ from exporter.simulator.gpu import Thermal
 class Trace:
     twin: Twin
     states: list[dict[str, Any]] = field(default_factory=list)
+    hosts: list[dict[str, Any]] = field(default_factory=list)  # /sim/host beside each /sim/gpu
 
     def gpu(self, key: str, i: int = -1) -> float:
         return float(self.states[i]["gpus"][0][key])
@@ -32,6 +33,7 @@ def run(scenario: str, seconds: float, *, every: float = 5.0, **cfg: Any) -> Tra
     while twin.now < seconds:
         twin.fast_forward(every)
         trace.states.append(twin.gpu_state())
+        trace.hosts.append(twin.host_state())
     return trace
 
 
@@ -84,13 +86,18 @@ def test_kv_pressure_fills_the_pool_and_preempts() -> None:
     assert max(s["engine"]["running"] for s in t.states) < t.engine("max_num_seqs") / 2  # KV, not slots
 
 
-def test_cpu_bound_saturates_the_host_while_the_gpu_idles_between_steps() -> None:
+def test_cpu_bound_saturates_the_engine_core_thread_while_the_gpu_idles_between_steps() -> None:
     t = run("cpu-bound", 90)
-    late = t.states[6:]
-    budget = late[-1]["host"]["cpu_budget_cores"]
-    assert mean([s["host"]["cpu_busy_cores"] for s in late]) > 0.9 * budget
+    late, hosts = t.states[6:], t.hosts[6:]
     assert mean([s["gpus"][0]["utilization_ratio"] for s in late]) < 0.75
     assert mean([s["gpus"][0]["dram_bandwidth_utilization_ratio"] for s in late]) < 0.5
+    # One thread at its CPU's limit, within the engine's 2-CPU budget: the thread is the limit.
+    assert all(h["engine"]["busiest_thread"] == "engine_core" for h in hosts)
+    assert min(h["engine"]["busiest_thread_cpu_ratio"] for h in hosts) > 0.9
+    assert min(h["cpus"][h["engine"]["engine_core_cpu"]] for h in hosts) > 0.9
+    assert all(h["engine"]["cpus_allowed"] == "0-1" for h in hosts)
+    assert all(1.0 < h["cpu_busy_cores"] < h["cpu_budget_cores"] for h in hosts)
+    assert max(h["cpu_all"] for h in hosts) < 0.15  # the host-wide ratio hides it
 
 
 def test_thermal_throttle_cuts_clocks_and_slows_steps() -> None:

@@ -28,12 +28,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-index-base", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speed", type=float, default=1.0, help="twin seconds per wall-clock second")
+    p.add_argument("--numa-mismatch", action="store_true",
+                   help="pin the engine to CPUs of a NUMA node that holds none of its GPUs")
     return p.parse_args(argv)
 
 
 async def _serve(args: argparse.Namespace) -> None:
     twin = Twin(TwinConfig(scenario=args.scenario, engine_format=args.engine_format, gpu=args.gpu,
-                           model=args.model, gpus=args.gpus, seed=args.seed, gpu_index_base=args.gpu_index_base))
+                           model=args.model, gpus=args.gpus, seed=args.seed, gpu_index_base=args.gpu_index_base,
+                           numa_mismatch=args.numa_mismatch))
     server = await start_server(twin, host=args.host, port=args.port, speed=args.speed)
     print(f"twin ({args.engine_format}, {twin.model.name} on {twin.hw.tp} x {twin.hw.gpu.nvml_name}, "
           f"scenario {twin.scenario.name}) serving {server.url}/metrics", flush=True)

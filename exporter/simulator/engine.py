@@ -42,9 +42,13 @@ class EngineConfig:
 class HostConfig:
     """Host CPU work. The API server (HTTP, JSON, chat template, tokenizer, detokenizer) is one
     event-loop thread; the engine core (scheduler, input preparation) is another. Both share
-    `cpu_budget_cores` (a cgroup quota, say); when their demand exceeds it both slow down."""
+    `cpu_budget_cores` (a cgroup quota, say); when their demand exceeds it both slow down.
+    `pinned`: the budget is a cpuset of ceil(budget) CPUs on the GPUs' NUMA node rather than a
+    quota over every CPU (exporter/simulator/host.py places the threads). Each thread is serial
+    work: it can use one CPU at most, whatever the budget."""
 
     cpu_budget_cores: float = 8.0
+    pinned: bool = False
     request_overhead_s: float = 0.5e-3
     tokenize_tokens_per_s: float = 1.0e6
     detokenize_s_per_token: float = 8e-6

@@ -64,15 +64,18 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
                  load=1.15),
     ),
     Scenario(
-        "cpu-bound", "One CPU core for the API server and engine core; JSON-mode requests build "
-        "their token masks on the CPU for every sequence at every step; a slow tokenizer.",
-        "host CPU at its budget, GPU utilization well below 1 (idle between steps), TTFT and "
-        "ITL up while DRAM and tensor activity stay low",
+        "cpu-bound", "The engine pinned to 2 CPUs; JSON-mode requests build their token masks on "
+        "the CPU for every sequence at every step, input preparation in Python per batch token, a "
+        "slow tokenizer: the engine core's one thread cannot keep the GPU fed.",
+        "the engine core thread at 100% of its CPU (busiest thread ~1.0) while the other CPUs idle, "
+        "GPU utilization well below 1 (idle between steps), TTFT and ITL up while DRAM and tensor "
+        "activity stay low",
         "host CPU (tokenizer / scheduler thread)",
         Workload(LengthDist(mean=1500, sigma=0.5, lo=64, hi=8192), LengthDist(mean=120, sigma=0.5, lo=4, hi=1024),
                  load=0.45),
-        host=HostConfig(cpu_budget_cores=1.0, request_overhead_s=3e-3, tokenize_tokens_per_s=60_000,
-                        detokenize_s_per_token=30e-6, sched_base_s=3e-3, sched_per_seq_s=500e-6),
+        host=HostConfig(cpu_budget_cores=2.0, pinned=True, request_overhead_s=3e-3, tokenize_tokens_per_s=60_000,
+                        detokenize_s_per_token=30e-6, sched_base_s=3e-3, sched_per_seq_s=500e-6,
+                        sched_per_token_s=20e-6),
     ),
     Scenario(
         "thermal-throttle", "Moderate chat load on a GPU with failing cooling (hot aisle, clogged filter).",

@@ -49,7 +49,8 @@ class TwinApp:
         self.clock = clock
         self.routes: dict[tuple[str, str], Handler] = {
             ("GET", "/metrics"): self.metrics, ("GET", "/health"): self.health,
-            ("GET", "/sim/gpu"): self.sim_gpu, ("POST", "/sim/scenario"): self.sim_scenario,
+            ("GET", "/sim/gpu"): self.sim_gpu, ("GET", "/sim/host"): self.sim_host,
+            ("POST", "/sim/scenario"): self.sim_scenario,
             ("POST", "/sim/restart"): self.sim_restart}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -78,6 +79,10 @@ class TwinApp:
     async def sim_gpu(self, scope: dict, receive: Any) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
         self.clock.sync()
         return _json(200, self.clock.twin.gpu_state())
+
+    async def sim_host(self, scope: dict, receive: Any) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
+        self.clock.sync()
+        return _json(200, self.clock.twin.host_state())
 
     async def sim_scenario(self, scope: dict, receive: Any) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
         query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))

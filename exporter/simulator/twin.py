@@ -21,10 +21,11 @@ from exporter.simulator.engine import (
     kv_pool_blocks,
 )
 from exporter.simulator.gpu import GpuModel, Slice
+from exporter.simulator.host import HostModel, HostTopology
 from exporter.simulator.recorders import FORMATS, Recorder, make_recorder
 from exporter.simulator.scenarios import Scenario, get_scenario
 from exporter.specs.gpus import GpuSpec, lookup_gpu
-from exporter.specs.models import ModelShape, load_model
+from exporter.specs.models import ModelShape, load_model, weight_bytes
 
 DEFAULT_GPU = "NVIDIA H100 80GB HBM3"
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -50,6 +51,9 @@ class TwinConfig:
     gpu_overrides: Mapping[str, float] | None = None
     engine: EngineConfig | None = None  # None: the format's defaults
     slice_s: float = 0.25  # GPU/host model resolution
+    # The engine pinned to CPUs of a NUMA node that holds none of its GPUs (exporter/simulator/host.py).
+    numa_mismatch: bool = False
+    host: HostTopology = HostTopology()
     epoch: float | None = None  # wall-clock seconds at twin time 0 (None: now)
 
 
@@ -81,6 +85,8 @@ class Twin:
                             index_base=cfg.gpu_index_base, rng=random.Random(f"{cfg.seed}/gpus"))
         self.restarts = 0
         self.host_cpu_busy = 0.0  # cores in use, smoothed
+        self.host = HostModel(cfg.host, self.scenario.host, gpu_indices=tuple(d.index for d in self.gpu.devices),
+                              numa_mismatch=cfg.numa_mismatch, page_cache_bytes=weight_bytes(self.model))
         self.engine, self.recorder = self._new_engine(now=0.0)
         self._last = dataclasses.replace(self.engine.activity)
 
@@ -137,6 +143,7 @@ class Twin:
             budget = self.scenario.host.cpu_budget_cores
             self.engine.cpu_speed = min(1.0, budget / demand) if demand > 0 else 1.0
             self.host_cpu_busy += (used / dt - self.host_cpu_busy) * min(1.0, dt)
+            self.host.update(dt, a.engine_cpu_s - b.engine_cpu_s, a.frontend_cpu_s - b.frontend_cpu_s, speed)
         self.engine.clock_ratio = self.gpu.clock_ratio
         self._last = dataclasses.replace(a)
 
@@ -152,6 +159,7 @@ class Twin:
         self.hw = self._hardware(self.hw, sc)
         self.engine.hw = self.hw
         self.engine.host = sc.host
+        self.host.set_host(sc.host)
         self.gpu.set_hardware(self.hw)
         self.gpu.set_thermal(sc.thermal)
         self.engine.set_workload(sc.workload, self._base_rate(sc))
@@ -210,4 +218,19 @@ class Twin:
             },
             "host": {"cpu_budget_cores": self.scenario.host.cpu_budget_cores,
                      "cpu_busy_cores": round(self.host_cpu_busy, 4), "cpu_speed": round(e.cpu_speed, 4)},
+        }
+
+    def host_state(self) -> dict[str, Any]:
+        """The JSON /sim/host serves and SimHostSource reads: what /proc and /sys would show on the
+        twin's machine (exporter/simulator/host.py)."""
+        a = self.engine.activity
+        return {
+            "time": self.epoch + self.engine.t,
+            "twin_time_s": self.engine.t,
+            "scenario": self.scenario.name,
+            **self.host.state(engine_cpu_seconds=a.engine_cpu_s + a.frontend_cpu_s,
+                              pcie_links=[self.gpu.pcie_link(d) for d in self.gpu.devices]),
+            "cpu_budget_cores": self.scenario.host.cpu_budget_cores,
+            "cpu_busy_cores": round(self.host_cpu_busy, 4),
+            "cpu_speed": round(self.engine.cpu_speed, 4),
         }
