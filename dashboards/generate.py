@@ -168,11 +168,11 @@ see the same numbers.
 
 `tests/test_dashboards_live.py` runs the real Prometheus against `llm-exporter demo` (decode-heavy and
 kv-pressure) and evaluates every query below; two more demos serving the SGLang and TGI expositions show
-the fallback panels (prefix-cache gauge, TPOT, requests without a finish reason). The queries that have
-no data there are listed in that test with the reason: the simulated GPU does not model XID, ECC, row
-remapping, PCIe replays, the NVML memory busy share, SM occupancy, HBM temperature, driver-reserved or
-per-process memory; the demo sets no GPU price (cost per 1M tokens); the sysfs GPU PCIe/NUMA panels need
-a real NVIDIA device; collection errors appear only after a failure.
+the fallback panels (prefix-cache gauge, TPOT, requests without a finish reason), and a `faults` demo the
+fault panels (XID, ECC, row remapping, PCIe replays) and their alerts. The demo simulates the GPU and the
+host (their PCIe links and NUMA nodes included) and prices a GPU-hour at 4.00 for the cost panels. The
+queries that have no data in the healthy demos are listed in that test with the reason: no XID events;
+collection errors appear only after a failure.
 """
 
 

@@ -236,8 +236,11 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
         announce(
             f"llm-exporter demo: {engines} {engine_format} twin(s) of {model} on {gpus}x {gpu_name}, "
             f"scenario {scenario}, host {config.host_backend}\n"
-            f"  status page   {base}/\n  metrics       {base}/metrics\n"
+            + (f"  GPU price     {config.gpu_price_per_hour:g} per GPU-hour, for the cost panels "
+               "(--gpu-price-per-hour)\n" if config.gpu_price_per_hour is not None else "")
+            + f"  status page   {base}/\n  metrics       {base}/metrics\n"
             f"  diagnosis     {base}/api/v1/diagnosis\n"
+            + (twins[0].twin.scenario.expect.lines(speed) if twins[0].twin.scenario.expect else "")
             + "".join(f"  twin {i}        {t.url}/metrics  "
                       f"(switch: curl -X POST '{t.url}/sim/scenario?name=overload')\n" for i, t in enumerate(twins))
             + "Ctrl-C stops it."

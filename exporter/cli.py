@@ -15,6 +15,9 @@ from exporter.redact import RedactUrlCredentials
 from exporter.settings import add_flags
 
 EXIT_CONFIG = 2
+DEMO_GPU_PRICE_PER_HOUR = "4.00"
+"""`demo`'s GPU-hour price, so its cost panels have data: an example, a round figure of the order of
+public-cloud on-demand prices for one H100. `run` has no default (no cost series until it is set)."""
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -39,13 +42,15 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--numa-mismatch", dest="numa_mismatch", action="store_true",
                         help="pin each twin's engine to CPUs of a NUMA node that holds none of its GPUs")
     add_flags(parser, ("gpu_price_per_hour", "listen", "interval_s", "log_level", "host_backend"),
-              helps={"gpu_price_per_hour": "price of one GPU-hour, for the cost-per-token panels",
+              helps={"gpu_price_per_hour": "price of one GPU-hour, for the cost-per-token panels (default "
+                                           f"{DEMO_GPU_PRICE_PER_HOUR}, an example figure of the order of "
+                                           "public-cloud on-demand H100 prices)",
                      "host_backend": "sim: the twins' simulated host (default); procfs: this machine's",
                      "listen": "exporter HOST:PORT (default 127.0.0.1:9480)",
                      "interval_s": "collection interval (default 1s)",
                      "log_level": "debug, info, warning or error (default warning)"},
               defaults={"listen": "127.0.0.1:9480", "interval_s": "1s", "log_level": "warning",
-                        "host_backend": "sim"})
+                        "host_backend": "sim", "gpu_price_per_hour": DEMO_GPU_PRICE_PER_HOUR})
 
 
 def build_parser() -> argparse.ArgumentParser:

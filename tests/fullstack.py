@@ -11,8 +11,8 @@ start, stop and status), with configs for a test instead of the compose ones:
 - the engine reached through EngineProxy, which the test can take down and bring back: the engine
   is "killed" while the twin keeps serving /sim/gpu, so the GPU source (--gpu-backend sim) and the
   host source keep flowing, as they do on a real host whose engine died;
-- the twin runs at TWIN_SPEED x real time (its `--speed`), so the overload scenario's 60 s of
-  normal traffic before the surge take 6 s and the card heats up in seconds.
+- the twin runs at TWIN_SPEED x real time (its `--speed`), so the overload scenario's 20 s of
+  normal traffic before the surge take 2 s and the card heats up in seconds.
 """
 
 from __future__ import annotations

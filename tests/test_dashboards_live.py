@@ -17,7 +17,11 @@ Two more demos serve the SGLang and TGI expositions (decode-heavy, real time): e
 vLLM's prefix-cache counters, inter-token-latency histogram or finish reasons. Only the panels that
 fall back to what those engines export are evaluated for them.
 
-All four exporters name their engine target `demo-0`, as the Kubernetes sidecar names every target
+One more runs `--scenario faults` (real time): the simulated GPU's XID events, uncorrected ECC error,
+pending row remap and PCIe replays, which a healthy GPU never shows, for the fault panels and the
+hardware alerts.
+
+All five exporters name their engine target `demo-0`, as the Kubernetes sidecar names every target
 `engine`: with $instance at All, the per-GPU and per-target panels must keep the exporters apart and
 the stacked panels must stack one target's parts, not the exporters' series on top of each other.
 
@@ -60,31 +64,14 @@ DEADLINE_S = 75.0
 SCENARIOS = ("decode-heavy", "kv-pressure")
 # Engine formats other than vLLM's, each one more demo (decode-heavy, real time).
 FORMATS = ("sglang", "tgi")
+FAULTS = "faults"  # one more demo, `--scenario faults` at real time
 
 # (dashboard title, panel title, refId) -> (reason, strict). strict: the query must return nothing
 # here (what the simulator does not model); not strict: depends on the machine running the test.
 NO_DATA: dict[tuple[str, str, str], tuple[str, bool]] = {
-    ("LLM Serving / Overview", "Cost per 1M generated tokens", "A"):
-        ("`llm-exporter demo` sets no GPU price (--gpu-price-per-hour is a `run` flag), so "
-         "llm_cost_per_million_tokens is omitted", True),
-    ("LLM Serving / GPU and roofline", "Utilization next to SM, tensor and DRAM bandwidth activity", "E"):
-        ("the simulated GPU does not model NVML's memory busy share (utilization.memory)", True),
-    ("LLM Serving / GPU and roofline", "Utilization next to SM, tensor and DRAM bandwidth activity", "F"):
-        ("the simulated GPU does not model GPM SM occupancy", True),
-    ("LLM Serving / GPU and roofline", "Device memory per GPU", "C"):
-        ("the simulated GPU reports no driver-reserved memory (NVML v2 memory info)", True),
-    ("LLM Serving / GPU and roofline", "Device memory per GPU", "D"):
-        ("a simulated GPU has no compute processes to attribute memory to", True),
-    ("LLM Serving / GPU and roofline", "Temperature", "B"):
-        ("the simulated GPU has no HBM temperature sensor", True),
     ("LLM Serving / GPU and roofline", "XID errors in the time range", "A"):
-        ("the simulated GPU does not model XID events", True),
-    ("LLM Serving / GPU and roofline", "ECC errors, row remapping and PCIe replays", "A"):
-        ("the simulated GPU does not model ECC counters", True),
-    ("LLM Serving / GPU and roofline", "ECC errors, row remapping and PCIe replays", "B"):
-        ("the simulated GPU does not model row remapping", True),
-    ("LLM Serving / GPU and roofline", "ECC errors, row remapping and PCIe replays", "C"):
-        ("the simulated GPU does not model the PCIe replay counter", True),
+        ("a healthy GPU has no XID events, and an XID series appears with its first event (as from NVML); "
+         "test_fault_panels_and_alerts_show_the_faults_scenario checks this panel", True),
     ("LLM Serving / Host", "Collection errors by reason", "A"):
         ("llm_exporter_collect_errors_total appears only after a failed collection; the demo's sources "
          "do not fail", False),
@@ -128,15 +115,15 @@ def stack(tmp_path_factory):
         pytest.fail("prometheus not found on PATH; `make debs` installs the Debian package. This test never skips.")
     tmp = tmp_path_factory.mktemp("prometheus")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    ports = {name: free_port() for name in (*SCENARIOS, *FORMATS)}
+    ports = {name: free_port() for name in (*SCENARIOS, *FORMATS, FAULTS)}
     processes: list[tuple[subprocess.Popen, int]] = []
     try:
         for name, port in ports.items():
-            scenario = name if name in SCENARIOS else "decode-heavy"
+            scenario = name if name in (*SCENARIOS, FAULTS) else "decode-heavy"
             args = ["demo", "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--scenario", scenario]
             if name in FORMATS:
                 args += ["--engine-format", name]
-            elif scenario != "decode-heavy":
+            elif scenario in SCENARIOS and scenario != "decode-heavy":
                 args += ["--speed", str(SPEED)]
             processes.append((subprocess.Popen([sys.executable, "-m", "exporter.cli", *args], cwd=ROOT, env=env,
                                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
@@ -330,3 +317,37 @@ def test_exporters_with_the_same_target_name_stay_apart(stack: Stack):
             assert not any({"instance", "target"} & set(r["metric"]) for r in series), title
     phases = _series(stack, "Share of engine time: prefill vs decode ($target)", instance=every)
     assert sum(float(r["value"][1]) for r in phases) == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.timeout(150)
+def test_fault_panels_and_alerts_show_the_faults_scenario(stack: Stack):
+    """`--scenario faults` injects its errors within its first 25 s: the XID table lists a warning and a
+    critical code, the ECC panel an uncorrected error and a pending row remap, PCIe replays have a rate,
+    and the hardware alerts fire for that exporter only (the healthy demos keep every counter at 0)."""
+    instance = stack.instances[FAULTS]
+    ecc = "ECC errors, row remapping and PCIe replays"
+
+    def labelled(title: str, ref: str, label: str) -> dict[str, float]:
+        return {r["metric"].get(label, ""): float(r["value"][1]) for r in _series(stack, title, ref, instance=instance)}
+
+    def firing(inst: str) -> set[str]:
+        return {r["metric"]["alertname"] for r in _query(
+            stack.prometheus, f'ALERTS{{alertstate="firing", instance="{inst}", alertname=~"LLMGPU.*"}}')}
+
+    alerts = {"LLMGPUXidWarning", "LLMGPUXidCritical", "LLMGPUUncorrectableECCErrors"}
+
+    def shown() -> bool:
+        xids = labelled("XID errors in the time range", "A", "xid")
+        return ({"13", "48"} <= set(xids)
+                and labelled(ecc, "A", "type").get("uncorrected", 0) >= 1
+                and labelled(ecc, "B", "state").get("pending", 0) == 1
+                and max(labelled(ecc, "C", "gpu").values(), default=0) > 0
+                and firing(instance) >= alerts)
+
+    if not wait_until(shown, timeout=DEADLINE_S, interval=1.0):
+        panels = {f"{title} {ref}": _series(stack, title, ref, instance=instance)
+                  for title, ref in (("XID errors in the time range", "A"), (ecc, "A"), (ecc, "B"), (ecc, "C"))}
+        pytest.fail(f"faults not shown: {panels}, alerts firing {firing(instance)}")
+    healthy = stack.instances["decode-heavy"]
+    assert not firing(healthy) & alerts
+    assert {float(r["value"][1]) for r in _series(stack, ecc, "A", instance=healthy)} == {0.0}

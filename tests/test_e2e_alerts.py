@@ -34,6 +34,7 @@ import time
 import pytest
 
 from alerts.lib import nominal
+from exporter.simulator.scenarios import SCENARIOS
 from tests.fullstack import TARGET, TWIN_SPEED, FullStack, full_stack, logs
 from tests.support import wait_until
 
@@ -87,7 +88,7 @@ def test_overload_pages_the_ttft_burn_and_the_p99_alert_with_labels_and_numbers(
     assert not stack.receiver.alerts(status="firing"), stack.receiver.alerts()
     assert stack.value(f'llm_bottleneck{{target="{TARGET}",resource="power_thermal"}}') == 0.0
 
-    stack.scenario("overload")  # 60 twin-seconds (6 s) of normal load, then arrivals at 2x capacity
+    stack.scenario("overload")  # SURGE_DELAY_S of normal load, then arrivals at 2x capacity
     stack.marks["overload"] = time.monotonic()
     _wait(stack, lambda: stack.receiver.alerts(TTFT_BURN, status="firing", long=fast["long"])
           and stack.receiver.alerts(TTFT_P99, status="firing"), 60, "the TTFT page and p99 alert did not arrive")
@@ -177,7 +178,8 @@ def test_engine_killed_pages_engine_down_and_inhibits_its_latency_alerts(stack: 
 # capacity to work it off; the twin alone measured 2.8). The surge lasts as long as tests 1-2 wait
 # for their alerts, longer on a slow machine, so the drain is given time in proportion.
 DRAIN_PER_SURGE_SECOND = 4.0
-SURGE_DELAY_S = 60.0 / TWIN_SPEED  # the overload scenario's normal traffic before the surge
+# The overload scenario's normal traffic before the surge, in wall seconds.
+SURGE_DELAY_S = (SCENARIOS["overload"].workload.surge_after_s or 0.0) / TWIN_SPEED
 
 
 @pytest.mark.timeout(400)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,14 +19,19 @@ from exporter.sources.gpu.sim import MAX_SIM_GPU_BYTES, SimGpuSource
 from tests.support import free_port, send_body, serve_in_background
 
 EXPECTED = {
-    "llm_gpu_up", "llm_gpu_info", "llm_gpu_utilization_ratio", "llm_gpu_memory_used_bytes",
-    "llm_gpu_memory_total_bytes", "llm_gpu_power_watts", "llm_gpu_power_limit_watts", "llm_gpu_energy_joules_total",
-    "llm_gpu_temperature_celsius", "llm_gpu_sm_clock_hertz", "llm_gpu_sm_clock_max_hertz",
-    "llm_gpu_memory_clock_hertz", "llm_gpu_clock_event_active", "llm_gpu_pcie_link_generation",
-    "llm_gpu_pcie_link_width", "llm_gpu_pcie_tx_bytes_per_second", "llm_gpu_pcie_rx_bytes_per_second",
-    "llm_gpu_nvlink_tx_bytes_per_second", "llm_gpu_nvlink_rx_bytes_per_second",
-    "llm_gpu_dram_bandwidth_utilization_ratio", "llm_gpu_sm_active_ratio", "llm_gpu_tensor_active_ratio",
+    "llm_gpu_up", "llm_gpu_info", "llm_gpu_utilization_ratio", "llm_gpu_memory_utilization_ratio",
+    "llm_gpu_memory_used_bytes", "llm_gpu_memory_total_bytes", "llm_gpu_memory_reserved_bytes",
+    "llm_gpu_engine_memory_used_bytes", "llm_gpu_power_watts", "llm_gpu_power_limit_watts",
+    "llm_gpu_energy_joules_total", "llm_gpu_temperature_celsius", "llm_gpu_memory_temperature_celsius",
+    "llm_gpu_sm_clock_hertz", "llm_gpu_sm_clock_max_hertz", "llm_gpu_memory_clock_hertz",
+    "llm_gpu_clock_event_active", "llm_gpu_pcie_link_generation", "llm_gpu_pcie_link_width",
+    "llm_gpu_pcie_replay_errors_total", "llm_gpu_pcie_tx_bytes_per_second", "llm_gpu_pcie_rx_bytes_per_second",
+    "llm_gpu_nvlink_tx_bytes_per_second", "llm_gpu_nvlink_rx_bytes_per_second", "llm_gpu_ecc_errors_total",
+    "llm_gpu_remapped_rows", "llm_gpu_dram_bandwidth_utilization_ratio", "llm_gpu_sm_active_ratio",
+    "llm_gpu_sm_occupancy_ratio", "llm_gpu_tensor_active_ratio",
 }
+GOLDEN = Path(__file__).parent / "golden" / "gpu"
+MiB = 1 << 20
 
 
 def _collect(source: SimGpuSource):
@@ -69,6 +76,111 @@ def test_values_follow_the_twin() -> None:
     assert reasons == set(CLOCK_EVENT_REASONS)
     assert by[("llm_gpu_clock_event_active", "gpu_idle", "")] == 0.0
     assert by[("llm_gpu_pcie_link_generation", "", "max")] == 5
+
+
+def _shapes(samples) -> set[tuple[str, tuple[str, ...], str]]:
+    """(family, label names, value of the one extra label) of each series: what a dashboard selects on."""
+    out = set()
+    for name, labels in samples:
+        extra = "".join(v for k, v in labels if k in ("reason", "state", "type", "xid"))
+        out.add((name, tuple(sorted(k for k, _ in labels)), extra))
+    return out
+
+
+def _golden_series(path: Path) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
+    series = []
+    for line in path.read_text().splitlines():
+        m = re.match(r"^(llm_gpu_\w+)\{([^}]*)\}", line)
+        if m:
+            series.append((m.group(1), tuple(re.findall(r'(\w+)="([^"]*)"', m.group(2)))))
+    return series
+
+
+def test_an_h100_twin_emits_what_the_nvml_source_emits_for_an_h100() -> None:
+    """Family for family, label for label, against the NVML source's golden output for a busy H100
+    (tests/golden/gpu/h100__busy.metrics): no panel can have data on one backend and not the other."""
+    data = _collect(SimGpuSource(_twin(gpu="NVIDIA H100 80GB HBM3")))
+    sim = _shapes((s.name, s.labels) for s in data.samples)
+    nvml = _shapes(_golden_series(GOLDEN / "h100__busy.metrics"))
+    assert sim == nvml, {"only sim": sim - nvml, "only nvml": nvml - sim}
+
+
+def test_memory_and_activity_fields_follow_the_engine() -> None:
+    twin = _twin(scenario="decode-heavy")
+    by = {(s.name, s.label("type") + s.label("state")): s.value for s in _collect(SimGpuSource(twin)).samples}
+    total, used = by[("llm_gpu_memory_total_bytes", "")], by[("llm_gpu_memory_used_bytes", "")]
+    reserved = by[("llm_gpu_memory_reserved_bytes", "")]
+    assert 200 * MiB < reserved < 1024 * MiB  # a few hundred MiB for the driver and firmware
+    assert used + reserved <= total
+    assert by[("llm_gpu_engine_memory_used_bytes", "")] == used  # the engine holds what it preallocated
+    # Memory busy share: at least the achieved bandwidth share (memory streams below its peak), at
+    # most the time any kernel ran.
+    busy, dram = by[("llm_gpu_memory_utilization_ratio", "")], by[("llm_gpu_dram_bandwidth_utilization_ratio", "")]
+    assert dram < busy <= by[("llm_gpu_utilization_ratio", "")]
+    assert 0.1 < by[("llm_gpu_sm_occupancy_ratio", "")] < by[("llm_gpu_sm_active_ratio", "")]
+    assert abs(by[("llm_gpu_memory_temperature_celsius", "")] - by[("llm_gpu_temperature_celsius", "")]) < 10
+    # A healthy card: every error counter present, at 0, and no XID series.
+    for key in (("llm_gpu_ecc_errors_total", "corrected"), ("llm_gpu_ecc_errors_total", "uncorrected"),
+                ("llm_gpu_pcie_replay_errors_total", ""), ("llm_gpu_remapped_rows", "correctable"),
+                ("llm_gpu_remapped_rows", "uncorrectable"), ("llm_gpu_remapped_rows", "pending"),
+                ("llm_gpu_remapped_rows", "failed")):
+        assert by[key] == 0.0, key
+    assert not any(name == "llm_gpu_xid_errors_total" for name, _ in by)
+
+
+def test_a_gddr_card_has_no_memory_sensor_and_no_row_remapping() -> None:
+    """As the NVML source on an L4 (tests/golden/gpu/l4__busy.metrics): ECC yes, HBM sensor and
+    remapped rows no."""
+    names = {s.name for s in _collect(SimGpuSource(_twin(gpu="NVIDIA L4", model="qwen2.5-7b"))).samples}
+    assert "llm_gpu_memory_temperature_celsius" not in names
+    assert "llm_gpu_remapped_rows" not in names
+    assert {"llm_gpu_ecc_errors_total", "llm_gpu_pcie_replay_errors_total", "llm_gpu_memory_reserved_bytes"} <= names
+
+
+def _errors(twin: Twin) -> dict[tuple[str, str], float]:
+    return {(s.name, s.label("type") + s.label("state") + s.label("xid")): s.value
+            for s in _collect(SimGpuSource(twin)).samples
+            if s.name in ("llm_gpu_xid_errors_total", "llm_gpu_ecc_errors_total", "llm_gpu_remapped_rows",
+                          "llm_gpu_pcie_replay_errors_total")}
+
+
+def test_the_faults_scenario_injects_xid_ecc_row_remap_and_replays_early() -> None:
+    """Within 25 s of twin time (so within 30 s of `llm-exporter demo --scenario faults`): a warning
+    XID (13, twice), a critical one (48, the double-bit ECC event) with the uncorrected ECC error it
+    reports, a pending row remap (XID 63) and PCIe replays; traffic keeps flowing."""
+    twin = Twin(TwinConfig(scenario="faults", epoch=0.0))
+    twin.fast_forward(3)
+    assert _errors(twin)[("llm_gpu_ecc_errors_total", "uncorrected")] == 0
+    assert not any(name == "llm_gpu_xid_errors_total" for name, _ in _errors(twin))
+    twin.fast_forward(22)
+    errors = _errors(twin)
+    assert {k[1]: v for k, v in errors.items() if k[0] == "llm_gpu_xid_errors_total"} == {"13": 2, "48": 1, "63": 1}
+    assert errors[("llm_gpu_ecc_errors_total", "uncorrected")] == 1
+    assert errors[("llm_gpu_ecc_errors_total", "corrected")] == 5
+    assert errors[("llm_gpu_remapped_rows", "pending")] == 1
+    assert errors[("llm_gpu_remapped_rows", "uncorrectable")] == 1
+    assert errors[("llm_gpu_remapped_rows", "failed")] == 0
+    assert errors[("llm_gpu_pcie_replay_errors_total", "")] > 100  # 20/s from 8 s on, while the link carries traffic
+    assert twin.engine.counters.finished > 0
+    # The card keeps its counters across a scenario switch and an engine restart, as a real GPU does.
+    replays = errors[("llm_gpu_pcie_replay_errors_total", "")]
+    twin.set_scenario("decode-heavy")
+    twin.restart()
+    twin.fast_forward(30)
+    after = _errors(twin)
+    assert {k: v for k, v in after.items() if k[0] != "llm_gpu_pcie_replay_errors_total"} == \
+        {k: v for k, v in errors.items() if k[0] != "llm_gpu_pcie_replay_errors_total"}
+    assert after[("llm_gpu_pcie_replay_errors_total", "")] == replays  # the healthy scenario's link replays nothing
+
+
+def test_faults_are_timed_from_the_switch_into_the_scenario() -> None:
+    twin = Twin(TwinConfig(scenario="decode-heavy", epoch=0.0))
+    twin.fast_forward(60)
+    twin.set_scenario("faults")
+    twin.fast_forward(5)
+    assert not any(name == "llm_gpu_xid_errors_total" for name, _ in _errors(twin))
+    twin.fast_forward(10)
+    assert _errors(twin)[("llm_gpu_xid_errors_total", "48")] == 1
 
 
 def test_no_nvlink_series_for_a_gpu_without_nvlink() -> None:

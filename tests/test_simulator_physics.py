@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
 from exporter.simulator.costs import Batch, Hardware, decode_batch, prefill_batch, step_cost
 from exporter.simulator.engine import Engine, EngineConfig, HostConfig, kv_pool_blocks
+from exporter.simulator.gpu import GpuModel, Slice, Thermal
 from exporter.simulator.recorders import VllmRecorder
 from exporter.simulator.workload import LengthDist, Workload
 from exporter.specs import load_model, lookup_gpu
@@ -120,3 +122,42 @@ def test_throttled_clocks_slow_compute_in_proportion() -> None:
     half = step_cost(hw, model, prefill_batch(4096), clock_ratio=0.5)
     assert half.compute_time_s == pytest.approx(2 * full.compute_time_s)
     assert step_cost(hw, model, Batch()).time_s == 0.0
+
+
+def _gpu_after(slice_: Slice, seconds: float, thermal: Thermal | None = None) -> GpuModel:
+    hw = Hardware(lookup_gpu("NVIDIA H100 80GB HBM3"))
+    gpu = GpuModel(hw, thermal or Thermal(), memory_used_bytes=70 * GiB, index_base=0, rng=random.Random(0))
+    for _ in range(int(seconds / slice_.dt)):
+        gpu.update(slice_)
+    return gpu
+
+
+def _decode_slice(dt: float = 0.25, *, tokens_per_step: float = 128.0) -> Slice:
+    # Memory-bound decode: 90% of the slice streaming HBM at 0.9 of its peak, 20 ms steps.
+    bw = lookup_gpu("NVIDIA H100 80GB HBM3").mem_bandwidth_bytes_per_s
+    steps = int(dt / 0.02)
+    return Slice(dt=dt, busy_s=0.95 * dt, memory_s=0.9 * dt, compute_s=0.2 * dt, dram_bytes=0.81 * bw * dt,
+                 flops=0.0, comm_bytes=0.0, host_io_bytes=0.0, steps=steps, tokens=steps * tokens_per_step)
+
+
+def test_memory_busy_share_is_the_memory_bound_time_and_sm_occupancy_grows_with_the_batch() -> None:
+    small = _gpu_after(_decode_slice(tokens_per_step=8), 30).devices[0]
+    large = _gpu_after(_decode_slice(tokens_per_step=4096), 30).devices[0]
+    assert small.memory_busy == pytest.approx(0.9, abs=0.01)  # memory_s / dt, not the bandwidth share (0.81)
+    assert small.dram_util == pytest.approx(0.81, abs=0.01)
+    assert small.sm_occupancy < large.sm_occupancy < large.sm_active
+    assert 0.1 < small.sm_occupancy < 0.25 and 0.4 < large.sm_occupancy < 0.65
+    assert _gpu_after(dataclasses.replace(_decode_slice(), busy_s=0.0, memory_s=0.0, dram_bytes=0.0, steps=0,
+                                          tokens=0.0), 30).devices[0].sm_occupancy == 0.0
+
+
+def test_memory_temperature_tracks_power_and_cooling() -> None:
+    idle = Slice(dt=0.25, busy_s=0.0, memory_s=0.0, compute_s=0.0, dram_bytes=0.0, flops=0.0, comm_bytes=0.0,
+                 host_io_bytes=0.0)
+    cold = _gpu_after(idle, 300).devices[0]
+    hot = _gpu_after(_decode_slice(), 300).devices[0]
+    assert abs(cold.memory_temperature_c - cold.temperature_c) < 3
+    assert hot.memory_temperature_c > cold.memory_temperature_c + 15  # heated by the board's power
+    assert hot.memory_temperature_c > hot.temperature_c  # and by its own traffic: memory-bound runs HBM hotter
+    failing = _gpu_after(_decode_slice(), 300, Thermal(ambient_c=38.0, cooling=0.45)).devices[0]
+    assert failing.memory_temperature_c > hot.memory_temperature_c + 15

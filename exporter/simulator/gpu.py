@@ -1,9 +1,14 @@
 """What NVML would report about the twin's GPUs, integrated slice by slice from the engine's work.
 
 Power follows activity (idle floor + busy, DRAM and tensor terms, scaled by clock), temperature
-follows power through a first-order thermal model, and clocks follow temperature and the power
-limit with NVML's clock-event reasons. The slowest GPU of a TP group paces every step, so the
-clock ratio fed back to the engine is the minimum over the group.
+follows power through a first-order thermal model (the HBM stacks through a second, slower one),
+and clocks follow temperature and the power limit with NVML's clock-event reasons. The slowest
+GPU of a TP group paces every step, so the clock ratio fed back to the engine is the minimum over
+the group.
+
+NVML's error counters (volatile ECC, remapped rows, PCIe replays, XID events) start at 0 on a
+healthy card and move only through scheduled `GpuFault`s (the `faults` scenario); like a real
+GPU's, they survive an engine restart and a scenario switch.
 """
 
 from __future__ import annotations
@@ -41,6 +46,41 @@ class Thermal:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuFault:
+    """One hardware event on GPU `gpu` (its position in the twin's TP group), `at_s` twin seconds
+    after the scenario that schedules it started. Counts add to what the card already shows."""
+
+    at_s: float
+    gpu: int = 0
+    xid: int = 0  # an XID event of this code (0: none)
+    ecc_corrected: int = 0  # single-bit errors, corrected by ECC
+    ecc_uncorrected: int = 0  # double-bit errors (XID 48 is their event)
+    # A row with an uncorrectable error queued for remapping: uncorrectable remapped rows + 1 and
+    # `pending` set until the GPU is reset (the twin never resets its GPUs).
+    remap_pending: bool = False
+    pcie_replays_per_s: float | None = None  # from now on, link-level replays per second while the link carries traffic
+
+
+# Memory the driver and firmware reserve (NVML v2 `reserved`): a fixed part plus a share of the
+# card's memory, e.g. about 500 MiB on an 80 GB card, 420 MiB on a 24 GB one.
+RESERVED_BASE_BYTES = 384 * 2**20
+RESERVED_PER_GIB_BYTES = 1.5 * 2**20
+MEMORY_TAU_S = 40.0  # the HBM stacks' thermal time constant (slower than the die's)
+
+
+def reserved_memory_bytes(memory_bytes: float) -> int:
+    return int(RESERVED_BASE_BYTES + RESERVED_PER_GIB_BYTES * memory_bytes / 2**30)
+
+
+def sm_occupancy_while_active(tokens_per_step: float) -> float:
+    """Resident warps over the maximum on a busy SM, by the tokens a step batches: a decode step of
+    a few sequences runs thin GEMV-like kernels (about a fifth of the warps), a wide prefill batch
+    tiles every SM with register-heavy tensor-core kernels (about 60%, never near 100%)."""
+    m = max(0.0, tokens_per_step)
+    return 0.2 + 0.4 * m / (m + 256.0)
+
+
+@dataclass(frozen=True, slots=True)
 class Slice:
     """Per-GPU work done in one slice of `dt` seconds (differences of engine Activity)."""
 
@@ -52,6 +92,8 @@ class Slice:
     flops: float
     comm_bytes: float
     host_io_bytes: float
+    steps: int = 0  # engine steps that ended in the slice
+    tokens: float = 0.0  # tokens those steps batched (prefill chunks + decoded tokens)
 
 
 def _ema(old: float, new: float, dt: float, tau: float = 1.0) -> float:
@@ -66,6 +108,7 @@ class GpuDevice:
     name: str
     temp_offset_c: float
     temperature_c: float
+    memory_temperature_c: float
     energy_j: float = 0.0
     power_w: float = 0.0
     clock_factor: float = 1.0  # throttle multiplier on the max SM clock
@@ -74,11 +117,22 @@ class GpuDevice:
     dram_util: float = 0.0
     sm_active: float = 0.0
     tensor_active: float = 0.0
+    sm_occupancy: float = 0.0
+    memory_busy: float = 0.0  # NVML utilization.memory: share of time DRAM was read or written
     pcie_tx: float = 0.0
     pcie_rx: float = 0.0
     nvlink_tx: float = 0.0
     nvlink_rx: float = 0.0
     reasons: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(CLOCK_EVENT_REASONS, False))
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    remapped_correctable: int = 0
+    remapped_uncorrectable: int = 0
+    remap_pending: bool = False
+    remap_failed: bool = False
+    pcie_replays: float = 0.0
+    pcie_replays_per_s: float = 0.0
+    xids: dict[str, int] = field(default_factory=dict)  # XID code -> events since the twin started
 
 
 class GpuModel:
@@ -88,6 +142,8 @@ class GpuModel:
         self.thermal = thermal
         self.memory_used_bytes = memory_used_bytes
         self.power_limit_w = power_limit_w or hw.gpu.tdp_watts
+        self.t = 0.0  # twin seconds integrated so far
+        self._faults: list[tuple[float, GpuFault]] = []  # (absolute time, fault), in time order
         self.devices: list[GpuDevice] = []
         for i in range(hw.tp):
             offset = rng.uniform(-1.5, 1.5)  # no two cards sit in the same airflow
@@ -95,6 +151,7 @@ class GpuModel:
             self.devices.append(GpuDevice(
                 index=index_base + i, uuid=f"GPU-{uid}", name=hw.gpu.nvml_name,
                 temp_offset_c=offset, temperature_c=thermal.ambient_c + 5.0 + offset,
+                memory_temperature_c=thermal.ambient_c + 4.0 + offset,
             ))
         for d in self.devices:
             d.power_w = self._idle_power()
@@ -108,6 +165,40 @@ class GpuModel:
     def set_hardware(self, hw: Hardware) -> None:
         self.hw = hw
 
+    def set_faults(self, faults: tuple[GpuFault, ...]) -> None:
+        """Schedule a scenario's faults from now on. The new scenario sets the hardware's condition: a
+        fault not yet due from the previous one is dropped and its link stops replaying, while what
+        already happened stays on the counters (and a pending remap pending: only a GPU reset applies it)."""
+        self._faults = sorted(((self.t + f.at_s, f) for f in faults), key=lambda e: e[0])
+        for d in self.devices:
+            d.pcie_replays_per_s = 0.0
+
+    def _apply_due_faults(self) -> None:
+        while self._faults and self._faults[0][0] <= self.t:
+            _, f = self._faults.pop(0)
+            if not 0 <= f.gpu < len(self.devices):
+                continue
+            d = self.devices[f.gpu]
+            if f.xid:
+                d.xids[str(f.xid)] = d.xids.get(str(f.xid), 0) + 1
+            d.ecc_corrected += f.ecc_corrected
+            d.ecc_uncorrected += f.ecc_uncorrected
+            if f.remap_pending:
+                d.remapped_uncorrectable += 1
+                d.remap_pending = True
+            if f.pcie_replays_per_s is not None:
+                d.pcie_replays_per_s = f.pcie_replays_per_s
+
+    @property
+    def has_hbm(self) -> bool:
+        """HBM cards have a memory temperature sensor and row remapping; GDDR cards have neither."""
+        return self.hw.gpu.memory_type.upper().startswith("HBM")
+
+    @property
+    def has_ecc(self) -> bool:
+        """Data-centre cards run with ECC on; GeForce cards report it off (the series is absent)."""
+        return "geforce" not in self.hw.gpu.nvml_name.lower()
+
     @property
     def clock_ratio(self) -> float:
         """SM clock over max of the slowest GPU: TP ranks wait for each other every layer."""
@@ -118,8 +209,13 @@ class GpuModel:
             return
         spec = self.hw.gpu
         th = self.thermal
+        self.t += s.dt
+        self._apply_due_faults()
         busy = min(1.0, s.busy_s / s.dt)
         dram = min(1.0, s.dram_bytes / (spec.mem_bandwidth_bytes_per_s * s.dt))
+        # Memory-bound time is the time DRAM streams at its achievable rate: NVML's memory busy share.
+        memory_busy = min(1.0, s.memory_s / s.dt)
+        occupancy_active = sm_occupancy_while_active(s.tokens / s.steps) if s.steps else 0.0
         for d in self.devices:
             tensor = min(1.0, s.flops / (spec.bf16_dense_flops * max(d.clock_factor, 0.05) * s.dt))
             work = s.memory_s + s.compute_s
@@ -136,12 +232,22 @@ class GpuModel:
             d.energy_j += power * s.dt
             steady = th.ambient_c + d.temp_offset_c + (power / spec.tdp_watts) * th.rise_at_tdp_c / th.cooling
             d.temperature_c += (steady - d.temperature_c) * (1.0 - math.exp(-s.dt / th.tau_s))
+            # The HBM stacks sit beside the die on the same cold plate: heated by the board's power
+            # and by their own DRAM traffic, so a memory-bound card runs its memory hotter than its
+            # die and a compute-bound one cooler.
+            memory_steady = th.ambient_c + d.temp_offset_c + (
+                0.8 * (power / spec.tdp_watts) * th.rise_at_tdp_c + 15.0 * dram) / th.cooling
+            d.memory_temperature_c += (memory_steady - d.memory_temperature_c) * (1.0 - math.exp(-s.dt / MEMORY_TAU_S))
             self._throttle(d)
             d.reasons["gpu_idle"] = not d.active
             d.utilization = _ema(d.utilization, busy, s.dt)
             d.dram_util = _ema(d.dram_util, dram, s.dt)
             d.sm_active = _ema(d.sm_active, sm_active, s.dt)
             d.tensor_active = _ema(d.tensor_active, tensor, s.dt)
+            d.sm_occupancy = _ema(d.sm_occupancy, sm_active * occupancy_active, s.dt)
+            d.memory_busy = _ema(d.memory_busy, memory_busy, s.dt)
+            if d.active:  # replays are retransmitted packets: only a link carrying traffic has them
+                d.pcie_replays += d.pcie_replays_per_s * s.dt
             io = s.host_io_bytes / s.dt
             p2p = s.comm_bytes / s.dt
             on_pcie = self.hw.tp > 1 and self.hw.link == "pcie"
@@ -196,6 +302,10 @@ class GpuModel:
 
     def state(self) -> list[dict[str, object]]:
         spec = self.hw.gpu
+        reserved = reserved_memory_bytes(spec.memory_bytes)
+        # NVML v2: used + reserved + free = total; the engine's preallocation is all of `used`.
+        used = int(min(self.memory_used_bytes, spec.memory_bytes - reserved))
+        hbm, ecc = self.has_hbm, self.has_ecc
         out: list[dict[str, object]] = []
         for d in self.devices:
             out.append({
@@ -206,12 +316,18 @@ class GpuModel:
                 "dram_bandwidth_utilization_ratio": round(d.dram_util, 6),
                 "sm_active_ratio": round(d.sm_active, 6),
                 "tensor_active_ratio": round(d.tensor_active, 6),
-                "memory_used_bytes": int(self.memory_used_bytes),
+                "memory_utilization_ratio": round(d.memory_busy, 6),
+                "sm_occupancy_ratio": round(d.sm_occupancy, 6),
+                "memory_used_bytes": used,
                 "memory_total_bytes": int(spec.memory_bytes),
+                "memory_reserved_bytes": reserved,
+                # NVML's compute processes: the engine, holding what it preallocated (its CUDA context included).
+                "processes": [{"name": "engine", "used_gpu_memory_bytes": used}],
                 "power_watts": round(d.power_w, 3),
                 "power_limit_watts": self.power_limit_w,
                 "energy_joules_total": round(d.energy_j, 3),
                 "temperature_celsius": round(d.temperature_c, 3),
+                "memory_temperature_celsius": round(d.memory_temperature_c, 3) if hbm else None,
                 "sm_clock_hertz": self.sm_clock_hz(d),
                 "sm_clock_max_hertz": spec.max_sm_clock_hz,
                 "memory_clock_hertz": self.memory_clock_hz(d),
@@ -221,5 +337,11 @@ class GpuModel:
                          "rx_bytes_per_second": round(d.pcie_rx, 3)},
                 "nvlink": None if not spec.nvlink_bytes_per_s else {
                     "tx_bytes_per_second": round(d.nvlink_tx, 3), "rx_bytes_per_second": round(d.nvlink_rx, 3)},
+                "pcie_replay_errors_total": int(d.pcie_replays),
+                "ecc_errors": {"corrected": d.ecc_corrected, "uncorrected": d.ecc_uncorrected} if ecc else None,
+                "remapped_rows": None if not hbm else {
+                    "correctable": d.remapped_correctable, "uncorrectable": d.remapped_uncorrectable,
+                    "pending": int(d.remap_pending), "failed": int(d.remap_failed)},
+                "xid_errors": dict(sorted(d.xids.items(), key=lambda kv: int(kv[0]))),
             })
         return out

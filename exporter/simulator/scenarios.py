@@ -7,16 +7,43 @@ degradation (slow CPU, hot GPU, narrow link) then shows as the bottleneck.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from exporter.simulator.engine import HostConfig
-from exporter.simulator.gpu import Thermal
+from exporter.simulator.gpu import GpuFault, Thermal
 from exporter.simulator.workload import LengthDist, Workload
 
 CHAT_PROMPT = LengthDist(mean=600, sigma=0.8, lo=16, hi=8192)
 CHAT_OUTPUT = LengthDist(mean=300, sigma=0.6, lo=4, hi=2048)
+
+
+@dataclass(frozen=True, slots=True)
+class Expect:
+    """What `llm-exporter demo --scenario S` shows at `--speed 1` (1 s interval), declared once: the
+    demo prints it (exporter.app.run_demo), tests/test_demo_scenarios.py checks it on the live
+    process and tests/test_derive_twin.py on the fast-forwarded twin."""
+
+    verdict: str | None  # the llm_bottleneck resource that reads 1; None: no single verdict
+    within_s: float = 60.0  # wall seconds at --speed 1 by which it shows (measured, rounded up)
+    panels: tuple[str, ...] = ()  # Grafana panels (dashboards/) where the signature shows
+    why_no_verdict: str = ""  # with verdict None: why (tests/test_demo_scenarios.py skips with it)
+
+    def __post_init__(self) -> None:
+        if self.verdict is None and not self.why_no_verdict:
+            raise ValueError("an Expect without a verdict says why (why_no_verdict)")
+
+    def lines(self, speed: float = 1.0) -> str:
+        """The demo's "what you should see" text, for a twin running at `speed`."""
+        if self.verdict is None:
+            head = f"  expect        no single verdict: {self.why_no_verdict}\n"
+        else:
+            # Twin time runs `speed` times faster; the verdict's own hysteresis is a few 1 s cycles.
+            within = max(5, math.ceil(self.within_s / max(speed, 1e-9)))
+            head = f"  expect        verdict {self.verdict} on the status page and llm_bottleneck within ~{within} s\n"
+        return head + (f"  grafana       {'; '.join(self.panels)}\n" if self.panels else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +59,8 @@ class Scenario:
     pcie_gen: int | None = None  # link as trained (None: the card's maximum)
     pcie_width: int | None = None
     min_gpus: int = 1
+    expect: Expect | None = None  # what the live demo shows (None: undeclared; the demo tests fail)
+    gpu_faults: tuple[GpuFault, ...] = ()  # hardware errors, timed from the scenario's start
 
 
 SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
@@ -40,6 +69,8 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         "nothing: utilization 0, power at the idle floor, gpu_idle clock event, PCIe link at gen 1",
         "none",
         Workload(CHAT_PROMPT, CHAT_OUTPUT, arrival="none", load=0.0),
+        expect=Expect("idle", 10, ("Utilization next to SM, tensor and DRAM bandwidth activity", "Power vs limit",
+                                   "Clock event (throttle) reasons", "PCIe link: generation and width vs max")),
     ),
     Scenario(
         "decode-heavy", "Chat traffic near capacity: short prompts, long answers.",
@@ -47,6 +78,8 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         "weight + KV read per step",
         "HBM bandwidth (decode at the memory roof)",
         Workload(CHAT_PROMPT, CHAT_OUTPUT, load=0.85, prefix_hit_rate=0.2),
+        expect=Expect("memory_bandwidth", 10, ("Roofline: how close to the HBM and compute roofs",
+                                               "Achieved vs peak HBM bandwidth", "Requests running and waiting")),
     ),
     Scenario(
         "prefill-heavy", "Long prompts, short answers (RAG, summarization, classification).",
@@ -54,14 +87,19 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         "tensor compute (prefill is compute-bound)",
         Workload(LengthDist(mean=6000, sigma=0.4, lo=1024, hi=16000), LengthDist(mean=24, sigma=0.5, lo=1, hi=128),
                  load=0.8),
+        expect=Expect("compute", 10, ("Roofline: how close to the HBM and compute roofs", "Prefill vs decode tokens/s",
+                                      "Prefill MFU", "Time to first token (p50/p95/p99, 5m)")),
     ),
     Scenario(
         "kv-pressure", "Long contexts and long answers: the KV pool fills before the slots do.",
         "KV cache usage near 1, preemptions counted, waiting queue grows while running stays well "
         "below max_num_seqs",
         "KV-cache capacity (GPU memory)",
-        Workload(LengthDist(mean=6000, sigma=0.5, lo=1024, hi=24000), LengthDist(mean=1500, sigma=0.4, lo=64, hi=4096),
-                 load=1.15),
+        # Arrivals well above what the pool holds at full length: it fills within ~30 s of start.
+        Workload(LengthDist(mean=10000, sigma=0.5, lo=1024, hi=24000),
+                 LengthDist(mean=1200, sigma=0.4, lo=64, hi=4096), load=1.8),
+        expect=Expect("kv_capacity", 45, ("KV cache usage", "Preemptions (5m)", "Requests running and waiting",
+                                          "KV headroom: sequences that still fit")),
     ),
     Scenario(
         "cpu-bound", "The engine pinned to 2 CPUs; JSON-mode requests build their token masks on "
@@ -76,6 +114,9 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         host=HostConfig(cpu_budget_cores=2.0, pinned=True, request_overhead_s=3e-3, tokenize_tokens_per_s=60_000,
                         detokenize_s_per_token=30e-6, sched_base_s=3e-3, sched_per_seq_s=500e-6,
                         sched_per_token_s=20e-6),
+        expect=Expect("host_cpu", 20, ("Engine process: busiest thread and cores used",
+                                       "CPU busy: whole host vs busiest core",
+                                       "Utilization next to SM, tensor and DRAM bandwidth activity")),
     ),
     Scenario(
         "thermal-throttle", "Moderate chat load on a GPU with failing cooling (hot aisle, clogged filter).",
@@ -84,6 +125,8 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         "power/thermal (clock throttling)",
         Workload(CHAT_PROMPT, CHAT_OUTPUT, load=0.6, prefix_hit_rate=0.2),
         thermal=Thermal(ambient_c=38.0, cooling=0.45),
+        expect=Expect("power_thermal", 35, ("Temperature", "Clock event (throttle) reasons", "Clocks as a share of max",
+                                            "Power vs limit")),
     ),
     Scenario(
         "pcie-degraded", "Tensor parallel over 2 GPUs without NVLink, through a PCIe link that "
@@ -93,13 +136,36 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         "interconnect (PCIe)",
         Workload(CHAT_PROMPT, CHAT_OUTPUT, load=0.12),
         interconnect="pcie", pcie_gen=3, pcie_width=8, min_gpus=2,
+        expect=Expect("interconnect", 10, ("PCIe link: generation and width vs max", "PCIe traffic")),
     ),
     Scenario(
-        "overload", "A traffic surge: 60 s of normal chat load, then arrivals at twice capacity.",
+        "overload", "A traffic surge: 20 s of normal chat load, then arrivals at twice capacity.",
         "waiting queue grows without bound after the surge, running pinned at its limit, TTFT p99 "
-        "explodes far above p50, throughput flat at capacity",
+        "from well under a second to tens of seconds, throughput flat at capacity",
         "offered load above capacity (queueing)",
-        Workload(CHAT_PROMPT, CHAT_OUTPUT, load=0.6, surge_after_s=60.0, surge_load=2.0),
+        Workload(CHAT_PROMPT, CHAT_OUTPUT, load=0.6, surge_after_s=20.0, surge_load=2.0),
+        expect=Expect("scheduler", 50, ("Requests running and waiting", "Time to first token (p50/p95/p99, 5m)",
+                                        "TTFT SLO attainment (5m)")),
+    ),
+    Scenario(
+        "faults", "Chat traffic on a GPU that starts failing: ECC errors, XID events, a pending row "
+        "remap and PCIe replays within the first 25 s.",
+        "corrected ECC errors at 4 s, XID 13 at 6 s and again at 20 s, PCIe replays from 8 s on, a "
+        "double-bit (uncorrected) ECC error with XID 48, a pending row remap and XID 63 at 12 s; "
+        "traffic and speed unaffected",
+        "none (hardware errors: the alerts and fault panels, not the verdict)",
+        Workload(CHAT_PROMPT, CHAT_OUTPUT, load=0.6, prefix_hit_rate=0.2),
+        expect=Expect(None, panels=("XID errors in the time range", "ECC errors, row remapping and PCIe replays"),
+                      why_no_verdict="the faults are errors, not a bottleneck: LLMGPUXidWarning, LLMGPUXidCritical "
+                      "and LLMGPUUncorrectableECCErrors fire instead"),
+        gpu_faults=(
+            GpuFault(4.0, ecc_corrected=3),
+            GpuFault(6.0, xid=13),
+            GpuFault(8.0, pcie_replays_per_s=20.0),
+            GpuFault(12.0, xid=48, ecc_uncorrected=1, remap_pending=True),
+            GpuFault(12.0, xid=63),
+            GpuFault(20.0, xid=13, ecc_corrected=2),
+        ),
     ),
 )})
 

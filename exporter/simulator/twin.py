@@ -83,12 +83,14 @@ class Twin:
         self.gpu = GpuModel(self.hw, self.scenario.thermal,
                             memory_used_bytes=engine_memory_used_bytes(self.hw, self.engine_cfg),
                             index_base=cfg.gpu_index_base, rng=random.Random(f"{cfg.seed}/gpus"))
+        self.gpu.set_faults(self.scenario.gpu_faults)
         self.restarts = 0
         self.host_cpu_busy = 0.0  # cores in use, smoothed
         self.host = HostModel(cfg.host, self.scenario.host, gpu_indices=tuple(d.index for d in self.gpu.devices),
                               numa_mismatch=cfg.numa_mismatch, page_cache_bytes=weight_bytes(self.model))
         self.engine, self.recorder = self._new_engine(now=0.0)
         self._last = dataclasses.replace(self.engine.activity)
+        self._last_tokens = 0
 
     # --- construction ---------------------------------------------------------------------
 
@@ -127,14 +129,22 @@ class Twin:
     def fast_forward(self, seconds: float) -> None:
         self.advance_to(self.now + seconds)
 
+    def _batched_tokens(self) -> int:
+        """Tokens the engine's steps have batched so far: prefill chunks and decoded tokens."""
+        c = self.engine.counters
+        return c.prefill_computed_tokens + c.generation_tokens
+
     def _integrate(self, dt: float) -> None:
         a: Activity = self.engine.activity
         b = self._last
+        tokens = self._batched_tokens()
         self.gpu.update(Slice(
             dt=dt, busy_s=a.gpu_busy_s - b.gpu_busy_s, memory_s=a.memory_s - b.memory_s,
             compute_s=a.compute_s - b.compute_s, dram_bytes=a.dram_bytes - b.dram_bytes, flops=a.flops - b.flops,
             comm_bytes=a.comm_bytes - b.comm_bytes, host_io_bytes=a.host_io_bytes - b.host_io_bytes,
+            steps=a.steps - b.steps, tokens=tokens - self._last_tokens,
         ))
+        self._last_tokens = tokens
         # Host CPU: both threads' demand (work at full speed) against the budget.
         used = (a.engine_cpu_s - b.engine_cpu_s) + (a.frontend_cpu_s - b.frontend_cpu_s)
         if dt > 0:
@@ -162,6 +172,7 @@ class Twin:
         self.host.set_host(sc.host)
         self.gpu.set_hardware(self.hw)
         self.gpu.set_thermal(sc.thermal)
+        self.gpu.set_faults(sc.gpu_faults)
         self.engine.set_workload(sc.workload, self._base_rate(sc))
 
     def restart(self) -> None:
@@ -171,6 +182,7 @@ class Twin:
         now = self.engine.t
         self.engine, self.recorder = self._new_engine(now)
         self._last = dataclasses.replace(self.engine.activity)
+        self._last_tokens = 0
 
     # --- views ----------------------------------------------------------------------------
 

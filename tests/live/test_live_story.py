@@ -99,6 +99,16 @@ class ClosedLoop:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+def verdict_shares(stack: FullStack, since_wall: float) -> dict[str, float]:
+    """Share of the 2 s steps since `since_wall` that each resource was the verdict."""
+    body = stack.client.get(f"{stack.prometheus}/api/v1/query_range", params={
+        "query": f'llm_bottleneck{{target="{stack.target}"}} == 1', "start": since_wall, "end": time.time(),
+        "step": 2}).json()["data"]["result"]
+    counts = {r["metric"]["resource"]: len(r["values"]) for r in body}
+    total = sum(counts.values()) or 1
+    return {k: round(v / total, 2) for k, v in sorted(counts.items())}
+
+
 def health(stack: FullStack, since_wall: float) -> dict:
     """How the pipeline itself kept up during the story: the verdict sequence, exporter scrapes
     failed or slow, engine scrapes failed (the exporter's view)."""
@@ -167,11 +177,10 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_inhibit
             time.sleep(10)  # a few more group intervals of the breach, where flips used to re-notify
             breach = rx.notified(TTFT_BURN, since=overload, target=target)
             pages = rx.pages(TTFT_BURN, since=overload, target=target)
-            # Every verdict since the KV ticket arrived (before it, the baseline's idle may still hold:
-            # a new verdict must win 3 cycles in a row).
-            kv_at = rx.alerts(KV_FULL, status="firing", since=overload)[0].at
-            verdicts = {r["metric"]["resource"] for r in stack.query(
-                f'max_over_time(llm_bottleneck{{target="{target}"}}[{max(5, int(time.monotonic() - kv_at))}s]) == 1')}
+            # The verdicts since the KV ticket arrived, by share of time (before it, the baseline's idle
+            # may still hold: a new verdict must win 3 cycles in a row).
+            kv_wall = time.time() - (time.monotonic() - rx.alerts(KV_FULL, status="firing", since=overload)[0].at)
+            verdicts = verdict_shares(stack, kv_wall)
             with_data, empty = _dashboard_queries_of_recording_rules(stack)
             report = {"ttft_page_s": round(first_page.at - overload, 1),
                       "kv_full_s": round(rx.alerts(KV_FULL, status="firing", since=overload)[0].at - overload, 1),
@@ -179,13 +188,16 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_inhibit
                       "ttft_notifications": len(breach), "ttft_pages": len(pages), "verdicts": sorted(verdicts),
                       "requests": load.done, "recording_rule_panels": (len(with_data), len(empty)),
                       "pipeline": health(stack, overload_wall)}
-            assert len(pages) == 1, f"{report}\n{timeline(stack)}"
+            assert len(pages) == 1, f"{report!s}\n{timeline(stack)}"
             assert len(breach) <= 6, f"the page was re-sent as the windows moved: {report}\n{timeline(stack)}"
             assert first_page.receiver == "/pager" and first_page.labels["long"] == fast["long"]
             for name in (KV_FULL, STANDING):
                 ticket = rx.alerts(name, status="firing", since=overload)[0]
                 assert ticket.receiver == "/ticket" and ticket.labels["severity"] == "warning", ticket
-            assert verdicts and not verdicts & {"idle", "headroom"}, report
+            # Mostly the KV cache (or the seq cap it forces), never idle. A busy two-core machine can
+            # make a cycle read the engine late, so a short other verdict is reported, not failed.
+            top = max(verdicts, key=verdicts.get) if verdicts else None
+            assert top in ("kv_capacity", "scheduler") and "idle" not in verdicts, str(report)
             # Panels on recording rules read the nominal names (rate5m over 6s here): most have data.
             assert len(with_data) > 2 * len(empty), (report, empty)
             engine_alerts = _engine_alert_names(stack)

@@ -24,8 +24,10 @@ MAX_SIM_GPU_BYTES = 1024 * 1024
 # /sim/gpu field -> family (a plain gauge or counter per GPU).
 _SCALARS: tuple[tuple[str, str], ...] = (
     ("utilization_ratio", "llm_gpu_utilization_ratio"),
+    ("memory_utilization_ratio", "llm_gpu_memory_utilization_ratio"),
     ("memory_used_bytes", "llm_gpu_memory_used_bytes"),
     ("memory_total_bytes", "llm_gpu_memory_total_bytes"),
+    ("memory_reserved_bytes", "llm_gpu_memory_reserved_bytes"),
     ("power_watts", "llm_gpu_power_watts"),
     ("power_limit_watts", "llm_gpu_power_limit_watts"),
     ("energy_joules_total", "llm_gpu_energy_joules_total"),
@@ -36,8 +38,15 @@ _SCALARS: tuple[tuple[str, str], ...] = (
     ("memory_clock_max_hertz", "llm_gpu_memory_clock_max_hertz"),
     ("dram_bandwidth_utilization_ratio", "llm_gpu_dram_bandwidth_utilization_ratio"),
     ("sm_active_ratio", "llm_gpu_sm_active_ratio"),
+    ("sm_occupancy_ratio", "llm_gpu_sm_occupancy_ratio"),
     ("tensor_active_ratio", "llm_gpu_tensor_active_ratio"),
+    ("pcie_replay_errors_total", "llm_gpu_pcie_replay_errors_total"),
 )
+# Fields a card may not have (null in /sim/gpu): omitted then, as the NVML source omits them.
+_OPTIONAL_SCALARS: tuple[tuple[str, str], ...] = (
+    ("memory_temperature_celsius", "llm_gpu_memory_temperature_celsius"),  # GDDR cards: no sensor
+)
+_REMAPPED_STATES = ("correctable", "uncorrectable", "pending", "failed")
 
 
 class GpuStateProvider(Protocol):
@@ -60,6 +69,26 @@ def samples_from_state(state: Mapping[str, Any]) -> list[Sample]:
             ("pci_bus_id", _pci_bus_id(int(g["index"]))), ("mig_mode", "disabled"))), 1.0))
         for key, family in _SCALARS:
             out.append(Sample(family, base, float(g[key])))
+        for key, family in _OPTIONAL_SCALARS:
+            if g.get(key) is not None:
+                out.append(Sample(family, base, float(g[key])))
+        # As NVML with no engine PIDs configured: the memory of every compute process on the GPU.
+        processes = g["processes"]
+        if processes:
+            out.append(Sample("llm_gpu_engine_memory_used_bytes", base,
+                              float(sum(float(p["used_gpu_memory_bytes"]) for p in processes))))
+        ecc = g.get("ecc_errors")
+        if ecc is not None:  # None: ECC off
+            for kind in ("corrected", "uncorrected"):
+                out.append(Sample("llm_gpu_ecc_errors_total", make_labels(base + (("type", kind),)), float(ecc[kind])))
+        rows = g.get("remapped_rows")
+        if rows is not None:  # None: no row remapping (GDDR cards)
+            for state_name in _REMAPPED_STATES:
+                out.append(Sample("llm_gpu_remapped_rows", make_labels(base + (("state", state_name),)),
+                                  float(rows[state_name])))
+        # A code's series appears with its first event, as the NVML source's do.
+        for code, count in g["xid_errors"].items():
+            out.append(Sample("llm_gpu_xid_errors_total", make_labels(base + (("xid", str(code)),)), float(count)))
         for reason, active in g["clock_event_reasons"].items():
             out.append(Sample("llm_gpu_clock_event_active", make_labels(base + (("reason", reason),)),
                               float(active)))

@@ -1,0 +1,160 @@
+"""Every scenario's verdict from the live demo: `llm-exporter demo --scenario S --speed 1`, as a user
+runs it, reaches the verdict the scenario declares (Scenario.expect, exporter/simulator/scenarios.py)
+on its /metrics within VERDICT_BUDGET_S of wall time, keeps it HOLD_S more, and announces it.
+
+The demos run side by side (one process each, distinct ports), started once for the module and
+watched by one thread each, so the whole file takes about the slowest scenario's time (~1 min), not
+the sum. Times to verdict are printed (`-s`) per scenario and as a table at the end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from exporter.catalog.derived import RESOURCES
+from exporter.simulator.scenarios import SCENARIOS
+from tests.support import free_port
+
+pytestmark = pytest.mark.e2e
+
+VERDICT_BUDGET_S = 90.0  # wall seconds from the demo's start to its scenario's verdict
+HOLD_S = 10.0  # and it stays the verdict this long after
+POLL_S = 0.5
+
+
+def judged() -> list[str]:
+    """Scenarios with a declared verdict; those declaring none are skipped in the tests, not here."""
+    return [name for name, sc in SCENARIOS.items() if sc.expect is None or sc.expect.verdict is not None]
+
+
+@dataclass
+class Watch:
+    scenario: str
+    expected: str
+    process: subprocess.Popen | None = None
+    base: str = ""
+    started: float = 0.0
+    took_s: float | None = None  # wall seconds from launch to the expected verdict
+    left_to: str | None = None  # what replaced it within HOLD_S, if anything
+    seen: list[str] = field(default_factory=list)  # verdicts seen, in order, without repeats
+    stdout: str = ""
+    stderr: str = ""
+    returncode: int | None = None
+
+
+def bottleneck(base: str) -> str | None:
+    """The resource llm_bottleneck{target="demo-0"} is 1 for; None while not serving or warming up."""
+    try:
+        response = httpx.get(base + "/metrics", timeout=2)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    for line in response.text.splitlines():  # a line scan: 8 demos polled twice a second on 2 cores
+        if line.startswith("llm_bottleneck{") and 'target="demo-0"' in line and line.rstrip().endswith(" 1.0"):
+            return line.split('resource="', 1)[1].split('"', 1)[0]
+    return None
+
+
+def observe(w: Watch) -> None:
+    deadline = w.started + VERDICT_BUDGET_S
+    while time.monotonic() < deadline and w.process.poll() is None:
+        verdict = bottleneck(w.base)
+        if verdict and (not w.seen or w.seen[-1] != verdict):
+            w.seen.append(verdict)
+        if verdict == w.expected:
+            w.took_s = time.monotonic() - w.started
+            break
+        time.sleep(POLL_S)
+    if w.took_s is None:
+        return
+    hold_until = time.monotonic() + HOLD_S
+    while time.monotonic() < hold_until:
+        verdict = bottleneck(w.base)
+        if verdict != w.expected:
+            w.left_to = verdict or "(no verdict)"
+            w.seen.append(w.left_to)
+            return
+        time.sleep(POLL_S)
+
+
+def stop(w: Watch) -> None:
+    if w.process is None:
+        return
+    if w.process.poll() is None:
+        w.process.send_signal(signal.SIGINT)
+    try:
+        w.stdout, w.stderr = w.process.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        w.process.kill()
+        w.stdout, w.stderr = w.process.communicate()
+    w.returncode = w.process.returncode
+
+
+@pytest.fixture(scope="module")
+def demos() -> dict[str, Watch]:
+    watches = {name: Watch(name, SCENARIOS[name].expect.verdict) for name in judged()
+               if SCENARIOS[name].expect is not None}
+    try:
+        for w in watches.values():
+            port = free_port()
+            w.base = f"http://127.0.0.1:{port}"
+            w.started = time.monotonic()
+            w.process = subprocess.Popen(
+                [sys.executable, "-m", "exporter.cli", "demo", "--listen", f"127.0.0.1:{port}",
+                 "--scenario", w.scenario, "--speed", "1"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        threads = [threading.Thread(target=observe, args=(w,), daemon=True) for w in watches.values()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(VERDICT_BUDGET_S + HOLD_S + 30)
+    finally:
+        for w in watches.values():
+            stop(w)
+    print("\ntime to verdict from the live demo at --speed 1 (wall seconds from launch):")
+    for w in watches.values():
+        took = f"{w.took_s:5.1f} s" if w.took_s is not None else "  none"
+        print(f"  {w.scenario:18} {w.expected:18} {took}   declared ~{SCENARIOS[w.scenario].expect.within_s:.0f} s"
+              f"   seen {w.seen}")
+    return watches
+
+
+def test_every_declared_verdict_is_a_resource() -> None:
+    for name, sc in SCENARIOS.items():
+        assert sc.expect is not None, f"scenario {name!r} declares no Expect (exporter/simulator/scenarios.py)"
+        assert sc.expect.verdict is None or sc.expect.verdict in RESOURCES, (name, sc.expect.verdict)
+        assert sc.expect.within_s <= 60, f"{name}: the demo's signature should show within a minute"
+
+
+def _params() -> list:
+    out = []
+    for name, sc in SCENARIOS.items():
+        if sc.expect is not None and sc.expect.verdict is None:
+            out.append(pytest.param(name, marks=pytest.mark.skip(reason=f"{name}: {sc.expect.why_no_verdict}")))
+        else:
+            out.append(name)
+    return out
+
+
+@pytest.mark.timeout(VERDICT_BUDGET_S + HOLD_S + 90)
+@pytest.mark.parametrize("scenario", _params())
+def test_live_demo_reaches_and_holds_the_declared_verdict(demos: dict[str, Watch], scenario: str) -> None:
+    assert SCENARIOS[scenario].expect is not None, f"scenario {scenario!r} declares no Expect"
+    w = demos[scenario]
+    assert w.took_s is not None, (f"{scenario}: no {w.expected} verdict within {VERDICT_BUDGET_S:.0f} s; "
+                                  f"verdicts seen: {w.seen}; stderr: {w.stderr[-2000:]}")
+    print(f"{scenario} at --speed 1: {w.expected} after {w.took_s:.1f} s of wall time (verdicts seen: {w.seen})")
+    assert w.left_to is None, f"{scenario}: {w.expected} gave way to {w.left_to} within {HOLD_S:.0f} s; {w.seen}"
+    assert w.returncode == 0, w.stderr[-2000:]
+    # The demo told the user what to expect, from the same declaration.
+    assert f"verdict {w.expected} " in w.stdout, w.stdout
