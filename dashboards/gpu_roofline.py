@@ -33,6 +33,7 @@ TM = Promql("target_model")
 EX = Promql("exporter")
 CURRENT, MAXIMUM, MODELLED = 'state="current"', 'state="max"', 'source="model"'
 # The codes LLMGPUXidCritical pages for, as the alert rules list them.
+XID = G.sel("llm_gpu_xid_errors_total")
 XID_CRITICAL = ", ".join(str(code) for code in ALERT_CONFIG["xid_critical"])
 
 READING = """
@@ -219,8 +220,10 @@ reset in progress: its other series disappear, XID counts stay.
         table("XID errors in the time range", f"""
 XID events per GPU and code over the dashboard's time range. {XID_CRITICAL} are
 critical (uncorrectable memory, fallen off the bus, GSP errors); 13, 31, 43, 45 are usually application faults.
-See docs/alerts.md for the lists.
-""", [target(f"sum by (instance, gpu, xid) (increase({G.sel('llm_gpu_xid_errors_total')}[$__range]))")],
+See docs/alerts.md for the lists. A code's series starts with its first event, which increase() reads as 0,
+so a series that started in the range counts from 0 (the alerts do the same).
+""", [target(f"sum by (instance, gpu, xid) ((increase({XID}[$__range]) > 0) or clamp_min({XID} - "
+             f"({XID} offset $__range or {XID} * 0), 0))")],
             w=12, h=6, rename={"Value": "events"}),
         timeseries("ECC errors, row remapping and PCIe replays", """
 Volatile ECC counts since the driver loaded (corrected single-bit are absorbed; any uncorrected one is
