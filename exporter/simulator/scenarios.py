@@ -29,7 +29,7 @@ class Expect:
     verdict: str | None  # the llm_bottleneck resource that reads 1; None: no single verdict
     within_s: float = 60.0  # wall seconds at --speed 1 by which it shows (measured, rounded up)
     panels: tuple[str, ...] = ()  # Grafana panels (dashboards/) where the signature shows
-    why_no_verdict: str = ""  # with verdict None: why (tests/test_demo_scenarios.py skips with it)
+    why_no_verdict: str = ""  # with verdict None: why (the demo prints it; no verdict test runs for it)
 
     def __post_init__(self) -> None:
         if self.verdict is None and not self.why_no_verdict:
