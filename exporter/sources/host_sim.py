@@ -11,14 +11,13 @@ the sidecar of (docs/simulator.md).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from exporter.redact import redact_url
 from exporter.snapshot import Sample
 from exporter.sources.base import SourceData, SourceError, SourceKind
-from exporter.sources.engines.http import HttpClient
+from exporter.sources.engines.http import HttpClient, get_json_object
 from exporter.sources.host_common import sample
 from exporter.sources.host_pci import NumaNode
 from exporter.sources.host_proc import parse_cpulist
@@ -121,17 +120,7 @@ class SimHostSource:
                                           headers={"Accept": "application/json"})
             except ValueError as e:
                 raise SourceError("connection", str(e)) from None
-        try:
-            body = await self._client.get(max_body=MAX_SIM_HOST_BYTES)
-        except SourceError as e:
-            raise SourceError(e.reason, e.message if shown in e.message else f"{shown}: {e.message}") from None
-        try:
-            doc = json.loads(body)
-        except ValueError as e:  # UnicodeDecodeError included
-            raise SourceError("parse", f"{shown}: not JSON: {e}") from None
-        if not isinstance(doc, dict):
-            raise SourceError("parse", f"{shown}: expected a JSON object")
-        return doc
+        return await get_json_object(self._client, shown, MAX_SIM_HOST_BYTES)
 
     async def collect(self) -> SourceData:
         target = self.target

@@ -35,6 +35,7 @@ import time
 import urllib.parse
 import zlib
 from collections.abc import Mapping
+from typing import Any
 
 from exporter.redact import redact_url
 from exporter.sources.base import SourceError
@@ -390,3 +391,20 @@ def _decode(coding: bytes, body: bytes, cap: int) -> bytes:
     if len(out) > cap:
         raise SourceError("too_large", f"body over the cap of {cap} bytes")
     return out
+
+
+async def get_json_object(client: HttpClient, shown: str, max_body: int) -> dict[str, Any]:
+    """GET one JSON object (the twin's /sim/gpu and /sim/host) within `max_body` bytes. Errors are
+    SourceErrors naming `shown`, the redacted URL, since they reach logs and /api/v1/snapshot."""
+    try:
+        body = await client.get(max_body=max_body)
+    except SourceError as e:
+        raise SourceError(e.reason, e.message if shown in e.message else f"{shown}: {e.message}") from None
+    try:
+        doc = json.loads(body)
+    except ValueError as e:  # UnicodeDecodeError included
+        raise SourceError("parse", f"{shown}: not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise SourceError("parse", f"{shown}: expected a JSON object")
+    return doc
+

@@ -8,14 +8,13 @@ bounded time and size, no redirects or environment).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from exporter.redact import redact_url
 from exporter.snapshot import Labels, Sample, make_labels
 from exporter.sources.base import SourceData, SourceError, SourceKind
-from exporter.sources.engines.http import HttpClient
+from exporter.sources.engines.http import HttpClient, get_json_object
 
 SIM_DRIVER_VERSION = "sim"
 # A /sim/gpu document is about 1.5 KB per GPU; this holds hundreds and bounds a wrong URL's page.
@@ -135,17 +134,7 @@ class SimGpuSource:
                                                          headers={"Accept": "application/json"})
             except ValueError as e:
                 raise SourceError("connection", str(e)) from None
-        try:
-            body = await client.get(max_body=MAX_SIM_GPU_BYTES)
-        except SourceError as e:
-            raise SourceError(e.reason, e.message if shown in e.message else f"{shown}: {e.message}") from None
-        try:
-            doc = json.loads(body)
-        except ValueError as e:  # UnicodeDecodeError included
-            raise SourceError("parse", f"{shown}: not JSON: {e}") from None
-        if not isinstance(doc, dict):
-            raise SourceError("parse", f"{shown}: expected a JSON object")
-        return doc
+        return await get_json_object(client, shown, MAX_SIM_GPU_BYTES)
 
     async def collect(self) -> SourceData:
         samples: list[Sample] = []
