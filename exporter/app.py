@@ -212,13 +212,15 @@ async def _reload_web(web: WebConfigManager) -> None:
 
 async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, engine_format: str, gpu_name: str,
                    model: str, seed: int = 0, speed: float = 1.0, numa_mismatch: bool = False,
-                   stop: asyncio.Event | None = None, announce: Callable[[str], None] = print) -> None:
+                   stop: asyncio.Event | None = None, announce: Callable[[str], None] = print,
+                   on_ready: Callable[[str, Sequence[str]], None] | None = None) -> None:
     """`llm-exporter demo`: twins on loopback, the exporter scraping them over HTTP exactly as it
     scrapes a real engine, the simulated GPU source reading the twins, and the host source
     `config.host_backend` says: sim (the demo's default) reads the first twin's host over HTTP,
     as `run --host-backend sim --sim-url URL` does; procfs reads this machine. Runs until `stop`
     is set or SIGINT/SIGTERM. Assembled here, above the simulator, so the simulator never imports
-    the exporter's app."""
+    the exporter's app. `on_ready(exporter base URL, twin base URLs)` is called once both listen
+    (`llm-exporter loadtest --demo` binds port 0 and learns the ports from it)."""
     from exporter.simulator.demo import start_twins
     from exporter.sources.gpu.sim import SimGpuSource
 
@@ -231,8 +233,9 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
         config = dataclasses.replace(config, engines=targets, model=config.model or model,
                                      sim_url=twins[0].url if config.host_backend == "sim" else config.sim_url)
         sources = build_sources(config, gpu_source=SimGpuSource([t.twin for t in twins]))
+        # The bound port, not the configured one: port 0 means any free port.
         base = f"http://{'127.0.0.1' if config.listen_host in ('0.0.0.0', '') else config.listen_host}:" \
-               f"{config.listen_port}"
+               f"{sock.getsockname()[1]}"
         announce(
             f"llm-exporter demo: {engines} {engine_format} twin(s) of {model} on {gpus}x {gpu_name}, "
             f"scenario {scenario}, host {config.host_backend}\n"
@@ -245,6 +248,8 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
                       f"(switch: curl -X POST '{t.url}/sim/scenario?name=overload')\n" for i, t in enumerate(twins))
             + "Ctrl-C stops it."
         )
+        if on_ready is not None:
+            on_ready(base, [t.url for t in twins])
         await serve(config, sources, sock, stop)
     finally:
         for running in twins:

@@ -1,4 +1,4 @@
-"""Command line: `llm-exporter run | demo | doctor`. main() calls run(argv, env), which tests call too."""
+"""Command line: `llm-exporter run | demo | doctor | loadtest`. main() calls run(argv, env), which tests call too."""
 
 from __future__ import annotations
 
@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     from exporter import doctor
 
     doctor.add_parser(commands)
+    from exporter.probe import loadtest_cmd
+
+    loadtest_cmd.add_parser(commands)
     return parser
 
 
@@ -133,6 +136,10 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
         from exporter.doctor import command_doctor
 
         return command_doctor(args, env)
+    if args.command == "loadtest":
+        from exporter.probe.loadtest_cmd import command_loadtest
+
+        return command_loadtest(args, env)
     raise AssertionError(f"unhandled command {args.command}")
 
 

@@ -1,0 +1,283 @@
+"""`llm-exporter loadtest`: the command line around exporter/probe/loadtest.py (the sweep) and
+exporter/probe/report.py (table, JSON, HTML): arguments, `--demo`'s twin and embedded exporter,
+progress on stderr. docs/loadtest.md describes it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from exporter.probe.loadtest import (
+    DEFAULT_MAX_IN_FLIGHT,
+    MAX_DATASET_BYTES,
+    MAX_DATASET_LINES,
+    MAX_PROMPT_WORDS,
+    MAX_STEP_DURATION_S,
+    MAX_TOKENS_LIMIT,
+    DatasetError,
+    ExporterWatch,
+    StepStats,
+    SweepConfig,
+    Workload,
+    load_dataset,
+    make_sender,
+    run_sweep,
+)
+from exporter.slo import TBT, TTFT
+
+DESCRIPTION = ("Sweep concurrency (closed loop) or request rate (open loop) against an OpenAI-compatible "
+               "server; per step client-side TTFT, TPOT, ITL, throughput and goodput, and the exporter's KV "
+               "watermark, preemptions, queue and verdict; then the knee and a max-concurrency recommendation.")
+USAGE = """\
+    llm-exporter loadtest URL [--exporter URL]      an OpenAI-compatible server (base URL)
+    llm-exporter loadtest --demo                    the built-in twin and an embedded exporter
+      [--concurrency 1,8,32 | --rate 1,5,10] [--warmup 5s] [--duration 30s]
+      [--prompt-tokens 128 --max-tokens 128 | --dataset FILE.jsonl] [--api completions|chat] [--model M]
+      [--json out.json] [--html out.html]
+
+Exit status: 0 the sweep ran, 1 no request succeeded, 2 bad arguments.
+"""
+EXIT_OK, EXIT_NOTHING, EXIT_CONFIG = 0, 1, 2
+DEMO_MODEL = "llama-3.1-8b"
+
+
+def add_parser(subparsers: Any) -> Any:
+    import argparse
+
+    from exporter.settings import add_flags
+
+    parser = subparsers.add_parser(
+        "loadtest", help="sweep concurrency or request rate against an OpenAI-compatible server, with the verdict",
+        description=DESCRIPTION + "\n\n" + USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("url", nargs="?", help="base URL of the server (http://HOST:8000)")
+    where.add_argument("--demo", action="store_true",
+                       help="start the built-in twin and an embedded exporter on free loopback ports and test them")
+    parser.add_argument("--api", choices=("completions", "chat"), default="completions",
+                        help="/v1/completions (default) or /v1/chat/completions")
+    parser.add_argument("--model", help=f"model name to send (default: none; with --demo {DEMO_MODEL})")
+    parser.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, default=128,
+                        help="prompt of N words, about N tokens (default 128)")
+    parser.add_argument("--max-tokens", dest="max_tokens", type=int, default=128,
+                        help="tokens to generate per request, exactly (ignore_eos) (default 128)")
+    parser.add_argument("--dataset", metavar="FILE",
+                        help="JSONL of {\"prompt\": ..., \"max_tokens\": N} instead of fixed lengths "
+                             f"(at most {MAX_DATASET_BYTES >> 20} MiB, {MAX_DATASET_LINES} lines)")
+    sweep = parser.add_mutually_exclusive_group()
+    sweep.add_argument("--concurrency", metavar="N,N,...", help="closed loop: requests in flight per step "
+                                                                "(default 1,8,32)")
+    sweep.add_argument("--rate", metavar="R,R,...", help="open loop: Poisson arrivals, requests/s per step")
+    parser.add_argument("--warmup", default="5s", help="per step, sent but not recorded (default 5s)")
+    parser.add_argument("--duration", default="30s",
+                        help=f"measured time per step (default 30s, at most {MAX_STEP_DURATION_S:g}s)")
+    parser.add_argument("--request-timeout", dest="request_timeout", default="120s",
+                        help="per request (default 120s)")
+    parser.add_argument("--max-in-flight", dest="max_in_flight", type=int, default=DEFAULT_MAX_IN_FLIGHT,
+                        help=f"with --rate: arrivals past this many in flight are dropped and counted "
+                             f"(default {DEFAULT_MAX_IN_FLIGHT})")
+    parser.add_argument("--exporter", metavar="URL", help="llm-exporter base URL to read the verdict and KV, "
+                                                          "queue and preemption numbers from (with --demo: the "
+                                                          "embedded one)")
+    parser.add_argument("--target", help="the exporter's target name (default: the busiest)")
+    parser.add_argument("--api-key-env", dest="api_key_env", metavar="VAR",
+                        help="environment variable holding a bearer token for the server")
+    parser.add_argument("--scenario", default="idle",
+                        help="with --demo: the twin's own background load (default idle: only the test's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", dest="json_out", metavar="FILE", help="write the report as JSON")
+    parser.add_argument("--html", dest="html_out", metavar="FILE", help="write the report as one HTML page")
+    add_flags(parser, ("slo_ttft_s", "slo_tbt_s"),
+              helps={"slo_ttft_s": f"TTFT SLO for goodput and the knee (default {TTFT.threshold_seconds:g}s)",
+                     "slo_tbt_s": f"time-between-tokens SLO (default {TBT.threshold_seconds:g}s)"},
+              defaults={"slo_ttft_s": f"{TTFT.threshold_seconds:g}s", "slo_tbt_s": f"{TBT.threshold_seconds:g}s"})
+    return parser
+
+
+def _levels(text: str, name: str, integer: bool) -> tuple[float, ...]:
+    from exporter.config import ConfigError
+
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(name, text, "expected comma-separated numbers") from None
+    if not values or (integer and any(v != int(v) for v in values)):
+        raise ConfigError(name, text, "expected comma-separated " + ("integers" if integer else "numbers"))
+    return values
+
+
+def sweep_config(args: Any) -> tuple[SweepConfig, Workload, dict[str, Any]]:
+    """The sweep, the workload and the report's config block from the arguments (ConfigError if bad)."""
+    from exporter.config import ConfigError
+    from exporter.settings import parse_duration
+
+    if args.rate:
+        mode, levels = "rate", _levels(args.rate, "rate", integer=False)
+    else:
+        mode, levels = "concurrency", _levels(args.concurrency or "1,8,32", "concurrency", integer=True)
+    config = SweepConfig(mode=mode, levels=levels, warmup_s=0.0 if str(args.warmup).strip() in ("0", "0s") else
+                         parse_duration(args.warmup, "warmup"), duration_s=parse_duration(args.duration, "duration"),
+                         request_timeout_s=parse_duration(args.request_timeout, "request-timeout"),
+                         max_in_flight=args.max_in_flight, ttft_slo_s=parse_duration(args.slo_ttft, "slo-ttft"),
+                         tbt_slo_s=parse_duration(args.slo_tbt, "slo-tbt"), seed=args.seed)
+    try:
+        config.check()
+    except ValueError as error:
+        raise ConfigError(mode if "concurrency" in str(error) or "rate" in str(error) else "sweep",
+                          ",".join(f"{v:g}" for v in levels), str(error)) from None
+    if args.dataset:
+        try:
+            workload = Workload(dataset=load_dataset(args.dataset), seed=args.seed)
+        except DatasetError as error:
+            raise ConfigError("dataset", args.dataset, str(error)) from None
+        described = f"dataset {args.dataset} ({len(workload.dataset or ())} requests)"
+    else:
+        if not 1 <= args.prompt_tokens <= MAX_PROMPT_WORDS:
+            raise ConfigError("prompt-tokens", args.prompt_tokens, f"1..{MAX_PROMPT_WORDS}")
+        if not 1 <= args.max_tokens <= MAX_TOKENS_LIMIT:
+            raise ConfigError("max-tokens", args.max_tokens, f"1..{MAX_TOKENS_LIMIT}")
+        workload = Workload(prompt_words=args.prompt_tokens, max_tokens=args.max_tokens, seed=args.seed)
+        described = f"{args.prompt_tokens} prompt words, {args.max_tokens} tokens out"
+    return config, workload, {"workload": described, "prompt_tokens": None if args.dataset else args.prompt_tokens,
+                              "max_tokens": None if args.dataset else args.max_tokens, "dataset": args.dataset}
+
+
+class DemoStack:
+    """`--demo`: the twin and an embedded exporter, as `llm-exporter demo` runs them (app.run_demo),
+    on free loopback ports, on an event loop in a thread of their own so the load generator's loop
+    times its requests without waiting behind the twin's steps and the exporter's cycles."""
+
+    def __init__(self, scenario: str, model: str) -> None:
+        self.scenario, self.model = scenario, model
+        self.exporter_url = self.engine_url = ""
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name="loadtest-demo", daemon=True)
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise RuntimeError(f"the demo twin and exporter did not start within {timeout_s:g}s")
+        if self._error is not None:
+            raise RuntimeError(f"the demo did not start: {self._error}")
+
+    def _main(self) -> None:
+        from exporter.app import run_demo
+        from exporter.config import load_config
+
+        def ready(exporter: str, twins: Sequence[str]) -> None:
+            self.exporter_url, self.engine_url = exporter, twins[0]
+            self._ready.set()
+
+        async def main() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            config = load_config({"listen": "127.0.0.1:0", "interval": "1s", "log_level": "warning",
+                                  "gpu_backend": "none", "host_backend": "sim"}, {})
+            await run_demo(config, scenario=self.scenario, engines=1, gpus=1, engine_format="vllm",
+                           gpu_name="NVIDIA H100 80GB HBM3", model=self.model, stop=self._stop,
+                           announce=lambda _text: None, on_ready=ready)
+        try:
+            asyncio.run(main())
+        except BaseException as error:  # noqa: BLE001 - reported by start() or ignored after stop()
+            self._error = error
+        finally:
+            self._ready.set()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=15)
+
+
+class ProgressLine:
+    """Progress on stderr: a bar redrawn in place on a terminal, else one line per finished step."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self._last_step = -1
+
+    def __call__(self, index: int, steps: int, level: float, stats: StepStats | None, done: float) -> None:
+        ok = stats.ok if stats else 0
+        failed = sum(stats.failed.values()) if stats else 0
+        what = f"step {index + 1}/{steps} ({level:g}): {ok} ok, {failed} failed"
+        if self.tty:
+            filled = int(done * 24)
+            self.stream.write(f"\r[{'#' * filled}{'.' * (24 - filled)}] {what}   ")
+            if done >= 1.0:
+                self.stream.write("\n")
+        elif done >= 1.0 and index != self._last_step:
+            self._last_step = index
+            self.stream.write(f"loadtest: {what}\n")
+        self.stream.flush()
+
+
+def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: Any = None) -> int:
+    """`llm-exporter loadtest`: run the sweep, print the table, write --json / --html."""
+    import sys
+
+    from exporter.config import ConfigError
+    from exporter.probe.report import render_html, render_table
+    from exporter.redact import redact_url
+
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        config, workload, described = sweep_config(args)
+        headers = {}
+        if args.api_key_env:
+            token = env.get(args.api_key_env, "")
+            if not token:
+                raise ConfigError("api-key-env", args.api_key_env, "is not set or empty")
+            headers["Authorization"] = f"Bearer {token}"
+        if args.exporter and args.demo:
+            raise ConfigError("exporter", args.exporter, "--demo reads its embedded exporter")
+    except ConfigError as error:
+        print(f"llm-exporter loadtest: {error}", file=err)
+        return EXIT_CONFIG
+    demo = DemoStack(args.scenario, args.model or DEMO_MODEL) if args.demo else None
+    try:
+        if demo is not None:
+            demo.start()
+            url, exporter_url, model = demo.engine_url, demo.exporter_url, args.model or DEMO_MODEL
+        else:
+            url, exporter_url, model = args.url, args.exporter, args.model
+        meta = {"url": redact_url(url), "api": args.api, "model": model, **described,
+                "exporter": redact_url(exporter_url) if exporter_url else None, "demo": bool(args.demo),
+                "seed": args.seed}
+        report = asyncio.run(_sweep(url, exporter_url, model, args, headers, config, workload, meta, err))
+    except RuntimeError as error:
+        print(f"llm-exporter loadtest: {error}", file=err)
+        return EXIT_NOTHING
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if demo is not None:
+            demo.stop()
+    out.write(render_table(report))
+    out.flush()
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as handle:
+            json.dump(report, handle, indent=2, allow_nan=False)
+            handle.write("\n")
+    if args.html_out:
+        with open(args.html_out, "w", encoding="utf-8") as handle:
+            handle.write(render_html(report))
+    return EXIT_OK if any(s["requests"]["ok"] for s in report["steps"]) else EXIT_NOTHING
+
+
+async def _sweep(url: str, exporter_url: str | None, model: str | None, args: Any, headers: Mapping[str, str],
+                 config: SweepConfig, workload: Workload, meta: Mapping[str, Any], err: Any) -> dict[str, Any]:
+    send, close = make_sender(url, api=args.api, model=model, timeout_s=config.request_timeout_s, headers=headers)
+    watch = ExporterWatch(exporter_url, args.target) if exporter_url else None
+    try:
+        return await run_sweep(send, workload, config, watch=watch, progress=ProgressLine(err), meta=meta)
+    finally:
+        close()
+        if watch is not None:
+            await watch.aclose()
