@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
@@ -80,6 +81,9 @@ class Request:
     g0: int = 0
     epoch: int = 0  # bumps on preemption so stale finish-heap entries are skipped
     cache_applied: bool = False
+    external: bool = False  # sent through the twin's API (Engine.submit), not by the workload
+    finished_at: float = -1.0  # twin time it finished or was aborted
+    aborted: bool = False
 
 
 @dataclass(slots=True)
@@ -123,6 +127,12 @@ class Observer(Protocol):
     def on_finish(self, req: Request, now: float, reason: str) -> None: ...
     def on_preempt(self, req: Request, now: float) -> None: ...
     def on_prefix_cache(self, queries: int, hits: int) -> None: ...
+    def on_abort(self, req: Request, now: float) -> None: ...
+
+
+# Decode rounds whose end time the engine remembers (Engine.token_time): the API reads its
+# requests' progress every few milliseconds, a few rounds at a time; 8 bytes a round.
+ROUND_RING = 1 << 14
 
 
 @dataclass(slots=True)
@@ -165,6 +175,7 @@ class _Counters:
     finished: int = 0
     arrived: int = 0
     prefill_computed_tokens: int = 0
+    aborted: int = 0
 
 
 class Engine:
@@ -202,6 +213,7 @@ class Engine:
         self.frontend: deque[Request] = deque()  # being tokenized, ready_at non-decreasing
         self.frontend_free_at = now
         self.R = 0  # decode rounds so far
+        self.round_end = array("d", bytes(8 * ROUND_RING))  # round r ended at round_end[r % ROUND_RING]
         self.n_decoding = 0
         self.decode_ctx = 0  # KV tokens held by decoding sequences, summed
         self.phase = [0] * cfg.block_size
@@ -226,7 +238,7 @@ class Engine:
     def _start_arrivals(self, now: float) -> None:
         w = self.arrivals.workload
         if w.arrival == "fixed":
-            in_flight = len(self.by_id)
+            in_flight = sum(1 for r in self.by_id.values() if not r.external)
             for _ in range(max(0, w.concurrency - in_flight)):
                 self._arrive(now)
             self.arrivals.next_at = math.inf
@@ -249,7 +261,23 @@ class Engine:
         max_tokens = max(1, min(w.output.hi, limit - prompt))
         output = min(w.output.sample(self.rng), max_tokens)
         cached = int(prompt * w.prefix_hit_rate) // self.cfg.block_size * self.cfg.block_size
-        req = Request(self.next_rid, now, prompt, output, max_tokens, min(cached, prompt - 1), target=prompt)
+        self._enqueue(Request(self.next_rid, now, prompt, output, max_tokens, min(cached, prompt - 1), target=prompt),
+                      now)
+
+    def submit(self, prompt: int, max_tokens: int) -> Request:
+        """A request from outside (the twin's OpenAI-compatible API), arriving now: it queues,
+        batches and is counted like the workload's own, never stops early (output = max_tokens),
+        and finds nothing in the prefix cache. Read its progress with `generated()` and
+        `token_time()`; `abort()` it if its client goes away."""
+        if prompt < 1 or max_tokens < 1 or prompt + max_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({prompt}) + max_tokens ({max_tokens}) must fit the model's "
+                             f"{self.max_model_len} tokens, each at least 1")
+        req = Request(self.next_rid, self.t, prompt, max_tokens, max_tokens, 0, target=prompt, external=True)
+        self._enqueue(req, self.t)
+        return req
+
+    def _enqueue(self, req: Request, now: float) -> None:
+        prompt = req.prompt
         self.next_rid += 1
         self.by_id[req.rid] = req
         self.counters.arrived += 1
@@ -358,6 +386,7 @@ class Engine:
 
         if n_dec:
             self.R += 1
+            self.round_end[self.R % ROUND_RING] = self.t
             self.decode_ctx += n_dec
             self.counters.generation_tokens += n_dec
             self.observer.on_itl(wall, n_dec)
@@ -470,11 +499,35 @@ class Engine:
         self.running.pop(req.rid, None)
         self.prefilling.pop(req.rid, None)
         self.by_id.pop(req.rid, None)
+        req.finished_at = self.t
         self.counters.finished += 1
         reason = "length" if req.generated >= req.max_tokens else "stop"
         self.observer.on_finish(req, self.t, reason)
-        if self.arrivals.workload.arrival == "fixed":
+        if self.arrivals.workload.arrival == "fixed" and not req.external:
             self._arrive(self.t)  # closed loop: the client sends its next request at once
+
+    def abort(self, req: Request) -> bool:
+        """Take a request out wherever it is (tokenizing, waiting, prefilling, decoding) and free
+        its KV blocks, as an engine does when the client disconnects; False if it had finished."""
+        if req.finished_at >= 0 or self.by_id.get(req.rid) is not req:
+            return False
+        if req.decoding:
+            self._stop_decoding(req)  # its finish-heap entry goes stale with the epoch
+            req.last_token = self.t
+        # A queued request sits in one of the deques: O(queue), only on an abort.
+        for queue in (self.frontend, self.waiting):
+            if req in queue:
+                queue.remove(req)
+        self.free_blocks += req.blocks
+        req.blocks = 0
+        self.running.pop(req.rid, None)
+        self.prefilling.pop(req.rid, None)
+        self.by_id.pop(req.rid, None)
+        req.finished_at = self.t
+        req.aborted = True
+        self.counters.aborted += 1
+        self.observer.on_abort(req, self.t)
+        return True
 
     def _preempt(self, req: Request) -> None:
         if req.decoding:
@@ -492,6 +545,24 @@ class Engine:
         self.observer.on_preempt(req, self.t)
 
     # --- views ----------------------------------------------------------------------------
+
+    def generated(self, req: Request) -> int:
+        """Tokens the request has so far: a decoding sequence's count follows from the round."""
+        return req.g0 + self.R - req.r0 if req.decoding else req.generated
+
+    def token_time(self, req: Request, k: int) -> float:
+        """Twin time at which the request's k-th token (1-based, k <= generated(req)) came out.
+        The first token of each (re)prefill is at `last_token`; tokens of the latest decode run
+        (after token g0, started at round r0) at the end of their round, while the ring holds it."""
+        if req.decoding:
+            if k <= req.g0:
+                return req.last_token
+        elif k >= req.generated or k <= req.g0:
+            return req.last_token
+        r = req.r0 + k - req.g0
+        if 0 < r <= self.R and self.R - r < ROUND_RING:
+            return self.round_end[r % ROUND_RING]
+        return req.last_token if not req.decoding else self.t
 
     def kv_blocks_used(self) -> int:
         return self.num_blocks - self.free_blocks

@@ -183,6 +183,9 @@ class Recorder:
     def on_prefix_cache(self, queries: int, hits: int) -> None:
         pass
 
+    def on_abort(self, req: Request, now: float) -> None:
+        pass
+
     def render(self, state: EngineState, info: dict[str, str]) -> str:
         """The engine's /metrics page in its own format; every engine format overrides this."""
         raise TypeError(f"{type(self).__name__} does not render an engine format")
@@ -247,6 +250,11 @@ class VllmRecorder(Recorder):
         h["params_max_tokens"].observe(req.max_tokens)
         h["params_n"].observe(1)
         self.success[reason] += 1
+
+    def on_abort(self, req: Request, now: float) -> None:
+        # vLLM counts a request its client dropped under finished_reason="abort"; its tokens so far
+        # were counted as they came.
+        self.success["abort"] += 1
 
     def on_preempt(self, req: Request, now: float) -> None:
         self.preemptions += 1
@@ -326,6 +334,7 @@ class SglangRecorder(Recorder):
         self.cached_tokens = 0
         self.requests = 0
         self.retracted = 0
+        self.aborted = 0
         self.retracted_in = 0
         self.retracted_out = 0
         self.recent_retracted = 0
@@ -366,6 +375,9 @@ class SglangRecorder(Recorder):
         self.prefix_queries += queries
         self.prefix_hits += hits
 
+    def on_abort(self, req: Request, now: float) -> None:
+        self.aborted += 1
+
     def render(self, state: EngineState, info: dict[str, str]) -> str:
         labels = {"model_name": self.model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
                   "moe_ep_rank": "0"}
@@ -393,7 +405,7 @@ class SglangRecorder(Recorder):
         f.counter("sglang:generation_tokens", "Number of generation tokens processed.", self.generation_tokens)
         f.counter("sglang:cached_tokens", "Number of cached prompt tokens.", self.cached_tokens)
         f.counter("sglang:num_requests", "Number of requests processed.", self.requests)
-        f.counter("sglang:num_aborted_requests", "Number of requests aborted.", 0)
+        f.counter("sglang:num_aborted_requests", "Number of requests aborted.", self.aborted)
         f.histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                     self.h["ttft"], created=False)
         f.histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",

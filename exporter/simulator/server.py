@@ -1,4 +1,5 @@
-"""The twin's HTTP face on loopback: engine-format /metrics plus /sim/* control endpoints.
+"""The twin's HTTP face on loopback: engine-format /metrics, /sim/* control endpoints and the
+OpenAI-compatible /v1/* API (exporter/simulator/openai_api.py).
 
 Runs in-process on the caller's event loop, served by the exporter's own HTTP server
 (exporter/httpserver.py) on a socket we bind, so port 0 works and the port is known before
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import socket
 import time
 import urllib.parse
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.httpserver import LISTEN_BACKLOG, HttpServer, respond
+from exporter.simulator.openai_api import ApiLimits, OpenAIApi
 from exporter.simulator.twin import Twin
 
 
@@ -34,6 +37,10 @@ class RealtimeClock:
     def sync(self) -> None:
         self.twin.advance_to(self.offset + (time.monotonic() - self.started) * self.speed)
 
+    def wall_at(self, twin_t: float) -> float:
+        """The time.monotonic() at which the twin's clock reaches `twin_t` (never, when stopped)."""
+        return self.started + (twin_t - self.offset) / self.speed if self.speed > 0 else math.inf
+
 
 Handler = Callable[[dict, Any], Awaitable[tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]]]
 MAX_CONTROL_BODY = 4096  # a /sim/scenario body names one scenario
@@ -45,8 +52,10 @@ class TwinApp:
     arrive together each cycle would advance the twin at once and corrupt it (KV blocks leaked
     until the engine stalled)."""
 
-    def __init__(self, clock: RealtimeClock) -> None:
+    def __init__(self, clock: RealtimeClock, api_limits: ApiLimits | None = None) -> None:
         self.clock = clock
+        # The API streams its responses, so its handlers are whole ASGI apps, not Handlers.
+        self.api = OpenAIApi(clock, api_limits)
         self.routes: dict[tuple[str, str], Handler] = {
             ("GET", "/metrics"): self.metrics, ("GET", "/health"): self.health,
             ("GET", "/sim/gpu"): self.sim_gpu, ("GET", "/sim/host"): self.sim_host,
@@ -55,9 +64,14 @@ class TwinApp:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         method, path = scope["method"], scope["path"]
-        handler = self.routes.get(("GET" if method == "HEAD" else method, path))
+        key = ("GET" if method == "HEAD" else method, path)
+        api = self.api.routes.get(key)
+        if api is not None:
+            await api(scope, receive, send)
+            return
+        handler = self.routes.get(key)
         if handler is None:
-            allowed = [m for m, p in self.routes if p == path]
+            allowed = [m for m, p in (*self.routes, *self.api.routes) if p == path]
             if allowed:
                 await respond(send, 405, b"method not allowed\n", b"text/plain",
                               extra=[(b"allow", ", ".join(allowed).encode())])
@@ -128,8 +142,8 @@ async def _read_body(receive: Any, cap: int) -> bytes:
             return bytes(body)
 
 
-def build_app(clock: RealtimeClock) -> TwinApp:
-    return TwinApp(clock)
+def build_app(clock: RealtimeClock, api_limits: ApiLimits | None = None) -> TwinApp:
+    return TwinApp(clock, api_limits)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -153,6 +167,7 @@ class TwinServer:
     sock: socket.socket
     server: HttpServer
     ticker: asyncio.Task[None]
+    app: TwinApp
     stopped: bool = False
 
     @property
@@ -166,6 +181,7 @@ class TwinServer:
         self.stopped = True
         self.ticker.cancel()
         await self.server.stop()
+        await self.app.api.close()
         with contextlib.suppress(asyncio.CancelledError):
             await self.ticker
         self.sock.close()
@@ -178,14 +194,15 @@ async def _tick(clock: RealtimeClock, every_s: float) -> None:
 
 
 async def start_server(twin: Twin, *, host: str = "127.0.0.1", port: int = 0, speed: float = 1.0,
-                       tick_s: float = 0.5) -> TwinServer:
+                       tick_s: float = 0.5, api_limits: ApiLimits | None = None) -> TwinServer:
     """Serving once this returns; no signal handlers (the host program owns Ctrl-C)."""
     clock = RealtimeClock(twin, speed=speed, offset=twin.now)
     sock = bind_socket(host, port)
-    server = HttpServer(build_app(clock))
+    app = build_app(clock, api_limits)
+    server = HttpServer(app)
     try:
         await server.start(sock)
     except BaseException:
         sock.close()
         raise
-    return TwinServer(clock, sock, server, asyncio.create_task(_tick(clock, tick_s)))
+    return TwinServer(clock, sock, server, asyncio.create_task(_tick(clock, tick_s)), app)

@@ -222,6 +222,7 @@ class Twin:
                 "kv_blocks_total": st.kv_blocks_total, "kv_blocks_used": st.kv_blocks_used,
                 "block_size": st.block_size, "max_num_seqs": st.max_num_seqs,
                 "preemptions_total": e.counters.preemptions, "requests_finished_total": e.counters.finished,
+                "requests_aborted_total": e.counters.aborted,
                 "prompt_tokens_total": e.counters.prompt_tokens,
                 "generation_tokens_total": e.counters.generation_tokens,
                 "last_step_s": last.duration_s if last else 0.0,
