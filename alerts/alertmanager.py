@@ -50,7 +50,7 @@ def alertmanager(areas: dict[str, list[dict]], cfg: dict = CONFIG) -> dict:
     am = cfg["alertmanager"]
     names = alert_names_by_area(areas)
     exporter_labels = list(cfg["exporter_labels"])
-    engine_scoped = [n for a in ("slo", "latency", "saturation") for n in names.get(a, [])]
+    engine_scoped = [n for a in ("slo", "latency", "saturation", "probe") for n in names.get(a, [])]
     gpu_scoped = [n for n in names.get("hardware", []) if n.startswith("LLMGPU") and n != "LLMGPULost"]
     inhibit = burn_inhibitions(names.get("slo", []), cfg)
     for source in ("LLMEngineDown", "LLMEngineNotStarted"):

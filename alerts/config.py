@@ -122,6 +122,15 @@ CONFIG: dict = {
     "no_gpu_metrics_for": "15m",
     "bucket_bound_window": "1h",
     "bucket_bound_for": "30m",
+    # Client probe (--probe). LLMProbeFailing: more than probe_failing_ratio of the probe's requests
+    # failed over probe_failing_window, for probe_failing_for. LLMProbeLatencyGap: the probe's mean
+    # TTFT exceeds the engine's own by probe_gap_seconds and by probe_gap_factor times, for probe_gap_for.
+    "probe_failing_window": "10m",
+    "probe_failing_ratio": 0.5,
+    "probe_failing_for": "5m",
+    "probe_gap_seconds": slo.PROBE_GAP.gap_seconds,
+    "probe_gap_factor": slo.PROBE_GAP.factor,
+    "probe_gap_for": "10m",
     # Alertmanager: replace the placeholder URLs (or edit the generated file's copy you deploy).
     "alertmanager": {
         "pager_url": "http://alert-pager.example.invalid/llm-exporter",

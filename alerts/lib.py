@@ -113,6 +113,19 @@ def quantile_rule(metric: str, q: float, window: str) -> str:
     return f"target_model:{metric}:{pct(q)}_{nominal(window)}"
 
 
+def probe_mean_rule(window: str) -> str:
+    """The probe's client-side mean TTFT (recording.py), read by the gap rule and LLMProbeLatencyGap."""
+    return f"target_model:llm_probe_time_to_first_token_seconds:mean{nominal(window)}"
+
+
+def probe_gap_rule(window: str) -> str:
+    return f"target_model:llm_probe_time_to_first_token_seconds:gap_mean{nominal(window)}"
+
+
+def engine_mean_rule(metric: str, window: str) -> str:
+    return f"target_model:{metric}:mean{nominal(window)}"
+
+
 def request_rate_rule(window: str) -> str:
     return f"target_model:llm_time_to_first_token_seconds_count:rate{nominal(window)}"
 

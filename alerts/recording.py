@@ -1,13 +1,16 @@
-"""Recording rules: per-(target, model) latency quantiles and means, throughput and the SLO
-good-event ratios the slo area's burn-rate alerts read."""
+"""Recording rules: per-(target, model) latency quantiles and means, throughput, the SLO
+good-event ratios the slo area's burn-rate alerts read, and the client probe's TTFT gap."""
 
 from __future__ import annotations
 
 from alerts.lib import (
     LATENCY_HISTOGRAMS,
+    engine_mean_rule,
     good_ratio_rule,
     le_matcher,
     nominal,
+    probe_gap_rule,
+    probe_mean_rule,
     quantile_rule,
     rec,
     request_rate_rule,
@@ -37,7 +40,7 @@ def groups(cfg: dict) -> list[dict]:
         latency.append(rec(bucket_rule, sum_rate(metric + "_bucket", w)))
         for q in cfg["quantiles"] if short in ALL_QUANTILES else (0.99,):
             latency.append(rec(quantile_rule(metric, q, w), f"histogram_quantile({q}, {bucket_rule})"))
-        latency.append(rec(f"target_model:{metric}:mean{n}",
+        latency.append(rec(engine_mean_rule(metric, w),
                            f"{sum_rate(metric + '_sum', w)}\n/\n{sum_rate(metric + '_count', w)}"))
 
     throughput = [
@@ -57,8 +60,22 @@ def groups(cfg: dict) -> list[dict]:
             slo.append(rec(good_ratio_rule(metric, window),
                            f"{sum_rate(metric + '_bucket', window, le, away=('le',))}\n/\n"
                            f"{sum_rate(metric + '_count', window)}"))
+    # The client probe (--probe): its mean TTFT, and the gap to the engine's own mean TTFT over the
+    # same window, "what lies in front of the engine" (network, proxy, queueing). A recording rule
+    # rather than an exporter-side derivation: both are cumulative histograms, whose window means
+    # PromQL takes exactly from _sum and _count rates (resets handled), over any window and after
+    # any aggregation, and the probe's series are read by no derive stage. `ignoring (engine)
+    # group_left`: the result keeps the probe's labels, `engine` included; a probe of an engine that
+    # is not scraped has no `engine` label (and no engine TTFT, so no gap).
+    ttft = "llm_time_to_first_token_seconds"
+    probe = [
+        rec(probe_mean_rule(w), f"{sum_rate('llm_probe_time_to_first_token_seconds_sum', w)}\n/\n"
+                                f"{sum_rate('llm_probe_time_to_first_token_seconds_count', w)}"),
+        rec(probe_gap_rule(w), f"{probe_mean_rule(w)}\n- ignoring (engine) group_left\n{engine_mean_rule(ttft, w)}"),
+    ]
     return [
         {"name": "llm-exporter.latency.rules", "rules": latency},
         {"name": "llm-exporter.throughput.rules", "rules": throughput},
         {"name": "llm-exporter.slo.rules", "rules": slo},
+        {"name": "llm-exporter.probe.rules", "rules": probe},
     ]

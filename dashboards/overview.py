@@ -412,8 +412,62 @@ time of day.
     )
 
 
+PROBE_WHO = "{{target}} {{model}} ({{instance}})"
+
+
+def probe_quantile(histogram: str, q: float = 0.95) -> str:
+    """The probe's q-quantile per engine over the recording rules' window (the engine's side is the
+    recording rule over the same window, so the two are read alike)."""
+    return (f"histogram_quantile({q:g}, sum by ({', '.join((*ENGINE, 'le'))}) "
+            f"({TM.rate(histogram + '_bucket', window=WINDOW)}))")
+
+
+def probe_row() -> Row:
+    gap = slo.PROBE_GAP
+    return row("Client probe",
+        timeseries(f"Time to first token: client against server (p95, {WINDOW})", """
+Only with `llm-exporter run --probe`: the exporter sends a small streaming request to the engine's OpenAI API
+every few seconds and times it as a client. client = the probe's TTFT, from the request leaving the exporter to
+the first text chunk; server = the engine's own TTFT histogram over all its requests. The client line sitting
+well above the server line is time spent in front of the engine (network, proxy, gateway queue, TLS, the API
+server); both rising together is the engine itself (queue, prefill). Under load the server's requests have
+longer prompts than the probe's, so its line can be the higher one.
+""", [target(probe_quantile("llm_probe_time_to_first_token_seconds"), f"client {PROBE_WHO}"),
+      target(rule(f"llm_time_to_first_token_seconds:p95_{WINDOW}"), f"server {PROBE_WHO}")],
+            unit="s", w=12, minimum=0),
+        timeseries(f"TTFT gap: client minus server (mean, {WINDOW})", f"""
+The probe's mean TTFT minus the engine's own mean TTFT over the same {WINDOW} (the recording rule
+target_model:llm_probe_time_to_first_token_seconds:gap_mean{WINDOW}): what a client waits for beyond what the
+engine measures.
+Near zero on loopback. The red line is where LLMProbeLatencyGap starts to look ({gap.gap_seconds:g} s, and the
+client's mean more than {gap.factor:g}x the server's). Negative values mean the engine's other requests are
+slower than the probe's short one (longer prompts), not a negative network.
+""", [target(rule(f"llm_probe_time_to_first_token_seconds:gap_mean{WINDOW}"), PROBE_WHO)], unit="s", w=12,
+            threshold_style="dashed", steps=thresholds((None, "transparent"), (gap.gap_seconds, "red"))),
+        timeseries(f"Probe inter-token latency and end-to-end (p95, {WINDOW})", """
+Client-side gaps between the probe's text chunks (ITL) and its whole request (e2e), p95. An ITL well above the
+engine's own (the latency row) with a flat TTFT gap points at something buffering the stream (a proxy that
+collects chunks, Nagle, a slow reader); a growing e2e with a flat ITL is a longer answer or a longer TTFT.
+""", [target(probe_quantile("llm_probe_inter_token_latency_seconds"), f"ITL {PROBE_WHO}"),
+      target(probe_quantile("llm_probe_e2e_request_latency_seconds"), f"e2e {PROBE_WHO}")],
+            unit="s", w=8, minimum=0),
+        timeseries(f"Probe success ratio ({WINDOW})", """
+Share of the probe's requests that succeeded: 1 - failed / finished over the window. Below 1 means clients of
+the API see errors too, whatever the engine's /metrics says; LLMProbeFailing fires when more than half fail.
+""", [target(f"1 - (\n{TM.sum_rate('llm_probe_errors_total', by=ENGINE, window=WINDOW)}\n)\n/\n"
+             f"({TM.sum_rate('llm_probe_requests_total', by=ENGINE, window=WINDOW)} > 0)", PROBE_WHO)],
+            unit="percentunit", w=8, minimum=0, maximum=1, decimals=2),
+        timeseries("Probe errors by reason", """
+Failed probe requests per second, by reason: timeout, dns, connection, tls, http_status (any answer but 200,
+redirects included), too_large, protocol, stream_error (an error object mid-stream), empty, credentials.
+The runbook of LLMProbeFailing says what each means.
+""", [target(f"sum by (instance, target, reason) ({TM.rate('llm_probe_errors_total')}) > 0",
+             "{{reason}} {{target}} ({{instance}})")], unit="reqps", w=8, minimum=0),
+    )
+
+
 ROWS: tuple[RowBuilder, ...] = (now_row, verdict_row, latency_row, slo_row, throughput_row, kv_cache_row,
-                                cost_row)
+                                cost_row, probe_row)
 
 
 def build() -> dict:

@@ -69,7 +69,7 @@ def run_table() -> list[str]:
     rows = ["| Flag | Environment variable | YAML key | Default | Meaning |",
             "| --- | --- | --- | --- | --- |"]
     for setting in SETTINGS:
-        env = f"`{setting.env}`" + (" (space-separated)" if setting.name == "engines" else "")
+        env = f"`{setting.env}`" + (" (space-separated)" if setting.name in ("engines", "probes") else "")
         yaml_key = {"config": "—", "host_enabled": "`host.enabled` or `host_enabled`"}.get(
             setting.name, f"`{setting.yaml_key}`")
         rows.append(f"| {_setting_flag(setting, actions)} | {env} | {yaml_key} | {setting.shown_default()} "
@@ -92,7 +92,7 @@ def yaml_example() -> list[str]:
     lines = ["```yaml",
              "# llm-exporter run --config exporter.yaml (every key optional; values shown are the defaults)"]
     for setting in SETTINGS:
-        if not setting.field or setting.name == "engines":
+        if not setting.field or setting.name in ("engines", "probes"):
             continue
         default = setting.shown_default()
         line = f"{setting.yaml_key}: {default}"
@@ -103,6 +103,10 @@ def yaml_example() -> list[str]:
         "    kind: vllm                  # default: detected from the exposition",
         "    name: vllm                  # the `target` label; default host:port",
         "    timeout: 800ms              # default: engine_timeout",
+        "probes:                         # or `probes: [\"http://127.0.0.1:8000,every=15s\"]`",
+        "  - url: http://127.0.0.1:8000  # the engine's base URL: /v1/completions is appended",
+        "    target: vllm                # default: the engine target with this host and port",
+        "    every: 15s",
         "```",
     ]
     return lines
@@ -150,6 +154,21 @@ def render() -> str:
         *[f"| `{o}` | {_cell(config_module._TARGET_OPTIONS[o])} |" for o in options],
         "",
         "Secrets are never accepted inline (`token=`, `password=` ...): name a file or a variable.",
+        "",
+        "### Client-side probes",
+        "",
+        "Each `--probe` (or each entry of `probes:` / `LLM_EXPORTER_PROBES`) is `URL[,OPTION=VALUE]...`,",
+        "URL the engine's base URL (`http://127.0.0.1:8000`); in YAML it may also be a mapping with `url:`.",
+        "Off unless configured. Every `every` the exporter sends one small streaming request",
+        "(`stream: true`, `stream_options.include_usage`, `ignore_eos`, a prompt of `prompt_tokens` words) to",
+        "`/v1/completions` or `/v1/chat/completions` and reports client-side TTFT, inter-token gaps and",
+        "errors as `llm_probe_*` (docs/metrics.md), with the `target`, `engine` and `model` labels of the",
+        "engine target it belongs to. It takes no credentials of its own: it sends that target's, and only",
+        "when the probe URL has the target's scheme, host and port. Redirects are not followed.",
+        "",
+        "| Option | Meaning |",
+        "| --- | --- |",
+        *[f"| `{o}` | {_cell(config_module.PROBE_OPTIONS[o])} |" for o in config_module.PROBE_OPTIONS],
         "",
         "YAML example:",
         "",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 import logging
 import signal
@@ -50,11 +51,18 @@ async def _freeze_after_first_cycle(collector: Collector) -> None:
 
 
 def build_sources(config: Config, *, gpu_source: Source | None = None) -> list[Source]:
-    """Engine targets, then the host and GPU sources the config asks for."""
-    sources: list[Source] = [
-        EngineSource(t, max_payload_bytes=config.max_payload_bytes, max_series=config.max_series_per_target)
-        for t in config.engines
-    ]
+    """Engine targets, their client-side probes (--probe), then the host and GPU sources the config asks for."""
+    engines = {t.name: EngineSource(t, max_payload_bytes=config.max_payload_bytes,
+                                    max_series=config.max_series_per_target) for t in config.engines}
+    sources: list[Source] = list(engines.values())
+    if config.probes:
+        from exporter.probe.source import ProbeSource
+
+        for probe in config.probes:
+            engine = engines.get(probe.target)
+            # The probe's series carry the engine label its target last detected (read each cycle).
+            attrs = functools.partial(getattr, engine, "attrs") if engine is not None else None
+            sources.append(ProbeSource(probe, engine_attrs=attrs))
     host = _host_source(config) if config.host_enabled else None
     if host is not None:
         sources.append(host)

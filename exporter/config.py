@@ -24,12 +24,18 @@ from exporter.settings import (
     DEFAULT_ENGINE_TIMEOUT_S,
     DEFAULT_INTERVAL_S,
     DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_PROBE_EVERY_S,
+    DEFAULT_PROBE_TIMEOUT_S,
     ENV_PREFIX,
     EXTENSION_PREFIX,
     HOST_BLOCK,
+    MIN_PROBE_EVERY_S,
     SETTINGS,
     TARGET_NAME_RE,
+    Choice,
     ConfigError,
+    Duration,
+    Integer,
     UnknownKeyError,
     as_bool,
     did_you_mean,
@@ -40,8 +46,8 @@ from exporter.settings import (
 from exporter.yamlsafe import YamlLoadError, load_yaml_file
 
 # Re-exported for the modules and tests that import them from here.
-__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "ENV_PREFIX", "Config", "ConfigError", "EngineTarget", "build_config",
-           "env_warnings", "load_config", "parse_duration", "parse_engine_spec"]
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "ENV_PREFIX", "Config", "ConfigError", "EngineTarget", "ProbeTarget",
+           "build_config", "env_warnings", "load_config", "parse_duration", "parse_engine_spec", "parse_probe_spec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,34 @@ class EngineTarget:
         if urllib.parse.urlsplit(self.url).username is not None:
             return "basic_url"
         return "none"
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeTarget:
+    """One client-side probe (`--probe`, exporter/probe/). `url` is the engine's base URL (the API
+    paths are appended); `target` the `target` label, usually an engine target's name, whose
+    credentials and TLS settings `engine` carries (None: a probe of an engine not scraped)."""
+
+    url: str
+    target: str
+    model: str | None = None  # None: the first model of GET /v1/models
+    every_s: float = DEFAULT_PROBE_EVERY_S
+    prompt_tokens: int = 32
+    max_tokens: int = 16
+    api: str = "completions"
+    timeout_s: float = DEFAULT_PROBE_TIMEOUT_S
+    engine: EngineTarget | None = None
+
+    @property
+    def same_origin(self) -> bool:
+        """Whether the probe URL has its engine target's scheme, host and port: only then does it
+        carry that target's credentials (they go to no other place than where they were configured)."""
+        return self.engine is not None and _origin(self.url) == _origin(self.engine.url)
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
 
 
 # --- Config: one field per setting of the table ---------------------------------------------
@@ -305,6 +339,110 @@ def reject_command_line_secrets(specs: object) -> None:
                               f"to every local user; {_SECRET_ADVICE}")
 
 
+# The options of one probe, with their meaning (docs/configuration.md lists them).
+PROBE_OPTIONS: Mapping[str, str] = MappingProxyType({
+    "model": "the `model` field of the request; default: the first model of GET /v1/models",
+    "every": f"time between the starts of two probes; default {DEFAULT_PROBE_EVERY_S:g}s, at least "
+             f"{MIN_PROBE_EVERY_S:g}s (one in flight at a time: a slow one delays the next)",
+    "prompt_tokens": "prompt length in words (about one token each); default 32",
+    "max_tokens": "tokens to generate (`ignore_eos` is sent: engines that know it generate exactly this); default 16",
+    "target": "the engine target it belongs to (its `target` label and credentials); default: the engine target "
+              "with the URL's host and port, else host:port",
+    "api": "completions (/v1/completions, default) or chat (/v1/chat/completions)",
+    "timeout": f"bound on one probe request, connect to the end of the stream; default "
+               f"{DEFAULT_PROBE_TIMEOUT_S:g}s",
+})
+_PROBE_INTS = {"prompt_tokens": (1, 8192), "max_tokens": (1, 4096)}
+
+
+def parse_probe_spec(spec: str | Mapping[str, Any], engines: tuple[EngineTarget, ...] = ()) -> ProbeTarget:
+    """`URL[,model=M][,every=15s][,prompt_tokens=N][,max_tokens=K][,target=NAME][,api=chat][,timeout=T]`
+    or a YAML mapping with `url:` and the same keys. Credentials are the engine target's, never given here."""
+    if isinstance(spec, Mapping):
+        options = {str(k): v for k, v in spec.items()}
+        url = str(options.pop("url", ""))
+    else:
+        url, *rest = str(spec).strip().split(",")
+        options = {}
+        for item in rest:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError("probe", redact_url(url), "expected key=value after the URL")
+            options[key.strip()] = value.strip()
+    url = url.strip()
+    # Credential and TLS options of an engine target: refused by name, with the way to get them.
+    secret = sorted(set(options) & (INLINE_SECRET_KEYS | (set(_TARGET_OPTIONS) - {"kind", "name", "timeout"})))
+    if secret:
+        raise ConfigError("probe", redact_url(url), f"{secret[0]}: a probe takes no credentials or TLS options; it "
+                          "uses those of the engine target named by target=")
+    unknown = sorted(set(options) - set(PROBE_OPTIONS))
+    if unknown:
+        hint = did_you_mean(unknown[0], (*PROBE_OPTIONS, *(("url",) if isinstance(spec, Mapping) else ())))
+        raise ConfigError("probe", redact_url(url), f"unknown option(s) {unknown}{hint}")
+    url = _probe_url(url)
+    values: dict[str, Any] = {}
+    for key, (low, high) in _PROBE_INTS.items():
+        if key in options:
+            values[key] = Integer(low, high).parse(options[key], f"probe.{key}")
+    if "every" in options:
+        values["every_s"] = Duration(minimum_s=MIN_PROBE_EVERY_S, minimum_reason="a probe is a real request to "
+                                     "the engine").parse(options["every"], "probe.every")
+    if "timeout" in options:
+        values["timeout_s"] = parse_duration(options["timeout"], "probe.timeout")
+    if "api" in options:
+        values["api"] = Choice(("completions", "chat")).parse(options["api"], "probe.api")
+    model = options.get("model")
+    if model is not None:
+        model = str(model).strip()
+        if not model or len(model) > 256 or not model.isprintable():
+            raise ConfigError("probe.model", model, "1-256 printable characters")
+        values["model"] = model
+    engine: EngineTarget | None = None
+    if options.get("target"):
+        name = str(options["target"])
+        if not TARGET_NAME_RE.match(name):
+            raise ConfigError("probe.target", name, "letters, digits and _.:- only, 1-64 characters")
+        engine = next((e for e in engines if e.name == name), None)
+        if engine is None and engines:  # a typo would silently break the join with the engine's series
+            hint = did_you_mean(name, [e.name for e in engines])
+            raise ConfigError("probe.target", name, f"no engine target has this name{hint}")
+    else:
+        engine = next((e for e in engines if _origin(e.url)[1:] == _origin(url)[1:]), None)
+        name = engine.name if engine is not None else _default_target_name(url)
+    return ProbeTarget(url=url, target=name, engine=engine, **values)
+
+
+def _probe_url(url: str) -> str:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as error:
+        raise ConfigError("probe", redact_url(url), f"not a URL ({error})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError("probe", redact_url(url), "expected the engine's base http:// or https:// URL with a host")
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError("probe", redact_url(url), "no user[:password]@ in a probe URL: it uses the credentials "
+                          "of the engine target named by target=")
+    if parts.query or parts.fragment:
+        raise ConfigError("probe", redact_url(url), "a base URL takes no query or fragment")
+    path = parts.path.rstrip("/").removesuffix("/v1")
+    return urllib.parse.urlunsplit(parts._replace(path=path))
+
+
+def _probe_targets(raw: Any, engines: tuple[EngineTarget, ...]) -> tuple[ProbeTarget, ...]:
+    raw = raw or ()
+    if isinstance(raw, str | Mapping):
+        raw = [raw]
+    if not isinstance(raw, list | tuple):
+        raise ConfigError("probes", raw, "expected a list of probes (URL strings or mappings)")
+    probes = tuple(parse_probe_spec(spec, engines) for spec in raw)
+    names = [p.target for p in probes]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError("probe.target", duplicates[0], "two probes for one target; one probe per target")
+    return probes
+
+
 def _engine_kinds() -> tuple[str, ...]:
     # Only when a target names its kind: the registry loads every engine's table.
     from exporter.sources.engines.registry import KINDS
@@ -360,7 +498,8 @@ def _canonical(settings: Mapping[Any, Any]) -> dict[str, Any]:
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    """LLM_EXPORTER_LISTEN=..., LLM_EXPORTER_ENGINES="URL,kind=vllm URL2" (space separated).
+    """LLM_EXPORTER_LISTEN=..., LLM_EXPORTER_ENGINES="URL,kind=vllm URL2" (space separated, as are
+    LLM_EXPORTER_PROBES).
     Unknown LLM_EXPORTER_* variables are not settings (tests and builds share the prefix): they
     are left out here and named by env_warnings."""
     settings: dict[str, Any] = {}
@@ -369,7 +508,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             continue
         key = name[len(ENV_PREFIX):].lower()
         if key == "host" or (key in BY_KEY and BY_KEY[key].field):
-            settings[key] = value.split() if BY_KEY.get(key) is BY_NAME["engines"] else value
+            listed = BY_KEY.get(key) in (BY_NAME["engines"], BY_NAME["probes"])
+            settings[key] = value.split() if listed else value
     return _canonical(settings)
 
 
@@ -387,7 +527,7 @@ def build_config(settings: Mapping[str, Any], env: Mapping[str, str] | None = No
     values: dict[str, Any] = {}
     for setting in SETTINGS:
         raw = flat.get(setting.yaml_key)
-        if not setting.field or setting.name == "engines" or is_unset(raw):
+        if not setting.field or setting.name in ("engines", "probes") or is_unset(raw):
             continue
         value = setting.type.parse(raw, setting.yaml_key)
         if setting.name == "listen":
@@ -398,6 +538,7 @@ def build_config(settings: Mapping[str, Any], env: Mapping[str, str] | None = No
     interval = values.get("interval_s", DEFAULT_INTERVAL_S)
     values.setdefault("engine_timeout_s", min(DEFAULT_ENGINE_TIMEOUT_S, interval))
     values["engines"] = _engine_targets(flat.get("engines"), values["engine_timeout_s"], env)
+    values["probes"] = _probe_targets(flat.get("probes"), values["engines"])
     return Config(**values)
 
 

@@ -29,6 +29,9 @@ DEFAULT_ENGINE_TIMEOUT_S = 0.8
 MIN_INTERVAL_S = 0.1  # below this the collector would spin (a cycle itself takes a few ms of CPU)
 MAX_DURATION_S = 3600.0
 DEFAULT_MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
+DEFAULT_PROBE_EVERY_S = 15.0
+DEFAULT_PROBE_TIMEOUT_S = 10.0
+MIN_PROBE_EVERY_S = 1.0
 MAX_TARGET_GPUS = 1024  # GPU indices one target may list in target_gpus (a node has at most a few dozen)
 TARGET_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
 
@@ -309,6 +312,15 @@ class EngineTargets(_ValueType):
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeTargets(_ValueType):
+    """`URL[,OPTION=VALUE]...` strings or YAML mappings; parsed by exporter.config.parse_probe_spec once
+    the engine targets are known (its options are exporter.config.PROBE_OPTIONS)."""
+
+    def text(self, value: object) -> str:
+        return "unset" if not value else str(value)
+
+
+@dataclass(frozen=True, slots=True)
 class Setting:
     """One setting. `name` is the Config field; `key` the YAML key and LLM_EXPORTER_<KEY> suffix."""
 
@@ -351,11 +363,19 @@ _ENGINE_HELP = ("engine /metrics URL to scrape; repeat for several targets (env 
                 " | username=U,password_env=VAR; TLS: ca_file=PATH, insecure_skip_verify=true. "
                 "Secrets themselves are refused on the command line")
 
+_PROBE_HELP = ("opt-in client-side probe: a small streaming request to the engine's OpenAI-compatible API at "
+               "this base URL every few seconds, timing TTFT and inter-token gaps from here (llm_probe_*); "
+               "repeat for several (env LLM_EXPORTER_PROBES); it sends the credentials of the engine target "
+               "it belongs to when the URL has that target's scheme, host and port")
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("config", Text(), "str | None", None, "YAML config file (env LLM_EXPORTER_CONFIG)",
             flag="--config", field=False),
     Setting("engines", EngineTargets(), "tuple[EngineTarget, ...]", (), _ENGINE_HELP, flag="--engine",
             aliases=("engine",), metavar="URL[,kind=K][,name=N][,timeout=T]", flag_action="append"),
+    Setting("probes", ProbeTargets(), "tuple[ProbeTarget, ...]", (), _PROBE_HELP, flag="--probe",
+            aliases=("probe",), metavar="URL[,model=M][,every=15s][,api=completions|chat][,target=NAME]",
+            flag_action="append"),
     Setting("web_config_file", Text(), "str | None", None,
             "TLS and basic auth config in the exporter-toolkit format, reloaded when it changes "
             "(env LLM_EXPORTER_WEB_CONFIG_FILE; see docs/security.md)", flag="--web.config.file",

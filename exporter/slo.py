@@ -124,3 +124,15 @@ class Saturation:
 
 
 SATURATION = Saturation()
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeGap:
+    """LLMProbeLatencyGap: the client-side TTFT of the probe (--probe) against the engine's own, as
+    means over RATE_WINDOW; the alert fires on both, the overview dashboard draws the first."""
+
+    gap_seconds: float = 0.5  # client mean minus server mean
+    factor: float = 2.0  # client mean over server mean
+
+
+PROBE_GAP = ProbeGap()

@@ -53,6 +53,7 @@ class SourceKind(Enum):
     ENGINE = "engine"
     GPU = "gpu"
     HOST = "host"
+    PROBE = "probe"  # client-side requests to an engine's API (exporter/probe/); read by no derivation
     OTHER = "other"
 
 

@@ -63,6 +63,45 @@ def test_bad_values_name_the_field(flags, field):
     assert caught.value.field == field
 
 
+def test_probe_flag_syntax_env_list_yaml_and_default_target(tmp_path):
+    config = load_config({"engines": ["http://127.0.0.1:8000/metrics,name=vllm"],
+                          "probes": ["http://127.0.0.1:8000/v1/,every=2s,max_tokens=4,prompt_tokens=8,api=chat,"
+                                     "timeout=3s,model=m"]}, {})
+    probe = config.probes[0]
+    assert (probe.url, probe.target, probe.every_s, probe.max_tokens, probe.prompt_tokens, probe.api,
+            probe.timeout_s, probe.model) == ("http://127.0.0.1:8000", "vllm", 2.0, 4, 8, "chat", 3.0, "m")
+    assert probe.engine is config.engines[0] and probe.same_origin
+    env_config = load_config({}, {"LLM_EXPORTER_PROBES": "http://a:1 http://b:2,target=bee"})
+    assert [(p.target, p.engine, p.every_s) for p in env_config.probes] == [("a:1", None, 15.0), ("bee", None, 15.0)]
+    path = tmp_path / "c.yaml"
+    path.write_text("engines: [http://e:9/metrics]\nprobes:\n  - {url: 'http://gw:80', target: 'e:9'}\n")
+    yaml_probe = load_config({"config": str(path)}, {}).probes[0]
+    assert (yaml_probe.target, yaml_probe.engine.name, yaml_probe.same_origin) == ("e:9", "e:9", False)
+
+
+@pytest.mark.parametrize("probes, field", [
+    (["ftp://x:1"], "probe"),
+    (["http://x:1,every=fast"], "probe.every"),
+    (["http://x:1,every=200ms"], "probe.every"),  # under a second: a probe is a real request
+    (["http://x:1,max_tokens=0"], "probe.max_tokens"),
+    (["http://x:1,prompt_tokens=many"], "probe.prompt_tokens"),
+    (["http://x:1,api=embeddings"], "probe.api"),
+    (["http://x:1,timeout=2h"], "probe.timeout"),
+    (["http://x:1,target=no such"], "probe.target"),
+    (["http://x:1,target=nope"], "probe.target"),  # names no engine target when there are some
+    (["http://x:1,colour=red"], "probe"),
+    (["http://x:1,bearer_token_file=/t"], "probe"),  # the engine target's credentials, never its own
+    (["http://u:pw@x:1"], "probe"),
+    (["http://x:1/?a=b"], "probe"),
+    (["http://x:1", "http://x:1,every=5s"], "probe.target"),  # one probe per target
+])
+def test_bad_probe_values_name_the_key(probes, field):
+    with pytest.raises(ConfigError) as caught:
+        load_config({"engines": ["http://e:1/metrics,name=e"], "probes": probes}, {})
+    assert caught.value.field == field
+    assert "pw" not in str(caught.value)
+
+
 def test_bad_yaml_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("listen: [unclosed\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from exporter.catalog import derived, engine, gpu, host, self_health
+from exporter.catalog import derived, engine, gpu, host, probe, self_health
 from exporter.catalog.base import Family
 
 AREAS: tuple[tuple[str, tuple[Family, ...]], ...] = (
@@ -13,6 +13,7 @@ AREAS: tuple[tuple[str, tuple[Family, ...]], ...] = (
     ("GPU", gpu.FAMILIES),
     ("Host", host.FAMILIES),
     ("Derived", derived.FAMILIES),
+    ("Client probe", probe.FAMILIES),
     ("Exporter self-health", self_health.FAMILIES),
 )
 

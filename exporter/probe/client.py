@@ -1,0 +1,569 @@
+"""One streaming completion against an OpenAI-compatible server, timed from the client's side.
+
+`stream_completion` sends `POST /v1/completions` (or `/v1/chat/completions`) with `stream: true`
+and `stream_options.include_usage`, reads the Server-Sent Events answer and records the monotonic
+time of the request sent, of the response head and of each chunk that carries text. The result,
+a `CompletionTiming`, has TTFT, the gaps between text chunks (ITL), end-to-end latency and the
+token counts (the usage the server reports, else the text chunks counted). It never raises for
+anything the server does: a failure is `ok=False` with one of REASONS and a short message.
+
+The engine's answer is untrusted (docs/security.md), so the client is plain asyncio streams, in
+the style of exporter/sources/engines/http.py (which reads whole bodies and cannot stream):
+
+- time: a connect deadline, a first-byte deadline (request sent -> response head) and one
+  deadline over the whole exchange (asyncio.timeout);
+- bytes: the response head, each SSE line (or one event's data lines together), the whole body
+  and the number of events are capped (StreamLimits); past a cap the answer is `too_large`.
+  A line is scanned once as it arrives, so a server dripping one byte at a time costs linear time;
+- one request per connection (`Connection: close`), closed (aborted) when the call returns: no
+  idle connection or pool to keep safe between probes;
+- no redirects (a 3xx is `http_status`), no proxies, no .netrc, no environment: only the given URL
+  is contacted, with the headers the caller gives; messages never carry a header value;
+- a host name is resolved by the caller's `Resolver` (its own thread, one lookup at a time, a
+  lookup outliving a deadline reused by the next call), so a hung resolver never blocks the event
+  loop's shared executor; without one, the loop's getaddrinfo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ipaddress
+import json
+import socket
+import ssl
+import time
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from exporter.redact import redact_url
+
+__all__ = ["APIS", "REASONS", "CompletionTiming", "Resolver", "StreamLimits", "endpoint_url", "make_prompt",
+           "stream_completion"]
+
+APIS: Mapping[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# Why a call failed: a bounded set (they become label values). credentials and exception are the
+# caller's (exporter/probe/source.py); the rest are decided here.
+REASONS = ("timeout", "dns", "connection", "tls", "http_status", "too_large", "protocol", "stream_error",
+           "empty", "credentials", "exception")
+MAX_MESSAGE = 200  # characters of a server-provided text (an error object) in a message
+_MAX_INTERIM = 16  # 1xx answers skipped before the real one
+_READ_SIZE = 64 * 1024
+_ERROR_BODY = 4096  # read of a non-200 answer, for its hint
+
+
+class StreamLimits(NamedTuple):
+    """Bounds of one call. Timeouts of None fall back to the call's total `timeout_s`."""
+
+    connect_timeout_s: float | None = None
+    first_byte_timeout_s: float | None = None  # request sent -> response head complete
+    max_head_bytes: int = 64 * 1024  # status line + headers; also a chunk-size line
+    max_line_bytes: int = 64 * 1024  # one SSE line, and the data of one event (a chunk is ~0.3 KB)
+    max_body_bytes: int = 4 * 1024 * 1024  # the whole stream (4096 chunks of ~1 KB)
+    max_events: int = 8192  # SSE events (chunks) in one answer
+
+    @classmethod
+    def for_tokens(cls, max_tokens: int, **overrides: Any) -> StreamLimits:
+        """Caps sized to an answer of `max_tokens`: a few events per token (role, usage and [DONE]
+        events besides one per token), and about 1 KB per event."""
+        events = 4 * max_tokens + 64
+        return cls(**{"max_events": events, "max_body_bytes": max(64 * 1024, events * 1024), **overrides})
+
+
+class CompletionTiming(NamedTuple):
+    """One call's outcome. Times are seconds; `*_at` are time.monotonic() readings.
+
+    ttft_s: request sent -> first text chunk; itl_s: gaps between consecutive text chunks;
+    e2e_s: request sent -> end of the stream ([DONE] or the body's end). Chunks that arrive in one
+    read share its arrival time (the client cannot tell them apart)."""
+
+    ok: bool
+    reason: str  # "" when ok, else one of REASONS
+    message: str
+    status: int | None  # the HTTP status, once a response head was read
+    started_at: float
+    connect_s: float | None  # call start -> connection open (TLS included)
+    sent_at: float | None
+    response_at: float | None  # response head read
+    token_times: tuple[float, ...]  # arrival of each text-bearing chunk
+    ttft_s: float | None
+    itl_s: tuple[float, ...]
+    e2e_s: float | None
+    prompt_tokens: int | None  # from the usage chunk
+    completion_tokens: int  # from the usage chunk, else the text chunks counted
+    usage_reported: bool
+
+
+def endpoint_url(base_url: str, api: str) -> str:
+    """The API path appended to a base URL (`http://host:8000`, or one ending in /v1)."""
+    if api not in APIS:
+        raise ValueError(f"api must be one of {', '.join(APIS)}")
+    base = base_url.rstrip("/")
+    return base.removesuffix("/v1") + APIS[api]
+
+
+_WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "old",
+          "ships", "sail", "past", "green", "hills")
+
+
+def make_prompt(words: int) -> str:
+    """A deterministic prompt of `words` common words (about one token each in every tokenizer)."""
+    return " ".join(_WORDS[i % len(_WORDS)] for i in range(max(1, words)))
+
+
+def request_body(api: str, *, model: str | None, prompt: str, max_tokens: int, ignore_eos: bool = True,
+                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON request. `ignore_eos`: engines that know it (vLLM, SGLang, LMDeploy, NIM) generate
+    exactly max_tokens, so every probe costs the same; the others ignore the field."""
+    body: dict[str, Any] = {"max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
+                            "temperature": 0}
+    if model is not None:
+        body["model"] = model
+    if ignore_eos:
+        body["ignore_eos"] = True
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    body.update(extra or {})
+    return body
+
+
+@dataclass(slots=True)
+class _Marks:
+    """What one call has seen so far, for its CompletionTiming."""
+
+    status: int | None = None
+    connect_s: float | None = None
+    sent_at: float | None = None
+    response_at: float | None = None
+
+
+class _Fail(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+class Resolver:
+    """Resolves host names in one thread of its own, one lookup at a time. A lookup still running
+    when its caller's deadline passed is kept and awaited by the next call for the same name
+    instead of starting another, so a hung resolver costs this one thread and never piles up."""
+
+    def __init__(self) -> None:
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: dict[tuple[str, int], asyncio.Future] = {}
+
+    async def resolve(self, host: str, port: int) -> list[tuple[int, str]]:
+        loop = asyncio.get_running_loop()
+        key = (host, port)
+        lookup = self._pending.get(key)
+        if lookup is None or lookup.get_loop() is not loop:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="probe-resolve")
+            lookup = loop.run_in_executor(self._pool, socket.getaddrinfo, host, port, socket.AF_UNSPEC,
+                                          socket.SOCK_STREAM)
+            self._pending[key] = lookup
+        try:
+            infos = await asyncio.shield(lookup)
+        finally:
+            if lookup.done() and self._pending.get(key) is lookup:
+                del self._pending[key]
+        return [(family, sockaddr[0]) for family, _, _, _, sockaddr in infos]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)  # a hung lookup ends on its own
+            self._pool = None
+        self._pending.clear()
+
+
+async def _addresses(host: str, port: int, resolver: Resolver | None) -> list[tuple[int, str]]:
+    if _is_ip_literal(host):
+        return [(socket.AF_UNSPEC, host)]
+    try:
+        if resolver is not None:
+            return await resolver.resolve(host, port)
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return [(family, sockaddr[0]) for family, _, _, _, sockaddr in infos]
+    except OSError as error:  # socket.gaierror
+        raise _Fail("dns", f"cannot resolve {host}: {error.strerror or error}") from None
+
+
+def _printable(text: str) -> str:
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 3] + "..."
+
+
+class _Body:
+    """The response body as pieces, de-chunked, each read bounded; b"" at its end."""
+
+    def __init__(self, reader: asyncio.StreamReader, fields: Mapping[bytes, bytes], max_head: int) -> None:
+        self.reader = reader
+        self.max_head = max_head
+        self.done = False
+        self.left: int | None = None  # bytes left of a Content-Length body or of the current chunk
+        self.chunked = False
+        self.after_chunk = False  # a chunk's data was read: its CRLF comes next
+        encoding = fields.get(b"transfer-encoding")
+        length = fields.get(b"content-length")
+        if encoding is not None:
+            if encoding.strip().lower() != b"chunked":
+                raise _Fail("protocol", "unsupported Transfer-Encoding")
+            self.chunked, self.left = True, 0
+        elif length is not None:
+            values = {v.strip() for v in length.split(b",")}
+            if len(values) != 1 or not (declared := values.pop()).isdigit() or len(declared) > 18:
+                raise _Fail("protocol", "bad Content-Length")
+            self.left = int(declared)
+        coding = fields.get(b"content-encoding", b"identity").strip().lower()
+        if coding not in (b"identity", b""):  # we ask for identity; a compressed stream is refused
+            raise _Fail("protocol", "compressed answer (Content-Encoding) to a request for identity")
+
+    async def read(self) -> bytes:
+        if self.done:
+            return b""
+        if self.chunked and self.left == 0:
+            if self.after_chunk and await self.reader.readexactly(2) != b"\r\n":
+                raise _Fail("protocol", "chunk not terminated")
+            line = await self.reader.readuntil(b"\r\n")  # LimitOverrunError past max_head
+            digits = line[:-2].split(b";", 1)[0].strip(b" \t")
+            if not digits or len(digits) > 15 or any(c not in b"0123456789abcdefABCDEF" for c in digits):
+                raise _Fail("protocol", "bad chunk size")
+            self.left = int(digits, 16)
+            self.after_chunk = True
+            if self.left == 0:
+                trailer = 0
+                while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
+                    trailer += len(line)
+                    if trailer > self.max_head:
+                        raise _Fail("protocol", "trailers too long")
+                self.done = True
+                return b""
+        size = _READ_SIZE if self.left is None else min(self.left, _READ_SIZE)
+        if size == 0:  # Content-Length: 0, or its end reached
+            self.done = True
+            return b""
+        data = await self.reader.read(size)
+        if not data:
+            if self.left is None:  # delimited by the end of the connection
+                self.done = True
+                return b""
+            raise _Fail("connection", "connection closed in the middle of the answer")
+        if self.left is not None:
+            self.left -= len(data)
+            if not self.chunked and self.left == 0:
+                self.done = True
+        return data
+
+
+class _Stream:
+    """SSE parsing and the timing record of one answer."""
+
+    def __init__(self, api: str, limits: StreamLimits) -> None:
+        self.api = api
+        self.limits = limits
+        self.buffer = bytearray()
+        self.scanned = 0  # bytes of `buffer` known to hold no line break
+        self.data: list[bytes] = []  # data lines of the event being read
+        self.data_bytes = 0
+        self.events = 0
+        self.finished = False  # [DONE] seen
+        self.token_times: list[float] = []
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+
+    def feed(self, piece: bytes, now: float) -> None:
+        self.buffer += piece
+        start, scan = 0, self.scanned  # only the new bytes are searched for a line break
+        while not self.finished:
+            end = self.buffer.find(b"\n", scan)
+            if end < 0:
+                break
+            line = bytes(self.buffer[start:end]).removesuffix(b"\r")
+            start = scan = end + 1
+            self._line(line, now)
+        if self.finished:
+            self.buffer.clear()
+            self.scanned = 0
+            return
+        del self.buffer[:start]
+        self.scanned = len(self.buffer)
+        if len(self.buffer) > self.limits.max_line_bytes:
+            raise _Fail("too_large", f"an SSE line over {self.limits.max_line_bytes} bytes")
+
+    def end(self, now: float) -> None:
+        """The body ended: a last line without its line break, a last event without its blank line."""
+        if self.buffer and not self.finished:
+            self._line(bytes(self.buffer).removesuffix(b"\r"), now)
+        self.buffer.clear()
+        if self.data and not self.finished:
+            self._dispatch(now)
+
+    def _line(self, line: bytes, now: float) -> None:
+        if not line:
+            if self.data:
+                self._dispatch(now)
+            return
+        if line.startswith(b":"):  # a comment (keep-alive pings)
+            return
+        name, _, value = line.partition(b":")
+        if name != b"data":  # event:, id:, retry: say nothing a completion needs
+            return
+        value = value.removeprefix(b" ")
+        self.data_bytes += len(value) + 1
+        if self.data_bytes > self.limits.max_line_bytes:
+            raise _Fail("too_large", f"an SSE event over {self.limits.max_line_bytes} bytes")
+        self.data.append(value)
+
+    def _dispatch(self, now: float) -> None:
+        payload = b"\n".join(self.data)
+        self.data.clear()
+        self.data_bytes = 0
+        self.events += 1
+        if self.events > self.limits.max_events:
+            raise _Fail("too_large", f"more than {self.limits.max_events} events in one answer")
+        if payload.strip() == b"[DONE]":
+            self.finished = True
+            return
+        try:
+            doc = json.loads(payload)
+        except ValueError:  # UnicodeDecodeError included
+            raise _Fail("protocol", "an SSE event that is not JSON") from None
+        if not isinstance(doc, dict):
+            raise _Fail("protocol", "an SSE event that is not a JSON object")
+        error = doc.get("error")
+        if error:  # vLLM and others report a failure mid-stream as {"error": {...}}
+            text = error.get("message", "") if isinstance(error, dict) else error
+            raise _Fail("stream_error", "the server sent an error: " + _printable(text if isinstance(text, str)
+                                                                                else "no message"))
+        if self._has_text(doc.get("choices")):
+            self.token_times.append(now)
+        usage = doc.get("usage")
+        if isinstance(usage, dict):
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt >= 0:
+                self.prompt_tokens = prompt
+            if isinstance(completion, int) and not isinstance(completion, bool) and completion >= 0:
+                self.completion_tokens = completion
+
+    def _has_text(self, choices: object) -> bool:
+        if not isinstance(choices, list):
+            return False
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            if self.api == "chat":
+                delta = choice.get("delta")
+                if not isinstance(delta, dict):
+                    continue
+                # Reasoning models stream their thinking first, in a field of its own: tokens all the same.
+                texts = (delta.get("content"), delta.get("reasoning_content"), delta.get("reasoning"))
+            else:
+                texts = (choice.get("text"),)
+            if any(isinstance(t, str) and t for t in texts):
+                return True
+        return False
+
+
+async def stream_completion(url: str, *, api: str = "completions", model: str | None, prompt: str,
+                            max_tokens: int, timeout_s: float, headers: Mapping[str, str] | None = None,
+                            limits: StreamLimits | None = None, ssl_context: ssl.SSLContext | None = None,
+                            resolver: Resolver | None = None, ignore_eos: bool = True,
+                            extra_body: Mapping[str, Any] | None = None) -> CompletionTiming:
+    """One streaming completion at `url` (the server's base URL) timed from here; see the module
+    docstring. `model` None leaves the field out (servers of one model take that). `headers` are
+    sent as given (Authorization) and never appear in a message."""
+    limits = limits or StreamLimits.for_tokens(max_tokens)
+    started = time.monotonic()
+    record = _Marks()
+    stream = _Stream(api, limits)
+    stage = "no connection"
+    writer: asyncio.StreamWriter | None = None
+    try:
+        full = endpoint_url(url, api)
+        parts = urllib.parse.urlsplit(full)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise _Fail("connection", "not an http(s) URL")
+        request = _request_bytes(parts, headers or {}, request_body(
+            api, model=model, prompt=prompt, max_tokens=max_tokens, ignore_eos=ignore_eos, extra=extra_body))
+        async with asyncio.timeout(timeout_s):
+            try:
+                async with asyncio.timeout(limits.connect_timeout_s):
+                    reader, writer = await _connect(parts, ssl_context, resolver, limits.max_head_bytes)
+            except TimeoutError:  # the connect deadline's own (the whole call's surfaces outside)
+                raise _Fail("timeout", f"no connection within {limits.connect_timeout_s:g}s") from None
+            record.connect_s = time.monotonic() - started
+            stage = "request not sent"
+            writer.write(request)
+            await writer.drain()
+            record.sent_at = time.monotonic()
+            stage = "no answer"
+            try:
+                async with asyncio.timeout(limits.first_byte_timeout_s):
+                    status, fields = await _read_head(reader)
+            except TimeoutError:  # the first-byte deadline's own
+                raise _Fail("timeout", f"no answer within {limits.first_byte_timeout_s:g}s of the request") from None
+            record.response_at, record.status = time.monotonic(), status
+            body = _Body(reader, fields, limits.max_head_bytes)
+            if status != 200:
+                raise _Fail("http_status", f"HTTP {status}{_redirect_note(status)}{await _hint(body)}")
+            stage = "stream not complete"
+            total = 0
+            while not stream.finished:
+                piece = await body.read()
+                now = time.monotonic()
+                if not piece:
+                    stream.end(now)
+                    break
+                total += len(piece)
+                if total > limits.max_body_bytes:
+                    raise _Fail("too_large", f"answer over {limits.max_body_bytes} bytes")
+                stream.feed(piece, now)
+        ended = time.monotonic()
+        if not stream.token_times:
+            raise _Fail("empty", "the stream carried no text")
+        return _timing(True, "", "", started, record, stream, ended)
+    except _Fail as failure:
+        return _timing(False, failure.reason, failure.message, started, record, stream, None)
+    except TimeoutError:
+        return _timing(False, "timeout", f"{stage} within {timeout_s:g}s", started, record, stream, None)
+    except ssl.SSLCertVerificationError as error:
+        return _timing(False, "tls", f"certificate not trusted ({error.verify_message})", started, record,
+                       stream, None)
+    except asyncio.LimitOverrunError:
+        what = "response head" if record.response_at is None else "chunk-size line"
+        reason = "too_large" if record.response_at is None else "protocol"
+        return _timing(False, reason, f"{what} over {limits.max_head_bytes} bytes", started, record, stream, None)
+    except asyncio.IncompleteReadError:
+        return _timing(False, "connection", f"connection closed: {stage}", started, record, stream, None)
+    except ssl.SSLError as error:
+        return _timing(False, "tls", f"TLS: {error.reason or type(error).__name__}", started, record, stream, None)
+    except OSError as error:
+        return _timing(False, "connection", f"{type(error).__name__}: {stage}", started, record, stream, None)
+    finally:
+        if writer is not None:
+            writer.transport.abort()  # one request per connection; nothing is kept
+
+
+def _redirect_note(status: int) -> str:
+    return " (a redirect: not followed)" if 300 <= status < 400 else ""
+
+
+async def _hint(body: _Body) -> str:
+    """What an error answer says (OpenAI style {"error": {"message": ...}}), short and printable."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(0.5):
+            while size < _ERROR_BODY and (piece := await body.read()):
+                chunks.append(piece)
+                size += len(piece)
+    except (TimeoutError, _Fail, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        return ""
+    text = b"".join(chunks)[:_ERROR_BODY].decode("utf-8", "replace")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        error = doc.get("error", doc.get("detail", doc.get("message")))
+        text = error.get("message", "") if isinstance(error, dict) else error
+        text = text if isinstance(text, str) else ""
+    text = _printable(text)
+    return f": {text}" if text else ""
+
+
+def _request_bytes(parts: urllib.parse.SplitResult, headers: Mapping[str, str], body: dict[str, Any]) -> bytes:
+    default_port = 443 if parts.scheme == "https" else 80
+    host = parts.hostname or ""
+    try:
+        host_ascii = host.encode("ascii").decode("ascii")
+    except UnicodeEncodeError:
+        host_ascii = host.encode("idna").decode("ascii")
+    host_header = f"[{host_ascii}]" if ":" in host_ascii else host_ascii
+    if parts.port and parts.port != default_port:
+        host_header += f":{parts.port}"
+    path = urllib.parse.quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")
+    payload = json.dumps(body, separators=(",", ":")).encode("utf-8")
+    fields = {"Host": host_header, "User-Agent": "llm-exporter-probe", "Accept": "text/event-stream",
+              "Accept-Encoding": "identity", "Content-Type": "application/json",
+              "Content-Length": str(len(payload)), "Connection": "close", **headers}
+    lines = []
+    for name, value in fields.items():
+        if any(c in name or c in value for c in "\r\n\0"):
+            raise _Fail("credentials", f"request header {name!r} contains a line break or NUL")  # never its value
+        lines.append(f"{name}: {value}\r\n")
+    return f"POST {path} HTTP/1.1\r\n{''.join(lines)}\r\n".encode("latin-1") + payload
+
+
+async def _connect(parts: urllib.parse.SplitResult, context: ssl.SSLContext | None, resolver: Resolver | None,
+                   limit: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host = parts.hostname or ""
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    if tls and context is None:
+        context = ssl.create_default_context()
+    failure: OSError | None = None
+    for family, address in await _addresses(host, port, resolver):
+        try:
+            return await asyncio.open_connection(address, port, ssl=context if tls else None,
+                                                 server_hostname=host if tls else None, family=family, limit=limit)
+        except ssl.SSLError:
+            raise
+        except OSError as error:  # the next address, as asyncio's own connect would
+            failure = error
+    if failure is None:
+        raise _Fail("dns", f"cannot resolve {host}: no address")
+    message = f"cannot connect to {redact_url(urllib.parse.urlunsplit(parts))}: {failure.strerror or failure}"
+    del failure
+    raise _Fail("connection", message)
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes]]:
+    for _ in range(_MAX_INTERIM):
+        head = await reader.readuntil(b"\r\n\r\n")  # LimitOverrunError past the head cap
+        lines = head[:-4].split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        if (len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0") or len(parts[1]) != 3
+                or not parts[1].isdigit()):
+            raise _Fail("protocol", "not an HTTP/1.x answer")
+        status = int(parts[1])
+        fields: dict[bytes, bytes] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
+                raise _Fail("protocol", "bad header line")
+            key = name.lower()
+            value = value.strip(b" \t")
+            fields[key] = fields[key] + b", " + value if key in fields else value
+        if not 100 <= status < 200:
+            return status, fields
+    raise _Fail("protocol", "too many interim answers")
+
+
+def _timing(ok: bool, reason: str, message: str, started: float, record: _Marks, stream: _Stream,
+            ended: float | None) -> CompletionTiming:
+    sent = record.sent_at
+    times = tuple(stream.token_times)
+    ttft = times[0] - sent if ok and times and sent is not None else None
+    itl = tuple(b - a for a, b in zip(times, times[1:], strict=False)) if ok else ()
+    completion = stream.completion_tokens
+    return CompletionTiming(
+        ok=ok, reason=reason, message=message, status=record.status, started_at=started,
+        connect_s=record.connect_s, sent_at=sent, response_at=record.response_at, token_times=times,
+        ttft_s=ttft, itl_s=itl, e2e_s=ended - sent if ok and ended is not None and sent is not None else None,
+        prompt_tokens=stream.prompt_tokens,
+        completion_tokens=completion if completion is not None else len(times),
+        usage_reported=completion is not None)

@@ -1,0 +1,215 @@
+"""The client-side probe in the exporter: ProbeSource in-process (its state, credentials, close) and
+the real `llm-exporter run --probe` process against the loopback OpenAI stub of test_probe_client."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import catalog
+from exporter.catalog.probe import ERROR_REASONS
+from exporter.config import load_config
+from exporter.probe.source import ProbeSource
+from tests.support import free_port, stop_process, wait_until
+from tests.test_probe_client import stub
+
+FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "engines" / "vllm-v0.11__documented.prom"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the fixture's model_name
+
+
+# ---------------------------------------------------------------------------------------------
+# ProbeSource in-process
+# ---------------------------------------------------------------------------------------------
+def _samples(data) -> dict[tuple[str, tuple], float]:
+    return {(s.name, s.labels): s.value for s in data.samples}
+
+
+def test_probe_source_accumulates_histograms_and_counters_and_closes_cleanly(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    token = tmp_path / "token"
+    token.write_text("sekrit-probe-token\n")
+    with stub(ttft_s=0.05, itl_s=0.01, tokens=4, model="m1") as server:
+        config = load_config({"engines": [f"{server.url}/metrics,name=eng,bearer_token_file={token}"],
+                              "probes": [f"{server.url},every=1s,max_tokens=4"]}, {})
+        source = ProbeSource(config.probes[0], engine_attrs=lambda: {"engine": "vllm"})
+
+        async def run():
+            first = await source.collect()  # starts the task; nothing finished yet: no series
+            assert first.samples == ()
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                if source.state.requests >= 2:
+                    break
+            data = await source.collect()
+            task = source._task
+            await source.close()
+            assert task is not None and task.done() and task.cancelled()
+            return data
+
+        data = asyncio.run(run())
+        seen = server.seen()
+    values = _samples(data)
+    labels = (("engine", "vllm"), ("model", "m1"), ("target", "eng"))
+    requests = values[("llm_probe_requests_total", labels)]
+    assert requests >= 2
+    assert values[("llm_probe_up", labels)] == 1.0
+    assert values[("llm_probe_time_to_first_token_seconds_count", labels)] == requests
+    assert values[("llm_probe_inter_token_latency_seconds_count", labels)] == 3 * requests
+    assert values[("llm_probe_completion_tokens_total", labels)] == 4 * requests
+    under_40ms = ("llm_probe_time_to_first_token_seconds_bucket", tuple(sorted(labels + (("le", "0.04"),))))
+    assert values[under_40ms] == 0  # every TTFT >= the stub's 50 ms
+    errors = {dict(k[1])["reason"]: v for k, v in values.items() if k[0] == "llm_probe_errors_total"}
+    assert errors == dict.fromkeys(ERROR_REASONS, 0.0)
+    for name, _ in values:
+        assert catalog.family_of(name), name
+    # The model came from /v1/models once; the engine target's token went with each request (same origin).
+    assert [(m, p) for m, p, _, _ in seen].count(("GET", "/v1/models")) == 1
+    assert all(h.get("authorization") == "Bearer sekrit-probe-token" for _, _, h, _ in seen)
+    assert source.attrs["auth"] == "bearer" and source.attrs["model"] == "m1"
+    assert "sekrit" not in caplog.text and "sekrit" not in repr(config)
+
+
+def test_credentials_never_go_to_another_origin(tmp_path, caplog):
+    token = tmp_path / "token"
+    token.write_text("sekrit-probe-token\n")
+    with stub(ttft_s=0.0, itl_s=0.0, tokens=2) as server:
+        config = load_config({"engines": [f"http://127.0.0.1:9/metrics,name=eng,bearer_token_file={token}"],
+                              "probes": [f"{server.url},target=eng,every=1s,model=stub-model"]}, {})
+        source = ProbeSource(config.probes[0])
+
+        async def once():
+            try:
+                return await source.probe_once()
+            finally:
+                await source.close()
+
+        outcome = asyncio.run(once())
+        seen = server.seen()
+    assert outcome.ok and seen
+    assert all("authorization" not in h for _, _, h, _ in seen)
+    assert source.attrs["auth"] == "none"
+    assert "not where target eng's credentials are configured for" in caplog.text and "sekrit" not in caplog.text
+
+
+def test_an_unreadable_token_file_is_reason_credentials(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    with stub() as server:
+        config = load_config({"engines": [f"{server.url}/metrics,name=eng,bearer_token_file={token}"],
+                              "probes": [f"{server.url},every=1s"]}, {})
+        token.unlink()
+        source = ProbeSource(config.probes[0])
+
+        async def once():
+            try:
+                return await source.probe_once()
+            finally:
+                await source.close()
+
+        outcome = asyncio.run(once())
+        assert server.seen() == []
+    assert (outcome.ok, outcome.reason) == (False, "credentials")
+
+
+# ---------------------------------------------------------------------------------------------
+# The real process
+# ---------------------------------------------------------------------------------------------
+@contextmanager
+def exporter_process(*args: str) -> Iterator[str]:
+    port = free_port()
+    command = [sys.executable, "-m", "exporter.cli", "run", "--listen", f"127.0.0.1:{port}", "--interval", "200ms",
+               "--gpu-backend", "none", "--no-host", *args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_until(lambda: _status(base + "/readyz") == 200, timeout=20), \
+            process.stderr.read() if process.poll() is not None else "not ready"
+        yield base
+    finally:
+        stop_process(process)
+        assert process.returncode == 0, process.stderr.read()
+
+
+def _status(url: str) -> int:
+    try:
+        return httpx.get(url, timeout=1).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def _scrape(base: str) -> dict[str, list]:
+    samples: dict[str, list] = {}
+    for fam in text_string_to_metric_families(httpx.get(base + "/metrics", timeout=5).text):
+        for sample in fam.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+def _value(samples: dict[str, list], name: str, **labels: str) -> float | None:
+    found = [s.value for s in samples.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items())]
+    return found[0] if len(found) == 1 else None
+
+
+def test_run_probes_an_engine_and_labels_its_series_like_the_engines():
+    with stub(ttft_s=0.05, itl_s=0.01, tokens=4, model=MODEL, metrics=FIXTURE.read_bytes()) as server:
+        started = time.monotonic()
+        with exporter_process("--engine", f"{server.url}/metrics,name=vllm",
+                              "--probe", f"{server.url},every=1s,max_tokens=4,prompt_tokens=8") as base:
+            assert wait_until(lambda: (_value(_scrape(base), "llm_probe_requests_total", target="vllm") or 0) >= 3,
+                              timeout=20)
+            samples = _scrape(base)
+            elapsed = time.monotonic() - started
+        posts = [doc for method, _, _, doc in server.seen() if method == "POST"]
+    who = {"target": "vllm", "engine": "vllm", "model": MODEL}
+    requests = _value(samples, "llm_probe_requests_total", **who)
+    assert requests is not None and 3 <= requests <= elapsed + 1  # one at a time, one a second
+    assert _value(samples, "llm_probe_up", **who) == 1.0
+    assert abs(_value(samples, "llm_probe_last_success_timestamp_seconds", **who) - time.time()) < 30
+    assert _value(samples, "llm_probe_time_to_first_token_seconds_count", **who) == requests
+    assert _value(samples, "llm_probe_time_to_first_token_seconds_bucket", le="0.04", **who) == 0.0
+    assert _value(samples, "llm_probe_inter_token_latency_seconds_count", **who) == 3 * requests
+    assert _value(samples, "llm_probe_e2e_request_latency_seconds_count", **who) == requests
+    assert sum(s.value for s in samples["llm_probe_errors_total"]) == 0
+    assert {s.labels["reason"] for s in samples["llm_probe_errors_total"]} == set(ERROR_REASONS)
+    # The engine's own series carry the same target/engine/model: the two join (the gap rule).
+    engine_ttft = {(s.labels["target"], s.labels["engine"], s.labels.get("model"))
+                   for s in samples["llm_time_to_first_token_seconds_count"]}
+    assert ("vllm", "vllm", MODEL) in engine_ttft
+    assert {s.labels["source"]: s.value for s in samples["llm_exporter_source_up"]} == \
+        {"engine:vllm": 1.0, "probe:vllm": 1.0}
+    for name in samples:
+        assert catalog.family_of(name) or catalog.family_of(name.removesuffix("_created")), name
+    assert posts and all(d["model"] == MODEL and d["max_tokens"] == 4 and len(d["prompt"].split()) == 8
+                         for d in posts)
+
+
+def test_a_failing_probe_shows_errors_by_reason_and_everything_else_is_still_served():
+    with stub(metrics=FIXTURE.read_bytes()) as server:
+        down = free_port()  # nothing listens there
+        with exporter_process("--engine", f"{server.url}/metrics,name=vllm",
+                              "--probe", f"http://127.0.0.1:{down},every=1s,model=m,timeout=2s") as base:
+            assert wait_until(lambda: (_value(_scrape(base), "llm_probe_errors_total",
+                                              reason="connection") or 0) >= 2, timeout=20)
+            samples = _scrape(base)
+    who = {"target": f"127.0.0.1:{down}", "model": "m"}
+    assert _value(samples, "llm_probe_up", **who) == 0.0
+    assert _value(samples, "llm_probe_last_success_timestamp_seconds", **who) is None  # never succeeded
+    errors = _value(samples, "llm_probe_errors_total", reason="connection", **who)
+    assert errors == _value(samples, "llm_probe_requests_total", **who)
+    assert _value(samples, "llm_probe_time_to_first_token_seconds_count", **who) == 0
+    # The probe's failure is its own series, not a failed source: the engine's series are all there.
+    assert _value(samples, "llm_engine_up", target="vllm") == 1.0
+    assert samples["llm_time_to_first_token_seconds_count"]
+    assert {s.labels["source"]: s.value for s in samples["llm_exporter_source_up"]} == \
+        {"engine:vllm": 1.0, f"probe:127.0.0.1:{down}": 1.0}
