@@ -34,6 +34,7 @@ TIERS: dict[str, str] = {
     "test_probe_client.py::test_hostile_streams_leave_memory_bounded": "process",
     "test_dashboards_live.py": "e2e",
     "test_demo.py": "e2e",
+    "test_loadtest_demo.py": "e2e",
     "test_deploy.py": "e2e",
     "test_status_page.py::test_status_page_in_headless_chromium": "e2e",
     "test_soak.py": "soak",

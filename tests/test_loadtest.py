@@ -153,7 +153,8 @@ def step(level, *, ttft=0.2, itl=0.03, tpot=None, out=1000.0, verdict="memory_ba
                        "preemptions": 0, "waiting_mean": 0, "waiting_max": 0, "running_mean": running or level,
                        "running_max": running or level, "ttft_mean_s": None, "itl_mean_s": None,
                        "verdict": verdict, "verdict_last": verdict, "verdicts": {verdict: 10} if verdict else {},
-                       "evidence": []}}
+                       "evidence": []},
+            "notes": []}
 
 
 def test_knee_at_the_first_tbt_crossing_names_the_verdict_change():
@@ -472,3 +473,58 @@ def test_open_loop_rate_step_and_warmup_exclusion():
     assert s["in_flight"]["max"] <= 3 and s["requests"]["dropped"] > 0
     assert s["requests"]["ok"] < server.ok  # warm-up requests were served, not recorded
     assert s["server"] is None and s["rate"] == 40.0 and s["concurrency"] is None
+
+
+def test_sweep_through_the_probe_client():
+    """The CLI's Send: exporter/probe/client.py's stream_completion, with usage and ignore_eos."""
+    async def main():
+        async with StreamServer() as server:
+            send, close = lt.make_sender(server.url, api="completions", model="m", timeout_s=10)
+            try:
+                config = lt.SweepConfig("concurrency", (4,), warmup_s=0.0, duration_s=1.0, request_timeout_s=10)
+                report = await lt.run_sweep(send, lt.Workload(prompt_words=6, max_tokens=6), config)
+            finally:
+                close()
+            return server, report
+
+    server, report = asyncio.run(main())
+    (s,) = report["steps"]
+    assert s["requests"]["ok"] == server.ok > 8 and s["requests"]["failed"] == 0
+    assert s["in_flight"]["max"] == 4 and server.max_in_flight == 4
+    assert s["throughput"]["output_tokens"] == 6 * server.ok and s["throughput"]["input_tokens"] == 6 * server.ok
+    assert s["latency_s"]["ttft"]["p50"] >= StreamServer.TTFT_S and s["latency_s"]["itl"]["count"] == 5 * server.ok
+
+
+def test_cli_arguments_are_checked(capsys):
+    from exporter.cli import run
+
+    assert run(["loadtest", "http://127.0.0.1:9", "--concurrency", "1,2.5"], {}) == 2
+    assert "concurrency" in capsys.readouterr().err
+    assert run(["loadtest", "http://127.0.0.1:9", "--duration", "20m"], {}) == 2
+    assert run(["loadtest", "--demo", "--exporter", "http://127.0.0.1:9"], {}) == 2
+    assert run(["loadtest", "http://127.0.0.1:9", "--api-key-env", "NOPE"], {}) == 2
+    assert "NOPE" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run(["loadtest", "http://127.0.0.1:9", "--demo"], {})  # one or the other
+
+
+def test_cli_against_a_loopback_server(tmp_path, capsys):
+    """The whole command in-process: a server that refuses every request exits 1 with a table saying so."""
+    from exporter.cli import run
+
+    async def serve_and_run():
+        async with StreamServer() as server:
+            dataset = tmp_path / "fail.jsonl"
+            dataset.write_text('{"prompt": "FAIL", "max_tokens": 3}\n')
+            args = ["loadtest", server.url, "--dataset", str(dataset), "--concurrency", "2", "--warmup", "0s",
+                    "--duration", "0.5s", "--json", str(tmp_path / "r.json")]
+            return await asyncio.to_thread(run, args, {})
+
+    assert asyncio.run(serve_and_run()) == 1
+    report = json.loads((tmp_path / "r.json").read_text())
+    jsonschema.validate(report, REPORT_SCHEMA)
+    (s,) = report["steps"]
+    assert s["requests"]["ok"] == 0 and s["requests"]["failed_by_reason"] == {"http_status": s["requests"]["failed"]}
+    out = capsys.readouterr()
+    assert "knee: at concurrency 2" in out.out and "requests failed" in out.out
+    assert "loadtest: step 1/1 (2): 0 ok" in out.err

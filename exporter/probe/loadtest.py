@@ -618,7 +618,8 @@ async def run_step(send: Send, workload: Workload, config: SweepConfig, level: f
 
     async def ticker() -> None:
         while progress is not None:
-            progress(stats, min(1.0, (clock() - start) / max(1e-9, deadline - start)))
+            # Under 1 until the drain is over: the final call (1.0) has the step's last counts.
+            progress(stats, min(0.99, (clock() - start) / max(1e-9, deadline - start)))
             await asyncio.sleep(0.5)
 
     tick = asyncio.create_task(ticker())
@@ -644,6 +645,12 @@ def step_record(stats: StepStats, config: SweepConfig, level: float, in_flight: 
     elapsed = max(deadline, stats.last_end) - window_start
     failed = sum(stats.failed.values())
     total = stats.ok + failed
+    notes = []
+    if total == 0:
+        # Closed loop: a request that outlasts warm-up plus duration leaves no request starting in the window.
+        notes.append("no request started in the measured window: requests take longer than the step "
+                     "(raise --duration, lower --max-tokens)" if not stats.dropped else
+                     "every arrival in the measured window was dropped at the in-flight cap")
     return {
         "mode": config.mode, "level": level,
         "concurrency": int(level) if config.mode == "concurrency" else None,
@@ -661,6 +668,7 @@ def step_record(stats: StepStats, config: SweepConfig, level: float, in_flight: 
         "goodput": {"good": stats.good, "share": _r(stats.good / total, 4) if total else None,
                     "requests_per_s": _r(stats.good / elapsed, 3)},
         "server": server,
+        "notes": notes,
     }
 
 
@@ -723,8 +731,9 @@ def knee_reasons(prev: Mapping[str, Any] | None, step: Mapping[str, Any], ttft_s
 
 def find_knee(steps: Sequence[Mapping[str, Any]], ttft_slo_s: float, tbt_slo_s: float) -> dict[str, Any] | None:
     """The first step past the knee, with why, and how the verdict moved across it."""
-    for i, step in enumerate(steps):
-        prev = steps[i - 1] if i else None
+    measured = [s for s in steps if _recorded(s)]
+    for i, step in enumerate(measured):
+        prev = measured[i - 1] if i else None
         reasons = knee_reasons(prev, step, ttft_slo_s, tbt_slo_s)
         if not reasons:
             continue
@@ -736,9 +745,14 @@ def find_knee(steps: Sequence[Mapping[str, Any]], ttft_slo_s: float, tbt_slo_s: 
         else:
             moved = f"verdict moved {before or 'unknown'} -> {at or 'unknown'}"
         text = f"at {level_words(step)} {'; '.join(reasons)}; {moved}"
-        return {"index": i, "level": step["level"], "reasons": reasons, "verdict_before": before,
+        return {"index": steps.index(step), "level": step["level"], "reasons": reasons, "verdict_before": before,
                 "verdict_at": at, "text": text}
     return None
+
+
+def _recorded(step: Mapping[str, Any]) -> bool:
+    """The step has requests to judge (ok or failed); one without says nothing about the knee."""
+    return bool((_get(step, "requests", "ok") or 0) + (_get(step, "requests", "failed") or 0))
 
 
 def _sequences(step: Mapping[str, Any]) -> float | None:
@@ -794,16 +808,18 @@ def kv_recommendation(steps: Sequence[Mapping[str, Any]], watermark: float = KV_
 
 def slo_recommendation(steps: Sequence[Mapping[str, Any]], knee: Mapping[str, Any] | None) -> dict[str, Any]:
     """Max concurrency from the knee: the last step before it."""
+    steps = [s for s in steps if _recorded(s)]
     if not steps:
-        return {"max_concurrency": None, "text": "no steps"}
+        return {"max_concurrency": None, "bounded": False, "text": "no step recorded a request"}
     if knee is None:
         top = max(steps, key=lambda s: s["level"])
         return {"max_concurrency": _step_capacity(top), "bounded": False,
                 "text": f"no knee up to {level_words(top)}: at least that much meets the SLOs"}
-    if knee["index"] == 0:
+    at = next(i for i, s in enumerate(steps) if s["level"] == knee["level"])
+    if at == 0:
         return {"max_concurrency": None, "bounded": True,
                 "text": f"the first step ({level_words(steps[0])}) is already past the knee: test lower"}
-    prev = steps[knee["index"] - 1]
+    prev = steps[at - 1]
     return {"max_concurrency": _step_capacity(prev), "bounded": True,
             "text": f"{level_words(prev)}, the last step before the knee"}
 

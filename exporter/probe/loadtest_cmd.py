@@ -43,6 +43,7 @@ Exit status: 0 the sweep ran, 1 no request succeeded, 2 bad arguments.
 """
 EXIT_OK, EXIT_NOTHING, EXIT_CONFIG = 0, 1, 2
 DEMO_MODEL = "llama-3.1-8b"
+DEMO_GPU = "NVIDIA H100 80GB HBM3"  # as `llm-exporter demo`
 
 
 def add_parser(subparsers: Any) -> Any:
@@ -87,6 +88,9 @@ def add_parser(subparsers: Any) -> Any:
                         help="environment variable holding a bearer token for the server")
     parser.add_argument("--scenario", default="idle",
                         help="with --demo: the twin's own background load (default idle: only the test's)")
+    parser.add_argument("--gpu", dest="gpu_name", default=DEMO_GPU,
+                        help=f"with --demo: the simulated GPU (default {DEMO_GPU}; a smaller one such as "
+                             "\"NVIDIA L4\" reaches its limits at lower concurrency)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_out", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--html", dest="html_out", metavar="FILE", help="write the report as one HTML page")
@@ -150,8 +154,8 @@ class DemoStack:
     on free loopback ports, on an event loop in a thread of their own so the load generator's loop
     times its requests without waiting behind the twin's steps and the exporter's cycles."""
 
-    def __init__(self, scenario: str, model: str) -> None:
-        self.scenario, self.model = scenario, model
+    def __init__(self, scenario: str, model: str, gpu_name: str = DEMO_GPU) -> None:
+        self.scenario, self.model, self.gpu_name = scenario, model, gpu_name
         self.exporter_url = self.engine_url = ""
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -179,7 +183,7 @@ class DemoStack:
             config = load_config({"listen": "127.0.0.1:0", "interval": "1s", "log_level": "warning",
                                   "gpu_backend": "none", "host_backend": "sim"}, {})
             await run_demo(config, scenario=self.scenario, engines=1, gpus=1, engine_format="vllm",
-                           gpu_name="NVIDIA H100 80GB HBM3", model=self.model, stop=self._stop,
+                           gpu_name=self.gpu_name, model=self.model, stop=self._stop,
                            announce=lambda _text: None, on_ready=ready)
         try:
             asyncio.run(main())
@@ -240,7 +244,7 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
     except ConfigError as error:
         print(f"llm-exporter loadtest: {error}", file=err)
         return EXIT_CONFIG
-    demo = DemoStack(args.scenario, args.model or DEMO_MODEL) if args.demo else None
+    demo = DemoStack(args.scenario, args.model or DEMO_MODEL, args.gpu_name) if args.demo else None
     try:
         if demo is not None:
             demo.start()

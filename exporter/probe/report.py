@@ -38,7 +38,7 @@ _SERVER = {
 _STEP = {
     "type": "object",
     "required": ["index", "mode", "level", "concurrency", "rate", "started_at", "elapsed_s", "requests", "in_flight",
-                 "latency_s", "throughput", "goodput", "server"],
+                 "latency_s", "throughput", "goodput", "server", "notes"],
     "properties": {
         "index": {"type": "integer"}, "mode": {"enum": ["concurrency", "rate"]}, "level": {"type": "number"},
         "concurrency": _INT, "rate": _NUM, "started_at": {"type": "number"}, "elapsed_s": _NUM,
@@ -60,6 +60,7 @@ _STEP = {
         "goodput": {"type": "object", "required": ["good", "share", "requests_per_s"],
                     "properties": {"good": {"type": "integer"}, "share": _NUM, "requests_per_s": _NUM}},
         "server": _SERVER,
+        "notes": {"type": "array", "items": {"type": "string"}},
     },
 }
 _LIMIT = {"type": "object", "required": ["max_concurrency", "text"],
@@ -163,6 +164,8 @@ def render_table(report: Mapping[str, Any]) -> str:
     lines.append("")
     lines.append(f"knee: {knee['text']}" if knee else "knee: none within the steps tested")
     lines.append(f"recommendation: {report['recommendation']['text']}")
+    for step in report["steps"]:
+        lines.extend(f"note ({step['mode']} {step['level']:g}): {note}" for note in step.get("notes") or ())
     return "\n".join(lines) + "\n"
 
 
@@ -176,8 +179,8 @@ VERDICT_COLORS = {
 UNKNOWN_COLOR = "#cfd8dc"
 SERIES_COLORS = ("#1565c0", "#ef6c00", "#c62828", "#2e7d32", "#6a1b9a", "#00838f")
 
-W, H = 560, 300
-LEFT, RIGHT, TOP, BOTTOM = 62, 14, 34, 44
+W, H = 560, 312
+LEFT, RIGHT, TOP, BOTTOM = 62, 14, 34, 58
 
 
 def _nice_max(value: float) -> float:
@@ -203,7 +206,9 @@ def plot_svg(title: str, steps: Sequence[Mapping[str, Any]], series: Sequence[tu
     plot_w, plot_h = W - LEFT - RIGHT, H - TOP - BOTTOM
     band = plot_w / n
     known = [v * scale for _, values in series for v in values if v is not None]
-    if threshold:
+    # An SLO line far above every point would squash them into the floor: then it is named, not drawn.
+    drawn = threshold is not None and (not known or threshold[1] * scale <= 3 * max(known))
+    if threshold and drawn:
         known.append(threshold[1] * scale)
     top = _nice_max(max(known) * 1.08 if known else 1.0)
 
@@ -233,9 +238,12 @@ def plot_svg(title: str, steps: Sequence[Mapping[str, Any]], series: Sequence[tu
     out.append(f'<text x="14" y="{TOP + plot_h / 2:.0f}" transform="rotate(-90 14 {TOP + plot_h / 2:.0f})" '
                f'text-anchor="middle">{_e(unit)}</text>')
     mode = steps[0].get("mode") if steps else "concurrency"
-    out.append(f'<text x="{LEFT + plot_w / 2:.0f}" y="{H - 8}" text-anchor="middle">'
+    out.append(f'<text x="{LEFT + plot_w / 2:.0f}" y="{TOP + plot_h + 31}" text-anchor="middle">'
                f'{"request rate (requests/s)" if mode == "rate" else "concurrency (requests in flight)"}</text>')
-    if threshold:
+    if threshold and not drawn:
+        out.append(f'<text class="slolabel" x="{LEFT + plot_w - 4}" y="{TOP - 4}" text-anchor="end">'
+                   f'{_e(threshold[0])}: above this scale</text>')
+    elif threshold:
         label, value = threshold
         out.append(f'<line class="slo" x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(value * scale):.1f}" '
                    f'y2="{y(value * scale):.1f}"/>')
@@ -253,8 +261,8 @@ def plot_svg(title: str, steps: Sequence[Mapping[str, Any]], series: Sequence[tu
         for px, py in points:
             out.append(f'<circle class="pt" data-series="{_e(label)}" cx="{px:.1f}" cy="{py:.1f}" r="3.5" '
                        f'fill="{color}"/>')
-        out.append(f'<rect x="{LEFT + 8 + s * 92}" y="{H - BOTTOM + 24}" width="10" height="3" fill="{color}"/>'
-                   f'<text x="{LEFT + 22 + s * 92}" y="{H - BOTTOM + 29}">{_e(label)}</text>')
+        out.append(f'<rect x="{LEFT + 8 + s * 92}" y="{H - 14}" width="10" height="3" fill="{color}"/>'
+                   f'<text x="{LEFT + 22 + s * 92}" y="{H - 9}">{_e(label)}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -331,6 +339,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         head = f"{step['mode']} {level}: {server.get('verdict_last') or 'no verdict'}"
         if server.get("error"):
             head += f" (exporter: {server['error']})"
+        head += "".join(f"; {note}" for note in step.get("notes") or ())
         parts.append(f"<p><b>{_e(head)}</b></p><ul>"
                      + "".join(f"<li>{_e(line)}</li>" for line in server.get("evidence") or ()) + "</ul>")
     parts.append("</body></html>\n")
