@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import re
@@ -528,3 +529,16 @@ def test_cli_against_a_loopback_server(tmp_path, capsys):
     out = capsys.readouterr()
     assert "knee: at concurrency 2" in out.out and "requests failed" in out.out
     assert "loadtest: step 1/1 (2): 0 ok" in out.err
+
+
+def test_window_throughput_counts_only_tokens_inside_the_window():
+    stats = lt.StepStats(2.5, 0.1, random.Random(0))
+    # Sent at 9, first token at 10.5, then a token every 0.5 s: tokens at 10.5, 11, ..., 12.5 (5 tokens).
+    outcome = lt.Failed("", ok=True, ttft_s=1.5, itl_s=(0.5,) * 4, e2e_s=3.5, prompt_tokens=7, completion_tokens=5)
+    stats.record_window(outcome, sent=9.0, ended=12.5, start=10.0, end=12.0)
+    assert stats.window_output == 3 and stats.window_input == 7  # 10.5, 11, 11.5; the prompt at 10.5
+    assert stats.window_done == 0  # ended after the window
+    # Two tokens per chunk (usage 10 over 5 chunks): each chunk weighs 2.
+    doubled = dataclasses.replace(outcome, completion_tokens=10)
+    stats.record_window(doubled, sent=8.0, ended=11.5, start=10.0, end=12.0)  # tokens 9.5 .. 11.5
+    assert stats.window_output == 3 + 2 * 4 and stats.window_input == 7 and stats.window_done == 1

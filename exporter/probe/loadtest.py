@@ -215,6 +215,12 @@ class StepStats:
     input_tokens: int = 0
     output_tokens: int = 0
     last_end: float = 0.0
+    # Throughput is counted inside the measured window only, from every request's token times
+    # (warm-up and drain requests included): the steady state, not diluted by a drain.
+    window_output: float = 0.0
+    window_input: float = 0.0
+    window_done: int = 0
+    window_good: int = 0
     requests_cap: int = MAX_RECORDED_REQUESTS
     gaps_cap: int = MAX_RECORDED_GAPS
     ttft: Reservoir = field(init=False)
@@ -227,6 +233,28 @@ class StepStats:
         self.tpot = Reservoir(self.requests_cap, self.rng)
         self.e2e = Reservoir(self.requests_cap, self.rng)
         self.itl = Reservoir(self.gaps_cap, self.rng)
+
+    def record_window(self, outcome: Outcome, sent: float, ended: float, start: float, end: float) -> None:
+        """The part of any request's work that fell inside [start, end): its tokens by arrival time
+        (prompt tokens when its first token came, the prefill being done), its completion."""
+        if not outcome.ok or outcome.ttft_s is None:
+            return
+        arrival = sent + outcome.ttft_s
+        chunks = 1 + len(outcome.itl_s)
+        # A chunk may carry several tokens (usage says how many): each chunk weighs tokens/chunks.
+        weight = (outcome.completion_tokens or chunks) / chunks
+        inside = start <= arrival < end
+        if inside:
+            self.window_input += outcome.prompt_tokens or 0
+        count = int(inside)
+        for gap in outcome.itl_s:
+            arrival += gap
+            count += start <= arrival < end
+        self.window_output += count * weight
+        if start <= ended < end:
+            self.window_done += 1
+            per_token = tpot(outcome.ttft_s, outcome.e2e_s, outcome.completion_tokens)
+            self.window_good += meets_slo(outcome.ttft_s, per_token, self.ttft_slo_s, self.tbt_slo_s)
 
     def record(self, outcome: Outcome, ended: float) -> None:
         self.last_end = max(self.last_end, ended)
@@ -589,9 +617,11 @@ async def run_step(send: Send, workload: Workload, config: SweepConfig, level: f
         try:
             outcome = await _send_bounded(send, spec, config.request_timeout_s)
         finally:
-            in_flight.change(clock(), -1)
+            ended = clock()
+            in_flight.change(ended, -1)
+        stats.record_window(outcome, sent, ended, window_start, deadline)
         if window_start <= sent < deadline:
-            stats.record(outcome, clock())
+            stats.record(outcome, ended)
 
     async def closed_worker() -> None:
         while clock() < deadline:
@@ -640,9 +670,10 @@ async def run_step(send: Send, workload: Workload, config: SweepConfig, level: f
 
 def step_record(stats: StepStats, config: SweepConfig, level: float, in_flight: InFlight, window_start: float,
                 deadline: float, started_at: float, server: dict[str, Any] | None) -> dict[str, Any]:
-    # Throughput is over the measured window stretched to the last recorded request's end: the
-    # tokens of requests still streaming at the deadline are counted, and so is the time they took.
+    # Latency and counts are of the requests started in the window (drained to their end); rates are
+    # of the work done inside the window (StepStats.record_window).
     elapsed = max(deadline, stats.last_end) - window_start
+    span = deadline - window_start
     failed = sum(stats.failed.values())
     total = stats.ok + failed
     notes = []
@@ -661,12 +692,12 @@ def step_record(stats: StepStats, config: SweepConfig, level: float, in_flight: 
         "in_flight": {"max": in_flight.max, "mean": _r(in_flight.mean(), 2)},
         "latency_s": {"ttft": summarize(stats.ttft.values).as_dict(), "tpot": summarize(stats.tpot.values).as_dict(),
                       "itl": summarize(stats.itl.values).as_dict(), "e2e": summarize(stats.e2e.values).as_dict()},
-        "throughput": {"requests_per_s": _r(stats.ok / elapsed, 3),
-                       "input_tokens_per_s": _r(stats.input_tokens / elapsed, 2),
-                       "output_tokens_per_s": _r(stats.output_tokens / elapsed, 2),
+        "throughput": {"requests_per_s": _r(stats.window_done / span, 3),
+                       "input_tokens_per_s": _r(stats.window_input / span, 2),
+                       "output_tokens_per_s": _r(stats.window_output / span, 2),
                        "input_tokens": stats.input_tokens, "output_tokens": stats.output_tokens},
         "goodput": {"good": stats.good, "share": _r(stats.good / total, 4) if total else None,
-                    "requests_per_s": _r(stats.good / elapsed, 3)},
+                    "requests_per_s": _r(stats.window_good / span, 3)},
         "server": server,
         "notes": notes,
     }
