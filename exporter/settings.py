@@ -435,7 +435,7 @@ SETTINGS: tuple[Setting, ...] = (
             "KV-cache dtype the engine runs with (its --kv-cache-dtype: fp8, bfloat16, auto...) when it is "
             "not the model's own"),
     Setting("verdict_hold_cycles", Integer(1, 1000), "int | None", None,
-            "cycles in a row a new bottleneck must win before it replaces the verdict (default 3)"),
+            "cycles in a row the standing verdict must lose before the winner replaces it (default 3)"),
     Setting("rate_window_s", Duration(), "float | None", None,
             "window of the rates behind the bottleneck scores (default 15s or 5 intervals, the longer)",
             aliases=("rate_window_s",)),

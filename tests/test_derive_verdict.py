@@ -115,6 +115,21 @@ def test_hysteresis_does_not_flap():
     assert state.verdict == "kv_capacity" and state.since == 102.0
 
 
+def test_hysteresis_replaces_a_verdict_that_keeps_losing_to_alternating_winners():
+    """Live llama.cpp over its slot cap: scheduler and host_cpu took turns as the raw winner while
+    headroom stood. Losing HOLD cycles in a row replaces the standing verdict, whoever won them."""
+    state = settle(Hysteresis(), "headroom", 0.0)
+    for i, raw in enumerate(["scheduler", "host_cpu"]):
+        state = settle(state, raw, 1.0 + i, hold_cycles=3)
+        assert state.verdict == "headroom"
+    state = settle(state, "scheduler", 3.0, hold_cycles=3)
+    assert state.verdict == "scheduler" and state.since == 3.0
+    # One win of the standing verdict starts the count again.
+    for i, raw in enumerate(["host_cpu", "host_cpu", "scheduler", "host_cpu", "host_cpu"]):
+        state = settle(state, raw, 10.0 + i, hold_cycles=3)
+    assert state.verdict == "scheduler"
+
+
 def test_sticky_margin_keeps_a_close_standing_verdict():
     s = Signals(**{**BUSY, "hbm_gpm": 0.62, "mfu": 0.43})  # bandwidth 0.80 vs compute 0.77
     scores = assess(s).scores

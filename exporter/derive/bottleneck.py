@@ -16,8 +16,8 @@ score >= CONSTRAINT_MIN; else the higher roof if >= ROOF_MIN; else headroom (ser
 a limit: healthy, and not idle, which says there is no work). Two roofs with
 the same score (both clamp at 1.0 once past their ramp) are told apart by how far past its ramp
 each input is (the unclamped ramp position); other ties go to the earlier resource in the order.
-Hysteresis: the standing verdict needs STICKY less to stay, and a new one must win HOLD_CYCLES
-cycles in a row before it replaces it.
+Hysteresis: the standing verdict needs STICKY less to stay, and it is replaced only after it lost
+HOLD_CYCLES cycles in a row (by the last of them's winner).
 """
 
 from __future__ import annotations
@@ -468,13 +468,16 @@ class Hysteresis(NamedTuple):
 
 
 def settle(state: Hysteresis, raw: str, now: float, hold_cycles: int = HOLD_CYCLES) -> Hysteresis:
-    """Adopt `raw` at once the first time; later, only after it won `hold_cycles` cycles in a row."""
+    """Adopt `raw` at once the first time; later, once the standing verdict has lost `hold_cycles`
+    cycles in a row, this cycle's winner replaces it. The losses count whoever won them: on a live
+    llama.cpp over its slot cap, scheduler and host_cpu took turns as the winner for a minute, and
+    "the same winner N times" kept `headroom` standing while requests queued."""
     # Built directly rather than with dataclasses.replace(), which inspects the fields each call.
     if state.verdict is None:
         return Hysteresis(raw, now)
     if raw == state.verdict:
         return Hysteresis(state.verdict, state.since)
-    streak = state.streak + 1 if raw == state.pending else 1
+    streak = state.streak + 1
     if streak >= hold_cycles:
         return Hysteresis(raw, now)
     return Hysteresis(state.verdict, state.since, raw, streak)

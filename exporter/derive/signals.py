@@ -152,7 +152,7 @@ def decide(ctx: Ctx, state: Verdicts) -> Decision:
     state.by_target[target] = standing
     assert standing.verdict is not None
     if standing.verdict != raw:
-        rule = f"held: {raw} must win {state.hold_cycles} cycles in a row first"
+        rule = f"held: {raw} wins; {standing.verdict} stays until it lost {state.hold_cycles} cycles in a row"
     return Decision(signals, scores, standing.verdict, rule, standing)
 
 

@@ -178,7 +178,7 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_inhibit
             breach = rx.notified(TTFT_BURN, since=overload, target=target)
             pages = rx.pages(TTFT_BURN, since=overload, target=target)
             # The verdicts since the KV ticket arrived, by share of time (before it, the baseline's idle
-            # may still hold: a new verdict must win 3 cycles in a row).
+            # may still hold: it must lose 3 cycles in a row first).
             kv_wall = time.time() - (time.monotonic() - rx.alerts(KV_FULL, status="firing", since=overload)[0].at)
             verdicts = verdict_shares(stack, kv_wall)
             with_data, empty = _dashboard_queries_of_recording_rules(stack)
