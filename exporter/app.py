@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 
 from exporter.collect import Collector
-from exporter.config import Config, ConfigError, EngineTarget
+from exporter.config import Config, ConfigError, EngineTarget, ProbeTarget
 from exporter.derive import build_deriver
 from exporter.httpserver import LISTEN_BACKLOG, HttpServer, Limits
 from exporter.server import RequestGuard, create_app
@@ -221,14 +221,16 @@ async def _reload_web(web: WebConfigManager) -> None:
 async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, engine_format: str, gpu_name: str,
                    model: str, seed: int = 0, speed: float = 1.0, numa_mismatch: bool = False,
                    stop: asyncio.Event | None = None, announce: Callable[[str], None] = print,
-                   on_ready: Callable[[str, Sequence[str]], None] | None = None) -> None:
+                   on_ready: Callable[[str, Sequence[str]], None] | None = None,
+                   probe_every_s: float | None = None) -> None:
     """`llm-exporter demo`: twins on loopback, the exporter scraping them over HTTP exactly as it
     scrapes a real engine, the simulated GPU source reading the twins, and the host source
     `config.host_backend` says: sim (the demo's default) reads the first twin's host over HTTP,
     as `run --host-backend sim --sim-url URL` does; procfs reads this machine. Runs until `stop`
     is set or SIGINT/SIGTERM. Assembled here, above the simulator, so the simulator never imports
     the exporter's app. `on_ready(exporter base URL, twin base URLs)` is called once both listen
-    (`llm-exporter loadtest --demo` binds port 0 and learns the ports from it)."""
+    (`llm-exporter loadtest --demo` binds port 0 and learns the ports from it). `probe_every_s`:
+    a client-side probe of each twin's OpenAI API at that period, as `run --probe` sends one."""
     from exporter.simulator.demo import start_twins
     from exporter.sources.gpu.sim import SimGpuSource
 
@@ -238,7 +240,10 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
     try:
         targets = tuple(EngineTarget(url=t.url + "/metrics", name=f"demo-{i}", kind=None,
                                      timeout_s=config.engine_timeout_s) for i, t in enumerate(twins))
-        config = dataclasses.replace(config, engines=targets, model=config.model or model,
+        probes = config.probes or tuple(
+            ProbeTarget(url=t.url, target=target.name, engine=target, every_s=probe_every_s)
+            for t, target in zip(twins, targets, strict=True)) if probe_every_s else config.probes
+        config = dataclasses.replace(config, engines=targets, probes=probes, model=config.model or model,
                                      sim_url=twins[0].url if config.host_backend == "sim" else config.sim_url)
         sources = build_sources(config, gpu_source=SimGpuSource([t.twin for t in twins]))
         # The bound port, not the configured one: port 0 means any free port.
@@ -249,6 +254,8 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
             f"scenario {scenario}, host {config.host_backend}\n"
             + (f"  GPU price     {config.gpu_price_per_hour:g} per GPU-hour, for the cost panels "
                "(--gpu-price-per-hour)\n" if config.gpu_price_per_hour is not None else "")
+            + (f"  probe         every {probe_every_s:g}s to each twin's /v1/completions (llm_probe_*, the "
+               "overview's Client probe row; --no-probe turns it off)\n" if probe_every_s else "")
             + f"  status page   {base}/\n  metrics       {base}/metrics\n"
             f"  diagnosis     {base}/api/v1/diagnosis\n"
             + (twins[0].twin.scenario.expect.lines(speed) if twins[0].twin.scenario.expect else "")

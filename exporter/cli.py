@@ -18,6 +18,9 @@ EXIT_CONFIG = 2
 DEMO_GPU_PRICE_PER_HOUR = "4.00"
 """`demo`'s GPU-hour price, so its cost panels have data: an example, a round figure of the order of
 public-cloud on-demand prices for one H100. `run` has no default (no cost series until it is set)."""
+DEMO_PROBE_EVERY_S = 5.0
+"""`demo`'s client-side probe period: shorter than `run`'s 15 s default, so the Client probe panels
+fill within a minute of starting the demo."""
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +44,9 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
                              "rates and the bandwidth modelled from them then read SPEED times too high")
     parser.add_argument("--numa-mismatch", dest="numa_mismatch", action="store_true",
                         help="pin each twin's engine to CPUs of a NUMA node that holds none of its GPUs")
+    parser.add_argument("--no-probe", dest="probe", action="store_false",
+                        help=f"no client-side probe (default: one every {DEMO_PROBE_EVERY_S:g}s to each twin's "
+                             "OpenAI API, except in the idle scenario, where it would be the only traffic)")
     add_flags(parser, ("gpu_price_per_hour", "listen", "interval_s", "log_level", "host_backend"),
               helps={"gpu_price_per_hour": "price of one GPU-hour, for the cost-per-token panels (default "
                                            f"{DEMO_GPU_PRICE_PER_HOUR}, an example figure of the order of "
@@ -117,7 +123,8 @@ def command_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         setup_logging(config.log_level)
         asyncio.run(run_demo(config, scenario=args.scenario, engines=args.engines, gpus=args.gpus,
                              engine_format=args.engine_format, gpu_name=args.gpu_name, model=args.model,
-                             seed=args.seed, speed=args.speed, numa_mismatch=args.numa_mismatch))
+                             seed=args.seed, speed=args.speed, numa_mismatch=args.numa_mismatch,
+                             probe_every_s=DEMO_PROBE_EVERY_S if args.probe and args.scenario != "idle" else None))
     except ConfigError as error:
         print(f"llm-exporter: {error}", file=sys.stderr)
         return EXIT_CONFIG

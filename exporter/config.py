@@ -211,6 +211,18 @@ def _flatten_target_mapping(spec: Mapping[str, Any]) -> dict[str, Any]:
     return options
 
 
+def _split_spec(spec: str, what: str) -> tuple[str, dict[str, str]]:
+    """`URL,key=value,...` -> (URL, {key: value}); `what` names the setting in the error."""
+    url, *rest = spec.strip().split(",")
+    options = {}
+    for item in rest:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(what, redact_url(url), "expected key=value after the URL")
+        options[key.strip()] = value.strip()
+    return url, options
+
+
 def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float,
                       env: Mapping[str, str] | None = None) -> EngineTarget:
     """`URL[,kind=K][,name=N][,timeout=T][,bearer_token_file=PATH]...` or a YAML mapping with the same
@@ -219,13 +231,7 @@ def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float,
         options = _flatten_target_mapping(spec)
         url = str(options.pop("url", ""))
     else:
-        url, *rest = str(spec).strip().split(",")
-        options = {}
-        for item in rest:
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise ConfigError("engine", redact_url(url), "expected key=value after the URL")
-            options[key.strip()] = value.strip()
+        url, options = _split_spec(str(spec), "engine")
     inline = set(options) & INLINE_SECRET_KEYS
     if inline:
         raise ConfigError("engine", redact_url(url),
@@ -362,13 +368,7 @@ def parse_probe_spec(spec: str | Mapping[str, Any], engines: tuple[EngineTarget,
         options = {str(k): v for k, v in spec.items()}
         url = str(options.pop("url", ""))
     else:
-        url, *rest = str(spec).strip().split(",")
-        options = {}
-        for item in rest:
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise ConfigError("probe", redact_url(url), "expected key=value after the URL")
-            options[key.strip()] = value.strip()
+        url, options = _split_spec(str(spec), "probe")
     url = url.strip()
     # Credential and TLS options of an engine target: refused by name, with the way to get them.
     secret = sorted(set(options) & (INLINE_SECRET_KEYS | (set(_TARGET_OPTIONS) - {"kind", "name", "timeout"})))

@@ -33,7 +33,7 @@ def test_demo_serves_engine_gpu_and_host_series_and_stops_on_ctrl_c():
 
     try:
         assert wait_until(lambda: {"llm_engine_up", "llm_gpu_power_watts", "llm_host_cpu_busy_ratio",
-                                   "llm_decode_tokens_per_second"} <= names(), timeout=30), names()
+                                   "llm_decode_tokens_per_second", "llm_probe_up"} <= names(), timeout=30), names()
         text = httpx.get(base + "/metrics", timeout=2).text
         samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
         up = {s.labels["target"]: s.value for s in samples if s.name == "llm_engine_up"}
@@ -41,6 +41,15 @@ def test_demo_serves_engine_gpu_and_host_series_and_stops_on_ctrl_c():
         gpus = {s.labels["gpu"] for s in samples if s.name == "llm_gpu_power_watts"}
         assert gpus == {"0", "1", "2", "3"}  # 2 engines x 2 GPUs, distinct indices
         assert any(s.name == "llm_time_to_first_token_seconds_count" and s.value > 0 for s in samples)
+        # The demo probes each twin's OpenAI API as `run --probe` would (issue 18): client-side series
+        # per engine target, with the target's engine label.
+        def probed() -> dict[str, str]:
+            text = httpx.get(base + "/metrics", timeout=2).text
+            return {s.labels["target"]: s.labels["engine"] for f in text_string_to_metric_families(text)
+                    for s in f.samples if s.name == "llm_probe_requests_total" and s.value >= 1}
+
+        assert wait_until(lambda: len(probed()) == 2, timeout=20), probed()
+        assert probed() == {"demo-0": "vllm", "demo-1": "vllm"}
         assert httpx.get(base + "/", timeout=2).status_code == 200
     finally:
         process.send_signal(signal.SIGINT)
@@ -51,3 +60,4 @@ def test_demo_serves_engine_gpu_and_host_series_and_stops_on_ctrl_c():
     stdout = process.stdout.read()
     assert process.returncode == 0, process.stderr.read()
     assert f"http://127.0.0.1:{port}/metrics" in stdout
+    assert "probe         every 5s" in stdout

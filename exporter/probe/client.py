@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import ipaddress
 import json
 import socket
 import ssl
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from exporter.redact import redact_url
+from exporter.sources.engines.http import is_ip_literal
 
 __all__ = ["APIS", "REASONS", "CompletionTiming", "Resolver", "StreamLimits", "endpoint_url", "make_prompt",
            "stream_completion"]
@@ -148,14 +148,6 @@ class _Fail(Exception):
         self.message = message
 
 
-def _is_ip_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 class Resolver:
     """Resolves host names in one thread of its own, one lookup at a time. A lookup still running
     when its caller's deadline passed is kept and awaited by the next call for the same name
@@ -190,7 +182,7 @@ class Resolver:
 
 
 async def _addresses(host: str, port: int, resolver: Resolver | None) -> list[tuple[int, str]]:
-    if _is_ip_literal(host):
+    if is_ip_literal(host):
         return [(socket.AF_UNSPEC, host)]
     try:
         if resolver is not None:

@@ -705,7 +705,8 @@ def step_record(stats: StepStats, config: SweepConfig, level: float, in_flight: 
 
 # --- after the sweep: knee and recommendation ----------------------------------------------------
 
-def _get(step: Mapping[str, Any], *path: str) -> Any:
+def dig(step: Mapping[str, Any], *path: str) -> Any:
+    """step[path[0]][path[1]]..., None where a level is missing (a step's JSON may lack a part)."""
     value: Any = step
     for key in path:
         if not isinstance(value, Mapping):
@@ -715,7 +716,7 @@ def _get(step: Mapping[str, Any], *path: str) -> Any:
 
 
 def step_verdict(step: Mapping[str, Any]) -> str | None:
-    return _get(step, "server", "verdict")
+    return dig(step, "server", "verdict")
 
 
 def level_words(step: Mapping[str, Any]) -> str:
@@ -726,10 +727,10 @@ def level_words(step: Mapping[str, Any]) -> str:
 
 def tbt_p95(step: Mapping[str, Any]) -> tuple[float | None, str]:
     """The step's time-between-tokens tail: ITL p95 (token gaps), else TPOT p95 (per request)."""
-    itl = _get(step, "latency_s", "itl", "p95")
+    itl = dig(step, "latency_s", "itl", "p95")
     if itl is not None:
         return itl, "ITL"
-    return _get(step, "latency_s", "tpot", "p95"), "TPOT"
+    return dig(step, "latency_s", "tpot", "p95"), "TPOT"
 
 
 def _rose(before: float | None, after: float | None, by: float) -> bool:
@@ -743,17 +744,17 @@ def knee_reasons(prev: Mapping[str, Any] | None, step: Mapping[str, Any], ttft_s
     tbt, what = tbt_p95(step)
     if tbt is not None and tbt > tbt_slo_s:
         reasons.append(f"TBT ({what}) p95 crossed {tbt_slo_s * 1000:g} ms ({tbt * 1000:.0f} ms)")
-    ttft = _get(step, "latency_s", "ttft", "p95")
+    ttft = dig(step, "latency_s", "ttft", "p95")
     if ttft is not None and ttft > ttft_slo_s:
         reasons.append(f"TTFT p95 crossed {ttft_slo_s * 1000:g} ms ({ttft * 1000:.0f} ms)")
-    ok, failed = _get(step, "requests", "ok") or 0, _get(step, "requests", "failed") or 0
+    ok, failed = dig(step, "requests", "ok") or 0, dig(step, "requests", "failed") or 0
     if ok + failed and failed / (ok + failed) > FAILED_SHARE_KNEE:
         reasons.append(f"{failed} of {ok + failed} requests failed")
     if prev is not None:
-        before = _get(prev, "throughput", "output_tokens_per_s")
-        after = _get(step, "throughput", "output_tokens_per_s")
+        before = dig(prev, "throughput", "output_tokens_per_s")
+        after = dig(step, "throughput", "output_tokens_per_s")
         slower = [name for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"))
-                  if _rose(_get(prev, "latency_s", key, "p50"), _get(step, "latency_s", key, "p50"), LATENCY_RISE)]
+                  if _rose(dig(prev, "latency_s", key, "p50"), dig(step, "latency_s", key, "p50"), LATENCY_RISE)]
         if before and after is not None and after < before * (1 + PLATEAU_GAIN) and slower:
             reasons.append(f"output throughput rose only {(after / before - 1) * 100:+.0f}% "
                            f"({before:.0f} -> {after:.0f} tok/s) while {' and '.join(slower)} p50 rose")
@@ -783,16 +784,16 @@ def find_knee(steps: Sequence[Mapping[str, Any]], ttft_slo_s: float, tbt_slo_s: 
 
 def _recorded(step: Mapping[str, Any]) -> bool:
     """The step has requests to judge (ok or failed); one without says nothing about the knee."""
-    return bool((_get(step, "requests", "ok") or 0) + (_get(step, "requests", "failed") or 0))
+    return bool((dig(step, "requests", "ok") or 0) + (dig(step, "requests", "failed") or 0))
 
 
 def _sequences(step: Mapping[str, Any]) -> float | None:
     """Concurrent sequences the engine held in a step: its running max from the exporter, else
     the client's in-flight max."""
-    running = _get(step, "server", "running_max")
+    running = dig(step, "server", "running_max")
     if running:
         return float(running)
-    flight = _get(step, "in_flight", "max")
+    flight = dig(step, "in_flight", "max")
     return float(flight) if flight else None
 
 
@@ -808,7 +809,7 @@ def kv_recommendation(steps: Sequence[Mapping[str, Any]], watermark: float = KV_
     """Max concurrency that keeps the KV cache under `watermark`: measured (the largest step whose
     KV watermark stayed under it) when some step reached it, else extrapolated linearly from KV
     usage per running sequence (least squares through the origin over the steps)."""
-    known = [s for s in steps if _get(s, "server", "kv_usage_max") is not None]
+    known = [s for s in steps if dig(s, "server", "kv_usage_max") is not None]
     if not known:
         return {"method": None, "max_concurrency": None, "kv_per_sequence": None,
                 "text": "no KV usage from the exporter: no KV-based limit"}

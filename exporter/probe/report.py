@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter.derive.bottleneck import VERDICT_WORDS
+from exporter.probe.loadtest import dig
 
 # --- the JSON schema (docs/loadtest.md shows it) -------------------------------------------------
 
@@ -102,14 +103,6 @@ REPORT_SCHEMA: dict[str, Any] = {
 
 # --- the terminal table --------------------------------------------------------------------------
 
-def _g(step: Mapping[str, Any], *path: str) -> Any:
-    value: Any = step
-    for key in path:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(key)
-    return value
-
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.0f}"
@@ -120,9 +113,9 @@ def _num(value: float | None, fmt: str = "{:.0f}") -> str:
 
 
 def _verdicts(step: Mapping[str, Any]) -> str:
-    mode, last = _g(step, "server", "verdict"), _g(step, "server", "verdict_last")
+    mode, last = dig(step, "server", "verdict"), dig(step, "server", "verdict_last")
     if mode is None:
-        return "-" if _g(step, "server") is None else "(none)"
+        return "-" if dig(step, "server") is None else "(none)"
     return mode if last in (None, mode) else f"{mode} (last {last})"
 
 
@@ -135,8 +128,8 @@ def table_rows(report: Mapping[str, Any]) -> list[tuple[str, ...]]:
     for step in report["steps"]:
         lat = step["latency_s"]
         level = f"{step['level']:g}" + ("/s" if step["mode"] == "rate" else "")
-        share = _g(step, "goodput", "share")
-        kv = _g(step, "server", "kv_usage_max")
+        share = dig(step, "goodput", "share")
+        kv = dig(step, "server", "kv_usage_max")
         rows.append((
             level, str(step["requests"]["ok"]), str(step["requests"]["failed"] + step["requests"]["dropped"]),
             "/".join(_ms(lat["ttft"][q]) for q in ("p50", "p95", "p99")),
@@ -146,8 +139,8 @@ def table_rows(report: Mapping[str, Any]) -> list[tuple[str, ...]]:
             _num(step["throughput"]["requests_per_s"], "{:.2f}"),
             "-" if share is None else f"{share:.0%}",
             "-" if kv is None else f"{kv:.0%}",
-            _num(_g(step, "server", "preemptions")),
-            f"{_num(_g(step, 'server', 'waiting_mean'), '{:.1f}')}/{_num(_g(step, 'server', 'waiting_max'))}",
+            _num(dig(step, "server", "preemptions")),
+            f"{_num(dig(step, 'server', 'waiting_mean'), '{:.1f}')}/{_num(dig(step, 'server', 'waiting_max'))}",
             _verdicts(step)))
     return rows
 
@@ -222,7 +215,7 @@ def plot_svg(title: str, steps: Sequence[Mapping[str, Any]], series: Sequence[tu
            f'viewBox="0 0 {W} {H}" role="img" aria-label="{_e(title)}">',
            f'<text x="{LEFT}" y="16" class="title">{_e(title)}</text>']
     for i, step in enumerate(steps):
-        verdict = _g(step, "server", "verdict")
+        verdict = dig(step, "server", "verdict")
         color = VERDICT_COLORS.get(verdict or "", UNKNOWN_COLOR)
         words = VERDICT_WORDS.get(verdict, (verdict or "no verdict",))[0] if verdict else "no verdict"
         out.append(f'<rect class="band" data-verdict="{_e(verdict or "")}" x="{LEFT + band * i:.1f}" y="{TOP}" '
@@ -268,7 +261,7 @@ def plot_svg(title: str, steps: Sequence[Mapping[str, Any]], series: Sequence[tu
 
 
 def _series(steps: Sequence[Mapping[str, Any]], *path: str) -> list[float | None]:
-    return [_g(step, *path) for step in steps]
+    return [dig(step, *path) for step in steps]
 
 
 def plots(report: Mapping[str, Any]) -> list[str]:

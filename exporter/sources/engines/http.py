@@ -122,7 +122,7 @@ class HttpClient:
         self._head = f"GET {target} HTTP/1.1\r\n".encode("ascii") + self._encode_headers(fixed)
         self._idle: _Connection | None = None
         self._closed = False
-        self._literal = _is_ip_literal(self._host)
+        self._literal = is_ip_literal(self._host)
         self._resolver: concurrent.futures.ThreadPoolExecutor | None = None
         self._resolving: asyncio.Future | None = None
 
@@ -363,7 +363,7 @@ class HttpClient:
             conn.abort()
 
 
-def _is_ip_literal(host: str) -> bool:
+def is_ip_literal(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
     except ValueError:
