@@ -62,14 +62,14 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
 
 
 @contextlib.contextmanager
-def exporter(engine_url: str, engine_port: int) -> Iterator[str]:
+def exporter(engine_url: str, engine_port: int, extra_args: tuple[str, ...] = ()) -> Iterator[str]:
     """`llm-exporter run` as a user starts it next to an engine on a machine without a GPU."""
     port = engines.free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "exporter.cli", "run", "--engine", f"{engine_url},name={TARGET}",
            "--listen", f"127.0.0.1:{port}", "--interval", f"{INTERVAL_S:g}s",
            "--engine-timeout", f"{0.9 * INTERVAL_S:g}s",
-           "--gpu-backend", "none", "--engine-port", str(engine_port)]
+           "--gpu-backend", "none", "--engine-port", str(engine_port), *extra_args]
     with tempfile.NamedTemporaryFile(prefix="exporter-", suffix=".log", delete=False) as log:
         process = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -232,6 +232,16 @@ def test_vllm_live(tmp_path: pathlib.Path) -> None:
         with RecordingProxy(engine.base_url) as proxy, exporter(proxy.url, port) as base:
             report = traffic_and_checks(engine, base, proxy, "vllm", cap=8)
             assert report["over_cap"][("llm_engine_estimated_flops_total", None)] > 0
+            # The load test's clients see at least the engine's own TTFT (vLLM measures from arrival,
+            # the client from before its request left); tokens exactly max_tokens each (ignore_eos).
+            before = _exporter_value(base, "llm_generation_tokens_total") or 0.0
+            steps = loadtest(engine.base_url, base, tmp_path, "2", max_tokens=16)["steps"]
+            assert steps[0]["requests"]["failed"] == 0 and steps[0]["requests"]["ok"] > 0, steps
+            client, server = steps[0]["latency_s"]["ttft"]["mean"], steps[0]["server"]["ttft_mean_s"]
+            assert server is not None and client >= server, (client, server)
+            time.sleep(2.5 * INTERVAL_S)
+            generated = (_exporter_value(base, "llm_generation_tokens_total") or 0.0) - before
+            assert generated == 16 * steps[0]["requests"]["ok"], generated
             # Restart with a KV cache of 10 blocks (1,280 tokens): long requests at the seq cap
             # preempt each other.
             engine.stop()
@@ -248,6 +258,62 @@ def test_vllm_live(tmp_path: pathlib.Path) -> None:
     finally:
         engine.stop()
     print("vLLM live report:", {k: v if isinstance(v, list) else len(v) for k, v in report.items()})
+
+
+def _engine_generated(engine: engines.Engine, family: str) -> float:
+    for line in _get(engine.base_url + "/metrics")[1].splitlines():
+        if line.startswith(family + " ") or line.startswith(family + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{family} not on the engine's page")
+
+
+def loadtest(url: str, base: str, out: pathlib.Path, levels: str, max_tokens: int) -> dict:
+    """`llm-exporter loadtest` as a user runs it against the engine, reading the verdict from `base`."""
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter.cli", "loadtest", url, "--exporter", base, "--target", TARGET,
+         "--concurrency", levels, "--warmup", "0s", "--duration", "8s", "--prompt-tokens", "32",
+         "--max-tokens", str(max_tokens), "--json", str(out / "loadtest.json"), "--html", str(out / "loadtest.html")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    print(result.stdout)
+    return json.loads((out / "loadtest.json").read_text())
+
+
+def test_probe_and_loadtest_on_llamacpp(tmp_path: pathlib.Path) -> None:
+    """Issue 18 on a real engine: the exporter's probe and `llm-exporter loadtest` against llama.cpp's
+    OpenAI API. Every token the engine counts is a token the clients received (ignore_eos: exactly
+    max_tokens each), and each load step carries the exporter's verdict."""
+    port = engines.free_port()
+    with engines.start_llamacpp(port, log_dir=tmp_path) as engine:
+        # The probe alone: its series carry the engine target's labels, its tokens are the engine's.
+        before = _engine_generated(engine, "llamacpp:tokens_predicted_total")
+        probe = f"{engine.base_url},every=1s,prompt_tokens=16,max_tokens=8,target={TARGET}"
+        with exporter(engine.base_url + "/metrics", port, ("--probe", probe)) as base:
+            wait_for(lambda: (_exporter_value(base, "llm_probe_requests_total") or 0) >= 5, 60,
+                     "fewer than 5 probe requests in 60 s")
+            requests = _exporter_value(base, "llm_probe_requests_total")
+            tokens = _exporter_value(base, "llm_probe_completion_tokens_total")
+            assert _exporter_value(base, "llm_probe_up") == 1.0
+            assert 'llm_probe_time_to_first_token_seconds_count{engine="llamacpp"' in _get(base + "/metrics")[1]
+        assert tokens == 8 * requests, (tokens, requests)
+        time.sleep(1.0)  # the request in flight when the exporter stopped ends (or is cancelled) in the engine
+        engine_tokens = _engine_generated(engine, "llamacpp:tokens_predicted_total") - before
+        # The probe kept sending while its counters were read and while the exporter stopped: at most
+        # two more requests reached the engine than the counters had seen.
+        assert tokens <= engine_tokens <= tokens + 2 * 8, (tokens, engine_tokens)
+
+        # The load test, with no probe running: the engine's count is exactly what the clients got.
+        before = _engine_generated(engine, "llamacpp:tokens_predicted_total")
+        with exporter(engine.base_url + "/metrics", port) as base:
+            report = loadtest(engine.base_url, base, tmp_path, "1,8", max_tokens=16)
+        generated = _engine_generated(engine, "llamacpp:tokens_predicted_total") - before
+        steps = report["steps"]
+        assert all(s["requests"]["failed"] == 0 and s["requests"]["ok"] > 0 for s in steps), steps
+        assert generated == 16 * sum(s["requests"]["ok"] for s in steps), generated
+        assert steps[1]["in_flight"]["max"] == 8
+        assert all(s["server"] and s["server"]["polls"] > 0 and s["server"]["verdict"] for s in steps), steps
+        assert steps[1]["server"]["waiting_max"] >= 1  # 8 clients over 4 slots: the queue was seen
+        assert (tmp_path / "loadtest.html").read_text().count("<svg") >= 2
 
 
 def test_doctor_on_a_llamacpp_started_without_metrics_says_to_add_the_flag(tmp_path: pathlib.Path) -> None:
