@@ -218,6 +218,12 @@ async def _reload_web(web: WebConfigManager) -> None:
         log.exception("web config reload on SIGHUP failed")
 
 
+DEMO_PROBE_TIMEOUT_S = 60.0
+"""The demo probe's timeout: under kv-pressure and overload a request waits behind a deep queue, and
+a probe that times out there records no latency at all (the panels would stay empty exactly when
+they matter); `run --probe` keeps its 10 s default, where a timeout is the signal."""
+
+
 async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, engine_format: str, gpu_name: str,
                    model: str, seed: int = 0, speed: float = 1.0, numa_mismatch: bool = False,
                    stop: asyncio.Event | None = None, announce: Callable[[str], None] = print,
@@ -241,7 +247,8 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
         targets = tuple(EngineTarget(url=t.url + "/metrics", name=f"demo-{i}", kind=None,
                                      timeout_s=config.engine_timeout_s) for i, t in enumerate(twins))
         probes = config.probes or tuple(
-            ProbeTarget(url=t.url, target=target.name, engine=target, every_s=probe_every_s)
+            ProbeTarget(url=t.url, target=target.name, engine=target, every_s=probe_every_s,
+                        timeout_s=DEMO_PROBE_TIMEOUT_S)
             for t, target in zip(twins, targets, strict=True)) if probe_every_s else config.probes
         config = dataclasses.replace(config, engines=targets, probes=probes, model=config.model or model,
                                      sim_url=twins[0].url if config.host_backend == "sim" else config.sim_url)
