@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import httpx
+
 PROMETHEUS_TEXT = "text/plain; version=0.0.4"
 
 
@@ -171,3 +173,11 @@ def background_process(command: list[str], ready_url: str, *, timeout: float = 3
             yield process
         finally:
             stop_process(process)
+
+
+def http_status(url: str) -> int:
+    """The status of a GET on `url`, 0 when nothing answered."""
+    try:
+        return httpx.get(url, timeout=1).status_code
+    except httpx.HTTPError:
+        return 0

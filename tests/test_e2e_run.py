@@ -14,7 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import catalog
-from tests.support import fake_engine, free_port, stop_process, wait_until
+from tests.support import fake_engine, free_port, http_status, stop_process, wait_until
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "engines"
 
@@ -28,7 +28,7 @@ def exporter_process(*args: str) -> Iterator[str]:
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     base = f"http://127.0.0.1:{port}"
     try:
-        ready = wait_until(lambda: _status(base + "/readyz") == 200, timeout=20)
+        ready = wait_until(lambda: http_status(base + "/readyz") == 200, timeout=20)
         assert ready, f"exporter never became ready: {process.stderr.read() if process.poll() is not None else ''}"
         yield base
     finally:
@@ -37,13 +37,6 @@ def exporter_process(*args: str) -> Iterator[str]:
         stop_process(process)
         assert process.returncode == 0, process.stderr.read()
         assert time.monotonic() - started < 5.0
-
-
-def _status(url: str) -> int:
-    try:
-        return httpx.get(url, timeout=1).status_code
-    except httpx.HTTPError:
-        return 0
 
 
 def _scrape(base: str) -> dict[str, list]:

@@ -20,7 +20,7 @@ from exporter import catalog
 from exporter.catalog.probe import ERROR_REASONS
 from exporter.config import load_config
 from exporter.probe.source import ProbeSource
-from tests.support import free_port, stop_process, wait_until
+from tests.support import free_port, http_status, stop_process, wait_until
 from tests.test_probe_client import stub
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "engines" / "vllm-v0.11__documented.prom"
@@ -133,19 +133,12 @@ def exporter_process(*args: str) -> Iterator[str]:
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     base = f"http://127.0.0.1:{port}"
     try:
-        assert wait_until(lambda: _status(base + "/readyz") == 200, timeout=20), \
+        assert wait_until(lambda: http_status(base + "/readyz") == 200, timeout=20), \
             process.stderr.read() if process.poll() is not None else "not ready"
         yield base
     finally:
         stop_process(process)
         assert process.returncode == 0, process.stderr.read()
-
-
-def _status(url: str) -> int:
-    try:
-        return httpx.get(url, timeout=1).status_code
-    except httpx.HTTPError:
-        return 0
 
 
 def _scrape(base: str) -> dict[str, list]:

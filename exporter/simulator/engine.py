@@ -493,13 +493,17 @@ class Engine:
         req.blocks = -(-k // bs)
         return req.blocks
 
-    def _finish(self, req: Request) -> None:
+    def _release(self, req: Request) -> None:
+        """Free a request's KV blocks and forget it: what finishing and aborting share."""
         self.free_blocks += req.blocks
         req.blocks = 0
         self.running.pop(req.rid, None)
         self.prefilling.pop(req.rid, None)
         self.by_id.pop(req.rid, None)
         req.finished_at = self.t
+
+    def _finish(self, req: Request) -> None:
+        self._release(req)
         self.counters.finished += 1
         reason = "length" if req.generated >= req.max_tokens else "stop"
         self.observer.on_finish(req, self.t, reason)
@@ -518,12 +522,7 @@ class Engine:
         for queue in (self.frontend, self.waiting):
             if req in queue:
                 queue.remove(req)
-        self.free_blocks += req.blocks
-        req.blocks = 0
-        self.running.pop(req.rid, None)
-        self.prefilling.pop(req.rid, None)
-        self.by_id.pop(req.rid, None)
-        req.finished_at = self.t
+        self._release(req)
         req.aborted = True
         self.counters.aborted += 1
         self.observer.on_abort(req, self.t)
