@@ -48,6 +48,16 @@ def _run(body: Callable[[TwinServer, httpx.AsyncClient], Awaitable[None]], *, sc
     asyncio.run(main())
 
 
+async def _until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Poll instead of one fixed sleep: a loaded CI machine delivers requests late, never early."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine")))): s.value
             for f in text_string_to_metric_families(text) for s in f.samples}
@@ -191,13 +201,8 @@ def test_an_api_request_is_batched_with_the_background_load() -> None:
         running_before = len(engine.running)
         assert running_before > 20
         task = asyncio.ensure_future(_stream(client, "/v1/completions", {"prompt": "hello " * 300, "max_tokens": 30}))
-        # Poll, not one fixed sleep: a loaded CI machine can take longer than any fixed delay to
-        # deliver the request, but it must be seen running before its stream ends.
-        seen_running = False
-        while not task.done() and not seen_running:
-            seen_running = any(r.external for r in engine.running.values())
-            await asyncio.sleep(0.02)
-        assert seen_running, "the API request never showed in the engine's running batch"
+        seen = await _until(lambda: task.done() or any(r.external for r in engine.running.values()))
+        assert seen and not task.done(), "the API request never showed in the engine's running batch"
         chunks, _, _ = await task
         truth = chunks[-1]["twin"]
         assert sum(1 for c in chunks if _text_of(c)) == 30
@@ -267,8 +272,7 @@ def test_concurrency_cap_answers_429_and_frees_slots() -> None:
     async def body(server: TwinServer, client: httpx.AsyncClient) -> None:
         streams = [asyncio.ensure_future(_stream(client, "/v1/completions", {"prompt": "p", "max_tokens": 12}))
                    for _ in range(3)]
-        await asyncio.sleep(0.2)
-        assert server.app.api.inflight == 3
+        assert await _until(lambda: server.app.api.inflight == 3)
         r = await client.post("/v1/completions", json={"prompt": "p", "max_tokens": 1})
         assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
         for chunks, _, _ in await asyncio.gather(*streams):
@@ -304,9 +308,7 @@ def test_client_disconnect_aborts_the_request_and_the_twin_serves_on() -> None:
         await asyncio.to_thread(_read_until_token, sock)
         assert len(engine.running) == 1 and engine.kv_blocks_used() > 0
         sock.close()
-        deadline = time.monotonic() + 5
-        while engine.counters.aborted == 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        assert await _until(lambda: engine.counters.aborted > 0)
         assert engine.counters.aborted == 1 and server.app.api.inflight == 0
         assert not engine.running and not engine.by_id and engine.kv_blocks_used() == 0 and engine.n_decoding == 0
         after = await _metrics(client)
@@ -330,7 +332,7 @@ def test_wall_clock_timeout_and_engine_restart_end_the_request() -> None:
         assert engine.counters.aborted == 2 and not engine.by_id and engine.kv_blocks_used() == 0
 
         task = asyncio.ensure_future(_stream(client, "/v1/completions", {"prompt": "lost", "max_tokens": 400}))
-        await asyncio.sleep(0.3)
+        assert await _until(lambda: bool(engine.by_id))
         assert (await client.post("/sim/restart")).status_code == 200
         chunks, _, _ = await task
         assert chunks[-1]["error"]["code"] == 503
