@@ -126,7 +126,7 @@ CONFIG: dict = {
     # failed over probe_failing_window, for probe_failing_for. LLMProbeLatencyGap: the probe's mean
     # TTFT exceeds the engine's own by probe_gap_seconds and by probe_gap_factor times, for probe_gap_for.
     "probe_failing_window": "10m",
-    "probe_failing_ratio": 0.5,
+    "probe_failing_ratio": slo.PROBE_FAILING_RATIO,
     "probe_failing_for": "5m",
     "probe_gap_seconds": slo.PROBE_GAP.gap_seconds,
     "probe_gap_factor": slo.PROBE_GAP.factor,

@@ -225,6 +225,8 @@ def render_report(diagnosis: Mapping[str, Any], source: str, out: TextIO) -> Non
         slo_words = [state.get("words", "") for state in (t.get("slo") or {}).values()]
         for words in slo_words:
             out.write(f"  {words}\n")
+        if t.get("probe"):
+            out.write(f"  {t['probe']['words']}\n")
         for note in t.get("notes", []) or []:
             if note not in slo_words:
                 out.write(f"  note: {note}\n")

@@ -136,3 +136,5 @@ class ProbeGap:
 
 
 PROBE_GAP = ProbeGap()
+# LLMProbeFailing: more than this share of the probe's requests failed.
+PROBE_FAILING_RATIO = 0.5

@@ -53,7 +53,7 @@ class SourceKind(Enum):
     ENGINE = "engine"
     GPU = "gpu"
     HOST = "host"
-    PROBE = "probe"  # client-side requests to an engine's API (exporter/probe/); read by no derivation
+    PROBE = "probe"  # client-side requests to an engine's API (exporter/probe/); derive/probe.py reads it
     OTHER = "other"
 
 

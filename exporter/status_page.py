@@ -204,6 +204,7 @@ def _target(t: Mapping[str, Any]) -> str:
         f'<p>Bottleneck: <span class="verdict {esc(status)}" data-verdict="{esc(verdict or "")}">{esc(words)}</span>'
         f' <span class="muted">{esc(status)}{": " + esc("; ".join(because)) if because else ""}</span></p>'
         f'{_notes(t.get("notes") or [])}'
+        f'{_notes([t["probe"]["words"]] if t.get("probe") else [])}'
         f'<div class="grid"><div><h3>Evidence</h3>{_list(t.get("evidence", []), "no evidence yet")}'
         f'<h3>First things to try</h3>{_list(t.get("remedies", []), "-")}</div>'
         f'<div><h3>Scores</h3>{_scores(t.get("scores", {}), verdict)}</div></div>'

@@ -101,7 +101,8 @@ def test_view_keeps_each_ranks_series_for_per_rank_reset_handling():
     assert single.ranks == 1 and single.histograms[TTFT].series == (("model=m,rank=0", (1.0, 2.0, 3.0)),)
     assert dict(single.series) == {("llm_prompt_tokens_total", "model=m,rank=0"): 100.0,
                                    ("llm_requests_running", "model=m,rank=0"): 3.0,
-                                   ("llm_kv_cache_capacity_tokens", "model=m,rank=0"): 1000.0}
+                                   ("llm_kv_cache_capacity_tokens", "model=m,rank=0"): 1000.0,
+                                   ("llm_time_to_first_token_seconds_sum", "model=m,rank=0"): 0.3}
 
 
 def _changed(rng: random.Random, samples: list[Sample]) -> list[Sample]:

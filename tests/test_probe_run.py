@@ -10,17 +10,18 @@ import pathlib
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import catalog
 from exporter.catalog.probe import ERROR_REASONS
 from exporter.config import load_config
 from exporter.probe.source import ProbeSource
-from tests.support import free_port, http_status, stop_process, wait_until
+from tests.support import background_process, free_port, http_status, stop_process, wait_until
 from tests.test_probe_client import stub
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "engines" / "vllm-v0.11__documented.prom"
@@ -206,3 +207,72 @@ def test_a_failing_probe_shows_errors_by_reason_and_everything_else_is_still_ser
     assert samples["llm_time_to_first_token_seconds_count"]
     assert {s.labels["source"]: s.value for s in samples["llm_exporter_source_up"]} == \
         {"engine:vllm": 1.0, f"probe:127.0.0.1:{down}": 1.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# The probe in the diagnosis (/api/v1/diagnosis, `doctor --url`), on the real twin's moving metrics
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def twin_metrics() -> Iterator[str]:
+    """A twin serving decode-heavy traffic: its TTFT histogram moves, so the engine has a mean."""
+    port = free_port()
+    command = [sys.executable, "-m", "exporter.simulator", "--port", str(port), "--scenario", "decode-heavy",
+               "--gpu", "l4"]
+    with background_process(command, f"http://127.0.0.1:{port}/metrics"):
+        yield f"http://127.0.0.1:{port}"
+
+
+def _probe_diagnosis(base: str, until: Callable[[dict], bool]) -> dict:
+    seen: list[dict] = []
+
+    def ready() -> bool:
+        target = httpx.get(base + "/api/v1/diagnosis", timeout=5).json()["targets"].get("twin", {})
+        seen[:] = [target]
+        return "probe" in target and target.get("verdict") is not None and until(target)
+
+    assert wait_until(ready, timeout=40, interval=0.5), seen
+    return seen[0]
+
+
+def _doctor(base: str) -> tuple[int, str]:
+    done = subprocess.run([sys.executable, "-m", "exporter.cli", "doctor", "--url", base], capture_output=True,
+                          text=True, timeout=30)
+    return done.returncode, done.stdout
+
+
+def test_doctor_names_a_client_latency_gap_in_front_of_the_engine(twin_metrics):
+    """The probe goes through something slow in front of the engine (here a stub answering after
+    1.5 s); the engine's own TTFT stays that of the twin. The diagnosis degrades the target on the
+    gap, with both means, and `doctor` says so and exits 1."""
+    with stub(ttft_s=1.5, itl_s=0.0, tokens=2) as slow, \
+            exporter_process("--engine", f"{twin_metrics}/metrics,name=twin",
+                             "--probe", f"{slow.url},target=twin,every=1s,max_tokens=2,model=stub-model") as base:
+        target = _probe_diagnosis(base, lambda t: t["numbers"]["probe"]["requests"] >= 3)
+        code, report = _doctor(base)
+    numbers = target["numbers"]["probe"]
+    assert numbers["failed"] == 0 and 1.5 <= numbers["client_ttft_mean_seconds"] < 3.0, numbers
+    engine = numbers["engine_ttft_mean_seconds"]
+    assert engine is not None and 0 < engine < 0.5, numbers  # the twin's L4 decode-heavy TTFT
+    assert numbers["gap_seconds"] == pytest.approx(numbers["client_ttft_mean_seconds"] - engine, abs=1e-5)
+    assert target["probe"]["gap_too_large"] and not target["probe"]["failing"]
+    gap_line = [line for line in target["degraded_because"] if line.startswith("clients wait")]
+    assert gap_line and "in front of the engine" in gap_line[0], target["degraded_because"]
+    assert target["status"] == "degraded"
+    assert code == 1, report
+    assert "probe: " in report and "succeeded over the last 5 minutes" in report
+    assert "degraded: clients wait" in report
+
+
+def test_doctor_says_the_probe_fails_while_the_engine_metrics_look_fine(twin_metrics):
+    down = free_port()  # nothing listens there
+    with exporter_process("--engine", f"{twin_metrics}/metrics,name=twin",
+                          "--probe", f"http://127.0.0.1:{down},target=twin,every=1s,model=m,timeout=2s") as base:
+        target = _probe_diagnosis(base, lambda t: t["numbers"]["probe"]["failed"] >= 2)
+        code, report = _doctor(base)
+    numbers = target["numbers"]["probe"]
+    assert numbers["failed"] == numbers["requests"] and numbers["failed_by_reason"] == {"connection": numbers["failed"]}
+    assert numbers["client_ttft_mean_seconds"] is None and numbers["gap_seconds"] is None
+    failing = [line for line in target["degraded_because"] if line.startswith("the probe's requests")]
+    assert failing and "(connection " in failing[0], target["degraded_because"]
+    assert target["status"] == "degraded" and target["probe"]["failing"]
+    assert code == 1 and "degraded: the probe's requests to the engine's API fail" in report, report

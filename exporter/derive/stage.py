@@ -3,7 +3,8 @@
 A stage names what it reads: engine samples and histograms, GPU and host families (the view
 keeps exactly the union of these: view_needs()), and the earlier stages whose results it reads.
 Per target and cycle the Deriver calls `compute(ctx, state)`, then `samples(result, key)` and
-puts `numbers(result)` into the diagnosis. compute returns None when it has nothing to say, and
+puts `numbers(result)` into the diagnosis (a stage does one or both: the probe stage only
+feeds the diagnosis). compute returns None when it has nothing to say, and
 raises NotYet (with the reason, shown in the diagnosis) when it cannot say it yet; any other
 exception drops only this stage's families for that target and cycle.
 """

@@ -136,6 +136,37 @@ class EngineDown:
     message: str = ""  # what the failure said (redacted by the source; bounded): the engine's hint
 
 
+class ProbeView(NamedTuple):
+    """What a target's client probe (--probe) has counted so far: cumulative, like its series."""
+
+    target: str
+    up: float  # 1: its last request succeeded
+    requests: float
+    errors: Mapping[str, float]  # reason -> failed requests
+    ttft_sum: float  # client-side TTFT of its successful requests: seconds and count
+    ttft_count: float
+
+
+# The probe families the view reads (exporter/catalog/probe.py); any other probe sample is skipped.
+_PROBE_FIELDS = {"llm_probe_up": "up", "llm_probe_requests_total": "requests",
+                 "llm_probe_time_to_first_token_seconds_sum": "ttft_sum",
+                 "llm_probe_time_to_first_token_seconds_count": "ttft_count"}
+
+
+def _probe_view(target: str, samples: tuple[Sample, ...]) -> ProbeView | None:
+    """None before the probe's first request ended (it exports nothing until then)."""
+    values: dict[str, float] = {}
+    errors: dict[str, float] = {}
+    for s in samples:
+        if s.name == "llm_probe_errors_total":
+            errors[s.label("reason")] = s.value
+        elif (field_name := _PROBE_FIELDS.get(s.name)) is not None:
+            values[field_name] = s.value
+    if len(values) < len(_PROBE_FIELDS):
+        return None
+    return ProbeView(target, errors=MappingProxyType(errors), **values)
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotView:
     taken_at: float
@@ -145,6 +176,7 @@ class SnapshotView:
     gpu_source: str  # "" when there is none, else "ok" or the failure reason
     host: Mapping[str, float] = field(default_factory=dict)
     host_source: str = ""
+    probes: Mapping[str, ProbeView] = field(default_factory=dict)  # by engine target
 
 
 def _sort_gpu(gpu: str) -> tuple[int, str]:
@@ -526,6 +558,7 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
     gpu_source = ""
     host: dict[str, float] = {}
     host_source = ""
+    probes: dict[str, ProbeView] = {}
     for name, result in snapshot.results.items():
         kind = result.kind
         if kind is SourceKind.ENGINE:
@@ -543,8 +576,12 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
             host_source = "ok" if result.ok else (result.error_reason or "failed")
             if result.ok:
                 host = _host(result.samples, cache.needs)
+        elif kind is SourceKind.PROBE and result.ok:
+            target = result.attrs.get("target", name)
+            if (probe := _probe_view(target, result.samples)) is not None:
+                probes[target] = probe
     cache.keep_only(snapshot.results)
     engines.sort(key=lambda e: e.target)
     down.sort(key=lambda d: d.target)
     return SnapshotView(snapshot.taken_at, tuple(engines), tuple(down), gpus, gpu_source,
-                        MappingProxyType(host), host_source)
+                        MappingProxyType(host), host_source, MappingProxyType(probes))

@@ -295,6 +295,10 @@ def test_probe_and_loadtest_on_llamacpp(tmp_path: pathlib.Path) -> None:
             tokens = _exporter_value(base, "llm_probe_completion_tokens_total")
             assert _exporter_value(base, "llm_probe_up") == 1.0
             assert 'llm_probe_time_to_first_token_seconds_count{engine="llamacpp"' in _get(base + "/metrics")[1]
+            # The diagnosis judges the probe over its window: every request counted, none failed.
+            judged = _diagnosis(base)
+            assert judged["numbers"]["probe"]["failed"] == 0 and judged["numbers"]["probe"]["requests"] >= 4, judged
+            assert judged["numbers"]["probe"]["client_ttft_mean_seconds"] > 0 and not judged["probe"]["failing"]
         assert tokens == 8 * requests, (tokens, requests)
         time.sleep(1.0)  # the request in flight when the exporter stopped ends (or is cancelled) in the engine
         engine_tokens = _engine_generated(engine, "llamacpp:tokens_predicted_total") - before
