@@ -93,7 +93,8 @@ def target_diagnosis(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]
                            "rule": decision.rule if decision else "", "omitted": list(r.omitted),
                            "numbers": _numbers(r, stages), "gpus": _gpu_rows(r), "slo": slo,
                            "notes": [s["words"] for s in slo.values() if s["state"] == "no_recent_traffic"]}
-    if (check := r.results.get("probe")) is not None:
+    check = r.results.get("probe")
+    if check is not None:
         out["probe"] = {"words": check.words(), "failing": check.failing, "gap_too_large": check.gap_too_large}
     if decision is None:
         out.update(status="unknown", scores={}, evidence=[], remedies=[], degraded_because=[])
@@ -106,7 +107,7 @@ def target_diagnosis(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]
     for group in (assessment.evidence.get(verdict, ()), assessment.context, *rest):
         evidence.extend(e for e in group if e not in evidence)
     degraded = bottleneck.is_degraded(verdict, signals)
-    if (check := r.results.get("probe")) is not None:
+    if check is not None:
         degraded = [*degraded, *check.degraded()]
     out.update(status="degraded" if degraded else "healthy", degraded_because=degraded,
                scores=dict(decision.scores), evidence=evidence,

@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from exporter.derive.settings import DeriveSettings
-from exporter.derive.stage import Ctx, Stage, StageState, TargetKey, rounded
+from exporter.derive.stage import Ctx, ScopedWindows, Stage, TargetKey, rounded
 from exporter.derive.view import GpuView, SnapshotView
-from exporter.derive.window import RateWindow, Scopes
+from exporter.derive.window import RateWindow
 from exporter.snapshot import Sample
 
 ENERGY = "llm_gpu_energy_joules_total"
@@ -74,22 +74,18 @@ def numbers(energy: Energy) -> dict[str, Any]:
                 cost_per_million_tokens=rounded(energy.cost_per_million))
 
 
-class GpuRates(StageState):
+class GpuRates(ScopedWindows):
     """The energy counter's rate per GPU, observed once a cycle for every GPU (whichever targets
     share it), forgotten a while after the GPU went."""
 
     def __init__(self, settings: DeriveSettings) -> None:
-        window_s = settings.rate_window_s
-        self.windows = Scopes(lambda: RateWindow(window_s), settings.forget_after_s)
+        super().__init__(settings, lambda: RateWindow(settings.rate_window_s))
 
     def begin(self, view: SnapshotView) -> None:
         for gpu in view.gpus:
             joules = gpu.values.get(ENERGY)
             if joules is not None:
                 self.windows.get(gpu.key).observe(view.taken_at, {ENERGY: joules}, {})
-
-    def end(self, view: SnapshotView) -> None:
-        self.windows.sweep(view.taken_at)
 
     def rate(self, gpu: GpuView) -> float | None:
         return self.windows.get(gpu.key).rate(ENERGY)

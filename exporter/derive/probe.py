@@ -18,9 +18,9 @@ from typing import Any, NamedTuple
 
 from exporter.catalog.probe import ERROR_REASONS
 from exporter.derive.settings import DeriveSettings
-from exporter.derive.stage import Ctx, Stage, StageState, TargetKey, rounded
-from exporter.derive.view import EngineView, ProbeView, SnapshotView
-from exporter.derive.window import HistogramWindow, Scopes
+from exporter.derive.stage import Ctx, ScopedWindows, Stage, TargetKey, rounded
+from exporter.derive.view import EngineView, ProbeView
+from exporter.derive.window import HistogramWindow
 from exporter.slo import PROBE_FAILING_RATIO, PROBE_GAP, human_duration
 from exporter.snapshot import Sample
 
@@ -89,13 +89,9 @@ def _mean(total: float, count: float) -> float | None:
     return total / count if count > 0 else None
 
 
-class Windows(StageState):
-    def __init__(self, settings: DeriveSettings) -> None:
-        window_s = settings.quantile_window_s
-        self.windows = Scopes(lambda: HistogramWindow(window_s), settings.forget_after_s)
-
-    def end(self, view: SnapshotView) -> None:
-        self.windows.sweep(view.taken_at)
+def _windows(settings: DeriveSettings) -> ScopedWindows:
+    """Per target, one window of the probe's counters and one of the engine's TTFT sum and count."""
+    return ScopedWindows(settings, lambda: HistogramWindow(settings.quantile_window_s))
 
 
 def _probe_counts(probe: ProbeView) -> tuple[float, ...]:
@@ -120,7 +116,7 @@ def _increase(window: HistogramWindow, now: float, keys: tuple[str, ...],
     return None if delta is None else dict(zip(keys, delta, strict=True))
 
 
-def _compute(ctx: Ctx, state: Windows) -> ProbeCheck | None:
+def _compute(ctx: Ctx, state: ScopedWindows) -> ProbeCheck | None:
     target = ctx.engine.target
     probe = ctx.view.probes.get(target)
     if probe is None:
@@ -156,4 +152,4 @@ def numbers(check: ProbeCheck) -> Mapping[str, Any]:
 
 
 STAGE = Stage(name="probe", compute=_compute, samples=_samples, emits=(), engine=ENGINE_TTFT, numbers=numbers,
-              state=Windows)
+              state=_windows)

@@ -27,9 +27,9 @@ from itertools import accumulate
 from typing import Any, NamedTuple
 
 from exporter.derive.settings import DeriveSettings
-from exporter.derive.stage import Ctx, Stage, StageState, TargetKey, rounded
-from exporter.derive.view import Histogram, SnapshotView
-from exporter.derive.window import HistogramWindow, Scopes
+from exporter.derive.stage import Ctx, ScopedWindows, Stage, TargetKey, rounded
+from exporter.derive.view import Histogram
+from exporter.derive.window import HistogramWindow
 from exporter.snapshot import Labels, Sample, format_value
 
 QUANTILES = (0.5, 0.95, 0.99)
@@ -159,16 +159,12 @@ def notes(tails: Mapping[str, Tail]) -> list[str]:
     return [tail.note for tail in tails.values() if tail.note]
 
 
-class Windows(StageState):
+class Windows(ScopedWindows):
     """One histogram window per target and series kind; the SLO thresholds by kind."""
 
     def __init__(self, settings: DeriveSettings) -> None:
-        window_s = settings.quantile_window_s
-        self.windows = Scopes(lambda: HistogramWindow(window_s), settings.forget_after_s)
+        super().__init__(settings, lambda: HistogramWindow(settings.quantile_window_s))
         self.thresholds = {"ttft": settings.slo_ttft_s, "tbt": settings.slo_tbt_s, "e2e": None}
-
-    def end(self, view: SnapshotView) -> None:
-        self.windows.sweep(view.taken_at)
 
 
 def _compute(ctx: Ctx, state: Windows) -> dict[str, Tail]:

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from exporter.derive.settings import DeriveSettings
 from exporter.derive.view import EngineView, GpuView, SnapshotView, ViewNeeds
+from exporter.derive.window import Scopes
 from exporter.snapshot import Labels, Sample
 from exporter.specs.gpus import GpuSpec
 from exporter.specs.models import ModelShape
@@ -45,6 +46,17 @@ class StageState:
 
     def end(self, view: SnapshotView) -> None:
         pass
+
+
+class ScopedWindows(StageState):
+    """One window per scope (a target, a target and series kind), made by `window()` when first
+    asked for and forgotten a while after its scope was last seen, so targets that go leak nothing."""
+
+    def __init__(self, settings: DeriveSettings, window: Callable[[], Any]) -> None:
+        self.windows = Scopes(window, settings.forget_after_s)
+
+    def end(self, view: SnapshotView) -> None:
+        self.windows.sweep(view.taken_at)
 
 
 class Ctx:

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from exporter.derive.settings import DeriveSettings
-from exporter.derive.stage import Ctx, Stage, StageState, TargetKey, rounded
-from exporter.derive.view import PREFIX_HIT_RATIO, EngineView, SnapshotView
-from exporter.derive.window import RateWindow, Scopes
+from exporter.derive.stage import Ctx, ScopedWindows, Stage, TargetKey, rounded
+from exporter.derive.view import PREFIX_HIT_RATIO, EngineView
+from exporter.derive.window import RateWindow
 from exporter.snapshot import Sample
 
 # The engine counters the rates are taken of (reset-safe, per series) and the gauges averaged
@@ -201,25 +201,19 @@ def numbers(tp: Throughput) -> dict[str, Any]:
                 spec_decode_acceptance=rounded(tp.spec_acceptance))
 
 
-class Rates(StageState):
-    """One rate window per target, forgotten a while after the target went."""
-
-    def __init__(self, settings: DeriveSettings) -> None:
-        window_s = settings.rate_window_s
-        self.windows = Scopes(lambda: RateWindow(window_s), settings.forget_after_s)
-
-    def end(self, view: SnapshotView) -> None:
-        self.windows.sweep(view.taken_at)
+def _rates(settings: DeriveSettings) -> ScopedWindows:
+    """One rate window per target."""
+    return ScopedWindows(settings, lambda: RateWindow(settings.rate_window_s))
 
 
-def _compute(ctx: Ctx, state: Rates) -> Throughput:
+def _compute(ctx: Ctx, state: ScopedWindows) -> Throughput:
     window = state.windows.get(ctx.engine.target)
     observe(window, ctx.engine, ctx.now)
     return compute(ctx.engine, window)
 
 
 STAGE = Stage(
-    name="throughput", compute=_compute, samples=samples, numbers=numbers, state=Rates,
+    name="throughput", compute=_compute, samples=samples, numbers=numbers, state=_rates,
     emits=("llm_prefill_tokens_per_second", "llm_decode_tokens_per_second", "llm_mean_batch_size",
            "llm_decode_steps_per_second", "llm_spec_decode_acceptance_ratio", "llm_phase_time_ratio"),
     engine=(*COUNTERS, *GAUGES, HIT_RATIO),
