@@ -567,6 +567,23 @@ def test_requests_waiting_while_running_sits_at_its_cap_is_the_scheduler_not_idl
     assert target["status"] == "degraded"
 
 
+def test_a_slot_seen_free_between_requests_still_counts_as_at_the_cap():
+    """Live llama.cpp, 8 closed-loop clients over 4 slots: in some samples a slot is between a
+    finished request and the next deferred one (3 of 4 processing), the window's mean batch is 3.3,
+    under 90% of 4; within one sequence of the cap it is still the scheduler's limit."""
+    from exporter.config import Config
+    from exporter.derive import Deriver
+    from exporter.sources.engines.normalize import NormalizerState
+    from tests.test_derive_verdict import llamacpp_snapshot
+
+    deriver, state = Deriver(Config(interval_s=5.0)), NormalizerState()
+    for t in range(8):
+        deriver(llamacpp_snapshot(5.0 * t, state, deferred=4, processing=4 if t % 3 == 0 else 3), None)
+    target = deriver.diagnosis()["targets"]["a"]
+    assert target["verdict"] == "scheduler", target
+    assert 3.0 <= target["numbers"]["mean_batch"] < 0.9 * 4, target["numbers"]
+
+
 def _diagnosis_with(**page):
     from exporter.config import Config
     from exporter.derive import Deriver

@@ -382,10 +382,12 @@ def test_after_a_restart_without_traffic_the_slo_says_no_recent_traffic_not_degr
     assert after["numbers"]["ttft"]["slo_no_recent_traffic"] is True
 
 
-def llamacpp_page(t: float, *, slots_busy: int = 4, deferred: int = 0, spec: bool = True) -> str:
+def llamacpp_page(t: float, *, slots_busy: int = 4, deferred: int = 0, spec: bool = True,
+                  processing: int | None = None) -> str:
     """A llama.cpp /metrics page (build 11434's names) after `t` seconds of steady decoding on
     `slots_busy` slots: 20 tokens/s per slot, 10 llama_decode() calls/s, 40 computed and 60 cached
-    prompt tokens/s, and (with `spec`) 100 draft tokens/s of which 30 accepted."""
+    prompt tokens/s, and (with `spec`) 100 draft tokens/s of which 30 accepted. `processing`: the
+    requests_processing gauge when this sample caught another count (default `slots_busy`)."""
     counters = {"prompt_tokens_total": 40 * t, "prompt_tokens_cached_total": 60 * t, "prompt_seconds_total": 0.1 * t,
                 "tokens_predicted_total": 20 * slots_busy * t,
                 "tokens_predicted_seconds_total": slots_busy * 0.9 * t, "n_decode_total": 10 * t,
@@ -394,7 +396,8 @@ def llamacpp_page(t: float, *, slots_busy: int = 4, deferred: int = 0, spec: boo
         counters |= {"spec_decode_num_draft_tokens_total": 100 * t, "spec_decode_num_accepted_tokens_total": 30 * t,
                      "spec_decode_num_drafts_total": 25 * t}
     gauges = {"prompt_tokens_seconds": 400.0, "predicted_tokens_seconds": 22.0,
-              "requests_processing": slots_busy, "requests_deferred": deferred, "n_busy_slots_per_decode": 3.9}
+              "requests_processing": slots_busy if processing is None else processing,
+              "requests_deferred": deferred, "n_busy_slots_per_decode": 3.9}
     lines = []
     for kind, items in (("counter", counters), ("gauge", gauges)):
         for name, value in items.items():
