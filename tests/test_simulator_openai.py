@@ -8,6 +8,7 @@ beside them, and counters that only API requests move."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -16,7 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -371,49 +372,120 @@ def _aborted_streams(port: int, count: int, batch: int = 25) -> None:
             sock.close()
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmRSS from /proc")
-def test_real_twin_process_serves_the_api_and_aborted_streams_do_not_grow_it() -> None:
+@contextlib.contextmanager
+def _twin_process() -> Iterator[tuple[subprocess.Popen, int]]:
+    """The real `python -m exporter.simulator` on a free port, once /health answers."""
     port = _free_port()
     cmd = [sys.executable, "-m", "exporter.simulator", "--port", str(port), "--scenario", "idle", "--gpu", "l4"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
         while True:
             try:
-                httpx.get(base + "/health", timeout=1)
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
                 break
             except httpx.TransportError:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     pytest.fail(f"twin did not start: {proc.stdout.read().decode() if proc.stdout else ''}")
                 time.sleep(0.1)
-        with httpx.Client(base_url=base, timeout=30) as client:
-            tokens = 0
-            with client.stream("POST", "/v1/chat/completions", json={
-                    "messages": [{"role": "user", "content": "hello"}], "max_tokens": 10, "stream": True}) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: {") and '"content"' in line:
-                        tokens += 1
-            assert tokens == 10
-            _aborted_streams(port, 50)  # warm-up: the allocator's pools and the pump reach their size
-            time.sleep(0.5)
-            rss_before = _vm_rss_kib(proc.pid)
-            _aborted_streams(port, 300)
-            deadline = time.monotonic() + 10
-            while client.get("/sim/gpu").json()["engine"]["requests_aborted_total"] < 350:
-                assert time.monotonic() < deadline, "aborted streams not counted"
-                time.sleep(0.05)
-            rss_after = _vm_rss_kib(proc.pid)
-            print(f"twin VmRSS before {rss_before} KiB, after 300 aborted streams {rss_after} KiB")
-            assert rss_after - rss_before < 8 * 1024
-            engine = client.get("/sim/gpu").json()["engine"]
-            assert engine["running"] == 0 and engine["kv_blocks_used"] == 0
-            doc = client.post("/v1/completions", json={"prompt": "still here", "max_tokens": 2}).json()
-            assert doc["usage"]["completion_tokens"] == 2
+        yield proc, port
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmRSS from /proc")
+def test_real_twin_process_serves_the_api_and_aborted_streams_do_not_grow_it() -> None:
+    with _twin_process() as (proc, port), httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        tokens = 0
+        with client.stream("POST", "/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hello"}], "max_tokens": 10, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {") and '"content"' in line:
+                    tokens += 1
+        assert tokens == 10
+        _aborted_streams(port, 50)  # warm-up: the allocator's pools and the pump reach their size
+        time.sleep(0.5)
+        rss_before = _vm_rss_kib(proc.pid)
+        _aborted_streams(port, 300)
+        deadline = time.monotonic() + 10
+        while client.get("/sim/gpu").json()["engine"]["requests_aborted_total"] < 350:
+            assert time.monotonic() < deadline, "aborted streams not counted"
+            time.sleep(0.05)
+        rss_after = _vm_rss_kib(proc.pid)
+        print(f"twin VmRSS before {rss_before} KiB, after 300 aborted streams {rss_after} KiB")
+        assert rss_after - rss_before < 8 * 1024
+        engine = client.get("/sim/gpu").json()["engine"]
+        assert engine["running"] == 0 and engine["kv_blocks_used"] == 0
+        doc = client.post("/v1/completions", json={"prompt": "still here", "max_tokens": 2}).json()
+        assert doc["usage"]["completion_tokens"] == 2
+
+
+def _partial_body(port: int, declared: int, sent: int) -> socket.socket:
+    """A request that declares `declared` body bytes, sends `sent` of them and holds the rest back."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: twin\r\ncontent-type: application/json\r\n"
+                 + f"content-length: {declared}\r\n\r\n".encode())
+    with contextlib.suppress(OSError):  # refused half-way: the twin answered and closed
+        sock.sendall(b'{"prompt": "' + b"x " * ((sent - 12) // 2))
+    return sock
+
+
+def _status(sock: socket.socket) -> int | None:
+    """The status line's code if the twin has answered, else None (without waiting)."""
+    sock.setblocking(False)
+    try:
+        head = sock.recv(64)
+    except (BlockingIOError, ConnectionResetError):
+        return None
+    finally:
+        sock.setblocking(True)
+    return int(head.split()[1]) if head.startswith(b"HTTP/1.1 ") else None
+
+
+def test_bodies_being_read_share_one_budget_and_give_it_back() -> None:
+    async def body(server: TwinServer, client: httpx.AsyncClient) -> None:
+        api = server.app.api
+        port = int(server.url.rsplit(":", 1)[1])
+        first = await asyncio.to_thread(_partial_body, port, 60_000, 40_000)
+        assert await _until(lambda: api.bodies.held >= 39_000)
+        second = await asyncio.to_thread(_partial_body, port, 60_000, 40_000)
+        assert await _until(lambda: api.inflight == 1)  # the second was refused, the first still reads
+        assert 39_000 <= api.bodies.held <= 40_000
+        assert (await asyncio.to_thread(second.recv, 64)).startswith(b"HTTP/1.1 429 ")
+        second.close()
+        first.close()  # the client leaves half-way: its bytes go back too
+        assert await _until(lambda: api.inflight == 0 and api.bodies.held == 0)
+        r = await client.post("/v1/completions", json={"prompt": "fits again", "max_tokens": 1})
+        assert r.status_code == 200 and api.bodies.held == 0
+
+    _run(body, limits=ApiLimits(max_bodies_bytes=64_000))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmRSS from /proc")
+def test_real_twin_process_holds_at_most_its_body_budget_under_a_flood_of_slow_bodies() -> None:
+    """160 clients each send 900 KB of a 1 MB body and stall: 144 MB if every read kept its bytes. The
+    twin holds at most MAX_BODIES_BYTES (32 MiB) of bodies and refuses the rest with 429, then serves
+    on. RSS also holds the connections' buffers and the allocator's slack (measured +35 to +48 MB)."""
+    with _twin_process() as (proc, port):
+        rss_before = _vm_rss_kib(proc.pid)
+        socks = [_partial_body(port, 1_000_000, 900_000) for _ in range(160)]
+        try:
+            time.sleep(1.0)  # the twin reads what was sent
+            rss_during = _vm_rss_kib(proc.pid)
+            refused = [code for code in map(_status, socks) if code is not None]
+            print(f"twin VmRSS {rss_before} KiB before, {rss_during} KiB with 160 stalled bodies; "
+                  f"{len(refused)} refused")
+            assert refused and set(refused) == {429}, refused
+            assert len(refused) >= 160 - (32 << 20) // 900_000 - 1
+            assert rss_during - rss_before < 64 * 1024
+        finally:
+            for sock in socks:
+                sock.close()
+        doc = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "still here", "max_tokens": 2},
+                         timeout=30).json()
+        assert doc["usage"]["completion_tokens"] == 2
 
 
 def test_engine_token_times_follow_the_steps_through_preemptions() -> None:
