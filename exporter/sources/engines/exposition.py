@@ -140,7 +140,7 @@ class LabelCache:
     and never grows without limit (a cardinality bomb or fresh long label values cannot pin
     memory). Label blocks over the label limits are never cached."""
 
-    __slots__ = ("_chars", "_comments", "_entries", "_heads", "_heads_keep", "max_chars", "max_entries")
+    __slots__ = ("_chars", "_comments", "_count", "_entries", "_heads", "_heads_keep", "max_chars", "max_entries")
 
     def __init__(self, max_entries: int = MAX_CACHED_LABEL_SETS, max_chars: int = MAX_CACHED_CHARS) -> None:
         self._entries: dict[str, Labels] = {}
@@ -153,6 +153,7 @@ class LabelCache:
         self.max_entries = max_entries
         self.max_chars = max_chars
         self._chars = 0
+        self._count = 0  # len(self), kept as it changes: a first parse asks once per line
 
     def get(self, raw: str, line_number: int) -> Labels:
         """The parsed block; raises ExpositionError when it is malformed, LabelLimitExceeded when
@@ -184,6 +185,7 @@ class LabelCache:
     def _use_filter(self, keep: Callable[[str], bool] | None) -> None:
         # Bound methods of one set compare equal, so a normalizer's filter keeps its verdicts.
         if self._heads_keep != keep:
+            self._count -= len(self._heads)
             self._heads.clear()
             self._heads_keep = keep
 
@@ -191,12 +193,14 @@ class LabelCache:
         """Account for an entry of `chars` characters about to be added, clearing all first when
         it would not fit."""
         chars += _ENTRY_OVERHEAD
-        if len(self) >= self.max_entries or self._chars + chars > self.max_chars:
+        if self._count >= self.max_entries or self._chars + chars > self.max_chars:
             self._entries.clear()
             self._heads.clear()
             self._comments.clear()
             self._chars = 0
+            self._count = 0
         self._chars += chars
+        self._count += 1
 
     @property
     def chars(self) -> int:
@@ -204,7 +208,7 @@ class LabelCache:
         return self._chars
 
     def __len__(self) -> int:
-        return len(self._entries) + len(self._heads) + len(self._comments)
+        return self._count
 
 
 def _unescape(value: str) -> str:
