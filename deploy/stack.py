@@ -333,6 +333,14 @@ def start(p: Plan, timeout_s: float = 30.0) -> None:
     running = [proc.name for proc in p.procs if _alive(directory, proc.name)]
     if running:
         raise StackError(f"already running ({', '.join(running)}): `make stack-down` first")
+    # Two services on one port: the second would exit on its bind while the first answered its
+    # readiness check, and the stack would look up with a service missing.
+    by_port: dict[int, list[str]] = {}
+    for proc in p.procs:
+        by_port.setdefault(proc.port, []).append(proc.name)
+    shared = [f"{' and '.join(names)} on {port}" for port, names in by_port.items() if len(names) > 1]
+    if shared:
+        raise StackError("one port for two services (" + "; ".join(shared) + "): give each its own")
     busy = [f"{proc.name} {proc.port} ({PORT_FLAGS[proc.name].upper()})" for proc in p.procs
             if not _port_free(proc.port)]
     if busy:

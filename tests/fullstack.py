@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tests.support import free_port, send_body, wait_until
+from tests.support import free_port, free_ports, send_body, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIME_SCALE = 0.01  # 1h -> 36s, 5m -> 3s, for: 15m -> 9s
@@ -309,7 +309,7 @@ def full_stack(directory: pathlib.Path, *, live: LiveEngine | None = None,
     prometheus_bin = _binary("prometheus")
     alertmanager_bin = _binary("prometheus-alertmanager", "alertmanager")
     receiver = WebhookReceiver()
-    ports = {name: free_port() for name in ("twin", "exporter", "alertmanager", "prometheus")}
+    ports = free_ports(("twin", "exporter", "alertmanager", "prometheus"))
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     proxy = EngineProxy(urls["twin"])
     target = live.target if live else TARGET

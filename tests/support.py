@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -21,9 +21,18 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4"
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(("port",))["port"]
+
+
+def free_ports(names: Iterable[str]) -> dict[str, int]:
+    """A distinct free port per name: each socket stays bound until all are chosen, since the kernel
+    may hand a just-closed port out again (a stack once got one port for Alertmanager and Prometheus:
+    Prometheus exited on the bind, and Alertmanager answered its readiness check)."""
+    with contextlib.ExitStack() as held:
+        socks = {name: held.enter_context(socket.socket()) for name in names}
+        for sock in socks.values():
+            sock.bind(("127.0.0.1", 0))
+        return {name: sock.getsockname()[1] for name, sock in socks.items()}
 
 
 @dataclass

@@ -57,7 +57,7 @@ import pytest
 from dashboards import generate
 from exporter.catalog.derived import RESOURCES
 from tests.conftest import ROOT
-from tests.support import free_port, wait_until
+from tests.support import free_port, free_ports, wait_until
 
 SPEED = 8.0
 DEADLINE_S = 75.0
@@ -124,7 +124,7 @@ def stack(tmp_path_factory):
         pytest.fail("prometheus not found on PATH; `make debs` installs the Debian package. This test never skips.")
     tmp = tmp_path_factory.mktemp("prometheus")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    ports = {name: free_port() for name in (*SCENARIOS, *FORMATS, FAULTS)}
+    ports = free_ports((*SCENARIOS, *FORMATS, FAULTS))
     started = time.monotonic()
     processes: list[tuple[subprocess.Popen, int]] = []
     try:

@@ -30,7 +30,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.support import free_port
+from tests.support import free_port, free_ports
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -599,6 +599,19 @@ def test_stack_interpolates_like_compose_and_maps_services_to_loopback(tmp_path)
     assert rendered["rule_files"] == [str(ROOT / "alerts" / "rules" / "*.yaml")]
 
 
+def test_stack_refuses_one_port_for_two_services_and_starts_nothing(tmp_path, capsys):
+    """Alertmanager would answer Prometheus's readiness check on a shared port while Prometheus exits
+    on its bind: the stack would look up with Prometheus missing."""
+    ports = free_ports(("exporter", "twin", "shared"))
+    argv = ["up", "--dir", str(tmp_path / "stack"), "--exporter-port", str(ports["exporter"]),
+            "--twin-port", str(ports["twin"]), "--prometheus-port", str(ports["shared"]),
+            "--alertmanager-port", str(ports["shared"])]
+    assert stack.main(argv, env={}) == 1
+    assert f"alertmanager and prometheus on {ports['shared']}" in capsys.readouterr().err
+    assert not list((tmp_path / "stack" / "pids").glob("*.pid"))
+    assert all(pid is None for _, pid, _ in stack.status(tmp_path / "stack"))
+
+
 def _get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.load(response)
@@ -610,7 +623,7 @@ def test_make_stack_scrapes_the_exporter_with_rules_loaded(tmp_path):
         tool(binary)
     if not (shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")):
         tool("prometheus-alertmanager")
-    ports = {name: free_port() for name in ("exporter", "prometheus", "alertmanager", "twin")}
+    ports = free_ports(("exporter", "prometheus", "alertmanager", "twin"))
     argv = ["--dir", str(tmp_path / "stack"), *[a for n, p in ports.items() for a in (f"--{n}-port", str(p))]]
     prometheus = f"http://127.0.0.1:{ports['prometheus']}"
     try:
