@@ -6,19 +6,16 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import socket
-import subprocess
 import sys
-import time
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.simulator import Twin, TwinConfig
 from exporter.simulator.demo import start_twins
 from exporter.simulator.recorders import SGLANG_TTFT, TGI_DURATION, VLLM_TTFT
 from tests.conftest import ROOT
+from tests.support import background_process, free_port
 
 
 def _families(text: str) -> dict[str, object]:
@@ -168,34 +165,16 @@ def test_every_twin_handler_runs_on_the_event_loop() -> None:
     assert [path for path, fn in endpoints.items() if not inspect.iscoroutinefunction(fn)] == []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_subprocess_twin() -> None:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "exporter.simulator", "--port", str(port), "--scenario", "prefill-heavy",
            "--engine-format", "sglang", "--gpu", "NVIDIA L40S", "--model", "qwen2.5-7b", "--gpus", "1", "--seed", "5"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail(f"twin did not start: {proc.stdout.read().decode() if proc.stdout else ''}")
-                time.sleep(0.1)
+    with background_process(cmd, f"http://127.0.0.1:{port}/metrics", cwd=str(ROOT),
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}):
+        r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
         assert "sglang:num_running_reqs" in _families(r.text)
         gpu = httpx.get(f"http://127.0.0.1:{port}/sim/gpu", timeout=2).json()
         assert gpu["gpus"][0]["name"] == "NVIDIA L40S" and gpu["gpus"][0]["nvlink"] is None
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 # What the simulator may import: itself, the GPU and model specs, and the HTTP server it is served

@@ -28,6 +28,7 @@ from exporter.simulator import Twin, TwinConfig
 from exporter.simulator.openai_api import CHAT_TOKENS_PER_MESSAGE, TICK_S, TOKEN_TEXT, ApiLimits
 from exporter.simulator.server import TwinServer, start_server
 from tests.conftest import ROOT
+from tests.support import background_process, free_port
 
 # Wall-clock slack for a loaded 2-core machine: a token may come out late, never early.
 LATE_S = 0.5
@@ -357,12 +358,6 @@ def _vm_rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _aborted_streams(port: int, count: int, batch: int = 25) -> None:
     for _ in range(count // batch):
         socks = [_raw_stream_request(port, 4000) for _ in range(batch)]
@@ -375,24 +370,11 @@ def _aborted_streams(port: int, count: int, batch: int = 25) -> None:
 @contextlib.contextmanager
 def _twin_process() -> Iterator[tuple[subprocess.Popen, int]]:
     """The real `python -m exporter.simulator` on a free port, once /health answers."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "exporter.simulator", "--port", str(port), "--scenario", "idle", "--gpu", "l4"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail(f"twin did not start: {proc.stdout.read().decode() if proc.stdout else ''}")
-                time.sleep(0.1)
+    with background_process(cmd, f"http://127.0.0.1:{port}/health", cwd=str(ROOT),
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}) as proc:
         yield proc, port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmRSS from /proc")
@@ -441,7 +423,8 @@ def _status(sock: socket.socket) -> int | None:
         return None
     finally:
         sock.setblocking(True)
-    return int(head.split()[1]) if head.startswith(b"HTTP/1.1 ") else None
+    parts = head.split()
+    return int(parts[1]) if head.startswith(b"HTTP/1.1 ") and len(parts) > 1 else None
 
 
 def test_bodies_being_read_share_one_budget_and_give_it_back() -> None:
