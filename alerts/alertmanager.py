@@ -1,7 +1,17 @@
 """The Alertmanager config: routing by severity (critical pages, warning opens a ticket, info goes
-nowhere) and the inhibitions that keep one cause from paging twice (an engine down, a lost GPU, a
-critical XID, an absent exporter; the longer burn-rate pair of an SLO over its shorter ones). Built
-from the rendered areas, so a disabled alert drops out of its inhibitions too."""
+nowhere) and the inhibitions that keep one cause from paging twice (a lost GPU, a critical XID, an
+absent exporter; the longer burn-rate pair of an SLO over its shorter ones). Built from the rendered
+areas, so a disabled alert drops out of its inhibitions too.
+
+Alertmanager drops the resolved notification of an alert that resolves while inhibited
+(prometheus/alertmanager#2754): an alert that had already notified is then never closed at the
+receiver. So an inhibition only targets alerts that its source's cause makes fire at the same time,
+never alerts that may have fired before it. LLMEngineDown inhibits nothing: an engine's outage cannot
+make its latency, SLO or saturation alerts fire (their series vanish with it), those that fired
+before it are earlier news whose resolve must reach the ticket, and the probe alert leaves an outage
+to LLMEngineDown in its own expression (alerts/probe.py). A live vLLM showed it: the KV-full ticket
+resolved during the outage, inhibited, and stayed open at the receiver. (The GPU inhibitions keep
+that risk for a GPU alert that fired before its GPU was lost and resolves while it stays lost.)"""
 
 from __future__ import annotations
 
@@ -50,16 +60,8 @@ def alertmanager(areas: dict[str, list[dict]], cfg: dict = CONFIG) -> dict:
     am = cfg["alertmanager"]
     names = alert_names_by_area(areas)
     exporter_labels = list(cfg["exporter_labels"])
-    engine_scoped = [n for a in ("slo", "latency", "saturation", "probe") for n in names.get(a, [])]
     gpu_scoped = [n for n in names.get("hardware", []) if n.startswith("LLMGPU") and n != "LLMGPULost"]
     inhibit = burn_inhibitions(names.get("slo", []), cfg)
-    for source in ("LLMEngineDown", "LLMEngineNotStarted"):
-        if source in names.get("pipeline", []) and engine_scoped:
-            inhibit.append({
-                "source_matchers": [f'alertname="{source}"'],
-                "target_matchers": [f'alertname=~"{regex_of(engine_scoped)}"'],
-                "equal": [*exporter_labels, "target"],
-            })
     if "LLMGPULost" in names.get("hardware", []) and gpu_scoped:
         inhibit.append({
             "source_matchers": ['alertname="LLMGPULost"'],

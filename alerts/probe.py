@@ -10,13 +10,19 @@ def groups(cfg: dict) -> list[dict]:
     w = cfg["probe_failing_window"]
     errors = f"sum {without('reason', cfg=cfg)} (increase({sel('llm_probe_errors_total', cfg=cfg)}[{w}]))"
     requests = f"sum {without(cfg=cfg)} (increase({sel('llm_probe_requests_total', cfg=cfg)}[{w}]))"
+    # An engine that was down in the window fails every probe: LLMEngineDown pages for that, so the
+    # probe stays quiet until the window holds none of the outage (no second alert for one cause, and
+    # no ticket opened right after the restart from the outage's errors).
+    on = ", ".join((*cfg["exporter_labels"], "target"))
+    engine_was_down = f"min by ({on}) (min_over_time({sel('llm_engine_up', cfg=cfg)}[{w}])) == 0"
     rw = cfg["rate_window"]
     gap, client = probe_gap_rule(rw), probe_mean_rule(rw)
     server = engine_mean_rule("llm_time_to_first_token_seconds", rw)
     seconds, factor = fmt_num(cfg["probe_gap_seconds"]), fmt_num(cfg["probe_gap_factor"])
     rules = [
         alert("LLMProbeFailing",
-              f"{errors}\n/\n({requests} > 0)\n> {fmt_num(cfg['probe_failing_ratio'])}",
+              f"{errors}\n/\n({requests} > 0)\n> {fmt_num(cfg['probe_failing_ratio'])}\n"
+              f"unless on ({on})\n{engine_was_down}",
               "warning", f"Probe requests to {TM} are failing.",
               f"{{{{ $value | humanizePercentage }}}} of the client-side probe's streaming requests to {TM} from "
               f"the exporter on {{{{ $labels.instance }}}} failed over the last {w} (more than "

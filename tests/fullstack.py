@@ -371,6 +371,14 @@ def full_stack(directory: pathlib.Path, *, live: LiveEngine | None = None,
         stack.client.close()
 
 
+def timeline(stack: FullStack, since: float = 0.0) -> str:
+    """The notifications the receiver got, one line each, in seconds from the stack's "start" mark."""
+    start = stack.marks.get("start", since)
+    lines = [f"{n.at - start:7.1f}s {n.receiver:7} {n.group.get('alertname', '')} {n.status}: "
+             + ", ".join(f"{a}={s}" for a, s in n.alerts) for n in stack.receiver.notifications if n.at >= since]
+    return "notifications:\n  " + "\n  ".join(lines)
+
+
 def logs(directory: pathlib.Path) -> str:
     """The tail of every service's log, for assertion messages."""
     out = []

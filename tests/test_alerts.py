@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from alerts import generate, hardware, lib
+from alerts.alertmanager import alert_names_by_area
 from exporter import catalog, slo
 from exporter.config import Config
 
@@ -420,7 +421,24 @@ def test_alertmanager_routes_by_severity_and_inhibits_known_alerts():
             listed = set(m.group(2).split("|")) if m.group(1) == "=~" else {m.group(2)}
             assert listed <= names, f"inhibit rule names unknown alerts {sorted(listed - names)}"
     sources = {rule["source_matchers"][0] for rule in am["inhibit_rules"]}
-    assert {'alertname="LLMEngineDown"', 'alertname="LLMGPULost"', 'alertname="LLMGPUXidCritical"'} <= sources
+    assert {'alertname="LLMGPULost"', 'alertname="LLMGPUXidCritical"'} <= sources
+
+
+def test_no_alert_of_an_engine_is_inhibited_by_another_alert():
+    """Alertmanager drops the resolve of an alert that resolves while inhibited (alertmanager#2754), so
+    a KV-full ticket opened before the engine died stayed open forever once LLMEngineDown inhibited it.
+    An engine's latency, SLO, saturation and probe alerts are inhibited only by a longer burn pair of
+    the same alert (one group: the group's resolve closes the page)."""
+    am = yaml.safe_load(ALERTMANAGER.read_text())
+    engine_alerts = {n for area, names in alert_names_by_area(generate.build()).items()
+                     if area in ("slo", "latency", "saturation", "probe") for n in names}
+    assert "LLMKVCacheNearlyFull" in engine_alerts and "LLMProbeFailing" in engine_alerts
+    for rule in am["inhibit_rules"]:
+        targets = {n for m in rule["target_matchers"] if m.startswith("alertname")
+                   for n in re.fullmatch(r'alertname=~?"(.+)"', m).group(1).split("|")}
+        if targets & engine_alerts:
+            assert rule["source_matchers"][0] in {f'alertname="{n}"' for n in targets}, rule
+            assert any(m.startswith("long=") for m in rule["source_matchers"]), rule
 
 
 def test_a_real_alertmanager_pages_once_per_slo_breach_with_the_longer_burn_pair_inhibiting_the_shorter(tmp_path):

@@ -8,9 +8,11 @@ generated Alertmanager routing -> a webhook receiver in this process (tests/full
    free blocks, a deep queue that stands rather than grows). Every alert of the target carries
    the same identifying labels. The dashboards' queries of recording rules have data on the
    scaled stack (the rules keep their nominal names).
-2. the engine killed: LLMEngineDown pages; the target's SLO, latency and saturation alerts show as
-   suppressed in Alertmanager and none of them reaches the receiver while it is down.
-3. the engine restarted, light traffic: every alert that fired is resolved, nothing fires.
+2. the engine killed: LLMEngineDown pages; none of the target's SLO, latency and saturation alerts
+   opens a page or ticket while it is down, and none is inhibited (Alertmanager drops the resolve
+   of an alert that resolves while inhibited: a KV-full ticket once stayed open that way).
+3. the engine restarted, light traffic: every alert that fired is resolved at the receiver, nothing
+   fires.
 
 The notification timeline is printed (pytest -s, or the report on failure) for the closing note.
 """
@@ -27,7 +29,7 @@ import time
 import pytest
 import yaml
 
-from tests.fullstack import FullStack, LiveEngine, full_stack, logs
+from tests.fullstack import FullStack, LiveEngine, full_stack, logs, timeline
 from tests.live import engines
 from tests.live.traffic import complete
 from tests.support import wait_until
@@ -51,15 +53,8 @@ def _wait(stack: FullStack, predicate, timeout: float, what: str) -> None:
                              f"{logs(stack.directory)}")
 
 
-def timeline(stack: FullStack, since: float = 0.0) -> str:
-    start = stack.marks.get("start", since)
-    lines = [f"{n.at - start:7.1f}s {n.receiver:7} {n.group.get('alertname', '')} {n.status}: "
-             + ", ".join(f"{a}={s}" for a, s in n.alerts) for n in stack.receiver.notifications if n.at >= since]
-    return "notifications:\n  " + "\n  ".join(lines)
-
-
 def _engine_alert_names(stack: FullStack) -> set[str]:
-    """The alerts LLMEngineDown inhibits (the slo, latency and saturation areas), from the rendered rules."""
+    """The alerts of an engine target (the slo, latency and saturation areas), from the rendered rules."""
     return {r["alert"] for area in ENGINE_SCOPED
             for group in yaml.safe_load((stack.directory / "rules" / f"{area}.yaml").read_text())["groups"]
             for r in group["rules"] if "alert" in r}
@@ -145,7 +140,7 @@ def _dashboard_queries_of_recording_rules(stack: FullStack) -> tuple[list[str], 
     return with_data, empty
 
 
-def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_inhibits_all_resolve(
+def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_pages_once_all_resolve(
         tmp_path: pathlib.Path) -> None:
     engines.install_all()
     port = engines.free_port()
@@ -222,18 +217,21 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_inhibit
             report["engine_down_s"] = round(down.at - killed, 1)
             assert down.receiver == "/pager" and down.labels["target"] == target
 
-            def suppressed() -> list[dict]:
-                return [a for a in stack.am_alerts() if a["labels"]["alertname"] in engine_alerts
-                        and a["labels"].get("target") == target and a["status"]["state"] == "suppressed"]
+            # The outage is one page: none of the target's alerts opens a page or ticket while the
+            # engine is down (resolves and updates of those already open may arrive), and none is
+            # inhibited, so those resolves reach the receiver.
+            def opened() -> dict[str, int]:
+                return {name: len(rx.pages(name, since=overload, target=target)) for name in engine_alerts}
 
-            _wait(stack, suppressed, 10, "Alertmanager shows none of the target's alerts inhibited")
-            active = [a["labels"]["alertname"] for a in stack.am_alerts() if a["labels"]["alertname"] in engine_alerts
-                      and a["labels"].get("target") == target and a["status"]["state"] == "active"]
-            assert not active, f"not inhibited while {ENGINE_DOWN} fires: {active}"
-            report["suppressed"] = sorted({a["labels"]["alertname"] for a in suppressed()})
+            before = opened()
+            shown = [a for a in stack.am_alerts() if a["labels"]["alertname"] in engine_alerts
+                     and a["labels"].get("target") == target]
+            suppressed = [a["labels"]["alertname"] for a in shown if a["status"]["state"] == "suppressed"
+                          and not a["labels"].get("long")]  # a burn pair under its longer one is fine
+            assert not suppressed, f"inhibited while {ENGINE_DOWN} fires: {suppressed}"
+            report["active_during_outage"] = sorted({a["labels"]["alertname"] for a in shown})
             time.sleep(4)
-            leaked = [(r.name, r.status) for r in rx.alerts(since=down.at + 1.0) if r.name in engine_alerts]
-            assert not leaked, f"{leaked}\n{timeline(stack)}"
+            assert opened() == before, f"{before}\n{timeline(stack)}"
 
             # 3. Restart, light traffic, everything resolves.
             restarted = time.monotonic()
