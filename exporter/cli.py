@@ -46,7 +46,7 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
                         help="pin each twin's engine to CPUs of a NUMA node that holds none of its GPUs")
     parser.add_argument("--no-probe", dest="probe", action="store_false",
                         help=f"no client-side probe (default: one every {DEMO_PROBE_EVERY_S:g}s to each twin's "
-                             "OpenAI API, except in the idle scenario, where it would be the only traffic)")
+                             "OpenAI API; the verdict leaves the probe's own work out, so idle stays idle)")
     add_flags(parser, ("gpu_price_per_hour", "listen", "interval_s", "log_level", "host_backend"),
               helps={"gpu_price_per_hour": "price of one GPU-hour, for the cost-per-token panels (default "
                                            f"{DEMO_GPU_PRICE_PER_HOUR}, an example figure of the order of "
@@ -124,7 +124,7 @@ def command_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         asyncio.run(run_demo(config, scenario=args.scenario, engines=args.engines, gpus=args.gpus,
                              engine_format=args.engine_format, gpu_name=args.gpu_name, model=args.model,
                              seed=args.seed, speed=args.speed, numa_mismatch=args.numa_mismatch,
-                             probe_every_s=DEMO_PROBE_EVERY_S if args.probe and args.scenario != "idle" else None))
+                             probe_every_s=DEMO_PROBE_EVERY_S if args.probe else None))
     except ConfigError as error:
         print(f"llm-exporter: {error}", file=sys.stderr)
         return EXIT_CONFIG

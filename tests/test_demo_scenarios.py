@@ -45,6 +45,7 @@ class Watch:
     took_s: float | None = None  # wall seconds from launch to the expected verdict
     left_to: str | None = None  # what replaced it within HOLD_S, if anything
     seen: list[str] = field(default_factory=list)  # verdicts seen, in order, without repeats
+    probe_requests: float = 0.0  # the demo's client probe, read at the end of the hold
     stdout: str = ""
     stderr: str = ""
     returncode: int | None = None
@@ -84,6 +85,19 @@ def observe(w: Watch) -> None:
             w.seen.append(w.left_to)
             return
         time.sleep(POLL_S)
+    w.probe_requests = probe_requests(w.base)
+
+
+def probe_requests(base: str) -> float:
+    """llm_probe_requests_total of the demo's first twin (0 without it)."""
+    try:
+        text = httpx.get(base + "/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith("llm_probe_requests_total{") and 'target="demo-0"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def stop(w: Watch) -> None:
@@ -153,6 +167,8 @@ def test_live_demo_reaches_and_holds_the_declared_verdict(demos: dict[str, Watch
                                   f"verdicts seen: {w.seen}; stderr: {w.stderr[-2000:]}")
     print(f"{scenario} at --speed 1: {w.expected} after {w.took_s:.1f} s of wall time (verdicts seen: {w.seen})")
     assert w.left_to is None, f"{scenario}: {w.expected} gave way to {w.left_to} within {HOLD_S:.0f} s; {w.seen}"
+    # The client probe ran all along (in idle too: the verdict leaves its own work out).
+    assert w.probe_requests >= 2, f"{scenario}: {w.probe_requests} probe requests"
     assert w.returncode == 0, w.stderr[-2000:]
     # The demo told the user what to expect, from the same declaration.
     assert f"verdict {w.expected} " in w.stdout, w.stdout

@@ -12,7 +12,7 @@ import pytest
 from exporter.counters import ResetSafe
 from exporter.derive import energy, kv, quantiles, roofline, throughput
 from exporter.derive.stage import TargetKey
-from exporter.derive.view import EngineView, Histogram
+from exporter.derive.view import EngineView, Histogram, ProbeView
 from exporter.derive.window import HistogramWindow, RateWindow
 from exporter.snapshot import Snapshot, SourceKind, SourceResult
 from exporter.specs.gpus import lookup_gpu
@@ -133,6 +133,24 @@ def test_fp8_weights_use_the_fp8_peak():
 
 
 # --- throughput and counter resets -------------------------------------------------------------
+
+def test_the_probes_part_is_taken_over_the_same_window_from_a_zero_baseline():
+    """The probe's tokens and its request in flight, kept beside the engine's counters: before its first
+    request ended there is no probe view, and that counts as 0 so the first request is its own too."""
+    window = RateWindow(60.0)
+    probe = None
+    for t, tokens, flight in ((0, None, 0.0), (10, 24.0, 1.0), (20, 48.0, 0.0)):
+        if tokens is not None:
+            probe = ProbeView("t", up=1.0, requests=tokens / 24, errors=MappingProxyType({}), ttft_sum=0.1,
+                              ttft_count=1.0, tokens=tokens, in_flight=flight)
+        throughput.observe(window, engine_view(llm_prompt_tokens_total=2 * (tokens or 0),
+                                               llm_generation_tokens_total=tokens or 0), float(t), probe)
+    thr = throughput.compute(engine_view(), window, probe)
+    assert thr.probe_tps == pytest.approx(48.0 / 20)  # from the zero baseline, not from 24 at t=10
+    assert (thr.prefill_tps + thr.decode_tps) == pytest.approx(3 * thr.probe_tps)
+    assert thr.probe_mean_running == pytest.approx(0.5) and thr.probe_running == 0.0
+    assert throughput.compute(engine_view(), RateWindow(60.0)).probe_tps == 0.0
+
 
 def test_phase_split_rates_and_steps():
     window = RateWindow(60.0)

@@ -59,6 +59,22 @@ def test_idle_means_no_work_and_headroom_means_serving_with_room():
     assert not assess(Signals(**{**BUSY, "hbm_gpm": 0.9})).evidence["headroom"]  # no words against a roof
 
 
+def test_the_probe_alone_is_not_work_but_the_probe_beside_traffic_is_not_hidden():
+    """A client probe (--probe) against an otherwise idle engine: the engine's tokens/s and its one
+    running request are the probe's own, so the verdict is idle, not headroom. Anything beyond the
+    probe's part is work."""
+    probe = dict(probe_tps=24.0, probe_running=1.0, probe_mean_running=0.2)
+    alone = Signals(running=1.0, mean_batch=0.2, waiting=0.0, decode_tps=8.0, prefill_tps=16.0, **probe)
+    assert not alone.work
+    a = assess(alone)
+    assert raw_verdict(alone, a.scores, None) == ("idle", "no work")
+    assert a.evidence["idle"] == ("no requests running or waiting and no tokens generated but the probe's own",)
+    assert Signals(running=1.0, mean_batch=0.2, decode_tps=8.0, prefill_tps=16.0).work  # no probe: work
+    assert Signals(running=2.0, mean_batch=0.2, decode_tps=8.0, prefill_tps=16.0, **probe).work  # one more
+    assert Signals(running=0.0, mean_batch=0.2, decode_tps=8.0, prefill_tps=17.0, **probe).work  # 1 tok/s more
+    assert Signals(running=0.0, mean_batch=0.2, waiting=1.0, decode_tps=8.0, prefill_tps=16.0, **probe).work
+
+
 def test_headroom_has_words_and_remedies_and_is_healthy():
     from exporter.derive.bottleneck import REMEDIES, VERDICT_WORDS, is_degraded
 

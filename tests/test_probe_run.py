@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter import catalog
 from exporter.catalog.probe import ERROR_REASONS
 from exporter.config import load_config
-from exporter.probe.source import ProbeSource
+from exporter.probe.client import make_prompt, stream_completion
+from exporter.probe.source import ProbeSource, ProbeState
 from tests.support import background_process, free_port, http_status, stop_process, wait_until
 from tests.test_probe_client import stub
 
@@ -33,6 +34,17 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the fixture's model_name
 # ---------------------------------------------------------------------------------------------
 def _samples(data) -> dict[tuple[str, tuple], float]:
     return {(s.name, s.labels): s.value for s in data.samples}
+
+
+def test_without_usage_the_configured_prompt_length_is_counted_and_failures_count_no_tokens():
+    state = ProbeState()
+    with stub(ttft_s=0.0, itl_s=0.0, tokens=3, usage=False) as server:
+        outcome = asyncio.run(stream_completion(server.url, api="completions", model="m", prompt=make_prompt(16),
+                                                max_tokens=3, timeout_s=5.0))
+    assert outcome.ok and outcome.prompt_tokens is None
+    state.record(outcome, 0.0, 16)
+    state.record(outcome._replace(ok=False, reason="timeout"), 1.0, 16)
+    assert (state.requests, state.prompt_tokens, state.completion_tokens) == (2, 16, 3)
 
 
 def test_probe_source_accumulates_histograms_and_counters_and_closes_cleanly(tmp_path, caplog):
@@ -67,6 +79,10 @@ def test_probe_source_accumulates_histograms_and_counters_and_closes_cleanly(tmp
     assert values[("llm_probe_time_to_first_token_seconds_count", labels)] == requests
     assert values[("llm_probe_inter_token_latency_seconds_count", labels)] == 3 * requests
     assert values[("llm_probe_completion_tokens_total", labels)] == 4 * requests
+    # The engine's usage (the stub counts the prompt's words), so the verdict can leave it out.
+    words = len(make_prompt(config.probes[0].prompt_tokens).split())
+    assert values[("llm_probe_prompt_tokens_total", labels)] == words * requests
+    assert values[("llm_probe_in_flight", labels)] in (0.0, 1.0)
     under_40ms = ("llm_probe_time_to_first_token_seconds_bucket", tuple(sorted(labels + (("le", "0.04"),))))
     assert values[under_40ms] == 0  # every TTFT >= the stub's 50 ms
     errors = {dict(k[1])["reason"]: v for k, v in values.items() if k[0] == "llm_probe_errors_total"}

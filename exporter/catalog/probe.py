@@ -55,4 +55,10 @@ FAMILIES = (
     family("llm_probe_completion_tokens_total", "counter", "tokens",
            "Tokens the probe's successful requests generated (the usage the engine reports, else text chunks "
            "counted).", P, "probe"),
+    family("llm_probe_prompt_tokens_total", "counter", "tokens",
+           "Prompt tokens of the probe's successful requests (the usage the engine reports, else the configured "
+           "prompt_tokens). With the completion tokens and llm_probe_in_flight, what the verdict leaves out of "
+           "the engine's work: a probe alone is not traffic.", P, "probe"),
+    family("llm_probe_in_flight", "gauge", "requests",
+           "1 while one of the probe's requests is on its way (it sends one at a time), else 0.", P, "probe"),
 )

@@ -179,6 +179,11 @@ class Signals(NamedTuple):
     ttft_bound: float | None = None
     tbt_attainment: float | None = None
     tbt_bound: float | None = None
+    # The client probe's (--probe) own part of running, mean_batch and the token rates: a probe
+    # against an otherwise idle engine is not work (the verdict stays idle, not headroom).
+    probe_tps: float = 0.0
+    probe_running: float = 0.0
+    probe_mean_running: float = 0.0
 
     @property
     def rates_known(self) -> bool:
@@ -186,8 +191,9 @@ class Signals(NamedTuple):
 
     @property
     def work(self) -> bool:
-        load = max(self.running or 0.0, self.mean_batch or 0.0, self.waiting or 0.0)
-        tokens = (self.decode_tps or 0.0) + (self.prefill_tps or 0.0)
+        load = max((self.running or 0.0) - self.probe_running, (self.mean_batch or 0.0) - self.probe_mean_running,
+                   self.waiting or 0.0)
+        tokens = (self.decode_tps or 0.0) + (self.prefill_tps or 0.0) - self.probe_tps
         return load >= 0.5 or tokens >= NO_WORK_TOKENS_PER_S
 
 
@@ -392,7 +398,9 @@ def _scores(s: Signals, evidence: dict[str, list[str]] | None) -> dict[str, floa
     idle = 0.0 if work else 1.0
     headroom = max(0.0, 1.0 - 2.0 * max(limits.values())) if work else 0.0
     if evidence is not None:
-        evidence["idle"] = [] if work else ["no requests running or waiting and no tokens generated"]
+        evidence["idle"] = [] if work else [
+            "no requests running or waiting and no tokens generated"
+            + (" but the probe's own" if s.probe_tps > 0 or s.probe_mean_running > 0 else "")]
         evidence["headroom"] = _headroom_words(limits) if work else []
     scores = {"idle": idle, "headroom": headroom, **limits}
     return {k: round(v, 4) for k, v in scores.items()}

@@ -96,6 +96,8 @@ def gather(ctx: Ctx) -> Signals:
         values["prefix_hit_share"] = thr.prefix_hit_share
         values["mean_waiting"], values["peak_running"] = thr.mean_waiting, thr.peak_running
         values["running_cap"] = thr.running_cap
+        values["probe_tps"], values["probe_running"] = thr.probe_tps, thr.probe_running
+        values["probe_mean_running"] = thr.probe_mean_running
     if kvc is not None:
         values["kv_usage"], values["kv_headroom"] = kvc.usage_ratio, kvc.headroom_sequences
     if roof is not None:

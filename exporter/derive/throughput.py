@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from exporter.derive.settings import DeriveSettings
 from exporter.derive.stage import Ctx, ScopedWindows, Stage, TargetKey, rounded
-from exporter.derive.view import PREFIX_HIT_RATIO, EngineView
+from exporter.derive.view import PREFIX_HIT_RATIO, EngineView, ProbeView
 from exporter.derive.window import RateWindow
 from exporter.snapshot import Sample
 
@@ -43,6 +43,9 @@ PHASE_TIMES = (
     ("llm_prefill_seconds_total", "llm_decode_seconds_total", "per-slot time counters"),
 )
 GAUGES = ("llm_requests_running", "llm_requests_waiting", "llm_requests_running_max")
+# The client probe's own share of the engine's work (its tokens and its one request), kept in the
+# same window as the engine's counters so both rates cover the same span.
+PROBE_TOKENS, PROBE_IN_FLIGHT = "probe:tokens", "probe:in_flight"
 
 
 class Throughput(NamedTuple):
@@ -68,9 +71,13 @@ class Throughput(NamedTuple):
     # The engine's own estimates per GPU (vLLM estimated_*_per_gpu_total), as rates.
     engine_flops_per_gpu: float | None = None
     engine_bytes_per_gpu: float | None = None
+    # The probe's (--probe) part of the above: its tokens/s, its request now and on average.
+    probe_tps: float = 0.0
+    probe_running: float = 0.0
+    probe_mean_running: float = 0.0
 
 
-def observe(window: RateWindow, engine: EngineView, ts: float) -> None:
+def observe(window: RateWindow, engine: EngineView, ts: float, probe: ProbeView | None = None) -> None:
     get = engine.sums.get  # what engine.get() reads, without a Python call per name
     series = engine.series
     if series is None:  # one series per name
@@ -80,6 +87,10 @@ def observe(window: RateWindow, engine: EngineView, ts: float) -> None:
     gauges = {k: v for k in GAUGES if (v := get(k)) is not None}
     if engine.prefix_hit_ratio is not None:
         gauges[HIT_RATIO] = engine.prefix_hit_ratio
+    # Zeros until the probe's first request ends (or with no probe): the window's baseline for the
+    # probe is then 0, so the tokens of its first request are subtracted like those of the others.
+    counters[PROBE_TOKENS] = probe.tokens if probe is not None else 0.0
+    gauges[PROBE_IN_FLIGHT] = probe.in_flight if probe is not None else 0.0
     window.observe(ts, counters, gauges)
 
 
@@ -121,7 +132,7 @@ def steps_per_second(decode_tps: float | None, mean_batch: float | None) -> floa
     return decode_tps / max(mean_batch, 1.0)
 
 
-def compute(engine: EngineView, window: RateWindow) -> Throughput:
+def compute(engine: EngineView, window: RateWindow, probe: ProbeView | None = None) -> Throughput:
     share, time_source = None, ""
     for prefill_key, decode_key, what in PHASE_TIMES:
         share = _share(window, prefill_key, decode_key)
@@ -170,6 +181,9 @@ def compute(engine: EngineView, window: RateWindow) -> Throughput:
         spec_acceptance=acceptance,
         engine_flops_per_gpu=window.rate("llm_engine_estimated_flops_total"),
         engine_bytes_per_gpu=None if read is None and write is None else (read or 0.0) + (write or 0.0),
+        probe_tps=window.rate(PROBE_TOKENS) or 0.0,
+        probe_running=probe.in_flight if probe is not None else 0.0,
+        probe_mean_running=window.mean(PROBE_IN_FLIGHT) or 0.0,
     )
 
 
@@ -198,7 +212,8 @@ def numbers(tp: Throughput) -> dict[str, Any]:
                 preemptions_per_second=rounded(tp.preemptions_per_s),
                 prefill_computed_tokens_per_second=rounded(tp.prefill_computed_tps, 2),
                 prefix_cache_hit_share=rounded(tp.prefix_hit_share),
-                spec_decode_acceptance=rounded(tp.spec_acceptance))
+                spec_decode_acceptance=rounded(tp.spec_acceptance),
+                probe_tokens_per_second=rounded(tp.probe_tps, 2))
 
 
 def _rates(settings: DeriveSettings) -> ScopedWindows:
@@ -208,8 +223,9 @@ def _rates(settings: DeriveSettings) -> ScopedWindows:
 
 def _compute(ctx: Ctx, state: ScopedWindows) -> Throughput:
     window = state.windows.get(ctx.engine.target)
-    observe(window, ctx.engine, ctx.now)
-    return compute(ctx.engine, window)
+    probe = ctx.view.probes.get(ctx.engine.target)
+    observe(window, ctx.engine, ctx.now, probe)
+    return compute(ctx.engine, window, probe)
 
 
 STAGE = Stage(

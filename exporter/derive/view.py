@@ -145,26 +145,34 @@ class ProbeView(NamedTuple):
     errors: Mapping[str, float]  # reason -> failed requests
     ttft_sum: float  # client-side TTFT of its successful requests: seconds and count
     ttft_count: float
+    tokens: float = 0.0  # prompt + completion tokens of its successful requests
+    in_flight: float = 0.0  # 1 while a request is on its way
 
 
 # The probe families the view reads (exporter/catalog/probe.py); any other probe sample is skipped.
 _PROBE_FIELDS = {"llm_probe_up": "up", "llm_probe_requests_total": "requests",
                  "llm_probe_time_to_first_token_seconds_sum": "ttft_sum",
                  "llm_probe_time_to_first_token_seconds_count": "ttft_count"}
+_PROBE_TOKENS = frozenset(("llm_probe_prompt_tokens_total", "llm_probe_completion_tokens_total"))
 
 
 def _probe_view(target: str, samples: tuple[Sample, ...]) -> ProbeView | None:
     """None before the probe's first request ended (it exports nothing until then)."""
     values: dict[str, float] = {}
     errors: dict[str, float] = {}
+    tokens = in_flight = 0.0
     for s in samples:
         if s.name == "llm_probe_errors_total":
             errors[s.label("reason")] = s.value
+        elif s.name in _PROBE_TOKENS:
+            tokens += s.value
+        elif s.name == "llm_probe_in_flight":
+            in_flight = s.value
         elif (field_name := _PROBE_FIELDS.get(s.name)) is not None:
             values[field_name] = s.value
     if len(values) < len(_PROBE_FIELDS):
         return None
-    return ProbeView(target, errors=MappingProxyType(errors), **values)
+    return ProbeView(target, errors=MappingProxyType(errors), tokens=tokens, in_flight=in_flight, **values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,11 +86,14 @@ class ProbeState:
     requests: int = 0
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_REASONS, 0))
     completion_tokens: int = 0
+    prompt_tokens: int = 0
+    in_flight: float = 0.0
     up: float | None = None  # None until the first request ends
     last_success: float | None = None
     last_reason: str = ""  # "" after a success: what the log said last
 
-    def record(self, outcome: CompletionTiming, now: float) -> None:
+    def record(self, outcome: CompletionTiming, now: float, prompt_tokens: int = 0) -> None:
+        """`prompt_tokens`: the configured prompt length, counted when the engine reports no usage."""
         self.requests += 1
         if outcome.ok:
             self.up, self.last_success = 1.0, now
@@ -101,6 +104,7 @@ class ProbeState:
             if outcome.e2e_s is not None:
                 self.e2e.observe(outcome.e2e_s)
             self.completion_tokens += outcome.completion_tokens
+            self.prompt_tokens += outcome.prompt_tokens if outcome.prompt_tokens is not None else prompt_tokens
         else:
             self.up = 0.0
             reason = outcome.reason if outcome.reason in self.errors else "exception"
@@ -181,6 +185,8 @@ class ProbeSource:
                *(Sample("llm_probe_errors_total", make_labels((*labels, ("reason", reason))), float(count))
                  for reason, count in state.errors.items()),
                Sample("llm_probe_completion_tokens_total", labels, float(state.completion_tokens)),
+               Sample("llm_probe_prompt_tokens_total", labels, float(state.prompt_tokens)),
+               Sample("llm_probe_in_flight", labels, state.in_flight),
                Sample("llm_probe_up", labels, state.up)]
         if state.last_success is not None:
             out.append(Sample("llm_probe_last_success_timestamp_seconds", labels, state.last_success))
@@ -190,13 +196,16 @@ class ProbeSource:
         loop = asyncio.get_running_loop()
         while True:
             began = loop.time()
+            self.state.in_flight = 1.0
             try:
                 outcome = await self.probe_once()
             except Exception as error:  # noqa: BLE001 - a bug must not end the probing
                 log.debug("probe %s raised", self.probe.target, exc_info=error)
                 outcome = _failure("exception", f"{type(error).__name__}: {error}")
                 del error
-            self.state.record(outcome, self._clock())
+            finally:
+                self.state.in_flight = 0.0
+            self.state.record(outcome, self._clock(), self.probe.prompt_tokens)
             self._log(outcome)
             await asyncio.sleep(max(0.0, began + self.probe.every_s - loop.time()))
 
