@@ -1,7 +1,7 @@
 """The Alertmanager config: routing by severity (critical pages, warning opens a ticket, info goes
-nowhere) and the inhibitions that keep one cause from paging twice (a lost GPU, a critical XID, an
-absent exporter; the longer burn-rate pair of an SLO over its shorter ones). Built from the rendered
-areas, so a disabled alert drops out of its inhibitions too.
+nowhere) and the inhibitions that keep one cause from paging twice (a critical XID, an absent
+exporter; the longer burn-rate pair of an SLO over its shorter ones). Built from the rendered areas,
+so a disabled alert drops out of its inhibitions too.
 
 Alertmanager drops the resolved notification of an alert that resolves while inhibited
 (prometheus/alertmanager#2754): an alert that had already notified is then never closed at the
@@ -10,13 +10,17 @@ never alerts that may have fired before it. LLMEngineDown inhibits nothing: an e
 make its latency, SLO or saturation alerts fire (their series vanish with it), those that fired
 before it are earlier news whose resolve must reach the ticket, and the probe alert leaves an outage
 to LLMEngineDown in its own expression (alerts/probe.py). A live vLLM showed it: the KV-full ticket
-resolved during the outage, inhibited, and stayed open at the receiver. (The GPU inhibitions keep
-that risk for a GPU alert that fired before its GPU was lost and resolves while it stays lost.)"""
+resolved during the outage, inhibited, and stayed open at the receiver. LLMGPULost inhibits nothing
+for the same reason: a lost GPU's NVML series vanish, so none of its alerts can start, and the one
+its loss does fire (XID 79, fallen off the bus) pages at once, a minute before LLMGPULost's `for`
+ends, and resolves an hour later while the GPU is still lost. A critical XID inhibits only the ECC
+alert of the same event (XID 48 is the double-bit error): both fire at once (no `for` on either), so
+the ECC alert is muted before it ever notifies."""
 
 from __future__ import annotations
 
 from alerts.config import CONFIG
-from alerts.lib import nominal, regex_of
+from alerts.lib import nominal
 from exporter.slo import duration_seconds
 
 
@@ -60,22 +64,14 @@ def alertmanager(areas: dict[str, list[dict]], cfg: dict = CONFIG) -> dict:
     am = cfg["alertmanager"]
     names = alert_names_by_area(areas)
     exporter_labels = list(cfg["exporter_labels"])
-    gpu_scoped = [n for n in names.get("hardware", []) if n.startswith("LLMGPU") and n != "LLMGPULost"]
     inhibit = burn_inhibitions(names.get("slo", []), cfg)
-    if "LLMGPULost" in names.get("hardware", []) and gpu_scoped:
-        inhibit.append({
-            "source_matchers": ['alertname="LLMGPULost"'],
-            "target_matchers": [f'alertname=~"{regex_of(gpu_scoped)}"'],
-            "equal": [*exporter_labels, "gpu"],
-        })
-    # A critical XID on a GPU (XID 48 is the double-bit ECC event itself) already pages for it.
-    xid_scoped = [n for n in ("LLMGPUXidWarning", "LLMGPUUncorrectableECCErrors")
-                  if n in names.get("hardware", [])]
-    if "LLMGPUXidCritical" in names.get("hardware", []) and xid_scoped:
+    # XID 48 is the double-bit ECC event itself: the critical XID already pages for it. (Not the
+    # warning XIDs: those are other, often earlier, events, whose tickets must close.)
+    hardware = names.get("hardware", [])
+    if {"LLMGPUXidCritical", "LLMGPUUncorrectableECCErrors"} <= set(hardware):
         inhibit.append({
             "source_matchers": ['alertname="LLMGPUXidCritical"'],
-            "target_matchers": [f'alertname=~"{regex_of(xid_scoped)}"' if len(xid_scoped) > 1
-                                else f'alertname="{xid_scoped[0]}"'],
+            "target_matchers": ['alertname="LLMGPUUncorrectableECCErrors"'],
             "equal": [*exporter_labels, "gpu"],
         })
     if {"LLMExporterAbsent", "LLMExporterDown"} <= set(names.get("pipeline", [])):
