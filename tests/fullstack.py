@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -377,6 +377,29 @@ def timeline(stack: FullStack, since: float = 0.0) -> str:
     lines = [f"{n.at - start:7.1f}s {n.receiver:7} {n.group.get('alertname', '')} {n.status}: "
              + ", ".join(f"{a}={s}" for a, s in n.alerts) for n in stack.receiver.notifications if n.at >= since]
     return "notifications:\n  " + "\n  ".join(lines)
+
+
+def outage_check(stack: FullStack, names: Collection[str], target: str, since: float) -> Callable[[], list[str]]:
+    """Taken just before an engine dies: what its outage must not do to its alerts `names`. The call
+    it returns lists each breach since: an alert Alertmanager shows inhibited by another alert (a
+    burn pair under its longer one aside: one group, whose resolve closes the page; any other
+    inhibited alert's resolve is dropped, alertmanager#2754), and a page or ticket opened for an
+    alert Prometheus did not already have pending or firing."""
+    under_way = {a["alertname"] for a in stack.alerts_since(0) if a.get("target") == target}
+
+    def opened() -> dict[str, int]:
+        return {name: len(stack.receiver.pages(name, since=since, target=target)) for name in names}
+
+    before = opened()
+
+    def breaches() -> list[str]:
+        inhibited = [f'{a["labels"]["alertname"]} inhibited' for a in stack.am_alerts()
+                     if a["labels"]["alertname"] in names and a["labels"].get("target") == target
+                     and a["status"]["state"] == "suppressed" and not a["labels"].get("long")]
+        after = opened()
+        return inhibited + [f"{name} opened" for name in names if after[name] > before[name] and name not in under_way]
+
+    return breaches
 
 
 def logs(directory: pathlib.Path) -> str:

@@ -52,18 +52,30 @@ class Watch:
     returncode: int | None = None
 
 
-def bottleneck(base: str) -> str | None:
-    """The resource llm_bottleneck{target="demo-0"} is 1 for; None while not serving or warming up."""
+def demo0_lines(base: str, family: str) -> list[str]:
+    """The demo's /metrics lines of `family` for target demo-0 ([] while it does not answer)."""
     try:
         response = httpx.get(base + "/metrics", timeout=2)
     except httpx.HTTPError:
-        return None
+        return []
     if response.status_code != 200:
-        return None
-    for line in response.text.splitlines():  # a line scan: 8 demos polled twice a second on 2 cores
-        if line.startswith("llm_bottleneck{") and 'target="demo-0"' in line and line.rstrip().endswith(" 1.0"):
+        return []
+    prefix = family + "{"  # a line scan: 8 demos polled twice a second on 2 cores
+    return [line for line in response.text.splitlines() if line.startswith(prefix) and 'target="demo-0"' in line]
+
+
+def bottleneck(base: str) -> str | None:
+    """The resource llm_bottleneck{target="demo-0"} is 1 for; None while not serving or warming up."""
+    for line in demo0_lines(base, "llm_bottleneck"):
+        if line.rstrip().endswith(" 1.0"):
             return line.split('resource="', 1)[1].split('"', 1)[0]
     return None
+
+
+def probe_requests(base: str) -> float:
+    """llm_probe_requests_total of the demo's first twin (0 without it)."""
+    lines = demo0_lines(base, "llm_probe_requests_total")
+    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
 
 
 def observe(w: Watch) -> None:
@@ -88,18 +100,6 @@ def observe(w: Watch) -> None:
             return
         time.sleep(POLL_S)
     w.probe_requests = (held_from, probe_requests(w.base))
-
-
-def probe_requests(base: str) -> float:
-    """llm_probe_requests_total of the demo's first twin (0 without it)."""
-    try:
-        text = httpx.get(base + "/metrics", timeout=2).text
-    except httpx.HTTPError:
-        return 0.0
-    for line in text.splitlines():
-        if line.startswith("llm_probe_requests_total{") and 'target="demo-0"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def stop(w: Watch) -> None:

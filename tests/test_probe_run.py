@@ -37,13 +37,13 @@ def _samples(data) -> dict[tuple[str, tuple], float]:
 
 
 def test_without_usage_the_configured_prompt_length_is_counted_and_failures_count_no_tokens():
-    state = ProbeState()
+    state = ProbeState(configured_prompt_tokens=16)
     with stub(ttft_s=0.0, itl_s=0.0, tokens=3, usage=False) as server:
         outcome = asyncio.run(stream_completion(server.url, api="completions", model="m", prompt=make_prompt(16),
                                                 max_tokens=3, timeout_s=5.0))
     assert outcome.ok and outcome.prompt_tokens is None
-    state.record(outcome, 0.0, 16)
-    state.record(outcome._replace(ok=False, reason="timeout"), 1.0, 16)
+    state.record(outcome, 0.0)
+    state.record(outcome._replace(ok=False, reason="timeout"), 1.0)
     assert (state.requests, state.prompt_tokens, state.completion_tokens) == (2, 16, 3)
 
 

@@ -87,13 +87,13 @@ class ProbeState:
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_REASONS, 0))
     completion_tokens: int = 0
     prompt_tokens: int = 0
+    configured_prompt_tokens: int = 0  # counted for a success whose engine reports no usage
     in_flight: float = 0.0
     up: float | None = None  # None until the first request ends
     last_success: float | None = None
     last_reason: str = ""  # "" after a success: what the log said last
 
-    def record(self, outcome: CompletionTiming, now: float, prompt_tokens: int = 0) -> None:
-        """`prompt_tokens`: the configured prompt length, counted when the engine reports no usage."""
+    def record(self, outcome: CompletionTiming, now: float) -> None:
         self.requests += 1
         if outcome.ok:
             self.up, self.last_success = 1.0, now
@@ -104,7 +104,8 @@ class ProbeState:
             if outcome.e2e_s is not None:
                 self.e2e.observe(outcome.e2e_s)
             self.completion_tokens += outcome.completion_tokens
-            self.prompt_tokens += outcome.prompt_tokens if outcome.prompt_tokens is not None else prompt_tokens
+            self.prompt_tokens += (outcome.prompt_tokens if outcome.prompt_tokens is not None
+                                   else self.configured_prompt_tokens)
         else:
             self.up = 0.0
             reason = outcome.reason if outcome.reason in self.errors else "exception"
@@ -130,7 +131,7 @@ class ProbeSource:
         self._engine_attrs = engine_attrs
         self._clock = clock
         self._stream = stream
-        self.state = ProbeState()
+        self.state = ProbeState(configured_prompt_tokens=probe.prompt_tokens)
         self._task: asyncio.Task | None = None
         self._resolver = Resolver()
         self._prompt = make_prompt(probe.prompt_tokens)
@@ -205,7 +206,7 @@ class ProbeSource:
                 del error
             finally:
                 self.state.in_flight = 0.0
-            self.state.record(outcome, self._clock(), self.probe.prompt_tokens)
+            self.state.record(outcome, self._clock())
             self._log(outcome)
             await asyncio.sleep(max(0.0, began + self.probe.every_s - loop.time()))
 
