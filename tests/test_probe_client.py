@@ -31,6 +31,7 @@ from exporter.probe.client import (
     request_body,
     stream_completion,
 )
+from exporter.probe.source import ProbeState
 
 MiB = 1 << 20
 MODES = ("ok", "silent", "endless_line", "endless_chunks", "redirect", "bad_json", "status_500", "stream_error",
@@ -44,6 +45,7 @@ class StubConfig:
     itl_s: float = 0.05
     tokens: int = 8
     usage: bool = True
+    usage_sent: dict | None = None  # sent as the usage object instead of the true counts, when set
     model: str = "stub-model"
     metrics: bytes = b""  # GET /metrics answers this (an engine's exposition), when set
 
@@ -177,8 +179,9 @@ class OpenAIStub:
         if cfg.usage:
             text = doc["messages"][-1]["content"] if chat else doc.get("prompt", "")
             prompt = len(str(text).split())
-            await self._event(writer, json.dumps({"choices": [], "usage": {
-                "prompt_tokens": prompt, "completion_tokens": cfg.tokens if mode != "empty" else 0}}).encode())
+            usage = cfg.usage_sent or {"prompt_tokens": prompt,
+                                       "completion_tokens": cfg.tokens if mode != "empty" else 0}
+            await self._event(writer, json.dumps({"choices": [], "usage": usage}).encode())
         await self._event(writer, b"[DONE]")
         writer.write(b"0\r\n\r\n")
         await writer.drain()
@@ -248,6 +251,23 @@ def test_without_usage_the_text_chunks_are_counted():
     assert (result.prompt_tokens, result.completion_tokens, result.usage_reported) == (None, 5, False)
 
 
+@pytest.mark.parametrize("usage", [
+    {"prompt_tokens": 10 ** 400, "completion_tokens": 10 ** 400},  # not even a float
+    {"prompt_tokens": 10 ** 6, "completion_tokens": 9},  # more than a short prompt or max_tokens=8 can cost
+    {"prompt_tokens": -1, "completion_tokens": True},
+])
+def test_usage_past_what_the_request_can_cost_is_ignored(usage):
+    """The server's usage is remote input, and the verdict subtracts the probe's tokens from the
+    engine's work: an inflated count would hide real traffic. The text chunks are counted instead."""
+    with stub(ttft_s=0.0, itl_s=0.0, tokens=5, usage_sent=usage) as server:
+        result = call(server.url, max_tokens=8)
+    assert result.ok
+    assert (result.prompt_tokens, result.completion_tokens, result.usage_reported) == (None, 5, False)
+    state = ProbeState(configured_prompt_tokens=16)
+    state.record(result, 0.0)
+    assert (state.prompt_tokens, state.completion_tokens) == (16, 5)
+
+
 def test_a_stream_without_text_is_empty():
     with stub(mode="empty") as server:
         result = call(server.url)
@@ -260,7 +280,7 @@ def test_tokens_counted_but_none_visible_time_the_first_output_at_the_last_chunk
     any chunk (bytes that never complete a UTF-8 character are held back). The engine served them:
     success, with the first visible output (the final chunk) as TTFT and no token gaps."""
     with stub(mode="hidden_tokens", ttft_s=0.05, tokens=16) as server:
-        result = call(server.url)
+        result = call(server.url, max_tokens=16)  # as asked of that llama.cpp (usage past it is ignored)
     assert result.ok, result
     assert result.completion_tokens == 16 and result.itl_s == ()
     assert result.ttft_s is not None and result.ttft_s >= 0.05

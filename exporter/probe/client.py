@@ -49,6 +49,11 @@ APIS: Mapping[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/c
 REASONS = ("timeout", "dns", "connection", "tls", "http_status", "too_large", "protocol", "stream_error",
            "empty", "credentials", "exception")
 MAX_MESSAGE = 200  # characters of a server-provided text (an error object) in a message
+# Usage counts past what the request can cost are ignored (the server's numbers are remote input:
+# the verdict subtracts the probe's tokens from the engine's work, so an inflated count would hide
+# real traffic, and an unbounded int would not even convert to a float). A token covers at least
+# one byte of the prompt; a chat template adds its own tokens.
+TEMPLATE_TOKENS = 1024
 _MAX_INTERIM = 16  # 1xx answers skipped before the real one
 _READ_SIZE = 64 * 1024
 _ERROR_BODY = 4096  # read of a non-200 answer, for its hint
@@ -260,12 +265,18 @@ class _Body:
         return data
 
 
+def _count(value: object, most: int) -> bool:
+    """A usage count: an int (not a bool) from 0 to `most`."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
+
+
 class _Stream:
     """SSE parsing and the timing record of one answer."""
 
-    def __init__(self, api: str, limits: StreamLimits) -> None:
+    def __init__(self, api: str, limits: StreamLimits, max_prompt_tokens: int, max_completion_tokens: int) -> None:
         self.api = api
         self.limits = limits
+        self.max_prompt_tokens, self.max_completion_tokens = max_prompt_tokens, max_completion_tokens
         self.buffer = bytearray()
         self.scanned = 0  # bytes of `buffer` known to hold no line break
         self.data: list[bytes] = []  # data lines of the event being read
@@ -352,9 +363,9 @@ class _Stream:
         usage = doc.get("usage")
         if isinstance(usage, dict):
             prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt >= 0:
+            if _count(prompt, self.max_prompt_tokens):
                 self.prompt_tokens = prompt
-            if isinstance(completion, int) and not isinstance(completion, bool) and completion >= 0:
+            if _count(completion, self.max_completion_tokens):
                 self.completion_tokens = completion
 
     def _has_text(self, choices: object) -> bool:
@@ -387,7 +398,7 @@ async def stream_completion(url: str, *, api: str = "completions", model: str | 
     limits = limits or StreamLimits.for_tokens(max_tokens)
     started = time.monotonic()
     record = _Marks()
-    stream = _Stream(api, limits)
+    stream = _Stream(api, limits, len(prompt.encode()) + TEMPLATE_TOKENS, max_tokens)
     stage = "no connection"
     writer: asyncio.StreamWriter | None = None
     try:
