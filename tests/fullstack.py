@@ -144,6 +144,16 @@ class WebhookReceiver:
             firing = n.status == "firing"
         return out
 
+    def open_groups(self) -> list[Notification]:
+        """The last notification of each group (per receiver) that still says firing: what a pager or
+        ticket system keyed by Alertmanager's group has open. An alert that resolves while the
+        longer burn pair of its group inhibits it gets no resolve of its own (alertmanager#2754);
+        the group's resolve closes the page."""
+        with self.lock:
+            items = list(self.notifications)
+        last = {(n.receiver, tuple(sorted(n.group.items()))): n for n in items}
+        return [n for n in last.values() if n.status == "firing"]
+
     def last_status(self, name: str, /, **labels: str) -> str | None:
         found = self.alerts(name, **labels)
         return found[-1].status if found else None
