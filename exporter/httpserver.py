@@ -27,6 +27,9 @@ What this front end does instead:
   request head from the moment the connection is ready and every later head from its first byte
   (HEADER_TIMEOUT_S), the idle time between requests (IDLE_TIMEOUT_S), and each write that makes
   no progress because the client stopped reading (WRITE_TIMEOUT_S).
+- Bytes are read only as a request needs them: one READ_BYTES read at a time into a buffer the
+  server shares, and once a cycle is past its head, reading pauses after every read until the
+  task asks for more. A connection holds at most a head plus one read that nothing asked for.
 - Bodies go out in SEND_SLICE_BYTES slices of a memoryview of the shared page under the
   transport's flow control (WRITE_HIGH_WATER_BYTES), so a connection holds at most a slice plus
   the high-water mark of its response beyond the one page all readers share. What a slow reader
@@ -78,6 +81,12 @@ MAX_HEADER_BYTES = 16 * 1024
 # Request body bytes the app did not read that are read and dropped to keep a connection alive
 # (over it the connection is closed); every endpoint is a GET, so this only happens after a 413.
 MAX_UNREAD_BODY_BYTES = 64 * 1024
+# The most one read takes from a socket, into one buffer the whole server shares (the loop reads one
+# socket at a time). asyncio's own reads take up to 256 KiB into a new bytes object each: a flood of
+# connections whose data arrived while the loop was busy was read at once, 256 KiB apiece, before
+# any request asked for it, and the heap kept the peak (the twin: +56 MB for 160 stalled bodies
+# under a 32 MiB body budget, +36 MB with this bound; tests/test_simulator_openai.py).
+READ_BYTES = 16 * 1024
 SEND_SLICE_BYTES = 64 * 1024
 WRITE_HIGH_WATER_BYTES = 64 * 1024
 WRITE_LOW_WATER_BYTES = 16 * 1024
@@ -147,6 +156,7 @@ class HttpServer:
         self.deferred_bytes = 0
         self._stopping = False
         self._saturated = False
+        self.read_buffer = memoryview(bytearray(READ_BYTES))
         self._date_second = -1
         self._date = b""
 
@@ -252,7 +262,7 @@ class _Closed(Exception):
     """The connection is done (closed by the peer, a timeout, or an error already answered)."""
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
     """One client connection: the protocol callbacks feed h11; a task per connection reads
     requests, runs the app and writes responses under the deadlines in Limits."""
 
@@ -297,16 +307,19 @@ class _Connection(asyncio.Protocol):
             transport.pause_reading()
         self.task = self.loop.create_task(self._run())
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.server.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self._eof:
             return
         if self._cycle_bytes == 0:
             self._first_byte_at = self.loop.time()
-        self._cycle_bytes += len(data)
-        self.h11.receive_data(data)
-        if self._cycle_bytes > self.limits.max_header_bytes + MAX_UNREAD_BODY_BYTES and not self._reading_paused:
-            # More than one request may carry: read on only when the task needs data (h11 refuses
-            # an oversized head; what a client pipelines waits in the kernel, not here).
+        self._cycle_bytes += nbytes
+        self.h11.receive_data(self.server.read_buffer[:nbytes])  # h11 copies it out at once
+        if self._cycle_bytes > self.limits.max_header_bytes and not self._reading_paused:
+            # Past any head: read on only when the task needs data (h11 refuses an oversized
+            # head; a body or what a client pipelines waits in the kernel, not here).
             self._reading_paused = True
             self.transport.pause_reading()
         self._wake(self._data_waiter)
