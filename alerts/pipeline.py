@@ -14,6 +14,7 @@ def groups(cfg: dict) -> list[dict]:
     # detected is engine="unknown" until its first successful scrape.
     was_up = f"max without (engine) (max_over_time({sel('llm_engine_up', cfg=cfg)}[{lookback}])) == 1"
     not_engine = 'source!~"engine:.*"'
+    unaccounted = 'state="unaccounted"'
     sw = cfg["source_flapping_window"]
     rules = [
         alert("LLMEngineDown",
@@ -50,6 +51,15 @@ def groups(cfg: dict) -> list[dict]:
               f"{{{{ $value | humanizePercentage }}}} of the scrapes over the last {sw}, recovering in "
               "between: its series keep dropping out (gaps in graphs, stale series, alert timers reset).",
               cfg["source_flapping_for"], cfg=cfg),
+        alert("LLMEngineFamiliesUnaccounted",
+              f"{sel('llm_exporter_engine_families', unaccounted, cfg=cfg)} > 0",
+              "warning", "Engine target {{ $labels.target }} exposes families llm-exporter does not know.",
+              "The {{ $labels.engine }} page of target {{ $labels.target }} on {{ $labels.instance }} carries "
+              "{{ $value }} metric families that its engine table neither maps nor ignores, for "
+              f"{cfg['unaccounted_families_for']}: most likely an engine upgrade that added or renamed "
+              "metrics. Renamed ones leave normalized series (and the boards and alerts on them) empty. The "
+              "exporter's /api/v1/snapshot and status page name them.",
+              cfg["unaccounted_families_for"], cfg=cfg),
         alert("LLMExporterDown", f"up{{{job}}} == 0",
               "warning", "llm-exporter {{ $labels.instance }} is down.",
               "Prometheus cannot scrape llm-exporter at {{ $labels.instance }}: its engine, GPU and "

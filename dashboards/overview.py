@@ -377,11 +377,12 @@ means new requests queue for memory, not for compute; raising batch limits canno
             minimum=0, decimals=0, threshold_style="dashed",
             steps=thresholds((None, "red"), (SATURATION.headroom_min_sequences, "transparent"))),
         timeseries("Prefix cache hit ratio", """
-Share of prompt tokens found in the prefix cache: hits / queries, the rates of llm_prefix_cache_hits_total
-and llm_prefix_cache_queries_total (vLLM; SGLang and trtllm-serve from their cached and prompt token counters,
-once the first hit has been counted; llama.cpp from prompt_tokens_cached_total and prompt_tokens_total). \
-Engines with only a hit-rate gauge: llm_prefix_cache_hit_ratio (mean over
-ranks), over whatever window the engine computes it. \
+Share of prompt tokens found in a prefix cache: hits / queries, the rates of llm_prefix_cache_hits_total
+(summed over its `tier`: device, host, storage, external) and llm_prefix_cache_queries_total (vLLM; SGLang and
+trtllm-serve from their cached and prompt token counters, once the first hit has been counted; llama.cpp from
+prompt_tokens_cached_total and prompt_tokens_total). \
+Engines with only a hit-rate gauge (LMDeploy, whose prompt counter is not a query count): llm_prefix_cache_hit_ratio
+(mean over ranks), over whatever window the engine computes it. \
 Hits skip prefill work entirely: a high ratio lowers TTFT and prefill compute; a drop after a deploy often
 means the shared system prompt changed.
 """, [target(divide(f"sum {BY_ENGINE} ({TM.rate('llm_prefix_cache_hits_total')})",

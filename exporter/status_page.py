@@ -190,6 +190,15 @@ def _notes(notes: Sequence[str]) -> str:
     return "".join(f'<p class="muted note">{esc(n)}</p>' for n in notes)
 
 
+def _unaccounted(names: Sequence[str]) -> str:
+    """The engine's families its table does not know: what an engine upgrade changed."""
+    if not names:
+        return ""
+    return ("<h3>Engine families not understood</h3><p class=\"muted note\">Neither mapped nor ignored by this "
+            "engine's table (a newer release?); boards built on renamed families may go blank. See "
+            "docs/engines.md.</p>" + _list(names))
+
+
 def _target(t: Mapping[str, Any]) -> str:
     verdict = t.get("verdict")
     status = t.get("status", "unknown")
@@ -212,6 +221,7 @@ def _target(t: Mapping[str, Any]) -> str:
         f'<div><h3>Throughput</h3>{_throughput(n)}</div><div><h3>KV cache</h3>{_kv(n)}</div></div>'
         f'<h3>Roofline per GPU</h3><div class="gpus">{gpus or "<p class=muted>no GPUs for this target</p>"}</div>'
         f'{"<h3>Not shown</h3>" + _list(t["omitted"]) if t.get("omitted") else ""}'
+        f'{_unaccounted(t.get("unaccounted_families") or [])}'
         "</section>"
     )
 

@@ -175,3 +175,53 @@ def test_run_says_no_recent_traffic_after_an_engine_restart_instead_of_degrading
         samples = _scrape(base)
         assert not [s for s in samples.get("llm_ttft_slo_attainment_ratio", []) if s.labels["target"] == "a"]
         assert {s.labels["engine"] for s in samples["llm_bottleneck"]} == {"vllm"}
+
+
+def test_run_counts_and_names_engine_families_its_table_does_not_know():
+    """`llm-exporter run` against a vLLM page with one family no table knows (as after an engine
+    upgrade): llm_exporter_engine_families counts every family of the page once by state, the
+    snapshot and the status page name the unknown one, one log line says so when it appears and one
+    when the page no longer has it. A TYPE line whose name is not a metric name is no family."""
+    page = (FIXTURES / "vllm-v0.11__documented.prom").read_text()
+    unknown = ("# HELP vllm:brand_new_feature_seconds Something a newer vLLM measures.\n"
+               "# TYPE vllm:brand_new_feature_seconds gauge\n"
+               'vllm:brand_new_feature_seconds{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.5\n'
+               "# TYPE \x1b[31mforged counter\n")
+    from exporter.sources.engines.accounting import page_families
+    from exporter.sources.engines.registry import SPECS
+    spec = SPECS["vllm"]
+    states = [spec.state_of(name) for name in page_families(page, spec).values()]
+    expected = {state: float(states.count(state)) for state in ("mapped", "ignored", "unaccounted")}
+    assert expected["unaccounted"] == 0 and expected["mapped"] > 10
+
+    def families(base: str) -> dict[str, float]:
+        return {s.labels["state"]: s.value for s in _scrape(base).get("llm_exporter_engine_families", [])
+                if s.labels["target"] == "v"}
+
+    with fake_engine((page + unknown).encode()) as (url, behaviour):
+        port = free_port()
+        command = [sys.executable, "-m", "exporter.cli", "run", "--listen", f"127.0.0.1:{port}",
+                   "--interval", "200ms", "--gpu-backend", "none", "--no-host", "--engine", f"{url},name=v"]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        base = f"http://127.0.0.1:{port}"
+        try:
+            assert wait_until(lambda: http_status(base + "/readyz") == 200, timeout=20)
+            assert wait_until(lambda: families(base).get("unaccounted") == 1.0, timeout=10)
+            assert families(base) == {**expected, "unaccounted": 1.0}
+            snapshot = httpx.get(base + "/api/v1/snapshot", timeout=5).json()
+            assert snapshot["sources"]["engine:v"]["attrs"]["unaccounted_families"] == "vllm:brand_new_feature_seconds"
+            status = httpx.get(base + "/", timeout=5).text
+            assert "Engine families not understood" in status and "vllm:brand_new_feature_seconds" in status
+            assert "forged" not in status
+            behaviour.body = page.encode()  # the engine rolled back: every family known again
+            assert wait_until(lambda: families(base).get("unaccounted") == 0.0, timeout=10)
+            time.sleep(0.5)  # a few more cycles: no further log line
+        finally:
+            stop_process(process)
+        log = process.stderr.read()
+    assert process.returncode == 0, log
+    appeared = [line for line in log.splitlines() if "neither mapped nor ignored" in line]
+    assert len(appeared) == 1 and "vllm:brand_new_feature_seconds" in appeared[0], log
+    assert "\x1b" not in log
+    assert sum("every engine family is accounted for again" in line for line in log.splitlines()) == 1, log

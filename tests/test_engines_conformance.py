@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import catalog
+from exporter.catalog import engine as engine_catalog
 from exporter.expose import render
 from exporter.snapshot import Sample
 from exporter.sources.engines.normalize import NormalizedScrape, normalize
@@ -102,7 +103,9 @@ def test_fixture_follows_the_schema(engine_server: str, fixture: str) -> None:
         assert sample.label("engine") == result.kind
         assert math.isfinite(sample.value), sample
         if sample.name == "llm_requests_finished_total":
-            assert sample.label("reason") in {"stop", "length", "abort", "error", "other"}
+            assert sample.label("reason") in engine_catalog.FINISH_REASONS
+        if sample.name == "llm_prefix_cache_hits_total":
+            assert sample.label("tier") in engine_catalog.CACHE_TIERS
     assert not any(s.name.endswith("_created") for s in result.samples)
     # the rendered page is a valid exposition for prometheus_client's own parser
     parsed = list(text_string_to_metric_families(render(result.samples).decode()))
@@ -233,12 +236,11 @@ def test_triton_vllm_backend_is_read_as_vllm(engine_server: str) -> None:
 # SGLang
 
 
-def test_sglang_current_itl_capacity_and_tp_copies(engine_server: str) -> None:
+def test_sglang_current_capacity_and_tp_copies(engine_server: str) -> None:
     result = scrape(engine_server, "sglang-2026__documented.prom")
     assert (result.kind, result.model) == ("sglang", "Qwen/Qwen3-8B")
-    # ITL quirk: _count counts tokens; passed through unchanged
-    assert value(result, "llm_inter_token_latency_seconds_count") == 1894000
-    assert buckets(result, "llm_inter_token_latency_seconds")[:3] == ["0.002", "0.004", "0.006"]
+    # ITL weighted per token (_count counts tokens): left out, never relabelled
+    assert "llm_inter_token_latency_seconds_count" not in names(result)
     # TP rank 0 and 1 report copies: neither summed nor duplicated
     assert value(result, "llm_preemptions_total") == 17
     assert value(result, "llm_requests_running") == 48
@@ -254,9 +256,10 @@ def test_sglang_current_itl_capacity_and_tp_copies(engine_server: str) -> None:
     assert not any(s.label("rank") for s in result.samples)
 
 
-def test_sglang_v04_renamed_tpot_is_itl(engine_server: str) -> None:
+def test_sglang_v04_per_token_itl_is_left_out(engine_server: str) -> None:
     result = scrape(engine_server, "sglang-v0.4-production_metrics_docs.prom")
-    assert value(result, "llm_inter_token_latency_seconds_count") == 7400757
+    # time_per_output_token_seconds (ITL's old name) counts per token, not per output step
+    assert "llm_inter_token_latency_seconds_count" not in names(result)
     assert value(result, "llm_time_to_first_token_seconds_sum") == pytest.approx(2351897.9474117756)
     assert buckets(result, "llm_time_to_first_token_seconds")[0] == "0.001"
     assert value(result, "llm_requests_waiting") == 2826
@@ -274,8 +277,9 @@ def test_sglang_dp_attention_keeps_every_dp_rank(engine_server: str) -> None:
     assert value(result, "llm_kv_cache_usage_ratio", rank="1") == 0.95
     assert value(result, "llm_kv_cache_capacity_tokens", rank="1") == 300000
     assert value(result, "llm_preemptions_total", rank="1") == 5
-    # prefix cache: cached tokens (summed over cache_source) / prompt tokens
-    assert value(result, "llm_prefix_cache_hits_total") == 200000
+    # prefix cache: cached tokens by cache_source (the tier) / prompt tokens
+    assert value(result, "llm_prefix_cache_hits_total", tier="device") == 150000
+    assert value(result, "llm_prefix_cache_hits_total", tier="host") == 50000
     assert value(result, "llm_prefix_cache_queries_total") == 500000
     assert "llm_prefix_cache_hit_ratio" not in names(result)
 
@@ -289,7 +293,9 @@ def test_tgi(engine_server: str) -> None:
     assert (result.kind, result.model) == ("tgi", "")
     assert not any(s.label("model") for s in result.samples)
     assert value(result, "llm_requests_finished_total", reason="other") == 1398
-    assert value(result, "llm_requests_finished_total", reason="error") == 9 + 3 + 2
+    # err: validation and generation are errors, overloaded is a refusal
+    assert value(result, "llm_requests_finished_total", reason="error") == 9 + 3
+    assert value(result, "llm_requests_finished_total", reason="rejected") == 2
     assert value(result, "llm_requests_total") == 1412
     assert value(result, "llm_requests_running") == 14
     assert value(result, "llm_requests_waiting") == 2
@@ -392,7 +398,8 @@ def test_lmdeploy(engine_server: str) -> None:
     result = scrape(engine_server, "lmdeploy-early__documented.prom")
     assert (result.kind, result.model) == ("lmdeploy", "internlm/internlm2_5-7b-chat")
     assert {s.label("rank") for s in result.samples} == {"0"}
-    assert value(result, "llm_inter_token_latency_seconds_count") == 95600
+    # time_per_output_token_seconds weights a gap per token: not ITL (iter_token_latency is, >= 0.16)
+    assert "llm_inter_token_latency_seconds_count" not in names(result)
     assert value(result, "llm_kv_cache_usage_ratio") == 0.22
     assert value(result, "llm_request_prefill_time_seconds_count") == 400
 
@@ -412,3 +419,112 @@ def test_explicit_kind_overrides_detection(engine_server: str) -> None:
     assert result.kind == "nim"
     # a vLLM page read as trtllm maps nothing it does not know: empty, not wrong
     assert scrape(engine_server, "vllm-v0.11__documented.prom", kind="trtllm").samples == ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine truth at the newest versions: every family accounted for, one meaning per family
+
+
+@pytest.mark.parametrize("fixture", PAGES)
+def test_every_family_of_every_fixture_is_mapped_or_ignored_with_a_reason(fixture: str) -> None:
+    """Each page (captured, documented or crafted from an engine release's source) has no family its
+    table neither maps nor ignores, and the exporter's own account of the page agrees."""
+    from exporter.sources.engines.accounting import page_families, unaccounted
+    from exporter.sources.engines.registry import SPECS
+
+    text = (FIXTURES / fixture).read_text()
+    spec = SPECS[expected_kind(fixture)]
+    assert unaccounted(spec, text) == []
+    result = normalize(text, target=TARGET, kind=spec.kind)
+    assert result.families.unaccounted == 0 and result.families.names == ()
+    assert result.families.mapped + result.families.ignored == len(page_families(text, spec))
+    assert result.families.mapped >= 3
+
+
+def test_every_ignored_family_has_a_one_line_reason_and_every_table_names_its_versions() -> None:
+    from exporter.sources.engines.registry import SPECS
+
+    for spec in SPECS.values():
+        for name, why in spec.ignored.items():
+            assert why.strip() and "\n" not in why and len(why) < 400, (spec.kind, name)
+        if spec.kind != "nim":  # closed source: only its documentation page
+            assert spec.versions, spec.kind
+
+
+NEWEST = {
+    "vllm": "vllm-v0.34.0__crafted_from_source.prom",
+    "sglang": "sglang-v0.5.23__crafted_from_source.prom",
+    "llamacpp": "llamacpp-b11434__crafted_from_source.prom",
+    "tgi": "tgi-v3.3.6__crafted_from_source.prom",
+    "triton": "triton_trtllm-26.09__crafted_from_source.prom",
+    "trtllm": "trtllm-serve_2026_union__crafted_from_source.prom",
+    "lmdeploy": "lmdeploy-v0.18.0__crafted_from_source.prom",
+}
+
+
+def test_the_newest_release_of_each_engine_has_a_fixture() -> None:
+    for kind, fixture in NEWEST.items():
+        assert fixture in PAGES, kind
+
+
+def test_vllm_data_parallel_capacity_is_per_engine(engine_server: str) -> None:
+    """vLLM 0.34 with DP=2 repeats the DP-summed num_gpu_blocks (16384) on both engines'
+    cache_config_info; each engine's own capacity is kv_cache_size_tokens (131072), not 16384 x 16."""
+    result = scrape(engine_server, NEWEST["vllm"])
+    capacity = {s.label("rank"): s.value for s in series(result, "llm_kv_cache_capacity_tokens")}
+    assert capacity == {"0": 131072.0, "1": 131072.0}
+    assert {s.label("rank") for s in series(result, "llm_requests_running")} == {"0", "1"}
+    # Older pages without kv_cache_size_tokens keep blocks x block size, with no note.
+    older = scrape(engine_server, "vllm-v0.11__documented.prom")
+    assert series(older, "llm_kv_cache_capacity_tokens")
+    assert not any("kv_cache_size_tokens" in note for note in older.notes)
+
+
+def test_vllm_newest_reasons_rejections_render_time_and_cache_tiers(engine_server: str) -> None:
+    result = scrape(engine_server, NEWEST["vllm"])
+    reasons = {}
+    for s in series(result, "llm_requests_finished_total"):
+        reasons[s.label("reason")] = reasons.get(s.label("reason"), 0) + s.value
+    assert reasons["rejected"] == 42  # admission_rejections_total, both of its reasons
+    assert reasons["stop"] == 11849 + 11643 + 1  # `repetition` is the engine's own stop rule
+    assert "other" not in reasons
+    tiers = {s.label("tier") for s in series(result, "llm_prefix_cache_hits_total")}
+    assert tiers == {"device", "external"}
+    assert value(result, "llm_request_render_time_seconds_count") == 23169 + 3772
+
+
+def test_lmdeploy_itl_is_the_iteration_gap_and_reasons_stay_apart(engine_server: str) -> None:
+    """LMDeploy 0.18: llm_inter_token_latency_seconds comes from iter_token_latency (the gap between two
+    outputs), not from time_per_output_token_seconds (that gap over its tokens); every ResponseType keeps
+    its own reason."""
+    text = (FIXTURES / NEWEST["lmdeploy"]).read_text()
+    result = scrape(engine_server, NEWEST["lmdeploy"])
+    native = {f.name: f for f in text_string_to_metric_families(text)}
+    itl = native["lmdeploy:iter_token_latency"]
+    counts = sum(s.value for s in itl.samples if s.name.endswith("_count"))
+    assert value_sum(result, "llm_inter_token_latency_seconds_count") == counts
+    sums = sum(s.value for s in itl.samples if s.name.endswith("_sum"))
+    assert value_sum(result, "llm_inter_token_latency_seconds_sum") == pytest.approx(sums)
+    tpot = native["lmdeploy:time_per_output_token_seconds"]
+    assert sum(s.value for s in tpot.samples if s.name.endswith("_sum")) != pytest.approx(sums)
+    assert {s.label("rank") for s in series(result, "llm_inter_token_latency_seconds_count")} == {"0", "1"}
+    assert {s.label("reason") for s in series(result, "llm_requests_finished_total")} >= {"other", "abort", "error"}
+    assert series(result, "llm_requests_pending") and series(result, "llm_spec_decode_accepted_tokens_total")
+
+
+def test_triton_failure_reasons_stay_apart(engine_server: str) -> None:
+    result = scrape(engine_server, NEWEST["triton"])
+    reasons = {s.label("reason") for s in series(result, "llm_requests_finished_total")}
+    assert {"rejected", "abort", "error"} <= reasons
+
+
+def test_tgi_failure_kinds_stay_apart(engine_server: str) -> None:
+    result = scrape(engine_server, NEWEST["tgi"])
+    reasons = {s.label("reason") for s in series(result, "llm_requests_finished_total")}
+    assert {"rejected", "abort", "error", "other"} <= reasons
+
+
+def value_sum(scrape_: NormalizedScrape, name: str, **match: str) -> float:
+    found = series(scrape_, name, **match)
+    assert found, name
+    return sum(s.value for s in found)

@@ -13,6 +13,7 @@ import pytest
 
 from exporter.catalog import engine as engine_catalog
 from exporter.sources.engines import normalize as normalize_module
+from exporter.sources.engines.accounting import unaccounted
 from exporter.sources.engines.coverage import coverage_table
 from exporter.sources.engines.exposition import ExpositionError
 from exporter.sources.engines.normalize import NormalizedScrape, NormalizerState, UnknownEngineError
@@ -84,7 +85,7 @@ def test_every_alias_targets_a_catalogue_family_of_the_same_type() -> None:
             assert alias.type in ("gauge", "counter", "histogram")
         for product in spec.products:
             assert types.get(product.family) == product.type, (spec.kind, product.family)
-        assert set(spec.labels.values()) <= {"model", "rank", "reason"}
+        assert set(spec.labels.values()) <= {"model", "rank", "reason", "tier"}
 
 
 def test_counters_keep_their_total_suffix_in_the_schema() -> None:
@@ -196,7 +197,12 @@ def test_reason_default_when_the_engine_gives_none() -> None:
     result = run("tgi_request_success 7\ntgi_request_failure{err=\"validation\"} 1\n"
                  "tgi_request_failure{err=\"overloaded\"} 2\n")
     assert get(result, "llm_requests_finished_total", reason="other") == [7.0]
-    assert get(result, "llm_requests_finished_total", reason="error") == [3.0]
+    # TGI's `err` kinds keep their meaning: an overloaded queue refused, a validation error failed
+    assert get(result, "llm_requests_finished_total", reason="error") == [1.0]
+    assert get(result, "llm_requests_finished_total", reason="rejected") == [2.0]
+    # an engine that gives no reason at all gets the alias's default
+    result = run('nv_inference_request_failure{model="m",version="1"} 4\n')
+    assert get(result, "llm_requests_finished_total", reason="error") == [4.0]
 
 
 def test_absent_model_values_mean_no_model() -> None:
@@ -285,7 +291,9 @@ def test_sglang_prefix_cache_is_cached_over_prompt_tokens() -> None:
     cached = ('sglang:cached_tokens_total{cache_source="device",model_name="m"} 300\n'
               'sglang:cached_tokens_total{cache_source="host",model_name="m"} 100\n')
     result = run(rate + prompt + cached)
-    assert _prefix(result) == ([1000.0], [400.0])
+    assert _prefix(result) == ([1000.0], [300.0, 100.0])  # hits by tier: device, host
+    assert sorted(s.label("tier") for s in result.samples if s.name == "llm_prefix_cache_hits_total") == [
+        "device", "host"]
     assert get(result, "llm_prompt_tokens_total") == [1000.0]
     # the gauge is the last prefill batch's hit rate (0 after every decode log): never mapped
     assert get(result, "llm_prefix_cache_hit_ratio") == []
@@ -516,11 +524,15 @@ def test_live_vllm_v1_names_cover_the_core_schema() -> None:
 def test_live_sglang_names_cover_the_core_families() -> None:
     mapped = normalize_module.TABLES["sglang"].keep
     live = set((FIXTURES / "sglang-2026-llmkube_testdata.names.txt").read_text().split())
-    for name in ("sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_count",
+    for name in ("sglang:time_to_first_token_seconds_bucket",
                  "sglang:token_usage", "sglang:max_total_num_tokens", "sglang:num_running_reqs",
                  "sglang:num_queue_reqs", "sglang:prompt_tokens_total", "sglang:cached_tokens_total"):
         assert name in live and name in mapped
     assert "sglang:cache_hit_rate" in live and "sglang:cache_hit_rate" not in mapped  # a last-batch gauge
+    # weighted per token, so not llm_inter_token_latency_seconds: accounted for as ignored
+    itl = "sglang:inter_token_latency_seconds_count"
+    assert itl in live and itl not in mapped
+    assert SPECS["sglang"].state_of("sglang:inter_token_latency_seconds") == "ignored"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -743,7 +755,7 @@ def test_every_family_on_a_live_engine_page_is_mapped_or_listed_with_a_reason(pa
 
     text = (LIVE / page).read_text()
     scrape = normalize(text, target="live")
-    assert SPECS[scrape.kind].unaccounted(text) == []
+    assert unaccounted(SPECS[scrape.kind], text) == []
     assert scrape.samples and not scrape.drops, scrape.notes
 
 
@@ -751,7 +763,7 @@ def test_the_unaccounted_check_names_a_new_family():
     from exporter.sources.engines.registry import SPECS
 
     page = "vllm:num_requests_running 1\nvllm:brand_new_total 3\nvllm:brand_new_created 1\nprocess_open_fds 9\n"
-    assert SPECS["vllm"].unaccounted(page) == ["vllm:brand_new_total"]
+    assert unaccounted(SPECS["vllm"], page) == ["vllm:brand_new_total"]
 
 
 @pytest.mark.parametrize("page", sorted(p.name for p in LIVE.glob("*.prom")))

@@ -9,6 +9,20 @@ from exporter.catalog.base import family
 T = ("target", "engine", "model", "rank")
 HISTOGRAM_HELP = " Native bucket bounds of the engine, converted to seconds."
 
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "rejected", "other")
+"""The `reason` vocabulary of llm_requests_finished_total, whatever the engine calls them: stop (a stop
+token or string, or the engine's own stop rule), length (max_tokens or the context), abort (the client
+left or cancelled), error (the engine or its backend failed the request), rejected (refused without
+being run: a queue full or timed out, overload), other (anything else the engine names). Each engine
+table maps its own values onto these (EngineSpec.reasons); nothing is merged that an engine keeps apart."""
+
+CACHE_TIERS: tuple[str, ...] = ("device", "host", "storage", "external", "unknown")
+"""The `tier` of llm_prefix_cache_hits_total: where the reused prompt tokens came from. device: the
+engine's own GPU KV cache; host: CPU memory (SGLang HiCache, TRT-LLM host offload); storage: disk or a
+remote store (SGLang HiCache L3, TRT-LLM disk); external: a KV connector (vLLM's LMCache/NIXL/Mooncake
+transfers); unknown: the engine counts every tier together. Summed over tiers it is every hit, and
+divided by llm_prefix_cache_queries_total it is the overall hit ratio."""
+
 FAMILIES = (
     family("llm_engine_up", "gauge", "bool",
            "1 when the engine target's /metrics was scraped and parsed, 0 otherwise.",
@@ -19,9 +33,13 @@ FAMILIES = (
     family("llm_time_to_first_token_seconds", "histogram", "seconds",
            "Time from request arrival to the first output token." + HISTOGRAM_HELP, T, "engine"),
     family("llm_inter_token_latency_seconds", "histogram", "seconds",
-           "Time between consecutive output tokens (ITL/TBT) of a request." + HISTOGRAM_HELP, T, "engine"),
+           "Time between successive outputs of one request as the engine observes them (ITL/TBT): one "
+           "observation per output step of a running request; a step that emits several tokens (speculative "
+           "decoding) is one gap. Engines that only weight gaps per token are left out, never relabelled."
+           + HISTOGRAM_HELP, T, "engine"),
     family("llm_time_per_output_token_seconds", "histogram", "seconds",
-           "Mean time per output token of each finished request (TPOT)." + HISTOGRAM_HELP, T, "engine"),
+           "Mean time per output token of each finished request (TPOT): one observation per request, its "
+           "decode time over its output tokens after the first." + HISTOGRAM_HELP, T, "engine"),
     family("llm_e2e_request_latency_seconds", "histogram", "seconds",
            "End-to-end request latency." + HISTOGRAM_HELP, T, "engine"),
     family("llm_request_queue_time_seconds", "histogram", "seconds",
@@ -59,13 +77,15 @@ FAMILIES = (
            "Requests received or completed, for engines that count them without a finish reason.",
            T, "engine"),
     family("llm_requests_finished_total", "counter", "requests",
-           "Finished requests by reason (stop, length, abort, error, other).", T + ("reason",), "engine"),
+           "Finished requests by reason (" + ", ".join(FINISH_REASONS) + "; FINISH_REASONS says what each "
+           "means).", T + ("reason",), "engine"),
     family("llm_preemptions_total", "counter", "preemptions",
            "Sequences preempted (vLLM) or retracted (SGLang) because the KV cache ran out.", T, "engine"),
     family("llm_prefix_cache_queries_total", "counter", "tokens",
            "Prompt tokens looked up in the prefix cache.", T, "engine"),
     family("llm_prefix_cache_hits_total", "counter", "tokens",
-           "Prompt tokens found in the prefix cache.", T, "engine"),
+           "Prompt tokens reused from a prefix cache instead of computed, by the tier that held them ("
+           + ", ".join(CACHE_TIERS) + "): summed over tiers, every hit.", T + ("tier",), "engine"),
     family("llm_prefix_cache_hit_ratio", "gauge", "ratio",
            "Prefix cache hit rate as the engine reports it (a gauge; engines without hit/query counters).",
            T, "engine"),
@@ -73,6 +93,13 @@ FAMILIES = (
            "Requests in the running batch.", T, "engine"),
     family("llm_requests_waiting", "gauge", "requests",
            "Requests waiting to be scheduled.", T, "engine"),
+    family("llm_requests_pending", "gauge", "requests",
+           "Requests the server accepted but has not yet handed to the engine's scheduler (LMDeploy's API "
+           "queue, Triton's pending requests): load that llm_requests_waiting does not count.", T, "engine"),
+    family("llm_request_render_time_seconds", "histogram", "seconds",
+           "Time to render a request (chat template, tokenization) before the engine queues it; part of "
+           "TTFT that no engine step explains (vLLM request_render_duration_seconds)." + HISTOGRAM_HELP,
+           T, "engine"),
     family("llm_kv_cache_usage_ratio", "gauge", "ratio",
            "Fraction of the KV cache in use (0..1).", T, "engine"),
     family("llm_kv_cache_capacity_tokens", "gauge", "tokens",
@@ -100,6 +127,13 @@ FAMILIES = (
     family("llm_engine_steps_total", "counter", "steps",
            "Forward passes of the engine over its batch (llama.cpp llama_decode() calls, without "
            "speculative and multimodal ones): rate() is engine steps per second.", T, "engine"),
+    family("llm_engine_busy_seconds_total", "counter", "seconds",
+           "Cumulative time the engine spent running forward passes (SGLang forward_execution_seconds_total "
+           "over its categories, Triton compute_infer_duration_us): rate() is the share of wall time the "
+           "model was computing; the rest is scheduling, host work or idle.", T, "engine"),
+    family("llm_engine_iteration_seconds", "gauge", "seconds",
+           "Duration of the engine's last iteration (one scheduler step over the batch; trtllm-serve "
+           "iteration_latency_seconds): the floor of the time between tokens.", T, "engine"),
     family("llm_engine_estimated_flops_total", "counter", "FLOP",
            "Floating-point operations the engine estimates it ran, per GPU (vLLM "
            "estimated_flops_per_gpu_total, from its own model of each step): rate() is achieved FLOP/s.",
@@ -116,4 +150,10 @@ FAMILIES = (
            "Speculative decoding: draft tokens the target model accepted.", T, "engine"),
     family("llm_spec_decode_drafts_total", "counter", "drafts",
            "Speculative decoding: verification steps (drafts checked by the target model).", T, "engine"),
+    family("llm_spec_decode_acceptance_length", "gauge", "tokens",
+           "Speculative decoding, for engines without counters: mean tokens a request gains per "
+           "verification step (accepted draft tokens plus the target model's own), as the engine averages "
+           "it (SGLang spec_accept_length over its last interval, trtllm-serve acceptance_length, LMDeploy "
+           "mean_accept_length). With counters, 1 + rate(accepted) / rate(drafts) is the same quantity.",
+           T, "engine"),
 )

@@ -30,6 +30,11 @@ FAMILIES = (
            "histogram_bad_le, histogram_no_inf, histogram_incomplete (no _count or _sum), "
            "histogram_not_monotonic, histogram_count_mismatch (_count is not the +Inf bucket), "
            "histogram_fractional_count.", ("source", "reason"), "self"),
+    family("llm_exporter_engine_families", "gauge", "families",
+           "Native metric families on the target's last page, by what the engine table says of them: "
+           "mapped (feeds an llm_* family), ignored (left out on purpose, docs/engines.md says why) or "
+           "unaccounted (neither: an engine release newer than the table; /api/v1/snapshot and the status "
+           "page name them). Each family on the page is counted once.", ("target", "engine", "state"), "self"),
     family("llm_exporter_web_config_last_reload_successful", "gauge", "bool",
            "1 when the last load of --web.config.file succeeded, 0 when a changed file was refused and the "
            "last good one is still in use; absent without a web config file.", (), "self"),

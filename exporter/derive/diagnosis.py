@@ -92,7 +92,8 @@ def target_diagnosis(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]
                            "verdict": decision.verdict if decision else None,
                            "rule": decision.rule if decision else "", "omitted": list(r.omitted),
                            "numbers": _numbers(r, stages), "gpus": _gpu_rows(r), "slo": slo,
-                           "notes": [s["words"] for s in slo.values() if s["state"] == "no_recent_traffic"]}
+                           "notes": [s["words"] for s in slo.values() if s["state"] == "no_recent_traffic"],
+                           "unaccounted_families": list(r.engine.unaccounted)}
     check = r.results.get("probe")
     if check is not None:
         out["probe"] = {"words": check.words(), "failing": check.failing, "gap_too_large": check.gap_too_large}

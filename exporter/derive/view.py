@@ -107,6 +107,7 @@ class EngineView(NamedTuple):
     series: Mapping[tuple[str, str], float] | None = None
     ranks: int = 1  # data-parallel ranks (distinct `rank` labels; 1 without the label)
     prefix_hit_ratio: float | None = None  # mean over ranks of llm_prefix_cache_hit_ratio
+    unaccounted: tuple[str, ...] = ()  # native families the engine table neither maps nor ignores
 
     def get(self, name: str) -> float | None:
         return self.sums.get(name)
@@ -405,6 +406,7 @@ def _engine_view(source: str, attrs: Mapping[str, str], layout: _EngineLayout, v
         series=MappingProxyType(series),
         ranks=layout.ranks,
         prefix_hit_ratio=sum(hits) / len(hits) if hits else None,
+        unaccounted=tuple(attrs.get("unaccounted_families", "").split()),
     )
 
 

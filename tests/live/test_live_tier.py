@@ -32,9 +32,10 @@ import pytest
 from exporter.catalog import engine as engine_catalog
 from exporter.derive.bottleneck import HOLD_CYCLES
 from exporter.derive.settings import DEFAULT_RATE_WINDOW_S, RATE_WINDOW_INTERVALS
+from exporter.sources.engines.accounting import unaccounted
 from exporter.sources.engines.registry import SPECS
 from tests.live import engines
-from tests.live.expected import expected_totals, exporter_totals
+from tests.live.expected import expected_totals, exporter_totals, native_samples
 from tests.live.proxy import RecordingProxy
 from tests.live.traffic import complete
 
@@ -108,14 +109,19 @@ def assert_exporter_matches_the_page(proxy: RecordingProxy, base: str, kind: str
         time.sleep(2.5 * INTERVAL_S)  # two cycles on the frozen page
         spec = SPECS[kind]
         expected = expected_totals(spec, page)
-        got = exporter_totals(_get(base + "/metrics")[1], TARGET, ENGINE_FAMILIES)
+        metrics = _get(base + "/metrics")[1]
+        got = exporter_totals(metrics, TARGET, ENGINE_FAMILIES)
         assert expected, "nothing mapped on the live page"
         missing = sorted(k for k in expected if k not in got)
         wrong = {k: (expected[k], got[k]) for k in expected if k in got and
                  not abs(expected[k] - got[k]) <= 1e-9 * max(1.0, abs(expected[k]))}
         invented = sorted(k for k in got if k not in expected and k[0] not in ("llm_engine_up", "llm_engine_info"))
         assert not missing and not wrong and not invented, (missing, wrong, invented)
-        assert spec.unaccounted(page) == [], "families neither mapped nor listed in docs/engines.md"
+        assert unaccounted(spec, page) == [], "families neither mapped nor ignored (docs/engines.md)"
+        # ... and the exporter says the same of the page it consumed
+        families = {labels["state"]: value for name, labels, value in native_samples(metrics)
+                    if name == "llm_exporter_engine_families" and labels.get("target") == TARGET}
+        assert families.get("unaccounted") == 0 and families.get("mapped", 0) > 5, families
         return expected
     finally:
         proxy.thaw()

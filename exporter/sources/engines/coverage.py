@@ -141,9 +141,20 @@ def _engine_section(spec: EngineSpec) -> list[str]:
     if spec.products:
         lines += ["", "Computed:", "", "| Normalized family | From | Priority | Notes |", "|---|---|---|---|"]
         lines += [_product_row(product) for product in spec.products]
-    if spec.unmapped:
-        lines += ["", "Not mapped, on purpose:", "", "| Engine family | Why |", "|---|---|"]
-        lines += [f"| `{name}` | {why} |" for name, why in spec.unmapped.items()]
+    if spec.reasons:
+        shown = ", ".join(f"`{value}` → `{reason}`" for value, reason in spec.reasons.items())
+        lines.append(f"- Finish reasons: {shown}; the vocabulary's own values as they are; anything else `other`.")
+    if spec.tiers:
+        shown = ", ".join(f"`{value}` → `{tier}`" for value, tier in spec.tiers.items())
+        lines.append(f"- Cache tiers: {shown}; anything else `unknown`.")
+    if spec.versions:
+        lines.append("- Every family accounted for (mapped or ignored below) in: "
+                     + ", ".join(f"`{version}`" for version in spec.versions)
+                     + " (tests/fixtures/engines/; a family neither mapped nor ignored is counted in "
+                       "`llm_exporter_engine_families{state=\"unaccounted\"}` at run time).")
+    if spec.ignored:
+        lines += ["", "Ignored, on purpose:", "", "| Engine family | Why |", "|---|---|"]
+        lines += [f"| `{name}` | {why} |" for name, why in spec.ignored.items()]
     if spec.notes:
         lines += ["", "Quirks and gaps:", ""]
         lines += [f"- {note}" for note in spec.notes]
@@ -166,8 +177,41 @@ def coverage_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def meanings() -> str:
+    """What each normalized family means, whichever engine feeds it (the catalogue's HELP), and the
+    label vocabularies every table maps onto."""
+    rows = ["## What each normalized family means", "",
+            "Every table honours these meanings; where an engine only has another meaning, the family is "
+            "left out for it (its engine family is ignored with the reason), never relabelled.", "",
+            "| Family | Meaning |", "|---|---|"]
+    rows += [f"| `{fam.name}` | {fam.help} |" for fam in engine_catalog.FAMILIES]
+    rows += ["", "Finish reasons (`reason` of `llm_requests_finished_total`): "
+             + ", ".join(f"`{reason}`" for reason in engine_catalog.FINISH_REASONS) + ". "
+             + " ".join(line.strip() for line in (_doc("FINISH_REASONS") or "").splitlines()), "",
+             "Cache tiers (`tier` of `llm_prefix_cache_hits_total`): "
+             + ", ".join(f"`{tier}`" for tier in engine_catalog.CACHE_TIERS) + ". "
+             + " ".join(line.strip() for line in (_doc("CACHE_TIERS") or "").splitlines()), ""]
+    return "\n".join(rows) + "\n"
+
+
+def _doc(name: str) -> str:
+    """The docstring under a module constant of exporter/catalog/engine.py."""
+    import ast  # noqa: PLC0415 - only for the docs
+    import inspect  # noqa: PLC0415
+
+    tree = ast.parse(inspect.getsource(engine_catalog))
+    body = tree.body
+    for node, after in zip(body, body[1:], strict=False):
+        if (isinstance(node, ast.AnnAssign | ast.Assign) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return str(after.value.value)
+    return ""
+
+
 def engines_markdown() -> str:
-    lines = [INTRO + coverage_table()]
+    lines = [INTRO + coverage_table(), meanings()]
     for kind in KINDS:
         lines += _engine_section(SPECS[kind])
     return "\n".join(lines).rstrip("\n") + "\n"

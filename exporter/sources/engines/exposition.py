@@ -102,6 +102,8 @@ class Exposition:
     samples: list[ParsedSample] = field(default_factory=list)
     types: dict[str, str] = field(default_factory=dict)
     dropped_samples: int = 0
+    dropped_names: set[str] = field(default_factory=set)
+    """The names of the samples `keep` dropped (what the page has besides what was asked for)."""
     openmetrics_eof: bool = False
     rejected: dict[str, int] = field(default_factory=dict)
     """Kept samples refused for their labels, by reason (LABEL_VALUE_TOO_LONG, ...)."""
@@ -286,10 +288,12 @@ def _diagnose(line: str) -> str:
 class _Parser:
     """Everything the head cache does not answer: new series, comments, odd lines, errors."""
 
-    __slots__ = ("cache", "dropped", "keep", "limit", "ms", "names", "rejected", "samples", "types", "verdicts")
+    __slots__ = ("cache", "dropped", "dropped_names", "keep", "limit", "ms", "names", "rejected", "samples", "types",
+                 "verdicts")
 
     def __init__(self, result: Exposition, cache: LabelCache, keep, limit: int, ms: float) -> None:
         self.cache = cache
+        self.dropped_names = result.dropped_names
         self.samples = result.samples
         self.types = result.types
         self.rejected = result.rejected
@@ -341,6 +345,7 @@ class _Parser:
         cache = self.cache
         if self.keep is not None and not self.kept(name):
             self.dropped += 1
+            self.dropped_names.add(name)
             cache._remember_head(head, name, None)
             return
         samples = self.samples
@@ -387,6 +392,7 @@ class _Parser:
         name, raw, value, timestamp, exemplar = match.groups()
         if not self.kept(name):
             self.dropped += 1
+            self.dropped_names.add(name)
             return
         if len(self.samples) == self.limit:
             self.dropped += 1
@@ -441,6 +447,7 @@ def parse(
     parser = _Parser(result, cache, keep, limit, 1.0 if result.openmetrics_eof else 1000.0)
     miss = parser.miss
     get = cache._heads.get
+    dropped_name = result.dropped_names.add
     samples = result.samples
     append = samples.append
     line = ""
@@ -464,6 +471,7 @@ def parse(
                     labels = entry[1]
                     if labels is None:  # this filter's verdict on the series, cached with its head
                         parser.dropped += 1
+                        dropped_name(entry[0])
                         continue
                     if len(samples) != limit:
                         try:

@@ -15,7 +15,8 @@ ALIASES = {
     "llamacpp:prompt_tokens_cached_total": (
         Alias("llm_prompt_tokens_total", "counter", note="added to prompt_tokens_total"),
         Alias("llm_prefix_cache_queries_total", "counter", note="added to prompt_tokens_total"),
-        Alias("llm_prefix_cache_hits_total", "counter", note="prompt tokens reused from the cache"),
+        Alias("llm_prefix_cache_hits_total", "counter", tier="device",
+              note="prompt tokens reused from the slot's KV cache"),
     ),
     "llamacpp:tokens_predicted_total": Alias("llm_generation_tokens_total", "counter"),
     "llamacpp:prompt_seconds_total": Alias("llm_prefill_seconds_total", "counter",
@@ -39,7 +40,8 @@ SPEC = EngineSpec(
     labels={},  # llama.cpp has no labels at all
     markers=(("\nllamacpp:",),),
     default_flavor="llamacpp",
-    unmapped={
+    versions=("older (kv_cache_*)", "2026 (server-cuda)", "b11434"),
+    ignored={
         "llamacpp:n_tokens_max": "the longest sequence seen since start: a high-water mark, declared a counter",
         "llamacpp:n_busy_slots_per_decode": "busy slots per llama_decode() averaged since start (a lifetime mean; "
                                             "`nan` on older builds): llm_requests_running is the batch now",

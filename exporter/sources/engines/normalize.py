@@ -41,6 +41,7 @@ from prometheus_client.utils import floatToGoString
 
 from exporter.catalog import engine as engine_catalog
 from exporter.snapshot import Labels, Sample
+from exporter.sources.engines.accounting import MAX_MEMO_NAMES, FamilyAccount, account
 from exporter.sources.engines.exposition import (
     MAX_CACHED_CHARS,
     PAIR_OVERHEAD,
@@ -71,8 +72,9 @@ __all__ = [
     "scrape_of",
 ]
 
-REASONS = frozenset({"stop", "length", "abort", "error"})
-"""Finish reasons kept as is; anything else becomes `other`."""
+REASONS = frozenset(engine_catalog.FINISH_REASONS)
+"""Finish reasons kept as is (after the table's own `reasons`); anything else becomes `other`."""
+TIERS = frozenset(engine_catalog.CACHE_TIERS)
 MAX_RANK = 1024
 """Ranks are decimal indexes below this; anything else becomes `other` (a bounded label)."""
 ABSENT_MODELS = frozenset({"", "undefined", "None"})
@@ -140,6 +142,7 @@ class _Route:
     scaled: bool  # the value itself is converted (not for bucket counts or `_count`)
     where: Where | None
     reason: str | None
+    tier: str | None
     minimum: float | None
     source: str
 
@@ -178,7 +181,7 @@ def _alias_routes(source: str, alias: Alias, first_index: int) -> list[tuple[str
         routes.append((source + part, _Route(
             index=first_index + offset, slot=(alias.family, alias.priority), name=alias.family + part, part=part,
             summed=alias.type != "gauge", scale=alias.scale, scaled=part in ("", "_sum"),
-            where=alias.where, reason=alias.reason, minimum=alias.minimum, source=source,
+            where=alias.where, reason=alias.reason, tier=alias.tier, minimum=alias.minimum, source=source,
         )))
     return routes
 
@@ -277,6 +280,8 @@ class NormalizedScrape:
     drops: Mapping[str, int] = field(default_factory=dict)
     """Series dropped on this page by reason (CARDINALITY, NON_FINITE, ..., and the parser's
     label-limit reasons); a histogram counts each of its series (buckets, _sum, _count)."""
+    families: FamilyAccount = field(default_factory=FamilyAccount)
+    """The page's native families: mapped, ignored on purpose, or unaccounted (accounting.py)."""
 
 
 class Entry(NamedTuple):
@@ -286,8 +291,8 @@ class Entry(NamedTuple):
     group: Labels
     """The labels of its whole series (without `le`): how histogram parts are kept together."""
     model: str | None
-    parts: tuple[str | None, str | None, str | None]
-    """(rank, reason, le): to rebuild the labels once the page's model is known."""
+    parts: tuple[str | None, str | None, str | None, str | None]
+    """(rank, reason, le, tier): to rebuild the labels once the page's model is known."""
 
 
 class NormalizerState:
@@ -297,8 +302,8 @@ class NormalizerState:
     known, and a page that momentarily lacks its markers keeps its kind), and replay.py's memo of
     the last page (None for the plain pass). Every cache is bounded and simply cleared when full."""
 
-    __slots__ = ("_entries", "_entries_for", "_entry_chars", "_entry_count", "_le", "label_cache", "last_kind",
-                 "memo")
+    __slots__ = ("_entries", "_entries_for", "_entry_chars", "_entry_count", "_families", "_le", "label_cache",
+                 "last_kind", "memo")
 
     def __init__(self) -> None:
         self.label_cache = LabelCache()
@@ -310,6 +315,19 @@ class NormalizerState:
         self._entry_chars = 0
         self._le: dict[tuple[str, float], str | None] = {}
         self.memo: Memo | None = None
+        self._families: tuple[tuple, FamilyAccount] | None = None
+
+    def families(self, kind: str, exposition: Exposition) -> FamilyAccount:
+        """The page's family account; the last one is kept while the page's names repeat."""
+        names = {sample[0] for sample in exposition.samples}
+        names |= exposition.dropped_names
+        declared = exposition.types.keys()
+        if len(names) + len(declared) > MAX_MEMO_NAMES:
+            return account(SPECS[kind], declared, names)
+        key = (kind, frozenset(declared), frozenset(names))
+        if self._families is None or self._families[0] != key:
+            self._families = (key, account(SPECS[kind], declared, names))
+        return self._families[1]
 
     def route_entries(self, kind: str, target: str, route_count: int) -> list[dict[Labels, Entry | bool | None]]:
         """One dict per route of `kind`: engine labels -> mapped entry (see Pass._entry)."""
@@ -380,6 +398,7 @@ class Page:
     exposition: Exposition
     notes: dict[str, None]
     """Notes so far (detection's), in order: a dict as an ordered set."""
+    families: FamilyAccount = field(default_factory=FamilyAccount)
 
 
 def read_page(text: str, kind: str | None, state: NormalizerState) -> Page:
@@ -388,7 +407,7 @@ def read_page(text: str, kind: str | None, state: NormalizerState) -> Page:
     kind = _resolve_kind(text, kind, state, notes)
     table = table_for(kind, text)
     exposition = parse(text, keep=table.keep.__contains__, label_cache=state.label_cache)
-    return Page(text, kind, table, exposition, notes)
+    return Page(text, kind, table, exposition, notes, state.families(kind, exposition))
 
 
 def scrape_of(page: Page, model: str | None, samples: tuple[Sample, ...], unmapped: int, dropped: int,
@@ -408,6 +427,7 @@ def scrape_of(page: Page, model: str | None, samples: tuple[Sample, ...], unmapp
         dropped_series=dropped,
         notes=tuple(notes)[:MAX_NOTES],
         drops=MappingProxyType(dict(drops)) if drops else _NO_DROPS,
+        families=page.families,
     )
 
 
@@ -477,14 +497,21 @@ def _bound_rank(value: str) -> str:
     return "other"
 
 
-def _bound_reason(value: str) -> str:
+def _bound_reason(value: str, spec: EngineSpec) -> str:
     lowered = value.lower()
+    lowered = spec.reasons.get(lowered, lowered)
     return lowered if lowered in REASONS else "other"
 
 
+def _bound_tier(value: str, spec: EngineSpec) -> str:
+    lowered = value.lower()
+    lowered = spec.tiers.get(lowered, lowered)
+    return lowered if lowered in TIERS else "unknown"
+
+
 def _map_labels(labels: Labels, spec: EngineSpec) -> tuple | None:
-    """(model, rank, reason, le) of an engine label set, or None for a rank copy to skip."""
-    model = rank = reason = le = None
+    """(model, rank, reason, le, tier) of an engine label set, or None for a rank copy to skip."""
+    model = rank = reason = le = tier = None
     for key, value in labels:
         if key == "le":
             le = value
@@ -501,13 +528,15 @@ def _map_labels(labels: Labels, spec: EngineSpec) -> tuple | None:
         elif role == "rank":
             rank = _bound_rank(value)
         elif role == "reason":
-            reason = _bound_reason(value)
-    return (model, rank, reason, le)
+            reason = _bound_reason(value, spec)
+        elif role == "tier":
+            tier = _bound_tier(value, spec)
+    return (model, rank, reason, le, tier)
 
 
 def _label_tuple(target: str, kind: str, model: str | None, rank: str | None, reason: str | None,
-                 le: str | None) -> Labels:
-    # Built in sorted order directly: engine < le < model < rank < reason < target.
+                 le: str | None, tier: str | None = None) -> Labels:
+    # Built in sorted order directly: engine < le < model < rank < reason < target < tier.
     pairs = [("engine", kind)]
     if le is not None:
         pairs.append(("le", le))
@@ -518,6 +547,8 @@ def _label_tuple(target: str, kind: str, model: str | None, rank: str | None, re
     if reason is not None:
         pairs.append(("reason", reason))
     pairs.append(("target", target))
+    if tier is not None:
+        pairs.append(("tier", tier))
     return tuple(pairs)
 
 
@@ -603,7 +634,7 @@ class Pass:
             return _SKIP
         if route.where is not None and route.where not in labels:
             return None
-        model, rank, reason, le = mapped
+        model, rank, reason, le, tier = mapped
         if route.part == "_bucket":
             if le is None:
                 return None
@@ -613,10 +644,11 @@ class Pass:
         else:
             le = None
         reason = (reason or route.reason) if route.reason is not None else None
+        tier = (tier or route.tier) if route.tier is not None else None
         kind = self.table.spec.kind
-        out = _label_tuple(self.target, kind, model, rank, reason, le)
-        group = out if le is None else _label_tuple(self.target, kind, model, rank, reason, None)
-        return Entry(out, group, model, (rank, reason, le))
+        out = _label_tuple(self.target, kind, model, rank, reason, le, tier)
+        group = out if le is None else _label_tuple(self.target, kind, model, rank, reason, None, tier)
+        return Entry(out, group, model, (rank, reason, le, tier))
 
     def consume(self, samples: list) -> None:
         routes_of = self.table.routes
@@ -698,6 +730,8 @@ class Pass:
         model, rank = mapped[0], mapped[1]
         if term.label is not None:
             raw = dict(labels).get(term.label)
+            if raw is None:  # a label this release does not have (a newer product's term): no note
+                return
             try:
                 value = float(raw) if raw is not None else math.nan
             except ValueError:
@@ -730,7 +764,7 @@ class Pass:
                 result = self._product_value(product, value, others, (model, rank))
                 if result is None:
                     continue
-                out = _label_tuple(self.target, kind, model or self.model, rank, None, None)
+                out = _label_tuple(self.target, kind, model or self.model, rank, None, None, product.tier)
                 slot = (product.family, product.priority)
                 bucket = self.candidates.setdefault(slot, {})
                 key = (product.family, out)
@@ -769,11 +803,11 @@ class Pass:
         for slot, bucket in self.candidates.items():
             summed = self.table.types[slot[0]] != "gauge"
             for key in [key for key in bucket if key in self.unfilled]:
-                rank, reason, le = self.unfilled[key]
+                rank, reason, le, tier = self.unfilled[key]
                 value = bucket.pop(key)
                 self.group_of.pop(key, None)
-                out = _label_tuple(self.target, kind, self.model, rank, reason, le)
-                group = _label_tuple(self.target, kind, self.model, rank, reason, None)
+                out = _label_tuple(self.target, kind, self.model, rank, reason, le, tier)
+                group = _label_tuple(self.target, kind, self.model, rank, reason, None, tier)
                 new_key = (key[0], out)
                 previous = bucket.get(new_key)
                 if previous is None:

@@ -78,6 +78,7 @@ class EngineSource:
         # and the reasons of the last normalized page: a log line when one starts or stops.
         self._series_dropped: dict[str, int] = {CARDINALITY: 0}
         self._dropping: frozenset[str] = frozenset()
+        self._unaccounted: tuple[str, ...] = ()  # the last page's unaccounted families (logged on change)
 
     @property
     def attrs(self) -> Mapping[str, str]:
@@ -131,14 +132,35 @@ class EngineSource:
             raise SourceError("unknown_engine", str(error)) from None
         self._last_kind = scrape.kind
         self._count_drops(scrape)
+        self._note_families(scrape)
+        families = scrape.families
         extra = [
             Sample("llm_engine_info",
                    labels_of(target=self.target.name, engine=scrape.kind, flavor=scrape.flavor), 1.0),
             *(Sample("llm_exporter_series_dropped_total", labels_of(source=self.name, reason=reason), float(count))
               for reason, count in self._series_dropped.items()),
+            *(Sample("llm_exporter_engine_families", labels_of(target=self.target.name, engine=scrape.kind,
+                                                                state=state), float(count))
+              for state, count in families.counts().items()),
         ]
-        attrs = {"engine": scrape.kind, "flavor": scrape.flavor, "model": scrape.model}
+        attrs = {"engine": scrape.kind, "flavor": scrape.flavor, "model": scrape.model,
+                 "unaccounted_families": " ".join(families.names)}
         return SourceData(scrape.samples + tuple(extra), attrs)
+
+    def _note_families(self, scrape: NormalizedScrape) -> None:
+        """One log line when the set of families the engine table does not account for changes (an
+        engine upgrade, a feature switched on), not on every cycle."""
+        names = scrape.families.names
+        if names == self._unaccounted:
+            return
+        if names:
+            more = scrape.families.unaccounted - len(names)
+            log.warning("target %s: %d engine families neither mapped nor ignored by the %s table (a new engine "
+                        "release?): %s%s; see docs/engines.md", self.target.name, scrape.families.unaccounted,
+                        scrape.kind, ", ".join(names), f" and {more} more" if more > 0 else "")
+        else:
+            log.info("target %s: every engine family is accounted for again", self.target.name)
+        self._unaccounted = names
 
     def _count_drops(self, scrape: NormalizedScrape) -> None:
         """Add the page's dropped series to the counters; log once when a reason starts (with the

@@ -8,6 +8,8 @@ per sample.
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -53,6 +55,9 @@ class Alias:
     note: str = ""
     """The quirk this alias handles, for docs/engines.md."""
     when: When | None = None
+    tier: str | None = None
+    """For llm_prefix_cache_hits_total: the cache tier (catalog CACHE_TIERS) when the engine gives no
+    tier label."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,13 +83,23 @@ class Product:
     priority: int = 0
     note: str = ""
     when: When | None = None
+    tier: str | None = None
+    """For llm_prefix_cache_hits_total: the cache tier (catalog CACHE_TIERS)."""
+
+
+MAPPED = "mapped"
+IGNORED = "ignored"
+UNACCOUNTED = "unaccounted"
+ACCOUNT_STATES = (MAPPED, IGNORED, UNACCOUNTED)
+"""What a table says of a family on an engine's page: the `state` label of
+llm_exporter_engine_families."""
 
 
 def _frozen(mapping: Mapping[str, str] | None = None) -> Mapping[str, str]:
     return MappingProxyType(dict(mapping or {}))
 
 
-COMMON_UNMAPPED: Mapping[str, str] = MappingProxyType({
+COMMON_IGNORED: Mapping[str, str] = MappingProxyType({
     "process_*": "the engine process's own runtime (CPU, memory, fds): the host source reads the process",
     "python_*": "the Python runtime's garbage collector and version",
     "http_*": "the API server's HTTP instrumentation (requests by handler, sizes): not inference",
@@ -92,9 +107,10 @@ COMMON_UNMAPPED: Mapping[str, str] = MappingProxyType({
 """Families every Python engine's page carries beside its own (prometheus_client defaults)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class EngineSpec:
-    """Everything normalize.py needs to know about one engine kind."""
+    """Everything normalize.py needs to know about one engine kind. Compared by identity: there
+    is one per kind (registry.SPECS)."""
 
     kind: str
     title: str
@@ -103,8 +119,13 @@ class EngineSpec:
     histograms without `_bucket`/`_sum`/`_count`."""
     products: tuple[Product, ...] = ()
     labels: Mapping[str, str] = field(default_factory=_frozen)
-    """Engine label -> normalized label (`model`, `rank` or `reason`); every other label is
+    """Engine label -> normalized label (`model`, `rank`, `reason` or `tier`); every other label is
     dropped, and series that then coincide are merged (see normalize.py)."""
+    reasons: Mapping[str, str] = field(default_factory=_frozen)
+    """The engine's finish-reason values (lower-cased) -> catalog FINISH_REASONS, where they differ;
+    a value in neither becomes `other`."""
+    tiers: Mapping[str, str] = field(default_factory=_frozen)
+    """The engine's cache-tier label values (lower-cased) -> catalog CACHE_TIERS; others `unknown`."""
     keep_only: Mapping[str, str] = field(default_factory=_frozen)
     """Label -> the only value kept: copies of one series reported by every tensor-parallel rank."""
     keep_only_unless: Mapping[str, str] = field(default_factory=_frozen)
@@ -118,38 +139,30 @@ class EngineSpec:
     """(substring, flavor): the first substring found names the flavor."""
     default_flavor: str = ""
     notes: tuple[str, ...] = ()
-    """Engine-level quirks and gaps, for docs/engines.md."""
-    unmapped: Mapping[str, str] = field(default_factory=_frozen)
-    """Engine families left out on purpose -> why, for docs/engines.md. A name ending in `*` covers
-    every family with that prefix. The live tier (tests/live) fails on a family of a real engine's
-    page that is neither mapped nor listed here."""
+    """Engine-level quirks and gaps, for docs/engines.md. Free text: a family named only here is
+    not accounted for."""
+    ignored: Mapping[str, str] = field(default_factory=_frozen)
+    """Engine families left out on purpose -> why (one line), for docs/engines.md and the
+    exporter's llm_exporter_engine_families. A name ending in `*` covers every family with that
+    prefix. Keyed like `aliases` (counters with `_total`)."""
+    versions: tuple[str, ...] = ()
+    """The engine releases whose every family this table accounts for (the conformance fixtures
+    tests/fixtures/engines/<kind>-<version>__*.prom prove it), newest last."""
+
+    def mapped_sources(self) -> frozenset[str]:
+        """Every engine family a route or a product term reads."""
+        return frozenset(name for name, _ in self.alias_items()) | frozenset(
+            term.source for product in self.products for term in product.terms)
+
+    def state_of(self, family: str) -> str:
+        """`mapped`, `ignored` or `unaccounted` for one family as exposed (ACCOUNT_STATES); a
+        counter may be named with or without `_total`."""
+        return _state_of(self, family)
 
     def accounts_for(self, family: str) -> bool:
         """Whether `family` (as exposed, without `_bucket`/`_sum`/`_count`/`_created`) is mapped or
-        listed as unmapped."""
-        if family in self.aliases or any(t.source == family for p in self.products for t in p.terms):
-            return True
-        return any(family == name or (name.endswith("*") and family.startswith(name[:-1]))
-                   for name in self.unmapped)
-
-    def unaccounted(self, page: str) -> list[str]:
-        """The families on a /metrics page (by sample name) that are neither mapped nor listed in
-        `unmapped`: what docs/engines.md does not explain yet."""
-        found: set[str] = set()
-        for line in page.splitlines():
-            if not line or line.startswith("#"):
-                continue
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if self.accounts_for(name) or self.accounts_for(name + "_total"):
-                continue
-            for suffix in ("_bucket", "_sum", "_count", "_created", "_info"):
-                base = name.removesuffix(suffix)
-                if base != name and (self.accounts_for(base) or self.accounts_for(base + "_total")):
-                    break
-            else:
-                if not name.endswith("_created"):  # reported by its family's own samples
-                    found.add(name)
-        return sorted(found)
+        listed as ignored."""
+        return self.state_of(family) != UNACCOUNTED
 
     def alias_items(self) -> tuple[tuple[str, Alias], ...]:
         """(engine name, alias) pairs, flattening tuples."""
@@ -158,3 +171,21 @@ class EngineSpec:
             for alias in entry if isinstance(entry, tuple) else (entry,):
                 items.append((source, alias))
         return tuple(items)
+
+
+@functools.lru_cache(maxsize=4096)
+def _state_of(spec: EngineSpec, family: str) -> str:
+    mapped = _mapped(spec)
+    names = (family, family + "_total") if not family.endswith("_total") else (family, family[:-6])
+    if any(name in mapped for name in names):
+        return MAPPED
+    for name in names:
+        for pattern in spec.ignored:
+            if name == pattern or ("*" in pattern and fnmatch.fnmatchcase(name, pattern)):
+                return IGNORED
+    return UNACCOUNTED
+
+
+@functools.lru_cache(maxsize=16)
+def _mapped(spec: EngineSpec) -> frozenset[str]:
+    return spec.mapped_sources()

@@ -43,8 +43,20 @@ ALIASES = {
               note="prompt tokens of finished requests: the tokens looked up for KV-cache reuse"),
     ),
     "trtllm_prompt_cached_tokens_total": Alias(
-        "llm_prefix_cache_hits_total", "counter",
-        note="prompt tokens of finished requests served from the KV cache (reused blocks)"),
+        "llm_prefix_cache_hits_total", "counter", tier="unknown",
+        note="prompt tokens of finished requests served from the KV cache, every level together"),
+    "trtllm_prompt_cache_hit_tokens_total": Alias(
+        "llm_prefix_cache_hits_total", "counter", priority=1, tier="unknown",
+        note="the same tokens split by `cache_tier` (and `cache_level`, summed): preferred where present"),
+    "trtllm_request_error_total": Alias(
+        "llm_requests_finished_total", "counter", priority=3, reason="error",
+        note="requests the server refused, by `http_code` (400 validation errors in 2026): 429 and 503 -> "
+             "rejected, 499 -> abort, else error"),
+    "trtllm_spec_decode_num_draft_tokens_total": Alias("llm_spec_decode_draft_tokens_total", "counter"),
+    "trtllm_spec_decode_num_accepted_tokens_total": Alias("llm_spec_decode_accepted_tokens_total", "counter"),
+    "trtllm_spec_decode_acceptance_length": Alias("llm_spec_decode_acceptance_length", "gauge"),
+    "trtllm_iteration_latency_seconds": Alias("llm_engine_iteration_seconds", "gauge",
+                                              note="the last iteration, converted from iterLatencyMS upstream"),
     "trtllm_generation_tokens_total": Alias("llm_generation_tokens_total", "counter"),
     "trtllm_num_requests_running": Alias("llm_requests_running", "gauge"),
     "trtllm_num_requests_waiting": Alias("llm_requests_waiting", "gauge"),
@@ -68,10 +80,56 @@ SPEC = EngineSpec(
     title="TensorRT-LLM trtllm-serve",
     aliases=ALIASES,
     products=PRODUCTS,
-    labels={"model_name": "model", "finished_reason": "reason"},
+    labels={"model_name": "model", "finished_reason": "reason", "http_code": "reason", "cache_tier": "tier"},
+    reasons={"cancelled": "abort", "timeout": "error", "unknown": "other",
+             "429": "rejected", "503": "rejected", "499": "abort", "400": "error", "404": "error", "413": "error",
+             "422": "error", "500": "error"},
+    tiers={"gpu": "device", "device": "device", "primary": "device", "cpu": "host", "host": "host",
+           "secondary": "host", "disk": "storage", "storage": "storage"},
     markers=(("\ntrtllm_",), ("\ntrtllm:",), ("engine_type=", "\ntime_to_first_token_seconds")),
     flavors=(("\ntrtllm_", "trtllm-serve"),),
     default_flavor="trtllm-serve-legacy",
+    versions=("1.1.0rc5", "Dynamo trtllm:", "2026", "2026 (union of two collector.py versions)"),
+    ignored={
+        "trtllm_prompt_cached_tokens_per_request": "cached prompt tokens per request: the counters give the rate",
+        "trtllm_spec_decode_drafted_tokens_total": "draft tokens per position (`token_position`): the totals are "
+                                                   "mapped",
+        "trtllm_spec_decode_accepted_tokens_total": "accepted tokens per position: the totals are mapped",
+        "trtllm_spec_decode_draft_overhead": "the drafter's share of step time",
+        "trtllm_prefill_perplexity": "output quality (perplexity of prompts), not serving load",
+        "trtllm_generation_perplexity": "output quality (perplexity of outputs), not serving load",
+        "trtllm_kv_cache_reused_blocks_total": "reused KV blocks (blocks, not tokens): prompt_cached_tokens is mapped",
+        "trtllm_kv_cache_missed_blocks_total": "missed KV blocks (blocks, not tokens)",
+        "trtllm_kv_cache_host_utilization": "the host (CPU) KV tier's usage: offload detail",
+        "trtllm_kv_cache_iter_*": "per-iteration KV reuse detail (blocks)",
+        "trtllm_kv_cache_gen_alloc_blocks_total": "KV blocks allocated for generation",
+        "trtllm_kv_cache_onboard_bytes_total": "bytes moved from the host tier back to the GPU (offload detail)",
+        "trtllm_kv_cache_offload_bytes_total": "bytes offloaded to the host tier",
+        "trtllm_kv_cache_disk_prefetch_blocks_total": "blocks prefetched from the disk tier",
+        "trtllm_kv_cache_intra_device_copy_bytes_total": "KV bytes copied within the GPU",
+        "trtllm_kv_cache_free_blocks": "free KV blocks: max - used",
+        "trtllm_num_requests_completed_total": "completed requests without a reason: request_success_total has them "
+                                               "by reason",
+        "trtllm_gpu_memory_usage_bytes": "the runtime's GPU memory: the GPU source reads NVML",
+        "trtllm_cpu_memory_usage_bytes": "the runtime's host memory",
+        "trtllm_pinned_memory_usage_bytes": "the runtime's pinned host memory",
+        "trtllm_max_batch_size_static": "configured batch size bound",
+        "trtllm_max_batch_size_runtime": "the batch size bound the runtime tuner chose",
+        "trtllm_max_num_tokens_runtime": "the token bound per iteration the runtime tuner chose",
+        "trtllm_num_context_requests": "requests in context (prefill) phase in the last iteration",
+        "trtllm_num_generation_requests": "requests in generation phase in the last iteration",
+        "trtllm_num_paused_requests": "requests paused (KV cache exhausted) in the last iteration: a gauge, not the "
+                                      "preemption counter",
+        "trtllm_num_scheduled_requests": "requests scheduled in the last iteration",
+        "trtllm_total_context_tokens": "context tokens in the last iteration",
+        "trtllm_avg_decoded_tokens_per_iter": "tokens decoded per request per iteration (speculation's gain)",
+        "trtllm_prefill_batch_occupancy": "the last prefill batch's occupancy",
+        "trtllm_prefill_batch_tokens": "tokens per prefill batch",
+        "trtllm_scheduled_batch_size": "batch size per rank and process",
+        "trtllm_*_config_info": "configuration (model, parallel, speculative, KV cache) in labels",
+        "trtllm_ep_*": "expert-parallel rank health (MoE)",
+        "dynamo_*": "NVIDIA Dynamo's own component metrics beside the engine's",
+    },
     notes=(
         "Prometheus lives at `/prometheus/metrics`; `/metrics` is JSON iteration stats.",
         "`model_name=\"undefined\"` (the first release's default) is treated as no model.",
@@ -81,12 +139,8 @@ SPEC = EngineSpec(
         "An idle first-release server (HELP/TYPE lines, no samples yet) is not recognised: the "
         "unprefixed names are NIM's too and only the samples' `engine_type` label tells them apart. "
         "Until the first request the target reads as an unknown engine unless `kind: trtllm` is set.",
-        "Prefix cache: prompt_cached_tokens_total / prompt_tokens_total are hits / queries in tokens "
-        "(both per finished request). trtllm_kv_cache_hit_rate (the engine's own block ratio) stays "
-        "mapped to llm_prefix_cache_hit_ratio.",
-        "Not mapped: kv_cache_reused/missed_blocks counters (blocks, not tokens), "
-        "prompt_cache_hit_tokens_total{cache_level,cache_tier} (a per-level split of "
-        "prompt_cached_tokens_total), memory gauges, *_config_info, spec-decode and per-iteration "
-        "metrics.",
+        "Prefix cache: prompt_cached_tokens_total (or its per-tier split) / prompt_tokens_total are hits / "
+        "queries in tokens (both per finished request). trtllm_kv_cache_hit_rate (the engine's own block "
+        "ratio) stays mapped to llm_prefix_cache_hit_ratio.",
     ),
 )

@@ -11,7 +11,8 @@ lines, so the aliases test the raw page for the blocks wording (`when`, one subs
 blocks -> x block_size from cache_config_info, anything else (tokens, or no HELP) -> as is.
 """
 
-from exporter.sources.engines.table import COMMON_UNMAPPED, US, Alias, EngineSpec, Product, Term
+from exporter.sources.engines.table import COMMON_IGNORED, US, Alias, EngineSpec, Product, Term
+from exporter.sources.engines.triton import IGNORED as TRITON_IGNORED
 
 INFO = "vllm:cache_config_info"
 QUERIES_IN_BLOCKS = "prefix cache queries, in terms of number of queried blocks"
@@ -29,15 +30,27 @@ ALIASES = {
     "vllm:num_preemptions_total": Alias("llm_preemptions_total", "counter"),
     "vllm:request_success_total": Alias("llm_requests_finished_total", "counter", priority=2, reason="other",
                                         note="finished_reason -> reason"),
+    "vllm:admission_rejections_total": Alias(
+        "llm_requests_finished_total", "counter", priority=2, reason="rejected",
+        note="requests refused before the queue (max_num_queued_reqs/tokens limits, HTTP 503): reason "
+             "\"rejected\", whatever vLLM's own reason label; no `engine` label, so no rank"),
+    "vllm:request_render_duration_seconds": Alias(
+        "llm_request_render_time_seconds", "histogram",
+        note="chat template and tokenization before the queue (>= 0.33): inside vLLM's TTFT; `request_type` "
+             "dropped and summed"),
     "vllm:prefix_cache_queries_total": Alias("llm_prefix_cache_queries_total", "counter", priority=2,
                                              note="counts tokens (>= 0.9)"),
-    "vllm:prefix_cache_hits_total": Alias("llm_prefix_cache_hits_total", "counter", priority=2,
-                                          note="counts tokens (>= 0.9)"),
+    "vllm:prefix_cache_hits_total": Alias("llm_prefix_cache_hits_total", "counter", priority=2, tier="device",
+                                          note="counts tokens (>= 0.9); the local (GPU) cache only"),
+    "vllm:external_prefix_cache_hits_total": Alias(
+        "llm_prefix_cache_hits_total", "counter", priority=2, tier="external",
+        note="tokens a KV connector (LMCache, NIXL, Mooncake) supplied: counted in prompt_tokens_total, "
+             "not computed"),
     "vllm:gpu_prefix_cache_queries_total": Alias(
         "llm_prefix_cache_queries_total", "counter", priority=1, when=(QUERIES_IN_BLOCKS, False),
         note="old name of prefix_cache_queries; counts tokens unless its HELP says blocks (0.8: see below)"),
     "vllm:gpu_prefix_cache_hits_total": Alias(
-        "llm_prefix_cache_hits_total", "counter", priority=1, when=(HITS_IN_BLOCKS, False),
+        "llm_prefix_cache_hits_total", "counter", priority=1, when=(HITS_IN_BLOCKS, False), tier="device",
         note="old name of prefix_cache_hits; counts tokens unless its HELP says blocks (0.8: see below)"),
     "vllm:gpu_prefix_cache_hit_rate": Alias("llm_prefix_cache_hit_ratio", "gauge", minimum=0.0,
                                             note="V0 gauge; -1 (prefix caching off) is dropped"),
@@ -75,12 +88,19 @@ ALIASES = {
                                               note="Triton vLLM backend: cumulative microseconds -> seconds"),
     "nv_inference_queue_duration_us": Alias("llm_request_queue_seconds_total", "counter", scale=US,
                                             note="Triton vLLM backend: Triton's queue, cumulative µs -> seconds"),
+    "nv_inference_pending_request_count": Alias("llm_requests_pending", "gauge",
+                                                note="Triton vLLM backend: requests in Triton's queue"),
 }
 
 PRODUCTS = (
+    Product("llm_kv_cache_capacity_tokens", "gauge", (Term(INFO, label="kv_cache_size_tokens"),), priority=2,
+            note="cache_config_info label kv_cache_size_tokens (>= 0.33): this engine's own capacity, right "
+                 "for data parallel and hybrid models"),
     Product("llm_kv_cache_capacity_tokens", "gauge",
-            (Term(INFO, label="num_gpu_blocks"), Term(INFO, label="block_size")),
-            note="cache_config_info labels num_gpu_blocks x block_size"),
+            (Term(INFO, label="num_gpu_blocks"), Term(INFO, label="block_size")), priority=1,
+            note="older releases: cache_config_info labels num_gpu_blocks x block_size. With data parallel "
+                 "num_gpu_blocks is the sum over the DP engines, so this is N times one engine's capacity: "
+                 "only on pages without kv_cache_size_tokens"),
     Product("llm_kv_cache_block_size_tokens", "gauge", (Term(INFO, label="block_size"),),
             note="cache_config_info label block_size"),
     Product("llm_kv_cache_memory_bytes", "gauge", (Term(INFO, label="kv_cache_memory_bytes"),),
@@ -94,7 +114,7 @@ PRODUCTS = (
             note="0.8 gpu_prefix_cache_queries counted blocks (its HELP says so): x block_size"),
     Product("llm_prefix_cache_hits_total", "counter",
             (Term("vllm:gpu_prefix_cache_hits_total"), Term(INFO, label="block_size")), priority=1,
-            when=(HITS_IN_BLOCKS, True),
+            when=(HITS_IN_BLOCKS, True), tier="device",
             note="0.8 gpu_prefix_cache_hits counted blocks (its HELP says so): x block_size"),
 )
 
@@ -109,22 +129,22 @@ SPEC = EngineSpec(
     flavors=(("nv_inference_", "triton-vllm"), ("vllm:num_requests_swapped", "vllm-v0"),
              ("vllm:cpu_cache_usage_perc", "vllm-v0"), ("vllm:gpu_prefix_cache_hit_rate", "vllm-v0")),
     default_flavor="vllm-v1",
-    unmapped={
+    reasons={"repetition": "stop"},
+    versions=("0.7", "0.8", "0.9.0", "0.11", "0.32.0 (live)", "0.34.0"),
+    ignored={
         "vllm:num_requests_waiting_by_reason": "the waiting queue split by reason (capacity, deferred); "
                                                "llm_requests_waiting is its total",
         "vllm:engine_sleep_state": "sleep mode (awake, weights_offloaded, discard_all): an operator's "
                                    "state, not a load signal",
         "vllm:prompt_tokens_by_source_total": "llm_prompt_tokens_total split by source (local_compute, "
-                                              "local_cache_hit, external_kv_transfer); the local cache share "
-                                              "is prefix_cache_hits_total",
-        "vllm:prompt_tokens_cached_total": "cached prompt tokens, KV-connector transfers included: the local "
-                                           "share is prefix_cache_hits_total",
+                                              "local_cache_hit, external_kv_transfer): the hits by tier carry "
+                                              "the same split",
+        "vllm:prompt_tokens_cached_total": "cached prompt tokens of every tier: llm_prefix_cache_hits_total "
+                                           "{tier=device|external} has them apart",
         "vllm:prompt_tokens_cached_by_source_total": "as prompt_tokens_cached_total, by source",
-        "vllm:external_prefix_cache_*": "lookups through a KV connector (LMCache, disaggregated prefill); "
-                                        "zero without one",
-        "vllm:mm_cache_*": "the multimodal encoder cache: no inputs but text here",
-        "vllm:admission_rejections_total": "requests refused before the queue (max_num_queued_reqs/tokens "
-                                           "limits, by reason): not yet in the schema",
+        "vllm:external_prefix_cache_queries_total": "connector lookups of the tokens the local cache missed: a "
+                                                    "subset of prefix_cache_queries, so not added to it",
+        "vllm:mm_cache_*": "the multimodal encoder cache (items, not tokens): no bottleneck of text serving",
         "vllm:request_max_num_generation_tokens": "the client's requested output bound per request",
         "vllm:request_params_*": "client request parameters (n, max_tokens), not engine behaviour",
         "vllm:request_num_preemptions": "preemptions per finished request; llm_preemptions_total has the rate",
@@ -135,18 +155,52 @@ SPEC = EngineSpec(
         "vllm:lora_requests_info": "a timestamp value with adapter lists in its labels",
         "vllm:num_requests_swapped": "V0 swap",
         "vllm:cpu_cache_usage_perc": "V0 swap",
+        "vllm:cpu_prefix_cache_hit_rate": "V0 swap space's prefix cache",
         "vllm:model_forward_time_milliseconds": "V0 tracing only",
         "vllm:model_execute_time_milliseconds": "V0 tracing only",
         "vllm:request_failure_total": "labels not documented; would double-count reason=\"error\"",
-        **COMMON_UNMAPPED,
+        "vllm:corrupted_requests_total": "requests whose logits held NaNs (VLLM_COMPUTE_NANS_IN_LOGITS debug "
+                                         "mode): a model-numerics alarm, not load",
+        "vllm:watermark_requests_total": "requests watermarked (a feature's usage count)",
+        "vllm:num_requests_kv_fetch_by_stage": "PD disaggregation: KV-consumer requests by fetch stage (the "
+                                               "beyond-one-server view, not this table's)",
+        "vllm:kv_block_*": "KV block residency (lifetime, idle before eviction, reuse gap), opt-in "
+                           "--kv-cache-metrics: cache tuning detail; usage and preemptions carry the pressure",
+        "vllm:kv_offload_*": "KV offload to CPU/disk tiers (legacy transfer_type and flat load/store names, "
+                             "tiering): transfer volume and time, not yet a normalized family",
+        "vllm:simple_kv_offload_*": "the simple KV offload connector's blocks and config",
+        "vllm:nixl_*": "NIXL KV transfer (PD disaggregation): xfer time, bytes, failures",
+        "vllm:mooncake_*": "Mooncake KV transfer and store (PD disaggregation, KV store)",
+        "vllm:hf3fs_*": "hf3fs KV store load/save",
+        "vllm:hisparse_*": "HiSparse host KV cache",
+        "vllm:umbp_*": "UMBP KV connector",
+        "vllm:lmcache_*": "LMCache connector's own statistics",
+        "vllm:diffusion_*": "diffusion-LM decoding (canvas positions, denoising steps)",
+        "vllm:rl_*": "online RL weight updates (duration, in flight)",
+        "vllm:sleep_mode_*": "sleep-mode operations (duration, in flight): an operator's action, not load",
+        "vllm:kvcr_*": "KV cache relocation (KVCR) operations, bytes and blocks: transfer detail",
+        "vllm:tool_call_parser_*": "tool-call parser invocations: API features, not engine load",
+        "vllm:reasoning_parser_*": "reasoning parser invocations: API features, not engine load",
+        "vllm:websocket_*": "realtime websocket sessions of the API server",
+        "vllm:realtime_*": "realtime API sessions",
+        "vllm:api_server_*": "API-server process bookkeeping",
+        **{name: why for name, why in TRITON_IGNORED.items() if name.startswith("nv_")},
+        **COMMON_IGNORED,
     },
     notes=(
         "`engine` (the data-parallel engine index) becomes `rank`; `model_name` becomes `model`.",
         "`*_created` samples (V1 does not disable them) are not mapped.",
         "cache_config_info is set after KV profiling: capacity appears a few seconds after start.",
+        "Data parallel: every engine's cache_config_info repeats num_gpu_blocks summed over the DP engines "
+        "(the API server adds each engine's blocks as it reports ready), so blocks x block_size is N times "
+        "one engine's capacity; kv_cache_size_tokens (>= 0.33, also right for hybrid models whose block "
+        "size is enlarged) is each engine's own and wins wherever it is on the page.",
         "`prompt_tokens_total` counts every prompt token, the cached ones included; "
-        "`prefix_cache_hits_total` (tokens) is the locally cached share, so the computed prompt "
-        "tokens are their difference (the same split as llama.cpp's).",
+        "`prefix_cache_hits_total` (tokens, tier `device`) is the locally cached share and "
+        "`external_prefix_cache_hits_total` (tier `external`) what a KV connector supplied, so the computed "
+        "prompt tokens are the prompt tokens less both (the same split as llama.cpp's).",
+        "TTFT starts when rendering starts: request_render_duration_seconds (llm_request_render_time_seconds) "
+        "is the chat-template and tokenization part of it.",
         "Bucket bounds are kept as exposed (V0 TTFT stops at 10 s, V1 at 2560 s, and "
         "--custom-histogram-buckets can change them).",
         "gpu_prefix_cache_queries/hits: V1 0.8 counted blocks, later releases count tokens under "
