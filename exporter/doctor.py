@@ -242,6 +242,9 @@ def render_report(diagnosis: Mapping[str, Any], source: str, out: TextIO) -> Non
             out.write(f"  scores: {_scores_line(t['scores'])}\n")
         for line in t.get("omitted", []) or []:
             out.write(f"  not shown: {line}\n")
+        if t.get("unaccounted_families"):
+            out.write("  engine families not understood (a newer engine release? see docs/engines.md): "
+                      + ", ".join(t["unaccounted_families"]) + "\n")
     for down in diagnosis.get("unreachable", []) or []:
         said = f": {down['message']}" if down.get("message") else ""
         out.write(f"\ntarget {down.get('target')}: UNREACHABLE ({down.get('reason')}){said}\n")

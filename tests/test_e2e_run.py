@@ -214,6 +214,10 @@ def test_run_counts_and_names_engine_families_its_table_does_not_know():
             status = httpx.get(base + "/", timeout=5).text
             assert "Engine families not understood" in status and "vllm:brand_new_feature_seconds" in status
             assert "forged" not in status
+            doctor = subprocess.run([sys.executable, "-m", "exporter.cli", "doctor", "--url", base],
+                                    capture_output=True, text=True, timeout=60)
+            assert "engine families not understood" in doctor.stdout, doctor.stdout + doctor.stderr
+            assert "vllm:brand_new_feature_seconds" in doctor.stdout
             behaviour.body = page.encode()  # the engine rolled back: every family known again
             assert wait_until(lambda: families(base).get("unaccounted") == 0.0, timeout=10)
             time.sleep(0.5)  # a few more cycles: no further log line
@@ -225,3 +229,37 @@ def test_run_counts_and_names_engine_families_its_table_does_not_know():
     assert len(appeared) == 1 and "vllm:brand_new_feature_seconds" in appeared[0], log
     assert "\x1b" not in log
     assert sum("every engine family is accounted for again" in line for line in log.splitlines()) == 1, log
+
+
+def test_run_reads_a_data_parallel_vllm_twin_as_ranks_of_one_target():
+    """The twin serving vLLM with --data-parallel 2 (the API server's page: each engine's series with
+    its `engine` index, num_gpu_blocks summed over both on every cache_config_info) read by `llm-exporter
+    run`: two ranks of one target, each with its own KV capacity (kv_cache_size_tokens, not the sum x
+    block size), two GPUs; an API request is served by one of the engines."""
+    twin_port = free_port()
+    twin = subprocess.Popen([sys.executable, "-m", "exporter.simulator", "--port", str(twin_port), "--scenario",
+                             "decode-heavy", "--data-parallel", "2", "--gpu", "l4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    twin_url = f"http://127.0.0.1:{twin_port}"
+    try:
+        assert wait_until(lambda: http_status(twin_url + "/health") == 200, timeout=20), twin.stderr
+        page = httpx.get(twin_url + "/metrics", timeout=5).text
+        infos = [s for f in text_string_to_metric_families(page) for s in f.samples
+                 if s.name == "vllm:cache_config_info"]
+        assert sorted(s.labels["engine"] for s in infos) == ["0", "1"]
+        per_engine = float(infos[0].labels["kv_cache_size_tokens"])
+        assert float(infos[0].labels["num_gpu_blocks"]) * float(infos[0].labels["block_size"]) == 2 * per_engine
+        done = httpx.post(twin_url + "/v1/completions", json={"prompt": "hello", "max_tokens": 3}, timeout=30).json()
+        assert done["usage"]["completion_tokens"] == 3
+        gpus = httpx.get(twin_url + "/sim/gpu", timeout=5).json()["gpus"]
+        assert len(gpus) == 2 and len({g["index"] for g in gpus}) == 2
+        with exporter_process("--engine", f"{twin_url}/metrics,name=dp", "--no-host") as base:
+            def capacity() -> dict[str, float]:
+                return {s.labels.get("rank", ""): s.value
+                        for s in _scrape(base).get("llm_kv_cache_capacity_tokens", []) if s.labels["target"] == "dp"}
+            assert wait_until(lambda: len(capacity()) == 2, timeout=10)
+            assert capacity() == {"0": per_engine, "1": per_engine}
+            ranks = {s.labels.get("rank") for s in _scrape(base)["llm_requests_running"]}
+            assert ranks == {"0", "1"}
+    finally:
+        stop_process(twin)

@@ -1,5 +1,5 @@
-"""`python -m exporter.simulator --port P --scenario S --engine-format F --gpu NAME --model NAME --gpus N --seed K`:
-one twin served until interrupted."""
+"""`python -m exporter.simulator --port P --scenario S --engine-format F --gpu NAME --model NAME --gpus N
+--data-parallel D --seed K`: one twin served until interrupted."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu", default=DEFAULT_GPU, help="NVML device name or spec key (h100-sxm, l4, ...)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="built-in model name or a local config.json path")
     p.add_argument("--gpus", type=int, default=1, help="tensor-parallel GPUs of this engine")
+    p.add_argument("--data-parallel", type=int, default=1,
+                   help="vLLM data-parallel engines, each on --gpus GPUs of its own (one page, `engine` label)")
     p.add_argument("--gpu-index-base", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speed", type=float, default=1.0, help="twin seconds per wall-clock second")
@@ -36,9 +38,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 async def _serve(args: argparse.Namespace) -> None:
     twin = Twin(TwinConfig(scenario=args.scenario, engine_format=args.engine_format, gpu=args.gpu,
                            model=args.model, gpus=args.gpus, seed=args.seed, gpu_index_base=args.gpu_index_base,
-                           numa_mismatch=args.numa_mismatch))
+                           numa_mismatch=args.numa_mismatch, data_parallel=args.data_parallel))
     server = await start_server(twin, host=args.host, port=args.port, speed=args.speed)
-    print(f"twin ({args.engine_format}, {twin.model.name} on {twin.hw.tp} x {twin.hw.gpu.nvml_name}, "
+    dp = f"{len(twin.engines)} engines x " if len(twin.engines) > 1 else ""
+    print(f"twin ({args.engine_format}, {twin.model.name} on {dp}{twin.hw.tp} x {twin.hw.gpu.nvml_name}, "
           f"scenario {twin.scenario.name}) serving {server.url}/metrics", flush=True)
     try:
         stop = asyncio.Event()

@@ -278,7 +278,7 @@ class OpenAIApi:
                 parsed = parse_request(await read_body(receive, self.limits.max_body_bytes, self.bodies), chat,
                                        self.limits)
                 self.clock.sync()
-                engine = self.clock.twin.engine
+                engine = self.clock.twin.route()
                 if parsed.prompt_tokens + parsed.max_tokens > engine.max_model_len:
                     raise ApiError(400, f"this model's maximum context length is {engine.max_model_len} tokens; "
                                         f"the prompt has {parsed.prompt_tokens} and max_tokens is {parsed.max_tokens}")
@@ -291,7 +291,7 @@ class OpenAIApi:
                 await self._run(call, parsed, receive, send)
             finally:
                 del self.calls[id(call)]
-                if call.engine is self.clock.twin.engine:
+                if call.engine in self.clock.twin.engines:  # not replaced by a restart
                     call.engine.abort(call.req)  # no-op once finished
         finally:
             self.inflight -= 1
@@ -384,8 +384,8 @@ class OpenAIApi:
             await asyncio.sleep(min(max(self.limits.tick_s, ahead), 0.25))
 
     def _observe(self, call: _Call) -> None:
-        engine = self.clock.twin.engine
-        if engine is not call.engine:
+        engine = call.engine
+        if engine not in self.clock.twin.engines:  # the engine restarted: its requests are lost
             call.lost = True
             call.wake.set()
             return

@@ -138,15 +138,30 @@ class _Families:
         self.out.append(fam)
 
     def render(self) -> str:
-        families = self.out
+        return _exposition(self.out)
 
-        class _Collector:
-            def collect(self) -> Iterable[Metric]:
-                return families
 
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector())
-        return generate_latest(registry).decode()
+def _exposition(families: list[Metric]) -> str:
+    class _Collector:
+        def collect(self) -> Iterable[Metric]:
+            return families
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector())
+    return generate_latest(registry).decode()
+
+
+def render_merged(pages: list[list[Metric]]) -> str:
+    """One exposition of several engines' families (vLLM's data-parallel engines behind one API
+    server): each family once, with every engine's samples, in the first engine's order."""
+    merged: dict[str, Metric] = {}
+    for families in pages:
+        for family in families:
+            if family.name in merged:
+                merged[family.name].samples.extend(family.samples)
+            else:
+                merged[family.name] = family
+    return _exposition(list(merged.values()))
 
 
 # --- recorders -----------------------------------------------------------------------------
@@ -264,14 +279,21 @@ class VllmRecorder(Recorder):
         self.prefix_hits += hits
 
     def render(self, state: EngineState, info: dict[str, str]) -> str:
+        return _exposition(self.families(state, info))
+
+    def families(self, state: EngineState, info: dict[str, str]) -> list[Metric]:
         f = _Families({"model_name": self.model_name, "engine": self.engine_index}, self.created)
         cfg = _Families({"engine": self.engine_index}, self.created)
+        # As vLLM >= 0.33: num_gpu_blocks is summed over the data-parallel engines by the API server
+        # (every engine's series repeats the sum), kv_cache_size_tokens is this engine's own.
+        dp = int(info.get("data_parallel", "1"))
         cache_labels = {
             "block_size": str(state.block_size), "cache_dtype": "auto", "calculate_kv_scales": "False",
             "cpu_offload_gb": "0", "enable_prefix_caching": info.get("enable_prefix_caching", "True"),
             "gpu_memory_utilization": info.get("gpu_memory_utilization", "0.9"), "is_attention_free": "False",
-            "num_cpu_blocks": "0", "num_gpu_blocks": str(state.kv_blocks_total), "num_gpu_blocks_override": "None",
-            "sliding_window": "None", "swap_space_bytes": "0",
+            "kv_cache_size_tokens": str(state.kv_blocks_total * state.block_size),
+            "num_cpu_blocks": "0", "num_gpu_blocks": str(state.kv_blocks_total * dp),
+            "num_gpu_blocks_override": "None", "sliding_window": "None", "swap_space_bytes": "0",
         }
         info_fam = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                                      labels=list(cache_labels) + ["engine"])
@@ -317,7 +339,7 @@ class VllmRecorder(Recorder):
                     "Histogram of time spent in PREFILL phase for request.", h["prefill"])
         f.histogram("vllm:request_decode_time_seconds",
                     "Histogram of time spent in DECODE phase for request.", h["decode"])
-        return f.render()
+        return f.out
 
 
 class SglangRecorder(Recorder):
@@ -601,9 +623,10 @@ class LlamaCppRecorder(Recorder):
 
 
 def make_recorder(fmt: str, model_name: str, created_epoch: float, epoch_offset: float, *,
-                  max_model_len: int, kv_capacity_tokens: int) -> Recorder:
+                  max_model_len: int, kv_capacity_tokens: int, rank: int = 0) -> Recorder:
     if fmt == "vllm":
-        return VllmRecorder(model_name, created_epoch, epoch_offset, max_model_len=max_model_len)
+        return VllmRecorder(model_name, created_epoch, epoch_offset, max_model_len=max_model_len,
+                            engine_index=str(rank))
     if fmt == "sglang":
         return SglangRecorder(model_name, created_epoch, epoch_offset)
     if fmt == "tgi":

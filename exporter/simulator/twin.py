@@ -1,4 +1,5 @@
-"""The digital twin: one engine on N GPUs, its metrics page, and the GPUs' NVML view,
+"""The digital twin: one engine on N GPUs (or, data parallel, several such engines behind one API
+server, as vLLM's --data-parallel-size runs them), its metrics page, and the GPUs' NVML view,
 advanced together slice by slice so every number comes from the same step-by-step model."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from exporter.simulator.engine import (
 )
 from exporter.simulator.gpu import GpuModel, Slice
 from exporter.simulator.host import HostModel, HostTopology
-from exporter.simulator.recorders import FORMATS, Recorder, make_recorder
+from exporter.simulator.recorders import FORMATS, Recorder, make_recorder, render_merged
 from exporter.simulator.scenarios import Scenario, get_scenario
 from exporter.specs.gpus import GpuSpec, lookup_gpu
 from exporter.specs.models import ModelShape, load_model, weight_bytes
@@ -55,6 +56,9 @@ class TwinConfig:
     numa_mismatch: bool = False
     host: HostTopology = HostTopology()
     epoch: float | None = None  # wall-clock seconds at twin time 0 (None: now)
+    # vLLM data parallel: this many engines, each on `gpus` GPUs of its own and its own share of the
+    # traffic (each sees the scenario's rate), reported on one page with an `engine` label each.
+    data_parallel: int = 1
 
 
 def _healthy(hw: Hardware) -> Hardware:
@@ -78,19 +82,25 @@ class Twin:
         self.epoch = time.time() if cfg.epoch is None else cfg.epoch
         self.rng = random.Random(cfg.seed)
         self.engine_cfg = cfg.engine or FORMAT_ENGINE_DEFAULTS[cfg.engine_format]
+        if cfg.data_parallel < 1 or (cfg.data_parallel > 1 and cfg.engine_format != "vllm"):
+            raise ValueError(f"data parallel {cfg.data_parallel}: a positive size, and only the vllm format has it")
         tp = max(cfg.gpus, self.scenario.min_gpus)
         self.hw = self._hardware(Hardware(spec, tp=tp), self.scenario)
-        self.gpu = GpuModel(self.hw, self.scenario.thermal,
-                            memory_used_bytes=engine_memory_used_bytes(self.hw, self.engine_cfg),
-                            index_base=cfg.gpu_index_base, rng=random.Random(f"{cfg.seed}/gpus"))
-        self.gpu.set_faults(self.scenario.gpu_faults)
+        # One GPU model per data-parallel engine, on consecutive NVML indexes.
+        self.gpu_models = [
+            GpuModel(self.hw, self.scenario.thermal, memory_used_bytes=engine_memory_used_bytes(self.hw, self.engine_cfg),
+                     index_base=cfg.gpu_index_base + rank * tp,
+                     rng=random.Random(f"{cfg.seed}/gpus" + (f"/{rank}" if rank else "")))
+            for rank in range(cfg.data_parallel)]
+        self.gpu = self.gpu_models[0]
+        for gpu in self.gpu_models:
+            gpu.set_faults(self.scenario.gpu_faults)
         self.restarts = 0
         self.host_cpu_busy = 0.0  # cores in use, smoothed
-        self.host = HostModel(cfg.host, self.scenario.host, gpu_indices=tuple(d.index for d in self.gpu.devices),
+        self.host = HostModel(cfg.host, self.scenario.host,
+                              gpu_indices=tuple(d.index for gpu in self.gpu_models for d in gpu.devices),
                               numa_mismatch=cfg.numa_mismatch, page_cache_bytes=weight_bytes(self.model))
-        self.engine, self.recorder = self._new_engine(now=0.0)
-        self._last = dataclasses.replace(self.engine.activity)
-        self._last_tokens = 0
+        self._start_engines(now=0.0)
 
     # --- construction ---------------------------------------------------------------------
 
@@ -101,17 +111,33 @@ class Twin:
     def _base_rate(self, sc: Scenario) -> float:
         return estimate_capacity(_healthy(self.hw), self.model, self.engine_cfg, HostConfig(), sc.workload).rps
 
-    def _new_engine(self, now: float) -> tuple[Engine, Recorder]:
+    def _new_engine(self, now: float, rank: int = 0) -> tuple[Engine, Recorder]:
         sc = self.scenario
         blocks = kv_pool_blocks(self.hw, self.model, self.engine_cfg)
         max_len = min(self.engine_cfg.max_model_len or self.model.max_context, blocks * self.engine_cfg.block_size)
         recorder = make_recorder(self.config.engine_format, self.model.name, self.epoch + now, self.epoch,
-                                 max_model_len=max(1, max_len), kv_capacity_tokens=blocks * self.engine_cfg.block_size)
-        engine = Engine(self.hw, self.model, self.engine_cfg, sc.host, sc.workload,
-                        random.Random(f"{self.config.seed}/engine/{self.restarts}"), recorder,
+                                 max_model_len=max(1, max_len), kv_capacity_tokens=blocks * self.engine_cfg.block_size,
+                                 rank=rank)
+        seed = f"{self.config.seed}/engine/{self.restarts}" + (f"/{rank}" if rank else "")
+        engine = Engine(self.hw, self.model, self.engine_cfg, sc.host, sc.workload, random.Random(seed), recorder,
                         base_rate_rps=self._base_rate(sc), now=now)
-        engine.clock_ratio = self.gpu.clock_ratio
+        engine.clock_ratio = self.gpu_models[rank].clock_ratio
         return engine, recorder
+
+    def _start_engines(self, now: float) -> None:
+        pairs = [self._new_engine(now, rank) for rank in range(self.config.data_parallel)]
+        self.engines = [engine for engine, _ in pairs]
+        self.recorders = [recorder for _, recorder in pairs]
+        self.engine, self.recorder = pairs[0]
+        self._lasts = [dataclasses.replace(engine.activity) for engine in self.engines]
+        self._last_tokens = [0] * len(self.engines)
+
+    def route(self) -> Engine:
+        """The engine an API request goes to: the least loaded (vLLM's DP coordinator balances on
+        waiting and running requests), the first on a tie."""
+        if len(self.engines) == 1:
+            return self.engine
+        return min(self.engines, key=lambda e: (e.state().waiting, e.state().running))
 
     # --- time -----------------------------------------------------------------------------
 
@@ -123,39 +149,48 @@ class Twin:
         while self.engine.t < t:
             end = min(t, self.engine.t + self.config.slice_s)
             start = self.engine.t
-            self.engine.advance_to(end)
+            for engine in self.engines:
+                engine.advance_to(end)
             self._integrate(self.engine.t - start)
 
     def fast_forward(self, seconds: float) -> None:
         self.advance_to(self.now + seconds)
 
-    def _batched_tokens(self) -> int:
+    @staticmethod
+    def _batched_tokens(engine: Engine) -> int:
         """Tokens the engine's steps have batched so far: prefill chunks and decoded tokens."""
-        c = self.engine.counters
+        c = engine.counters
         return c.prefill_computed_tokens + c.generation_tokens
 
     def _integrate(self, dt: float) -> None:
-        a: Activity = self.engine.activity
-        b = self._last
-        tokens = self._batched_tokens()
-        self.gpu.update(Slice(
-            dt=dt, busy_s=a.gpu_busy_s - b.gpu_busy_s, memory_s=a.memory_s - b.memory_s,
-            compute_s=a.compute_s - b.compute_s, dram_bytes=a.dram_bytes - b.dram_bytes, flops=a.flops - b.flops,
-            comm_bytes=a.comm_bytes - b.comm_bytes, host_io_bytes=a.host_io_bytes - b.host_io_bytes,
-            steps=a.steps - b.steps, tokens=tokens - self._last_tokens,
-        ))
-        self._last_tokens = tokens
-        # Host CPU: both threads' demand (work at full speed) against the budget.
-        used = (a.engine_cpu_s - b.engine_cpu_s) + (a.frontend_cpu_s - b.frontend_cpu_s)
+        engine_cpu = frontend_cpu = 0.0
+        for rank, (engine, gpu) in enumerate(zip(self.engines, self.gpu_models, strict=True)):
+            a: Activity = engine.activity
+            b = self._lasts[rank]
+            tokens = self._batched_tokens(engine)
+            gpu.update(Slice(
+                dt=dt, busy_s=a.gpu_busy_s - b.gpu_busy_s, memory_s=a.memory_s - b.memory_s,
+                compute_s=a.compute_s - b.compute_s, dram_bytes=a.dram_bytes - b.dram_bytes, flops=a.flops - b.flops,
+                comm_bytes=a.comm_bytes - b.comm_bytes, host_io_bytes=a.host_io_bytes - b.host_io_bytes,
+                steps=a.steps - b.steps, tokens=tokens - self._last_tokens[rank],
+            ))
+            self._last_tokens[rank] = tokens
+            engine_cpu += a.engine_cpu_s - b.engine_cpu_s
+            frontend_cpu += a.frontend_cpu_s - b.frontend_cpu_s
+            self._lasts[rank] = dataclasses.replace(a)
+        # Host CPU: every thread's demand (work at full speed) against the budget, which the
+        # data-parallel engines share.
+        used = engine_cpu + frontend_cpu
         if dt > 0:
             speed = self.engine.cpu_speed
             demand = used / dt / speed
             budget = self.scenario.host.cpu_budget_cores
-            self.engine.cpu_speed = min(1.0, budget / demand) if demand > 0 else 1.0
+            for engine in self.engines:
+                engine.cpu_speed = min(1.0, budget / demand) if demand > 0 else 1.0
             self.host_cpu_busy += (used / dt - self.host_cpu_busy) * min(1.0, dt)
-            self.host.update(dt, a.engine_cpu_s - b.engine_cpu_s, a.frontend_cpu_s - b.frontend_cpu_s, speed)
-        self.engine.clock_ratio = self.gpu.clock_ratio
-        self._last = dataclasses.replace(a)
+            self.host.update(dt, engine_cpu, frontend_cpu, speed)
+        for engine, gpu in zip(self.engines, self.gpu_models, strict=True):
+            engine.clock_ratio = gpu.clock_ratio
 
     # --- control --------------------------------------------------------------------------
 
@@ -167,22 +202,20 @@ class Twin:
                              f"{sc.min_gpus}")
         self.scenario = sc
         self.hw = self._hardware(self.hw, sc)
-        self.engine.hw = self.hw
-        self.engine.host = sc.host
         self.host.set_host(sc.host)
-        self.gpu.set_hardware(self.hw)
-        self.gpu.set_thermal(sc.thermal)
-        self.gpu.set_faults(sc.gpu_faults)
-        self.engine.set_workload(sc.workload, self._base_rate(sc))
+        for engine, gpu in zip(self.engines, self.gpu_models, strict=True):
+            engine.hw = self.hw
+            engine.host = sc.host
+            gpu.set_hardware(self.hw)
+            gpu.set_thermal(sc.thermal)
+            gpu.set_faults(sc.gpu_faults)
+            engine.set_workload(sc.workload, self._base_rate(sc))
 
     def restart(self) -> None:
         """As an engine restart: requests in flight are lost, counters start from zero with a new
         `_created`; the GPUs keep their temperature and energy counter."""
         self.restarts += 1
-        now = self.engine.t
-        self.engine, self.recorder = self._new_engine(now)
-        self._last = dataclasses.replace(self.engine.activity)
-        self._last_tokens = 0
+        self._start_engines(self.engine.t)
 
     # --- views ----------------------------------------------------------------------------
 
@@ -192,8 +225,13 @@ class Twin:
 
     def metrics_text(self) -> str:
         info = {"gpu_memory_utilization": str(self.engine_cfg.gpu_memory_utilization),
-                "enable_prefix_caching": str(self.scenario.workload.prefix_hit_rate > 0)}
-        return self.recorder.render(self.engine.state(), info)
+                "enable_prefix_caching": str(self.scenario.workload.prefix_hit_rate > 0),
+                # vLLM's API server sums num_gpu_blocks over its DP engines as they report ready.
+                "data_parallel": str(len(self.engines))}
+        if len(self.engines) == 1:
+            return self.recorder.render(self.engine.state(), info)
+        return render_merged([recorder.families(engine.state(), info)
+                              for engine, recorder in zip(self.engines, self.recorders, strict=True)])
 
     def metrics_headers(self) -> dict[str, str]:
         return self.recorder.headers()
@@ -216,7 +254,8 @@ class Twin:
             "gpu_spec": self.hw.gpu.key,
             "tp": self.hw.tp,
             "interconnect": self.hw.link if self.hw.tp > 1 else "none",
-            "gpus": self.gpu.state(),
+            "gpus": [device for gpu in self.gpu_models for device in gpu.state()],
+            "data_parallel": len(self.engines),
             "engine": {
                 "running": st.running, "waiting": st.waiting, "tokenizing": st.frontend_queue,
                 "kv_blocks_total": st.kv_blocks_total, "kv_blocks_used": st.kv_blocks_used,
@@ -236,13 +275,13 @@ class Twin:
     def host_state(self) -> dict[str, Any]:
         """The JSON /sim/host serves and SimHostSource reads: what /proc and /sys would show on the
         twin's machine (exporter/simulator/host.py)."""
-        a = self.engine.activity
         return {
             "time": self.epoch + self.engine.t,
             "twin_time_s": self.engine.t,
             "scenario": self.scenario.name,
-            **self.host.state(engine_cpu_seconds=a.engine_cpu_s + a.frontend_cpu_s,
-                              pcie_links=[self.gpu.pcie_link(d) for d in self.gpu.devices]),
+            **self.host.state(engine_cpu_seconds=sum(e.activity.engine_cpu_s + e.activity.frontend_cpu_s
+                                                     for e in self.engines),
+                              pcie_links=[gpu.pcie_link(d) for gpu in self.gpu_models for d in gpu.devices]),
             "cpu_budget_cores": self.scenario.host.cpu_budget_cores,
             "cpu_busy_cores": round(self.host_cpu_busy, 4),
             "cpu_speed": round(self.engine.cpu_speed, 4),
