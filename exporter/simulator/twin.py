@@ -90,7 +90,8 @@ class Twin:
         memory_used = engine_memory_used_bytes(self.hw, self.engine_cfg)
         self.gpu_models = [
             GpuModel(self.hw, self.scenario.thermal, memory_used_bytes=memory_used,
-                     index_base=cfg.gpu_index_base + rank * tp, rng=random.Random(f"{cfg.seed}/gpus" + (f"/{rank}" if rank else "")))
+                     index_base=cfg.gpu_index_base + rank * tp,
+                     rng=random.Random(f"{cfg.seed}/gpus" + (f"/{rank}" if rank else "")))
             for rank in range(cfg.data_parallel)]
         self.gpu = self.gpu_models[0]
         for gpu in self.gpu_models:
