@@ -278,7 +278,7 @@ def _eventually(predicate, what: str) -> None:
 @pytest.mark.parametrize(("engine_format", "title", "expect"), [
     ("sglang", "Prefix cache hit ratio", {}),
     ("sglang", "Finished requests by reason ($target)", {"reason": "unreported"}),
-    ("sglang", "Time between tokens (p50/p95/p99, 5m)", {"measure": "ITL"}),
+    ("sglang", "Time between tokens (p50/p95/p99, 5m)", {"measure": "TPOT"}),
     ("tgi", "Finished requests by reason ($target)", {}),
     ("tgi", "TBT p99 (5m)", {}),
     ("tgi", "Time between tokens (p50/p95/p99, 5m)", {"measure": "TPOT"}),

@@ -528,3 +528,15 @@ def value_sum(scrape_: NormalizedScrape, name: str, **match: str) -> float:
     found = series(scrape_, name, **match)
     assert found, name
     return sum(s.value for s in found)
+
+
+@pytest.mark.parametrize("engine_format", ["vllm", "sglang", "tgi", "llamacpp"])
+def test_the_twins_pages_have_no_unaccounted_family(engine_format: str) -> None:
+    """The demo's engines are accounted for like the real ones: no demo raises LLMEngineFamiliesUnaccounted."""
+    from exporter.simulator import Twin, TwinConfig
+    from exporter.sources.engines.accounting import unaccounted
+    from exporter.sources.engines.registry import SPECS
+
+    twin = Twin(TwinConfig(engine_format=engine_format, scenario="decode-heavy", data_parallel=1))
+    twin.fast_forward(10.0)
+    assert unaccounted(SPECS[engine_format], twin.metrics_text()) == []

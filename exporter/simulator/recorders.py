@@ -349,7 +349,7 @@ class SglangRecorder(Recorder):
 
     def __init__(self, model_name: str, created_epoch: float, epoch_offset: float) -> None:
         super().__init__(model_name, created_epoch, epoch_offset)
-        self.h = {"ttft": Hist(SGLANG_TTFT), "itl": Hist(SGLANG_ITL), "e2e": Hist(SGLANG_E2E),
+        self.h = {"ttft": Hist(SGLANG_TTFT), "itl": Hist(SGLANG_ITL), "tpot": Hist(SGLANG_ITL), "e2e": Hist(SGLANG_E2E),
                   "queue": Hist(SGLANG_QUEUE), "retractions": Hist(SGLANG_RETRACTIONS)}
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -386,6 +386,8 @@ class SglangRecorder(Recorder):
         self.requests += 1
         self.h["e2e"].observe(now - req.arrival)
         self.h["retractions"].observe(req.preemptions)
+        if req.generated > 1:  # 0.5.x: per request, (finish - first token) / (tokens - 1)
+            self.h["tpot"].observe((now - req.first_token) / (req.generated - 1))
 
     def on_preempt(self, req: Request, now: float) -> None:
         self.retracted += 1
@@ -432,6 +434,8 @@ class SglangRecorder(Recorder):
                     self.h["ttft"], created=False)
         f.histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                     self.h["itl"], created=False)
+        f.histogram("sglang:request_time_per_output_token_seconds",
+                    "Histogram of time per output token in seconds.", self.h["tpot"], created=False)
         f.histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
                     self.h["e2e"], created=False)
         f.histogram("sglang:queue_time_seconds", "Histogram of queueing time in seconds.", self.h["queue"],
