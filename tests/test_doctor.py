@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import io
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from exporter.simulator.server import start_server
 from exporter.sources.engines.scrape import EngineSource
 from exporter.sources.gpu.sim import SimGpuSource
 from tests.exporter_process import running_exporter
-from tests.support import wait_until
+from tests.support import free_port, wait_until
 
 KV_FULL_AFTER_S = 150.0  # twin seconds until the kv-pressure pool is full and preempting
 
@@ -168,3 +170,15 @@ def test_headroom_is_healthy_for_the_exit_code_and_worded():
     text = out.getvalue()
     assert "bottleneck: headroom (serving, no resource near its limit)   [healthy]" in text
     assert "llm_kv_cache_headroom_sequences" in text
+
+
+def test_doctor_engine_on_an_unreachable_engine_exits_1_as_its_help_says():
+    """The real `llm-exporter doctor --engine` process, pointed at a port where nothing listens: the
+    target is unreachable, which the help counts as degraded (exit 1), not "cannot tell" (3)."""
+    port = free_port()  # bound and released: nothing listens there
+    done = subprocess.run([sys.executable, "-m", "exporter.cli", "doctor", "--engine",
+                           f"http://127.0.0.1:{port}/metrics,name=gone", "--duration", "1s", "--interval", "250ms",
+                           "--gpu-backend", "none", "--no-host"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_DEGRADED, done.stdout + done.stderr
+    assert "target gone: UNREACHABLE (connection)" in done.stdout
+    assert "status: DEGRADED" in done.stdout

@@ -121,10 +121,11 @@ def build_diagnosis(cycle: Cycle, stages: Sequence[Stage]) -> dict[str, Any]:
     targets = {r.engine.target: target_diagnosis(r, stages) for r in cycle.targets}
     unreachable = [{"target": d.target, "reason": d.reason, "message": d.message} for d in view.engines_down]
     statuses = [t["status"] for t in targets.values()]
-    if not targets:
-        status = "unknown"
-    elif "degraded" in statuses or unreachable:
+    # An unreachable target is a finding (degraded, doctor's exit 1), also when it is the only one.
+    if "degraded" in statuses or unreachable:
         status = "degraded"
+    elif not targets:
+        status = "unknown"
     elif "unknown" in statuses:
         status = "unknown"
     else:
