@@ -124,9 +124,7 @@ def build_diagnosis(cycle: Cycle, stages: Sequence[Stage]) -> dict[str, Any]:
     # An unreachable target is a finding (degraded, doctor's exit 1), also when it is the only one.
     if "degraded" in statuses or unreachable:
         status = "degraded"
-    elif not targets:
-        status = "unknown"
-    elif "unknown" in statuses:
+    elif not targets or "unknown" in statuses:
         status = "unknown"
     else:
         status = "healthy"
