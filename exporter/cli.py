@@ -128,6 +128,9 @@ def command_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     except ConfigError as error:
         print(f"llm-exporter: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    except ValueError as error:  # the twin refused its GPU, model or scenario, before anything started
+        print(f"llm-exporter demo: {error}", file=sys.stderr)
+        return EXIT_CONFIG
     except KeyboardInterrupt:
         pass
     return 0

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import free_port, wait_until
@@ -61,3 +62,17 @@ def test_demo_serves_engine_gpu_and_host_series_and_stops_on_ctrl_c():
     assert process.returncode == 0, process.stderr.read()
     assert f"http://127.0.0.1:{port}/metrics" in stdout
     assert "probe         every 5s" in stdout
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), [
+    ("--gpu", "NVIDIA X9000", "unknown GPU 'NVIDIA X9000': the twin knows"),
+    ("--model", "llama-9000", "unknown model 'llama-9000'; built-in:"),
+])
+def test_demo_refuses_an_unknown_gpu_or_model_in_one_line(flag: str, value: str, said: str) -> None:
+    """`llm-exporter demo` with a GPU or model the twin does not know: one line and the usage exit
+    status (2), as loadtest --demo says it, not a traceback."""
+    done = subprocess.run([sys.executable, "-m", "exporter.cli", "demo", "--listen", f"127.0.0.1:{free_port()}",
+                           flag, value], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("llm-exporter demo: " + said), done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -25,7 +25,7 @@ from exporter.simulator.gpu import GpuModel, Slice
 from exporter.simulator.host import HostModel, HostTopology
 from exporter.simulator.recorders import FORMATS, Recorder, make_recorder, render_merged
 from exporter.simulator.scenarios import Scenario, get_scenario
-from exporter.specs.gpus import GpuSpec, lookup_gpu
+from exporter.specs.gpus import GpuSpec, known_gpus, lookup_gpu
 from exporter.specs.models import ModelShape, load_model, weight_bytes
 
 DEFAULT_GPU = "NVIDIA H100 80GB HBM3"
@@ -76,8 +76,13 @@ class Twin:
             raise ValueError(f"unknown engine format {cfg.engine_format!r}; one of {', '.join(FORMATS)}")
         spec = gpu_spec or lookup_gpu(cfg.gpu, cfg.gpu_overrides)
         if spec is None:
-            raise ValueError(f"unknown GPU {cfg.gpu!r}; give its peak numbers as overrides")
-        self.model = model_shape or load_model(cfg.model)
+            raise ValueError(f"unknown GPU {cfg.gpu!r}: the twin knows "
+                             + ", ".join(sorted({g.key for g in known_gpus()}))
+                             + " (by key or NVML name); another GPU needs its peak numbers as overrides")
+        try:
+            self.model = model_shape or load_model(cfg.model)
+        except KeyError as error:  # an unknown built-in name: say it as the ValueError callers report
+            raise ValueError(str(error.args[0]) if error.args else f"unknown model {cfg.model!r}") from None
         self.scenario = get_scenario(cfg.scenario)
         self.epoch = time.time() if cfg.epoch is None else cfg.epoch
         self.rng = random.Random(cfg.seed)
