@@ -157,7 +157,8 @@ def test_every_twin_handler_runs_on_the_event_loop() -> None:
     function."""
     import inspect
 
-    from exporter.simulator.server import RealtimeClock, build_app
+    from exporter.simulator.clock import RealtimeClock
+    from exporter.simulator.server import build_app
 
     app = build_app(RealtimeClock(_twin("vllm", seconds=1.0)))
     endpoints = {path: handler for (_, path), handler in app.routes.items()}

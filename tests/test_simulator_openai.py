@@ -344,7 +344,8 @@ def test_wall_clock_timeout_and_engine_restart_end_the_request() -> None:
 
 
 def test_api_handlers_run_on_the_event_loop() -> None:
-    from exporter.simulator.server import RealtimeClock, build_app
+    from exporter.simulator.clock import RealtimeClock
+    from exporter.simulator.server import build_app
 
     app = build_app(RealtimeClock(Twin(TwinConfig(scenario="idle"))))
     assert {path for _, path in app.api.routes} == {"/v1/completions", "/v1/chat/completions", "/v1/models"}
@@ -481,9 +482,21 @@ def test_real_twin_process_holds_at_most_its_body_budget_under_a_flood_of_slow_b
             for sock, rest in sent:
                 with contextlib.suppress(OSError):  # refused half-way
                     sock.sendall(rest)
-            time.sleep(1.0)  # the twin reads what was sent
+            # The twin reads what was sent and refuses what is over its budget: wait for the refusals
+            # to arrive (a loaded machine takes longer) and then stop changing.
+            codes: dict[int, int] = {}
+            least = 160 - (32 << 20) // 900_000 - 1
+            deadline = time.monotonic() + 60
+            settled = 0
+            while time.monotonic() < deadline and settled < 5:
+                before = len(codes)
+                for i, sock in enumerate(socks):
+                    if i not in codes and (code := _status(sock)) is not None:
+                        codes[i] = code
+                settled = settled + 1 if len(codes) == before and len(codes) >= least else 0
+                time.sleep(0.1)
             rss_during = _vm_rss_kib(proc.pid)
-            refused = [code for code in map(_status, socks) if code is not None]
+            refused = list(codes.values())
             print(f"twin VmRSS {rss_before} KiB before, {rss_during} KiB with 160 stalled bodies; "
                   f"{len(refused)} refused")
             assert refused and set(refused) == {429}, refused

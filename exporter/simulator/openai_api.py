@@ -42,12 +42,10 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from exporter.simulator.clock import RealtimeClock
 from exporter.simulator.engine import Engine, Request
-
-if TYPE_CHECKING:
-    from exporter.simulator.server import RealtimeClock
 
 MAX_BODY_BYTES = 1 << 20
 MAX_BODIES_BYTES = 32 << 20

@@ -12,35 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import socket
-import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from exporter.httpserver import LISTEN_BACKLOG, HttpServer, respond
+from exporter.simulator.clock import RealtimeClock
 from exporter.simulator.openai_api import ApiLimits, OpenAIApi
 from exporter.simulator.twin import Twin
-
-
-@dataclass(slots=True)
-class RealtimeClock:
-    """Maps wall-clock time to twin time. `speed` > 1 runs the twin faster than real time."""
-
-    twin: Twin
-    speed: float = 1.0
-    started: float = field(default_factory=time.monotonic)
-    offset: float = 0.0
-
-    def sync(self) -> None:
-        self.twin.advance_to(self.offset + (time.monotonic() - self.started) * self.speed)
-
-    def wall_at(self, twin_t: float) -> float:
-        """The time.monotonic() at which the twin's clock reaches `twin_t` (never, when stopped)."""
-        return self.started + (twin_t - self.offset) / self.speed if self.speed > 0 else math.inf
-
 
 Handler = Callable[[dict, Any], Awaitable[tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]]]
 MAX_CONTROL_BODY = 4096  # a /sim/scenario body names one scenario

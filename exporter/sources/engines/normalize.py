@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from prometheus_client.utils import floatToGoString
 
@@ -52,9 +52,6 @@ from exporter.sources.engines.exposition import (
 )
 from exporter.sources.engines.registry import KINDS, SPECS, YIELDS_TO, detect_kind, flavor, matches
 from exporter.sources.engines.table import Alias, EngineSpec, Product, When, Where
-
-if TYPE_CHECKING:
-    from exporter.sources.engines.replay import Memo
 
 __all__ = [
     "TABLES",
@@ -314,7 +311,9 @@ class NormalizerState:
         self._entry_count = 0
         self._entry_chars = 0
         self._le: dict[tuple[str, float], str | None] = {}
-        self.memo: Memo | None = None
+        # replay.py's Memo of the last page. Opaque here: the plain pass neither reads nor needs it,
+        # and replay.py builds on this module, not the other way round.
+        self.memo: object | None = None
         self._families: tuple[tuple, FamilyAccount] | None = None
 
     def families(self, kind: str, exposition: Exposition) -> FamilyAccount:

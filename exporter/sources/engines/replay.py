@@ -107,7 +107,7 @@ class Memo(NamedTuple):
 
 def _normalize(text: str, target: str, kind: str | None, state: NormalizerState, max_series: int,
                *, replay_only: bool) -> NormalizedScrape | None:
-    memo = state.memo
+    memo = state.memo if isinstance(state.memo, Memo) else None
     if replay_only and (memo is None or memo.plan is None):
         return None  # nothing to replay: parsing here would only be repeated by the full pass
     page = read_page(text, kind, state)
