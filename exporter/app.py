@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import functools
 import gc
 import logging
@@ -128,7 +129,11 @@ def bind_listener(config: Config) -> socket.socket:
         sock.bind((config.listen_host, config.listen_port))
     except OSError as error:
         sock.close()
-        raise ConfigError("listen", config.listen, error.strerror or str(error)) from None
+        why = error.strerror or str(error)
+        if error.errno == errno.EADDRINUSE:
+            why += (" (another exporter or demo listens there: stop it or give --listen another port; a running "
+                    "demo switches scenario with the curl line it printed)")
+        raise ConfigError("listen", config.listen, why) from None
     sock.listen(LISTEN_BACKLOG)
     sock.setblocking(False)
     return sock

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -76,3 +77,32 @@ def test_demo_refuses_an_unknown_gpu_or_model_in_one_line(flag: str, value: str,
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("llm-exporter demo: " + said), done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_second_demo_on_the_port_of_a_running_one_says_what_to_do_and_the_readme_agrees() -> None:
+    """The README's quick start runs `make demo` (port 9480) and then suggests another scenario: it
+    must not tell the user to start a second demo on the same port. The real second process fails
+    in one line that says to stop the first or switch it with the printed curl line."""
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    quick = readme[readme.index("## Quick start"):readme.index("## Running it next to a real engine")]
+    assert "/sim/scenario?name=" in quick and "one demo at a time" in quick
+    port = free_port()
+    first = subprocess.Popen([sys.executable, "-m", "exporter.cli", "demo", "--listen", f"127.0.0.1:{port}",
+                              "--no-probe"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: _ready(port), timeout=30)
+        second = subprocess.run([sys.executable, "-m", "exporter.cli", "demo", "--listen", f"127.0.0.1:{port}",
+                                 "--scenario", "kv-pressure"], capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2, second.stderr
+        assert "Address already in use" in second.stderr and "curl line it printed" in second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=30)
+
+
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
