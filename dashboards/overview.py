@@ -183,8 +183,8 @@ def verdict_row() -> Row:
     verdict_map = value_map([(i, r, RESOURCE_COLORS[r]) for i, r in enumerate(RESOURCES, start=1)])
     return row("Bottleneck verdict and its evidence",
         state_timeline("Bottleneck verdict over time", f"""
-One row per engine target; the colour is the verdict (llm_bottleneck). The diagnosis order of the source
-documents: is there load (idle: none; headroom: serving with nothing near a limit), then is prefill or
+One row per engine target; the colour is the verdict (llm_bottleneck). The diagnosis order (docs/diagnosis.md):
+is there load (idle: none; headroom: serving with nothing near a limit), then is prefill or
 decode slow, then compute, HBM bandwidth, KV capacity, CPU, interconnect, power/thermal. The verdict has
 hysteresis ({HOLD_CYCLES} cycles to change), so short blips do not flap it.
 "The most expensive mistake is upgrading a part that was never the bottleneck."

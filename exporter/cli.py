@@ -27,6 +27,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     add_flags(parser)
 
 
+DESCRIPTION = ("A Prometheus sidecar for LLM inference servers: scrapes the engine's /metrics, the GPUs and the "
+               "host, normalizes them, serves /metrics, and says where the bottleneck is. `llm-exporter COMMAND "
+               "--help` for each command; docs/ in the repository for the rest.")
+"""What `llm-exporter --help` says first (the module docstring is for developers)."""
+
+
 def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
     from exporter.simulator.scenarios import SCENARIOS
 
@@ -60,7 +66,7 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llm-exporter", description=__doc__)
+    parser = argparse.ArgumentParser(prog="llm-exporter", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"llm-exporter {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="scrape engines, GPUs and the host; serve /metrics")

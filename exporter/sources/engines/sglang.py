@@ -61,7 +61,7 @@ IGNORED = {
     "sglang:gen_throughput": "tokens/s over the scheduler's last log interval: the token counters give rates",
     "sglang:num_retracted_reqs": "retractions in the last log interval (a gauge); num_retracted_requests_total is "
                                  "mapped",
-    "sglang:num_retractions": "retractions per finished request (a 2025-26 histogram, shared/reference/engines.md); "
+    "sglang:num_retractions": "retractions per finished request (a 2025-26 histogram); "
                               "num_retracted_requests_total gives the rate",
     "sglang:num_retracted_input_tokens_total": "prompt tokens of retracted requests (recompute cost)",
     "sglang:num_retracted_output_tokens_total": "output tokens of retracted requests (recompute cost)",
