@@ -287,16 +287,16 @@ le bucket it used. Available without Prometheus recording rules; the two should 
 engine restart: the exporter then counts only the requests since the restart, and a gap in the line means no
 recent traffic (nothing finished in the window), not 0%. TBT, as in the recording rules, is the inter-token
 latency histogram: none for TGI and trtllm-serve.
-""", [target(TM.sel("llm_ttft_slo_attainment_ratio"), "TTFT <= {{le}}s {{target}} ({{instance}})"),
-      target(TM.sel("llm_tbt_slo_attainment_ratio"), "TBT <= {{le}}s {{target}} ({{instance}})")],
+""", [target(TM.sel("llm_ttft_slo_attainment_ratio"), "TTFT <= {{bound}}s {{target}} ({{instance}})"),
+      target(TM.sel("llm_tbt_slo_attainment_ratio"), "TBT <= {{bound}}s {{target}} ({{instance}})")],
             unit="percentunit", w=12, decimals=3, maximum=1),
         timeseries("p99 tails in the exporter's window", """
 TTFT, TBT and end-to-end p99 computed by the exporter from its own window of the engine histograms
 (llm_*_window_seconds). They match histogram_quantile over the same window and need no recording rules.
 TBT is from the inter-token latency histogram only (none for TGI and trtllm-serve).
-""", [target(TM.sel("llm_ttft_window_seconds", 'quantile="0.99"'), "TTFT p99 {{target}} ({{instance}})"),
-      target(TM.sel("llm_tbt_window_seconds", 'quantile="0.99"'), "TBT p99 {{target}} ({{instance}})"),
-      target(TM.sel("llm_e2e_window_seconds", 'quantile="0.99"'), "E2E p99 {{target}} ({{instance}})")],
+""", [target(TM.sel("llm_ttft_window_seconds", 'q="0.99"'), "TTFT p99 {{target}} ({{instance}})"),
+      target(TM.sel("llm_tbt_window_seconds", 'q="0.99"'), "TBT p99 {{target}} ({{instance}})"),
+      target(TM.sel("llm_e2e_window_seconds", 'q="0.99"'), "E2E p99 {{target}} ({{instance}})")],
             unit="s", w=12, log_scale=True),
     )
 

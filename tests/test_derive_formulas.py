@@ -358,7 +358,7 @@ def test_slo_bound_is_the_closest_at_or_below_the_threshold():
     assert tail.slo_bound == 0.25
     assert tail.slo_attainment == pytest.approx(0.9)
     sample = quantiles.tail_samples(tail, "llm_ttft_window_seconds", "llm_ttft_slo_attainment_ratio", ())[-1]
-    assert sample.name == "llm_ttft_slo_attainment_ratio" and sample.label("le") == "0.25"
+    assert sample.name == "llm_ttft_slo_attainment_ratio" and sample.label("bound") == "0.25"
     tail = quantiles.compute("ttft", Histogram(BOUNDS, bucketize(values)), 0.001)
     assert tail.slo_attainment is None and "no ttft bucket bound" in tail.note
 

@@ -207,7 +207,16 @@ def test_recommendation_extrapolates_kv_when_no_step_reached_the_watermark():
     assert rec["kv"]["kv_per_sequence"] == pytest.approx(0.01)
     assert "linear extrapolation" in rec["kv"]["text"]
     assert rec["slo"]["max_concurrency"] == 32 and rec["slo"]["bounded"] is False
-    assert rec["max_concurrency"] == 32 and "SLO knee" in rec["text"]
+    # No knee and no step at the watermark: no limit was measured, so no number, and what to test next
+    # (doubling up to the KV estimate); never "set by the SLO knee" when there was none.
+    assert rec["max_concurrency"] is None and rec["max_num_seqs"] is None
+    assert rec["next_levels"] == [64, 80]
+    assert rec["text"].startswith("none yet: every step up to 32 met the SLOs") and "SLO knee" not in rec["text"]
+    assert "--concurrency 64,80" in rec["text"]
+    # A measured KV limit with no knee sets the number, and says which it is.
+    steps = [step(1, kv=0.01), step(8, kv=0.5), step(32, kv=0.9)]
+    rec = lt.recommend(steps, lt.find_knee(steps, 2.5, 0.1))
+    assert rec["max_concurrency"] == 8 and "set by the KV watermark." in rec["text"]
 
 
 def test_recommendation_edges():

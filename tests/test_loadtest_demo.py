@@ -55,6 +55,15 @@ def test_demo_sweep_has_percentiles_and_a_verdict_per_step(sweep):
     assert report["steps"][2]["throughput"]["output_tokens_per_s"] > report["steps"][0]["throughput"][
         "output_tokens_per_s"]
     assert report["recommendation"]["text"] and report["recommendation"]["kv"]["method"] is not None
+    # The recommendation says only what was measured: no knee, no "set by the SLO knee"; no measured
+    # limit, no number but the levels to test next (printed as the user would type them).
+    rec = report["recommendation"]
+    if report["knee"] is None:
+        assert "SLO knee" not in rec["text"] and "knee: none within the steps tested" in done.stdout
+    if rec["max_concurrency"] is None and rec["slo"]["bounded"] is False:
+        assert rec["next_levels"] and f"--concurrency {','.join(map(str, rec['next_levels']))}" in done.stdout
+    else:
+        assert f"max concurrency {rec['max_concurrency']}" in done.stdout
     lines = done.stdout.splitlines()
     assert lines[0].split()[0] == "level" and len([ln for ln in lines[2:5] if ln.strip()]) == 3
     assert "knee:" in done.stdout and "recommendation:" in done.stdout

@@ -12,6 +12,11 @@ TM = TE + ("model",)
 RESOURCES = ("idle", "headroom", "compute", "memory_bandwidth", "kv_capacity", "scheduler", "host_cpu",
              "interconnect", "power_thermal")
 
+WINDOW_QUANTILE = "q"
+"""The quantile label of llm_*_window_seconds ("0.5", "0.95", "0.99")."""
+SLO_BOUND = "bound"
+"""The bucket-bound label of llm_*_slo_attainment_ratio (seconds)."""
+
 FAMILIES = (
     family("llm_prefill_tokens_per_second", "gauge", "tokens/s",
            "Prompt tokens processed per second: increase of llm_prompt_tokens_total over a short window "
@@ -87,23 +92,26 @@ FAMILIES = (
     family("llm_ttft_window_seconds", "gauge", "seconds",
            "Time-to-first-token quantiles (0.5, 0.95, 0.99) over the sliding window (--quantile-window, "
            "default 5m): current cumulative buckets minus a checkpoint one window old, interpolated "
-           "as PromQL histogram_quantile() does.",
-           TM + ("quantile",), "derived"),
+           "as PromQL histogram_quantile() does. The quantile is the `q` label: `quantile` is reserved for "
+           "summaries, and promtool check metrics refuses it on a gauge.",
+           TM + (WINDOW_QUANTILE,), "derived"),
     family("llm_tbt_window_seconds", "gauge", "seconds",
            "Time-between-tokens (inter-token latency) quantiles over the sliding window, as above.",
-           TM + ("quantile",), "derived"),
+           TM + (WINDOW_QUANTILE,), "derived"),
     family("llm_e2e_window_seconds", "gauge", "seconds",
-           "End-to-end request latency quantiles over the sliding window, as above.", TM + ("quantile",), "derived"),
+           "End-to-end request latency quantiles over the sliding window, as above.", TM + (WINDOW_QUANTILE,),
+           "derived"),
     family("llm_ttft_slo_attainment_ratio", "gauge", "ratio",
-           "Share of requests in the window with TTFT <= le = window count of bucket le / window total, "
-           "where le is the largest bucket bound at or below --slo-ttft (so it never flatters). Counts only "
+           "Share of requests in the window with TTFT <= bound = window count of the bucket `bound` / window "
+           "total, where bound (a label: `le` is reserved for histograms) is the largest bucket bound at or "
+           "below --slo-ttft (so it never flatters). Counts only "
            "what the running engine measured: after an engine restart, the requests since the restart. "
            "Absent, never 0, while the window holds none (no recent traffic).",
-           TM + ("le",), "derived"),
+           TM + (SLO_BOUND,), "derived"),
     family("llm_tbt_slo_attainment_ratio", "gauge", "ratio",
-           "Share of inter-token gaps in the window <= le, le the largest bucket bound at or below "
+           "Share of inter-token gaps in the window <= bound, the largest bucket bound at or below "
            "--slo-tbt; since the latest engine restart, and absent without any, as above.",
-           TM + ("le",), "derived"),
+           TM + (SLO_BOUND,), "derived"),
     family("llm_bottleneck", "gauge", "bool",
            "The bottleneck verdict (docs/diagnosis.md): 1 for the resource that limits the target now, 0 "
            "for the others; absent on the first cycle and for unreachable targets. Resources: "

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from itertools import accumulate
 from typing import Any, NamedTuple
 
+from exporter.catalog.derived import SLO_BOUND, WINDOW_QUANTILE
 from exporter.derive.settings import DeriveSettings
 from exporter.derive.stage import Ctx, ScopedWindows, Stage, TargetKey, rounded
 from exporter.derive.view import Histogram
@@ -127,9 +128,9 @@ def tail(kind: str, bounds: Sequence[float], counts: Sequence[float], threshold:
 
 
 def tail_samples(tail: Tail, window_name: str, slo_name: str, labels: Labels) -> list[Sample]:
-    out = [Sample(window_name, tuple(sorted(labels + (("quantile", format_q(q)),))), v) for q, v in tail.quantiles]
+    out = [Sample(window_name, tuple(sorted(labels + ((WINDOW_QUANTILE, format_q(q)),))), v) for q, v in tail.quantiles]
     if slo_name and tail.slo_attainment is not None and tail.slo_bound is not None:
-        out.append(Sample(slo_name, tuple(sorted(labels + (("le", format_value(tail.slo_bound)),))),
+        out.append(Sample(slo_name, tuple(sorted(labels + ((SLO_BOUND, format_value(tail.slo_bound)),))),
                           tail.slo_attainment))
     return out
 

@@ -858,19 +858,48 @@ def slo_recommendation(steps: Sequence[Mapping[str, Any]], knee: Mapping[str, An
 
 def recommend(steps: Sequence[Mapping[str, Any]], knee: Mapping[str, Any] | None,
               watermark: float = KV_WATERMARK) -> dict[str, Any]:
+    """The max concurrency that follows from what was measured: a knee (the last step before it), or
+    a step whose KV usage reached the watermark (the largest one under it); the smaller when both.
+    An extrapolated KV figure alone is no limit: no step ran there. Without a measured limit there is
+    no number, only what the sweep showed and which levels to test next."""
     kv = kv_recommendation(steps, watermark)
     slo = slo_recommendation(steps, knee)
-    limits = [x for x in (kv["max_concurrency"], slo["max_concurrency"]) if x]
-    best = min(limits) if limits else None
-    if best is None:
-        text = "no recommendation: " + "; ".join((kv["text"], slo["text"]))
-    else:
-        which = "KV watermark" if best == kv["max_concurrency"] else "SLO knee"
-        if kv["max_concurrency"] == slo["max_concurrency"]:
-            which = "KV watermark and SLO knee"
+    measured = [(kv["max_concurrency"], "KV watermark")] if kv["method"] == "measured" and kv["max_concurrency"] \
+        else []
+    if slo["bounded"] and slo["max_concurrency"]:
+        measured.append((slo["max_concurrency"], "SLO knee"))
+    next_levels = _next_levels(steps, slo, kv)
+    if measured:
+        best = min(limit for limit, _ in measured)
+        which = " and ".join(name for limit, name in measured if limit == best)
         text = (f"max concurrency {best} per replica (vLLM --max-num-seqs {best}, SGLang --max-running-requests "
                 f"{best}), set by the {which}. KV: {kv['text']}. SLO: {slo['text']}.")
-    return {"max_concurrency": best, "max_num_seqs": best, "kv": kv, "slo": slo, "text": text}
+        return {"max_concurrency": best, "max_num_seqs": best, "kv": kv, "slo": slo, "next_levels": [],
+                "text": text}
+    if slo["max_concurrency"] and not slo["bounded"]:
+        text = (f"none yet: every step up to {slo['max_concurrency']} met the SLOs and no step reached "
+                f"{watermark:.0%} KV usage, so the limit is above what was tested. KV: {kv['text']}. "
+                + (f"Test higher: --concurrency {','.join(str(level) for level in next_levels)}." if next_levels
+                   else "Test higher levels."))
+    else:
+        text = "no recommendation: " + "; ".join((kv["text"], slo["text"]))
+    return {"max_concurrency": None, "max_num_seqs": None, "kv": kv, "slo": slo, "next_levels": next_levels,
+            "text": text}
+
+
+def _next_levels(steps: Sequence[Mapping[str, Any]], slo: Mapping[str, Any], kv: Mapping[str, Any]) -> list[int]:
+    """Levels to test after a sweep that found no limit: doubling from the highest step tested, up to
+    the KV estimate (at most four; a first step past the knee asks for lower ones instead)."""
+    tested = slo.get("max_concurrency")
+    if not tested or slo.get("bounded"):
+        return []
+    ceiling = kv["max_concurrency"] if kv["method"] == "extrapolated" and kv["max_concurrency"] else tested * 16
+    levels: list[int] = []
+    level = tested
+    while len(levels) < 4 and level < ceiling:
+        level = min(level * 2, ceiling)
+        levels.append(int(level))
+    return levels
 
 
 # --- the sweep -----------------------------------------------------------------------------------

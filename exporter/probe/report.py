@@ -90,8 +90,9 @@ REPORT_SCHEMA: dict[str, Any] = {
                                 "reasons": {"type": "array", "items": {"type": "string"}, "minItems": 1},
                                 "verdict_before": _STR, "verdict_at": _STR, "text": {"type": "string"}}},
         "recommendation": {
-            "type": "object", "required": ["max_concurrency", "max_num_seqs", "kv", "slo", "text"],
+            "type": "object", "required": ["max_concurrency", "max_num_seqs", "kv", "slo", "next_levels", "text"],
             "properties": {"max_concurrency": _INT, "max_num_seqs": _INT, "text": {"type": "string"},
+                           "next_levels": {"type": "array", "items": {"type": "integer"}},
                            "kv": {**_LIMIT, "required": ["method", "max_concurrency", "kv_per_sequence", "text"],
                                   "properties": {**_LIMIT["properties"],
                                                  "method": {"enum": ["measured", "extrapolated", None]},
