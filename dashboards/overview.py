@@ -283,10 +283,10 @@ LMDeploy, NIM); engines with only time per output token (TGI, trtllm-serve) have
         burn_panel(TBT, w=8),
         timeseries("SLO attainment in the exporter's window", """
 The same good-event shares computed by the exporter over its sliding window (--quantile-window), with the
-le bucket it used. Available without Prometheus recording rules; the two should agree, except after an
-engine restart: the exporter then counts only the requests since the restart, and a gap in the line means no
+bucket bound it used. Available without Prometheus recording rules; the two agree, across an engine restart too
+(both count the requests before it until they leave the window, as rate() does). A gap in the line means no
 recent traffic (nothing finished in the window), not 0%. TBT, as in the recording rules, is the inter-token
-latency histogram: none for TGI and trtllm-serve.
+latency histogram: none for TGI, trtllm-serve and SGLang (whose only per-gap histogram weights tokens).
 """, [target(TM.sel("llm_ttft_slo_attainment_ratio"), "TTFT <= {{bound}}s {{target}} ({{instance}})"),
       target(TM.sel("llm_tbt_slo_attainment_ratio"), "TBT <= {{bound}}s {{target}} ({{instance}})")],
             unit="percentunit", w=12, decimals=3, maximum=1),

@@ -291,11 +291,11 @@ def test_histogram_window_survives_a_counter_reset():
     assert delta[-1] == 14.0  # 10 more before the restart + 4 after, since the first checkpoint
 
 
-def test_a_restart_keeps_the_window_for_quantiles_but_not_for_the_slo_attainment():
-    """Issue 19: after an engine restart with no traffic, the status said "only 0% of requests
-    meet the TTFT SLO" from requests the previous process finished. The window keeps them (as
-    increase() does: the quantiles still match histogram_quantile), but the attainment reads only
-    what was measured since the restart, and with nothing since it is absent, never 0."""
+def test_a_restart_keeps_one_window_for_the_quantiles_and_the_slo_attainment():
+    """Issue 26: the quantiles and the attainment read one window, across a restart, as increase()
+    and the burn-rate rules do: the requests the previous process finished count in both until they
+    leave it; `fresh` only says how many came after the restart. With nothing in the window the
+    attainment is absent, never 0."""
     win = HistogramWindow(300.0, checkpoints=30)
     slow = [3.0] * 10  # all over a 2.5 s SLO
     for t in range(0, 60, 5):
@@ -303,7 +303,7 @@ def test_a_restart_keeps_the_window_for_quantiles_but_not_for_the_slo_attainment
     delta = win.observe(60.0, BOUNDS, bucketize(slow * 13))
     assert win.restarted_at is None and win.fresh is delta and delta[-1] == 120.0
     before = quantiles.tail("ttft", BOUNDS, delta, 2.5, win.fresh)
-    assert before.slo_attainment == 0.0 and not before.no_recent_traffic
+    assert before.slo_attainment == 0.0 and not before.no_recent_traffic and before.since_restart is None
     zeros = bucketize([])
     for t in (65.0, 70.0, 100.0):  # restarted between 60 and 65; nothing finished since
         delta = win.observe(t, BOUNDS, zeros)
@@ -312,12 +312,12 @@ def test_a_restart_keeps_the_window_for_quantiles_but_not_for_the_slo_attainment
         tail = quantiles.tail("ttft", BOUNDS, delta, 2.5, win.fresh, window_s=300.0,
                               restarted_s_ago=t - win.restarted_at)
         assert tail.quantile(0.99) == pytest.approx(4.975)  # quantiles over the whole window (2.5..5 s)
-        assert tail.slo_attainment is None and tail.no_recent_traffic and tail.slo_count == 0.0
-        samples = quantiles.tail_samples(tail, "llm_ttft_window_seconds", "llm_ttft_slo_attainment_ratio", ())
-        assert not [x for x in samples if x.name == "llm_ttft_slo_attainment_ratio"]
+        assert tail.slo_attainment == 0.0 and tail.slo_count == tail.count == 120.0  # the same requests
+        assert tail.since_restart == 0.0 and not tail.no_recent_traffic
     delta = win.observe(105.0, BOUNDS, bucketize([0.2] * 4))  # the new process serves, fast
     assert delta[-1] == 124.0 and win.fresh == bucketize([0.2] * 4)
-    assert quantiles.tail("ttft", BOUNDS, delta, 2.5, win.fresh).slo_attainment == 1.0
+    tail = quantiles.tail("ttft", BOUNDS, delta, 2.5, win.fresh, restarted_s_ago=40.0)
+    assert tail.slo_attainment == pytest.approx(4 / 124) and tail.since_restart == 4.0
     # Once the restart is older than the window, the whole window is the running process's again.
     for t in range(110, 420, 10):
         delta = win.observe(float(t), BOUNDS, bucketize([0.2] * 4))

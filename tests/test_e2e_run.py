@@ -136,13 +136,16 @@ def _vllm_page(served: int) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def test_run_says_no_recent_traffic_after_an_engine_restart_instead_of_degrading():
-    """Issue 19: the real process, slow requests, then an engine restart (counters back to 0) and no
-    traffic since: the TTFT SLO has no recent traffic, the target is not degraded by what the previous
-    process served, and /metrics has no attainment sample for it (absent, not 0, not the old value)."""
+def test_run_reads_one_window_across_an_engine_restart_then_says_no_recent_traffic():
+    """Issues 19 and 26: the real process, slow requests, then an engine restart (counters back to 0)
+    and no traffic since. The tails and the SLO line read one window, as Prometheus' rate() and the
+    burn-rate rules do: right after the restart both still count the requests before it (the same
+    number), the words say the restart came and how many requests followed it, and doctor prints no
+    p99 of seconds beside "100% within". Once those requests leave the (here 6 s) window: no recent
+    traffic, not degraded, and no attainment sample (absent, not 0, not the old value)."""
     started = time.monotonic()
     with fake_engine(_vllm_page(0)) as (url, behaviour), \
-            exporter_process("--engine", f"{url},name=a,kind=vllm", "--no-host") as base:
+            exporter_process("--engine", f"{url},name=a,kind=vllm", "--no-host", "--quantile-window", "6s") as base:
         def diagnosis() -> dict:
             return httpx.get(base + "/api/v1/diagnosis", timeout=5).json()
 
@@ -159,18 +162,30 @@ def test_run_says_no_recent_traffic_after_an_engine_restart_instead_of_degrading
 
         behaviour.body = _vllm_page(0)  # restarted; nothing served since
 
+        def restarted() -> bool:
+            ttft = diagnosis()["targets"].get("a", {}).get("numbers", {}).get("ttft", {})
+            return ttft.get("restarted_seconds_ago") is not None and ttft.get("window_count", 0) > 0
+        assert wait_until(restarted, timeout=10, interval=0.1), diagnosis()
+        target = diagnosis()["targets"]["a"]
+        ttft = target["numbers"]["ttft"]
+        assert ttft["window_count"] == ttft["slo_window_count"] and ttft["window_count_since_restart"] == 0
+        assert "the engine restarted" in target["slo"]["ttft"]["words"] and target["slo"]["ttft"]["state"] == "missed"
+        report = subprocess.run([sys.executable, "-m", "exporter.cli", "doctor", "--url", base], capture_output=True,
+                                text=True, timeout=60).stdout
+        assert "100% of" not in report, report
+
         def quiet() -> bool:
             target = diagnosis()["targets"].get("a", {})
             attainment = [s for s in _scrape(base).get("llm_ttft_slo_attainment_ratio", [])
                           if s.labels["target"] == "a"]
             return target.get("slo", {}).get("ttft", {}).get("state") == "no_recent_traffic" and not attainment
-        assert wait_until(quiet, timeout=20, interval=0.2), diagnosis()
+        assert wait_until(quiet, timeout=30, interval=0.2), diagnosis()
         doc = diagnosis()
         target = doc["targets"]["a"]
         assert target["status"] != "degraded" and doc["status"] != "degraded", target["degraded_because"]
         assert not any("SLO" in reason for reason in target["degraded_because"])
-        assert any(note.startswith("TTFT SLO: no recent traffic (no requests finished since the engine restarted")
-                   for note in target["notes"]), target["notes"]
+        assert "TTFT SLO: no recent traffic (no requests finished in the last 6 seconds)" in target["notes"], \
+            target["notes"]
         assert "no recent traffic" in httpx.get(base + "/", timeout=5).text
         samples = _scrape(base)
         assert not [s for s in samples.get("llm_ttft_slo_attainment_ratio", []) if s.labels["target"] == "a"]

@@ -104,13 +104,13 @@ FAMILIES = (
     family("llm_ttft_slo_attainment_ratio", "gauge", "ratio",
            "Share of requests in the window with TTFT <= bound = window count of the bucket `bound` / window "
            "total, where bound (a label: `le` is reserved for histograms) is the largest bucket bound at or "
-           "below --slo-ttft (so it never flatters). Counts only "
-           "what the running engine measured: after an engine restart, the requests since the restart. "
-           "Absent, never 0, while the window holds none (no recent traffic).",
+           "below --slo-ttft (so it never flatters). The same window as llm_ttft_window_seconds and rate(): "
+           "across an engine restart the requests before it count until they leave the window. Absent, "
+           "never 0, while the window holds none (no recent traffic).",
            TM + (SLO_BOUND,), "derived"),
     family("llm_tbt_slo_attainment_ratio", "gauge", "ratio",
            "Share of inter-token gaps in the window <= bound, the largest bucket bound at or below "
-           "--slo-tbt; since the latest engine restart, and absent without any, as above.",
+           "--slo-tbt; the same window, and absent without any, as above.",
            TM + (SLO_BOUND,), "derived"),
     family("llm_bottleneck", "gauge", "bool",
            "The bottleneck verdict (docs/diagnosis.md): 1 for the resource that limits the target now, 0 "

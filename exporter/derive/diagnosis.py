@@ -62,24 +62,27 @@ def _gpu_rows(r: TargetResult) -> list[dict[str, Any]]:
 
 def slo_states(tails: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Per SLO with a bucket bound: met, missed, or no recent traffic (nothing measured in the
-    window since the engine last restarted: the attainment is absent and degrades nothing)."""
+    window: the attainment is absent and degrades nothing). The window is the one the quantiles,
+    the boards and the burn-rate rules read (quantiles.py): across a restart, the requests before it
+    count until they leave it, and the words say how many came after it."""
     out: dict[str, dict[str, Any]] = {}
     for kind, (title, what, none) in SLO_WORDS.items():
         tail = tails.get(kind)
         if tail is None or tail.slo_bound is None:
             continue
         attained = tail.slo_attainment
+        window = f"the last {human_duration(tail.window_s)}" if tail.window_s else "the window"
         if tail.no_recent_traffic or attained is None:
-            if tail.restarted_s_ago is not None:
-                when = f"since the engine restarted {human_duration(round(tail.restarted_s_ago))} ago"
-            else:
-                when = f"in the last {human_duration(tail.window_s)}" if tail.window_s else "in the window"
-            state, words = "no_recent_traffic", f"{title} SLO: no recent traffic ({none} {when})"
+            state, words = "no_recent_traffic", f"{title} SLO: no recent traffic ({none} in {window})"
         else:
             state = "met" if attained >= bottleneck.SLO_TARGET else "missed"
-            words = (f"{title} SLO: {bottleneck.pct(attained)} of {tail.slo_count:.0f} {what} within "
+            words = (f"{title} SLO: {bottleneck.pct(attained)} of {tail.slo_count:.0f} {what} in {window} within "
                      f"{tail.slo_bound:g}s" + ("" if state == "met" else
                                                f" (under {bottleneck.pct(bottleneck.SLO_TARGET)}: missed)"))
+            if tail.restarted_s_ago is not None and tail.since_restart is not None:
+                words += (f"; the engine restarted {human_duration(round(tail.restarted_s_ago))} ago and "
+                          f"{tail.since_restart:.0f} of them came after it (the others leave the window, as in "
+                          "Prometheus' rate())")
         out[kind] = {"state": state, "attainment": rounded(attained), "bound_seconds": tail.slo_bound,
                      "threshold_seconds": tail.slo_threshold, "count": tail.slo_count, "words": words}
     return out

@@ -12,11 +12,13 @@ be monotonic: a bucket's own count can fall between pages while every cumulative
 PromQL's histogram_quantile(), tail() first raises each count to the largest below it, so
 quantiles stay within the bounds and attainment within [0, 1].
 
-The quantiles cover the whole window, across an engine restart (as histogram_quantile() over
-increase() does). The SLO attainment covers what the running engine measured: the window's
-observations since the latest restart inside it (window.HistogramWindow.fresh). With none (no
-increase of the histogram's count: no requests finished since, or in the window) the attainment
-is absent, never 0 and never the last value, and the diagnosis says "no recent traffic".
+One window for everything a user reads: the quantiles and the SLO attainment both cover the whole
+window, across an engine restart, as histogram_quantile() over increase() and the burn-rate rules
+do in Prometheus (a reset adds the counts since it to those before it). So after a restart the
+requests served before it count until they leave the window, in the exporter, on the boards and in
+the alerts alike; the diagnosis says how many of the window's requests came after the restart
+(window.HistogramWindow.fresh). With no observation in the window the attainment is absent, never
+0 and never the last value, and the diagnosis says "no recent traffic".
 """
 
 from __future__ import annotations
@@ -89,17 +91,17 @@ class Tail(NamedTuple):
     slo_bound: float | None = None
     slo_attainment: float | None = None  # None without an SLO, a bound, or observations (slo_count 0)
     note: str = ""
-    slo_count: float = 0.0  # observations the attainment reads: the window's, since the latest restart in it
+    slo_count: float = 0.0  # observations the attainment reads: the window's (== count)
     window_s: float | None = None  # the window's length (for the diagnosis' words)
     restarted_s_ago: float | None = None  # the latest restart inside the window, seconds before now
+    since_restart: float | None = None  # of the window's observations, those after that restart
 
     def quantile(self, q: float) -> float | None:
         return dict(self.quantiles).get(q)
 
     @property
     def no_recent_traffic(self) -> bool:
-        """An SLO with a bucket bound but nothing to judge it on: no observations in the window
-        (since the engine restarted, when it did inside it)."""
+        """An SLO with a bucket bound but nothing to judge it on: no observations in the window."""
         return self.slo_bound is not None and self.slo_count <= 0
 
 
@@ -111,9 +113,10 @@ def tail(kind: str, bounds: Sequence[float], counts: Sequence[float], threshold:
          fresh: Sequence[float] | None = None, *, window_s: float | None = None,
          restarted_s_ago: float | None = None) -> Tail:
     """compute() on the bucket bounds and window counts as they are (no Histogram to build).
-    `fresh`: the window counts since the latest restart, for the attainment (default `counts`)."""
+    `fresh`: the window counts since the latest restart inside it, for the words only (the quantiles
+    and the attainment read the whole window)."""
     counts = tuple(accumulate(counts, max))  # monotonic, as histogram_quantile() makes them
-    slo_counts = counts if fresh is None or fresh is counts else tuple(accumulate(fresh, max))
+    since_restart = None if fresh is None or restarted_s_ago is None or not fresh else max(fresh)
     qs = tuple((q, v) for q in QUANTILES if (v := histogram_quantile(q, bounds, counts)) is not None)
     bound = att = None
     note = ""
@@ -122,9 +125,9 @@ def tail(kind: str, bounds: Sequence[float], counts: Sequence[float], threshold:
         if bound is None:
             note = f"no {kind} bucket bound at or below the SLO {threshold:g}s: attainment omitted"
         else:
-            att = attainment(bounds, slo_counts, bound)
-    return Tail(kind, counts[-1] if counts else 0.0, qs, threshold, bound, att, note,
-                slo_counts[-1] if slo_counts else 0.0, window_s, restarted_s_ago)
+            att = attainment(bounds, counts, bound)
+    total = counts[-1] if counts else 0.0
+    return Tail(kind, total, qs, threshold, bound, att, note, total, window_s, restarted_s_ago, since_restart)
 
 
 def tail_samples(tail: Tail, window_name: str, slo_name: str, labels: Labels) -> list[Sample]:
@@ -153,7 +156,8 @@ def numbers(tails: Mapping[str, Tail]) -> dict[str, Any]:
                    "slo_seconds": tail.slo_threshold, "slo_bound_used": tail.slo_bound,
                    "slo_attainment": rounded(tail.slo_attainment), "slo_window_count": tail.slo_count,
                    "slo_no_recent_traffic": tail.no_recent_traffic,
-                   "restarted_seconds_ago": rounded(tail.restarted_s_ago, 1)} for kind, tail in tails.items()}
+                   "restarted_seconds_ago": rounded(tail.restarted_s_ago, 1),
+                   "window_count_since_restart": tail.since_restart} for kind, tail in tails.items()}
 
 
 def notes(tails: Mapping[str, Tail]) -> list[str]:

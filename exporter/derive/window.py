@@ -84,10 +84,9 @@ class HistogramWindow:
 
     Across a restart of one of its series (an engine or a data-parallel rank restarting: its counts
     fall) the window keeps what was counted before, as PromQL's increase() does: `observe` returns
-    that delta, and the quantiles follow it. `fresh` is the part of it counted since the latest
-    restart inside the window (the whole delta when there was none): what the engine process now
-    running has measured, which the SLO attainment reads, so that an engine that restarted and has
-    served nothing since does not carry its previous life's misses."""
+    that delta, and the quantiles and the SLO attainment follow it (one window, as the rules read it).
+    `fresh` is the part of it counted since the latest restart inside the window (the whole delta
+    when there was none), for the diagnosis to say how much of the window the running process saw."""
 
     __slots__ = ("window_s", "step_s", "_bounds", "_checkpoints", "_resets", "last_seen", "_previous",
                  "_restarts_seen", "_restart", "fresh", "restarted_at")
