@@ -219,6 +219,8 @@ def render_report(diagnosis: Mapping[str, Any], source: str, out: TextIO) -> Non
         what = " ".join(x for x in (t.get("engine"), t.get("model")) if x)
         out.write(f"\ntarget {name}" + (f" ({what})" if what else "") + "\n")
         out.write(f"  bottleneck: {VERDICT_WORDS.get(verdict or '', (UNKNOWN_VERDICT_WORDS,) * 2)[1]}")
+        for also in t.get("also_limiting", []) or []:
+            out.write(f", and as much {VERDICT_WORDS.get(also, (also, also))[1]}")
         out.write(f"   [{t.get('status', 'unknown')}]\n")
         for reason in t.get("degraded_because", []) or []:
             out.write(f"  degraded: {reason}\n")

@@ -203,6 +203,8 @@ def _target(t: Mapping[str, Any]) -> str:
     verdict = t.get("verdict")
     status = t.get("status", "unknown")
     words = VERDICT_WORDS.get(verdict or "", (UNKNOWN_VERDICT_WORDS,) * 2)[0]
+    also = "".join(f', and as much <span class="verdict {esc(status)}" data-verdict="{esc(r)}">'
+                   f'{esc(VERDICT_WORDS.get(r, (r, r))[0])}</span>' for r in t.get("also_limiting") or [])
     n = t.get("numbers", {})
     gpus = "".join(f"<div>{roofline_svg(g)}</div>" for g in t.get("gpus", []))
     because = t.get("degraded_because") or []
@@ -211,7 +213,7 @@ def _target(t: Mapping[str, Any]) -> str:
         f'<h2>{esc(t.get("target"))} <span class="muted">{esc(t.get("engine", ""))} {esc(t.get("model", ""))}'
         f'</span></h2>'
         f'<p>Bottleneck: <span class="verdict {esc(status)}" data-verdict="{esc(verdict or "")}">{esc(words)}</span>'
-        f' <span class="muted">{esc(status)}{": " + esc("; ".join(because)) if because else ""}</span></p>'
+        f'{also} <span class="muted">{esc(status)}{": " + esc("; ".join(because)) if because else ""}</span></p>'
         f'{_notes(t.get("notes") or [])}'
         f'{_notes([t["probe"]["words"]] if t.get("probe") else [])}'
         f'<div class="grid"><div><h3>Evidence</h3>{_list(t.get("evidence", []), "no evidence yet")}'

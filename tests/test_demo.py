@@ -106,3 +106,43 @@ def _ready(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.timeout(240)
+def test_a_throttled_gpu_under_full_kv_is_named_beside_kv_with_both_remedies() -> None:
+    """The real demo in kv-pressure, switched to thermal-throttle with the curl line it prints: the
+    queue the heavy traffic built stays (as it would on a real engine whose GPU starts throttling), so
+    KV stays full, and now the GPU throttles too. Both score alike: doctor names both, with both
+    remedies, and the status page shows both."""
+    port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "exporter.cli", "demo", "--listen", f"127.0.0.1:{port}",
+                             "--scenario", "kv-pressure", "--no-probe", "--speed", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_until(lambda: _ready(port), timeout=30)
+        switch = ""
+        while "switch: curl" not in switch:
+            switch = demo.stdout.readline()
+        twin = switch.split("'")[1].split("/sim/")[0]
+
+        def target() -> dict:
+            return next(iter(httpx.get(base + "/api/v1/diagnosis", timeout=5).json()["targets"].values()), {})
+        assert wait_until(lambda: target().get("verdict") == "kv_capacity", timeout=90, interval=1.0), target()
+        httpx.post(twin + "/sim/scenario?name=thermal-throttle", timeout=5).raise_for_status()
+        assert wait_until(lambda: "power_thermal" in (target().get("also_limiting") or []), timeout=90,
+                          interval=1.0), target()
+        t = target()
+        assert t["verdict"] == "kv_capacity" and t["status"] == "degraded"
+        report = subprocess.run([sys.executable, "-m", "exporter.cli", "doctor", "--url", base], capture_output=True,
+                                text=True, timeout=60).stdout
+        assert "bottleneck: KV cache capacity, and as much power / thermal throttling" in report, report
+        assert "limited by power_thermal as much" in report
+        from exporter.derive.bottleneck import REMEDIES
+        assert REMEDIES["power_thermal"][0] in report and REMEDIES["kv_capacity"][0] in report
+        page = httpx.get(base + "/", timeout=5).text
+        assert 'data-verdict="power_thermal"' in page and 'data-verdict="kv_capacity"' in page
+    finally:
+        demo.send_signal(signal.SIGINT)
+        demo.communicate(timeout=30)

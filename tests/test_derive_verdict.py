@@ -444,3 +444,22 @@ def llamacpp_snapshot(t: float, state, **page) -> Snapshot:
                                         attrs=MappingProxyType({"kind": "engine", "target": "a",
                                                                 "engine": "llamacpp", "model": ""}))}
     return Snapshot(1_000.0 + t, MappingProxyType(results))
+
+
+def test_two_constraints_scoring_alike_are_both_named_with_both_remedies():
+    """Issue 26: KV full and the GPU throttled both scored 1.00 and doctor named KV only, with KV's
+    advice only, while listing the GPU at 88 C and 50% clocks. The verdict gauge keeps one resource;
+    the diagnosis names the other as co-equal, with its evidence and remedies."""
+    from exporter.derive.bottleneck import REMEDIES, co_equal
+
+    s = Signals(**{**BUSY, "hbm_gpm": 0.8, "kv_usage": 0.99, "preemptions_per_s": 0.5, "waiting": 20.0,
+                   "throttles": ("GPU0 hw_thermal_slowdown",), "clock_ratio": 0.5})
+    scores = assess(s).scores
+    verdict = raw_verdict(s, scores, None)[0]
+    assert scores["kv_capacity"] >= 0.95 and scores["power_thermal"] >= 0.95
+    assert verdict == "kv_capacity" and co_equal(verdict, scores) == ["power_thermal"]
+    # a constraint well below the verdict's score is not co-equal, nor is anything beside a roof
+    assert co_equal("kv_capacity", {**scores, "power_thermal": 0.7}) == []
+    assert co_equal("memory_bandwidth", scores) == []
+    from exporter.derive.diagnosis import target_diagnosis  # noqa: F401 - the words come from there
+    assert set(REMEDIES["power_thermal"]) and set(REMEDIES["kv_capacity"])

@@ -1,6 +1,6 @@
 """The bottleneck verdict: one resource per target, with scores, evidence and remedies.
 
-Order of the source documents (shared/seeds): first which phase is slow (is there load at all,
+The diagnosis order (docs/diagnosis.md): first which phase is slow (is there load at all,
 prefill or decode), then compute, HBM bandwidth, memory capacity (KV), CPU, interconnect, power
 and thermal. Two kinds of resource are told apart:
 
@@ -34,6 +34,9 @@ CONSTRAINTS = ("kv_capacity", "scheduler", "host_cpu", "interconnect", "power_th
 CONSTRAINT_MIN = 0.6
 ROOF_MIN = 0.35
 STICKY = 0.1
+CO_EQUAL = 0.05
+"""Another active constraint within this of the verdict's score limits the target as much: the
+diagnosis names it beside the verdict, with its remedies (the gauge keeps one verdict)."""
 HOLD_CYCLES = 3
 NO_WORK_TOKENS_PER_S = 0.5
 MFU_LOW, MFU_HIGH = 0.20, 0.50  # prefill MFU: 50% is about what good prefill kernels reach
@@ -470,6 +473,16 @@ def raw_verdict(s: Signals, scores: Mapping[str, float], current: str | None) ->
     if roofs:
         return _best(roofs, scores, current, s), f"roof score >= {ROOF_MIN}"
     return "headroom", f"serving; no constraint >= {CONSTRAINT_MIN} and no roof >= {ROOF_MIN}"
+
+
+def co_equal(verdict: str, scores: Mapping[str, float]) -> list[str]:
+    """The other constraints that score as high as a constraint verdict (within CO_EQUAL, each at
+    least CONSTRAINT_MIN), in the diagnosis order: two limits at once, say KV full on a throttled GPU,
+    each with its own fix. Roofs and idle/headroom verdicts have none."""
+    if verdict not in CONSTRAINTS:
+        return []
+    top = scores.get(verdict, 0.0)
+    return [r for r in CONSTRAINTS if r != verdict and scores.get(r, 0.0) >= max(CONSTRAINT_MIN, top - CO_EQUAL)]
 
 
 class Hysteresis(NamedTuple):

@@ -105,17 +105,23 @@ def target_diagnosis(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]
         return out
     # The verdict's own evidence first, then the context, then what the other resources show.
     verdict, signals = decision.verdict, decision.signals
+    also = bottleneck.co_equal(verdict, decision.scores)  # as limiting: named beside it, with their fixes
     evidence: list[str] = []
     assessment = bottleneck.assess(signals)  # the same scores, now with their words
-    rest = [assessment.evidence.get(res, ()) for res in RESOURCES if res != verdict]
-    for group in (assessment.evidence.get(verdict, ()), assessment.context, *rest):
+    rest = [assessment.evidence.get(res, ()) for res in RESOURCES if res != verdict and res not in also]
+    for group in (assessment.evidence.get(verdict, ()), *(assessment.evidence.get(r, ()) for r in also),
+                  assessment.context, *rest):
         evidence.extend(e for e in group if e not in evidence)
     degraded = bottleneck.is_degraded(verdict, signals)
+    degraded += [f"limited by {r} as much, not by the GPU's own roof" for r in also]
     if check is not None:
         degraded = [*degraded, *check.degraded()]
+    remedies = list(bottleneck.REMEDIES[verdict])
+    for r in also:
+        remedies += [line for line in bottleneck.REMEDIES[r] if line not in remedies]
     out.update(status="degraded" if degraded else "healthy", degraded_because=degraded,
-               scores=dict(decision.scores), evidence=evidence,
-               remedies=list(bottleneck.REMEDIES[verdict]), since=decision.state.since)
+               scores=dict(decision.scores), evidence=evidence, also_limiting=also,
+               remedies=remedies, since=decision.state.since)
     return out
 
 
