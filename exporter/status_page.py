@@ -86,13 +86,17 @@ def roofline_svg(gpu: Mapping[str, Any], width: int = 260, height: int = 170) ->
     points = [xy(x_lo, bw * x_lo), xy(ridge, peak), xy(x_hi, peak)]
     path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
     parts.append(f'<polyline points="{path}" fill="none" stroke="#1d2330" stroke-width="2"/>')
-    for tick in (0.1, 1, 10, 100, 1000, 10000):
+    ticks = (0.1, 1, 10, 100, 1000, 10000)
+    for tick in ticks:
         tx, _ = xy(tick, y_lo)
-        parts.append(f'<text x="{tx:.1f}" y="{height - 8}" font-size="9" text-anchor="middle" fill="#667">'
+        # The outermost labels are anchored inside the plot so neither is clipped by the SVG's edge.
+        anchor = "end" if tick == ticks[-1] else "start" if tick == ticks[0] else "middle"
+        parts.append(f'<text x="{tx:.1f}" y="{height - 8}" font-size="9" text-anchor="{anchor}" fill="#667">'
                      f'{tick:g}</text>')
     parts.append(f'<text x="{pad_l + w / 2:.0f}" y="{height - 0}" font-size="9" text-anchor="middle" fill="#667">'
                  'FLOP/byte</text>')
-    parts.append(f'<text x="4" y="{pad_t + 10}" font-size="9" fill="#667">{peak / 1e12:.0f}T</text>')
+    parts.append(f'<text x="4" y="{pad_t + 10}" font-size="9" fill="#667">{peak / 1e12:.0f}</text>')
+    parts.append(f'<text x="4" y="{pad_t + 20}" font-size="8" fill="#667">TFLOP/s</text>')
     intensity, achieved = gpu.get("intensity_flops_per_byte"), gpu.get("achieved_flops")
     if intensity and achieved:
         px, py = xy(intensity, achieved)
@@ -114,6 +118,17 @@ def roofline_svg(gpu: Mapping[str, Any], width: int = 260, height: int = 170) ->
     return "".join(parts)
 
 
+def _latency_text(seconds: float) -> str:
+    """As the evidence and doctor write latencies: milliseconds under a second, else seconds."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 1.0 else f"{seconds:.3g} s"
+
+
+def _latency(seconds: Any) -> str:
+    if seconds is None or (isinstance(seconds, float) and not math.isfinite(seconds)):
+        return '<span class="muted">-</span>'
+    return esc(_latency_text(float(seconds)))
+
+
 def _tails(numbers: Mapping[str, Any]) -> str:
     rows = []
     for kind, title in (("ttft", "TTFT"), ("tbt", "TBT"), ("e2e", "E2E")):
@@ -126,9 +141,9 @@ def _tails(numbers: Mapping[str, Any]) -> str:
         if tail.get("slo_no_recent_traffic"):
             slo = '<span class="muted">no recent traffic</span>'
         elif attained is not None and bound is not None:
-            slo = f"{attained * 100:.0f}% &le; {bound:g}s"
-        rows.append(f"<tr><td>{title}</td><td>{_num(q.get('0.5'), '{:.3g}', 's')}</td>"
-                    f"<td>{_num(q.get('0.95'), '{:.3g}', 's')}</td><td>{_num(q.get('0.99'), '{:.3g}', 's')}</td>"
+            slo = f"{attained * 100:.0f}% &le; {esc(_latency_text(bound))}"
+        rows.append(f"<tr><td>{title}</td><td>{_latency(q.get('0.5'))}</td>"
+                    f"<td>{_latency(q.get('0.95'))}</td><td>{_latency(q.get('0.99'))}</td>"
                     f"<td>{slo or '-'}</td><td>{_num(tail.get('window_count'))}</td></tr>")
     if not rows:
         return '<p class="muted">no latency histograms in the window yet</p>'
@@ -140,18 +155,22 @@ def _throughput(n: Mapping[str, Any]) -> str:
     share = n.get("prefill_time_share")
     phase = "-" if share is None else f"prefill {share * 100:.0f}% / decode {(1 - share) * 100:.0f}%"
     return ("<table>"
-            f"<tr><td>prefill</td><td>{_num(n.get('prefill_tokens_per_second'), '{:,.0f}', ' tok/s')}</td></tr>"
+            f"<tr><td>prefill (new prompt tokens)</td>"
+            f"<td>{_num(n.get('prefill_tokens_per_second'), '{:,.0f}', ' tok/s')}</td></tr>"
             f"<tr><td>decode</td><td>{_num(n.get('decode_tokens_per_second'), '{:,.0f}', ' tok/s')}</td></tr>"
             f"<tr><td>batch (mean running)</td><td>{_num(n.get('mean_batch'), '{:.1f}')}</td></tr>"
             f"<tr><td>waiting</td><td>{_num(n.get('waiting'))}</td></tr>"
             f"<tr><td>decode steps/s</td><td>{_num(n.get('decode_steps_per_second'), '{:.1f}')}</td></tr>"
             f"<tr><td>engine time</td><td>{esc(phase)}</td></tr>"
             f"<tr><td>prefill MFU</td><td>{_bar(n.get('prefill_mfu'), 2.0)}</td></tr>"
-            f"<tr><td>MFU (engine's estimate)</td><td>{_bar(n.get('engine_flops_ratio'), 2.0)}</td></tr>"
+            f"<tr><td>MFU (engine's estimate: every step, recomputation after preemptions included)</td>"
+            f"<td>{_bar(n.get('engine_flops_ratio'), 2.0)}</td></tr>"
             f"<tr><td>HBM (engine's estimate)</td><td>{_bar(n.get('engine_hbm_ratio'), 2.0)}</td></tr>"
             f"<tr><td>speculative acceptance</td><td>{_bar(n.get('spec_decode_acceptance'), 2.0)}</td></tr>"
             f"<tr><td>energy</td><td>{_num(n.get('joules_per_token'), '{:.3g}', ' J/token')}</td></tr>"
-            f"<tr><td>cost</td><td>{_num(n.get('cost_per_million_tokens'), '{:.3g}', ' per 1M tokens')}</td></tr>"
+            f"<tr><td>cost</td><td>{_num(n.get('cost_per_million_tokens'), '{:.3g}', ' per 1M tokens')}"
+            + (' <span class="muted">(in the currency of --gpu-price-per-hour)</span>'
+               if n.get("cost_per_million_tokens") is not None else "") + "</td></tr>"
             "</table>")
 
 

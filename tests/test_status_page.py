@@ -80,3 +80,41 @@ def test_page_says_no_recent_traffic_for_an_slo_without_requests():
     assert "TTFT SLO: no recent traffic (no requests finished in the last 5 minutes)" in html
     assert "<td>no recent traffic" in html or '<span class="muted">no recent traffic</span>' in html
     assert 'class="verdict healthy"' in html
+
+
+def test_the_demo_status_page_reads_as_one_consistent_page():
+    """Issue 26: the real demo's page. Latencies in the same unit as the evidence (ms under a second),
+    cost said to be in the price's currency, the roofline's last tick inside the picture and its y axis
+    with a unit, and the prefill and MFU rows saying what they count."""
+    import os
+    import signal
+    import sys
+
+    from tests.support import free_port, wait_until
+
+    port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "exporter.cli", "demo", "--listen", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def page() -> str:
+            try:
+                return httpx.get(base + "/", timeout=5).text
+            except httpx.HTTPError:
+                return ""
+        assert wait_until(lambda: "per 1M tokens" in page() and "<table><tr><th></th><th>p50" in page()
+                          and "probe:" in page(), timeout=90, interval=1.0), page()[-2000:]
+        html = page()
+    finally:
+        demo.send_signal(signal.SIGINT)
+        demo.communicate(timeout=30)
+    tails = html[html.index("<th>p50</th>"):html.index("</table>", html.index("<th>p50</th>"))]
+    assert re.search(r"<td>\d+ ms</td>", tails), tails  # not 0.0123s beside evidence in ms
+    assert not re.search(r"<td>0\.\d+s</td>", tails), tails
+    assert "(in the currency of --gpu-price-per-hour)" in html
+    assert 'text-anchor="end" fill="#667">10000</text>' in html and "TFLOP/s</text>" in html
+    assert "prefill (new prompt tokens)" in html and "recomputation after preemptions included" in html
+    probe = re.search(r"probe: [^<]*", html).group(0)
+    assert " ms" in probe or " s" in probe, probe
+    assert not re.search(r"TTFT mean \d\.\d+s", probe), probe

@@ -67,9 +67,14 @@ class ProbeCheck(NamedTuple):
         ok = self.requests - self.failed
         line = f"probe: {ok:.0f} of {self.requests:.0f} requests to the API succeeded {self.over}"
         if self.client_ttft_s is not None:
-            line += f"; client TTFT mean {self.client_ttft_s:.3g}s"
+            line += f"; client TTFT mean {_ms(self.client_ttft_s)}"
             if self.engine_ttft_s is not None:
-                line += f", the engine's own {self.engine_ttft_s:.3g}s"
+                line += f", the engine's own {_ms(self.engine_ttft_s)}"
+                if self.client_ttft_s < self.engine_ttft_s:
+                    # Not a contradiction: the probe's request is tiny, while the engine's mean is over
+                    # every request, long prompts and queueing included.
+                    line += (" (the probe's short prompt skips the queue and prefill the engine's mean "
+                             "over all requests includes)")
         return line
 
     def degraded(self) -> list[str]:
@@ -83,6 +88,11 @@ class ProbeCheck(NamedTuple):
                        f"mean {self.client_ttft_s:.3g}s, engine {self.engine_ttft_s:.3g}s {self.over}): the time "
                        "goes in front of the engine (network, a proxy or gateway queueing, TLS, the API server)")
         return out
+
+
+def _ms(seconds: float) -> str:
+    """Latencies the way the evidence gives them: milliseconds under a second."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 1.0 else f"{seconds:.3g} s"
 
 
 def _mean(total: float, count: float) -> float | None:
