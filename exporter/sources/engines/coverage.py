@@ -135,12 +135,6 @@ def _engine_section(spec: EngineSpec) -> list[str]:
     if spec.keep_only_unless:
         lifted = ", ".join(f"`{label}` when a series has `{other}`" for label, other in spec.keep_only_unless.items())
         lines.append(f"- Not filtered on {lifted}.")
-    lines += ["", "| Engine name | Normalized family | Type | Conversion | Priority | Notes |",
-              "|---|---|---|---|---|---|"]
-    lines += [_alias_row(source, alias) for source, alias in spec.alias_items()]
-    if spec.products:
-        lines += ["", "Computed:", "", "| Normalized family | From | Priority | Notes |", "|---|---|---|---|"]
-        lines += [_product_row(product) for product in spec.products]
     if spec.reasons:
         shown = ", ".join(f"`{value}` → `{reason}`" for value, reason in spec.reasons.items())
         lines.append(f"- Finish reasons: {shown}; the vocabulary's own values as they are; anything else `other`.")
@@ -152,6 +146,12 @@ def _engine_section(spec: EngineSpec) -> list[str]:
                      + ", ".join(f"`{version}`" for version in spec.versions)
                      + " (tests/fixtures/engines/; a family neither mapped nor ignored is counted in "
                        "`llm_exporter_engine_families{state=\"unaccounted\"}` at run time).")
+    lines += ["", "| Engine name | Normalized family | Type | Conversion | Priority | Notes |",
+              "|---|---|---|---|---|---|"]
+    lines += [_alias_row(source, alias) for source, alias in spec.alias_items()]
+    if spec.products:
+        lines += ["", "Computed:", "", "| Normalized family | From | Priority | Notes |", "|---|---|---|---|"]
+        lines += [_product_row(product) for product in spec.products]
     if spec.ignored:
         lines += ["", "Ignored, on purpose:", "", "| Engine family | Why |", "|---|---|"]
         lines += [f"| `{name}` | {why} |" for name, why in spec.ignored.items()]
