@@ -308,6 +308,10 @@ class LiveEngine:
     # can stall an evaluation for seconds, and at the twin's 1s every alert then "resolved" and fired
     # again at once (seen in the live story).
     resend_delay: str = "3s"
+    # The exporter's window (tails and SLO attainment) scaled like the rules' 5m windows, so that the
+    # exporter and the burn-rate rules read one window (docs/diagnosis.md): 5m at the story's
+    # TIME_SCALE 0.02 is 6s, raised to five 2 s scrapes.
+    quantile_window: str = "10s"
     # What a user on a CPU-only host sets (docs/alerts.md): no GPU source, so no GPU metrics to miss.
     disabled_alerts: tuple[str, ...] = ("LLMEngineWithoutGPUMetrics",)
 
@@ -350,6 +354,7 @@ def full_stack(directory: pathlib.Path, *, live: LiveEngine | None = None,
                    "--sim-url", urls["twin"], "--engine-port", str(ports["twin"])]
     else:
         sources = ["--interval", live.interval, "--engine-timeout", live.engine_timeout,
+                   "--quantile-window", live.quantile_window,
                    "--engine", f"http://127.0.0.1:{live.port}/metrics,name={target}", "--gpu-backend", "none",
                    "--engine-port", str(live.port)]
     exporter = Proc("exporter", [python, "-m", "exporter.cli", "run", "--listen", f"127.0.0.1:{ports['exporter']}",

@@ -235,8 +235,9 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_pages_o
             report["restart_ready_s"] = round(time.monotonic() - restarted, 1)
             _wait(stack, lambda: stack.value(f'llm_engine_up{{target="{target}"}}') == 1.0, 30, "engine not up again")
 
-            # Up, and no request finished since the restart: the SLOs say so instead of degrading the
-            # target with the old process's requests.
+            # Up, and no request finished in the window since (the exporter's window is scaled like the
+            # rules', and the old process's requests left it while the engine restarted): the SLOs say
+            # so instead of degrading the target, as the rules see nothing to burn either.
             def diagnosis() -> dict:
                 return stack.client.get(f"{stack.exporter}/api/v1/diagnosis").json()["targets"].get(target, {})
 
