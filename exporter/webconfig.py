@@ -438,6 +438,7 @@ class WebConfigManager:
         self.last_reload_successful = True
         self.last_success_ts = clock()
         self.reloads_failed = 0
+        self._refusal: str | None = None  # the last refusal logged by the watcher, until a success
         self.basic_auth = BasicAuth()
         self._server_context: ssl.SSLContext | None = None
         self._reload_lock = asyncio.Lock()  # one reload at a time: the watch and reload()
@@ -506,8 +507,15 @@ class WebConfigManager:
         if isinstance(result, WebConfigError):
             self.last_reload_successful = False
             self.reloads_failed += 1
-            log.warning("web config %s not reloaded (%s), keeping the last good one: %s", self.path, reason, result)
+            # One line per bad state: a file caught mid-write can be seen twice with the same content
+            # (its stat taken before the write, its bytes after), which is one state, not two edits.
+            # A reload someone asked for (SIGHUP) always answers.
+            if reason != "file changed" or str(result) != self._refusal:
+                log.warning("web config %s not reloaded (%s), keeping the last good one: %s", self.path, reason,
+                            result)
+            self._refusal = str(result)
             return False
+        self._refusal = None
         self.current = result
         if result.tls is not None:
             self._apply_connection_settings(result.tls)

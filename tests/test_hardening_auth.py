@@ -10,6 +10,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import pathlib
 import subprocess
 import sys
@@ -371,3 +372,25 @@ def test_a_bcrypt_cost_too_high_to_check_is_refused(tmp_path):
     with pytest.raises(webconfig.WebConfigError, match="bcrypt cost 20"):
         webconfig.parse_web_config(str(web))
 
+
+
+def test_one_bad_state_seen_twice_logs_one_line(tmp_path, caplog):
+    """CI once saw two refusal lines for one truncated file: the watcher's fingerprint took the file's
+    stat before the truncation and its bytes after, so the next poll saw a "change" to the same bad
+    content. One bad state is one line; a different bad state, or a reload someone asked for, is
+    another; a good file in between starts over."""
+    from exporter.webconfig import WebConfigManager
+
+    web = tmp_path / "web.yml"
+    _write_yaml(web, {"basic_auth_users": {"prometheus": _hash("s3cret")}})
+    manager = WebConfigManager(str(web))
+    caplog.set_level(logging.WARNING)
+    _truncate(web)
+    assert manager.check() is False
+    os.utime(web, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))  # the same bytes, a new stat
+    assert manager.check() is False  # seen as a change, refused again ...
+    assert len(_refusals(caplog)) == 1  # ... without a second line
+    web.write_text("basic_auth_users: {prometheus: [unclosed\n")  # another bad state, another reason
+    assert manager.check() is False and len(_refusals(caplog)) == 2
+    asyncio.run(manager.reload("SIGHUP"))  # asked for: always answered
+    assert len(_refusals(caplog)) == 3
