@@ -45,9 +45,14 @@ def groups(cfg: dict) -> list[dict]:
               f"{TM}: {{{{ $value | humanize }}}} requests waiting and growing over {qw} while the "
               f"running batch did not grow: the engine is at its batch or KV limit.",
               cfg["queue_for"], cfg=cfg),
+        # `and` the queue now: over_time keeps a dead engine's last samples for the whole window, and
+        # they must not open a ticket during the outage (LLMEngineDown's to report; seen in the live
+        # story: the queue stood again just before the kill and the rule fired a second after it).
         alert("LLMRequestQueueStanding",
               f"quantile_over_time({fmt_num(round(1 - cfg['queue_standing_share'], 6))}, "
-              f"target_model:llm_requests_waiting:sum[{stw}]) >= {floor}",
+              f"target_model:llm_requests_waiting:sum[{stw}]) >= {floor}\n"
+              f"and\n"
+              f"target_model:llm_requests_waiting:sum",
               "warning", "Requests keep waiting: the engine admits no more than it runs.",
               f"{TM}: at least {{{{ $value | humanize }}}} requests waiting in "
               f"{fmt_pct(cfg['queue_standing_share'])} of the last {stw} (floor {floor}). A queue that "
