@@ -143,7 +143,10 @@ class Twin:
         waiting and running requests), the first on a tie."""
         if len(self.engines) == 1:
             return self.engine
-        return min(self.engines, key=lambda e: (e.state().waiting, e.state().running))
+        def load(engine: Engine) -> tuple[int, int]:
+            state = engine.state()
+            return state.waiting, state.running
+        return min(self.engines, key=load)
 
     # --- time -----------------------------------------------------------------------------
 

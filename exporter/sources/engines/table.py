@@ -87,6 +87,8 @@ class Product:
     """For llm_prefix_cache_hits_total: the cache tier (catalog CACHE_TIERS)."""
 
 
+MAX_CACHED_NAME = 200
+"""Family names longer than this are judged without the cache (names come from remote pages)."""
 MAPPED = "mapped"
 IGNORED = "ignored"
 UNACCOUNTED = "unaccounted"
@@ -157,6 +159,8 @@ class EngineSpec:
     def state_of(self, family: str) -> str:
         """`mapped`, `ignored` or `unaccounted` for one family as exposed (ACCOUNT_STATES); a
         counter may be named with or without `_total`."""
+        if len(family) > MAX_CACHED_NAME:  # a page's made-up long names must not pin the cache's bytes
+            return _state_of.__wrapped__(self, family)
         return _state_of(self, family)
 
     def accounts_for(self, family: str) -> bool:
