@@ -156,10 +156,13 @@ weights, decides concurrency: a bigger pool (quantized weights, higher memory fr
 def power_row() -> Row:
     return row("Power, clocks and throttling",
         timeseries("Power vs limit", """
-Board power against the enforced limit. Decode at the bandwidth roof often draws well below the limit;
-prefill near the limit with sw_power_cap active means clocks are held down by power, not by heat.
+Board power against the enforced limit and the board's default. Decode at the bandwidth roof often draws
+well below the limit. Dense prefill on the default limit with sw_power_cap active is the card's own ceiling
+(an H200 ran matrix products at 75% of max clock there): part of the compute roof. An enforced limit below
+the default is someone's cap (nvidia-smi -pl, a rack budget): the power_thermal verdict.
 """, [target(G.sel("llm_gpu_power_watts"), "GPU {{gpu}} ({{instance}}) power"),
-      target(G.sel("llm_gpu_power_limit_watts"), "GPU {{gpu}} ({{instance}}) limit")],
+      target(G.sel("llm_gpu_power_limit_watts"), "GPU {{gpu}} ({{instance}}) limit"),
+      target(G.sel("llm_gpu_power_default_limit_watts"), "GPU {{gpu}} ({{instance}}) default limit")],
             unit="watt", w=8, minimum=0, overrides=[color_override(".*limit$", "red", dashed=True)]),
         timeseries("Clocks as a share of max", """
 Current SM and memory clock / their maximum. A SM clock well below max while busy, with a throttle reason
@@ -177,7 +180,8 @@ temperature with clocks dropping at the top is failing cooling, not load.
             steps=thresholds((None, "transparent"), (83, "orange"), (90, "red"))),
         state_timeline("Clock event (throttle) reasons", """
 Each reason NVML reports, red while active. gpu_idle and applications_clocks_setting are benign;
-sw_power_cap means the power limit holds clocks down; hw_slowdown, hw_thermal_slowdown, sw_thermal_slowdown
+sw_power_cap means the power limit holds clocks down (the card's own ceiling on its default limit, a
+constraint below it); hw_slowdown, hw_thermal_slowdown, sw_thermal_slowdown
 and hw_power_brake_slowdown while serving are the power_thermal bottleneck (alert LLMGPUSlowdownWhileServing).
 """, [target(G.sel("llm_gpu_clock_event_active"), "GPU {{gpu}} ({{instance}}) {{reason}}")],
             mappings=BOOL_ACTIVE, w=24, h=8),

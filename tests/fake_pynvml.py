@@ -188,6 +188,11 @@ class GpuModel:
     remapped_rows: bool = True
     pcie_counters: bool = True
     clock_reasons_supported: int = 0x1FF
+    default_power_limit_mw: int = 0  # 0: the power_limit_mw the model was made with (a test lowers that)
+
+    def __post_init__(self) -> None:
+        if not self.default_power_limit_mw:
+            object.__setattr__(self, "default_power_limit_mw", self.power_limit_mw)
 
 
 MODELS = {
@@ -665,6 +670,9 @@ class FakeNvml:
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeHandle) -> int:
         return self._dev(handle, "nvmlDeviceGetEnforcedPowerLimit").model.power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: FakeHandle) -> int:
+        return self._dev(handle, "nvmlDeviceGetPowerManagementDefaultLimit").model.default_power_limit_mw
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeHandle) -> int:
         return int(self._dev(handle, "nvmlDeviceGetTotalEnergyConsumption").energy_mj)

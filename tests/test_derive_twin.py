@@ -67,6 +67,7 @@ EXPECTED = {
     "kv-pressure": (60, 1),
     "cpu-bound": (60, 1),
     "thermal-throttle": (60, 1),
+    "power-capped": (60, 1),
     "pcie-degraded": (60, 2),
     "overload": (60, 1),
 }

@@ -735,6 +735,39 @@ def test_power_limit_is_refreshed_on_a_slow_cadence() -> None:
     close(source)
 
 
+def test_the_default_power_limit_is_read_until_it_answers_once_and_survives_a_lowered_limit() -> None:
+    fake = FakeNvml(["h200"], "busy")
+    dev = fake.devices[0]
+    fake.fail(0, "nvmlDeviceGetPowerManagementDefaultLimit", F.NVMLError_NoData)  # transient: asked again
+    source = make_source(fake, xid_events=False)
+    data = collect(source)
+    assert values(data, "llm_gpu_power_default_limit_watts") == [] and one(data, "llm_gpu_up") == 1.0
+    del dev.failures["nvmlDeviceGetPowerManagementDefaultLimit"]
+    fake.advance(POWER_LIMIT_REFRESH_S)
+    assert one(collect(source), "llm_gpu_power_default_limit_watts") == 700.0
+    dev.model = dataclasses.replace(dev.model, power_limit_mw=450_000)  # an operator lowers the limit
+    for _ in range(3):
+        fake.advance(POWER_LIMIT_REFRESH_S)
+        data = collect(source)
+    assert one(data, "llm_gpu_power_limit_watts") == 450.0
+    assert one(data, "llm_gpu_power_default_limit_watts") == 700.0
+    assert fake.calls["nvmlDeviceGetPowerManagementDefaultLimit"] == 2  # fixed by the board: never asked again
+    close(source)
+
+
+def test_a_gpu_without_a_default_power_limit_omits_only_that_series() -> None:
+    fake = FakeNvml(["h100"], "busy")
+    fake.fail(0, "nvmlDeviceGetPowerManagementDefaultLimit", F.NVMLError_NotSupported)
+    source = make_source(fake, xid_events=False)
+    collect(source)
+    fake.advance(POWER_LIMIT_REFRESH_S)
+    data = collect(source)
+    assert values(data, "llm_gpu_power_default_limit_watts") == []
+    assert one(data, "llm_gpu_power_limit_watts") == 700.0
+    assert fake.calls["nvmlDeviceGetPowerManagementDefaultLimit"] == 1  # not supported: marked absent
+    close(source)
+
+
 def test_a_counter_the_field_batch_refuses_is_read_with_its_own_call() -> None:
     fake = FakeNvml(["h100"], "busy")
     fake.devices[0].ecc_corrected = 3

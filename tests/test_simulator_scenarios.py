@@ -116,6 +116,21 @@ def test_thermal_throttle_cuts_clocks_and_slows_steps() -> None:
     assert hot_itl.sum / hot_itl.count > 1.1 * cool_itl.sum / cool_itl.count
 
 
+def test_power_capped_holds_power_at_the_lowered_limit_with_a_cool_card() -> None:
+    t = run("power-capped", 60)
+    gpu = t.states[-1]["gpus"][0]
+    assert gpu["power_limit_watts"] == 0.4 * gpu["power_default_limit_watts"]
+    assert gpu["clock_event_reasons"]["sw_power_cap"]
+    assert not any(gpu["clock_event_reasons"][r] for r in ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_slowdown"))
+    assert gpu["power_watts"] == pytest.approx(gpu["power_limit_watts"], rel=0.01)
+    assert gpu["temperature_celsius"] < 70
+    assert gpu["sm_clock_hertz"] <= 0.75 * gpu["sm_clock_max_hertz"]
+    # The same traffic on the default limit: no cap in the twin (the work fits in the card's TDP), full clocks.
+    free = run("prefill-heavy", 60).states[-1]["gpus"][0]
+    assert not free["clock_event_reasons"]["sw_power_cap"]
+    assert free["sm_clock_hertz"] == free["sm_clock_max_hertz"]
+
+
 def test_pcie_degraded_link_dominates_tp_steps() -> None:
     t = run("pcie-degraded", 60)
     assert t.twin.hw.tp == 2  # the scenario needs tensor parallelism

@@ -40,6 +40,10 @@ FAMILIES = (
            "Enforced power limit: the effective limit after every limiter, in band and out of band "
            "(read every 10 s).",
            G, "nvml"),
+    family("llm_gpu_power_default_limit_watts", "gauge", "watts",
+           "The board's default power limit (its TDP as shipped). sw_power_cap with the enforced limit "
+           "at this value is the card at its own power envelope under full load, not a fault; below it, "
+           "someone lowered the limit.", G, "nvml"),
     family("llm_gpu_energy_joules_total", "counter", "joules",
            "Energy consumed since the exporter first saw the GPU's counter. NVML's counter restarts "
            "when the driver reloads; the source adds the value before the drop so this series never "

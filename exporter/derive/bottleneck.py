@@ -172,7 +172,8 @@ class Signals(NamedTuple):
     link_util: float | None = None
     link_util_what: str = ""
     throttles: tuple[str, ...] = ()  # "gpu0: hw_thermal_slowdown"
-    power_capped: tuple[str, ...] = ()
+    power_capped: tuple[str, ...] = ()  # sw_power_cap under a lowered limit: a constraint
+    power_envelope: tuple[str, ...] = ()  # sw_power_cap at the default limit: the card's own ceiling
     clock_ratio: float | None = None  # lowest SM clock / max over busy GPUs
     temperature: float | None = None
     gpus_known: bool = False
@@ -221,6 +222,9 @@ def _compute(s: Signals, ev: list[str] | None, r=ramp) -> float:
             ev.append(f"prefill MFU {pct(s.mfu)}{cached}")
         if s.tensor_active is not None:
             ev.append(f"tensor cores active {pct(s.tensor_active)} (GPM)")
+        if s.power_envelope and s.clock_ratio is not None:
+            ev.append(f"on the default power limit: SM clock at {pct(s.clock_ratio)} of max, this card's compute "
+                      "ceiling under dense math")
     if s.mfu is None and s.tensor_active is None and s.gpu_util is not None and s.prefill_share is not None:
         score = 0.8 * r(s.gpu_util, 0.5, 0.95) * s.prefill_share
         if ev is not None:
@@ -338,7 +342,8 @@ def _interconnect(s: Signals, ev: list[str] | None) -> float:
 
 def _power(s: Signals, ev: list[str] | None) -> float:
     drop = ramp(None if s.clock_ratio is None else 1.0 - s.clock_ratio, 0.10, 0.35)
-    score = 0.4 * drop
+    # Clocks held down by the default power limit are the roof itself, not something keeping the GPU from it.
+    score = 0.0 if s.power_envelope and not s.power_capped else 0.4 * drop
     if s.throttles:
         score = 1.0
     if s.power_capped:
@@ -349,7 +354,10 @@ def _power(s: Signals, ev: list[str] | None) -> float:
         ev.append("clock slowdown active: " + ", ".join(s.throttles))
     if s.power_capped:
         ev.append("power cap reached: " + ", ".join(s.power_capped))
-    if s.clock_ratio is not None and (s.throttles or s.power_capped or drop > 0):
+    if s.power_envelope:
+        ev.append("power cap reached at the default limit (" + ", ".join(s.power_envelope)
+                  + "): the card's own envelope under full load, not a fault")
+    if s.clock_ratio is not None and (s.throttles or s.power_capped or s.power_envelope or drop > 0):
         ev.append(f"SM clock at {pct(s.clock_ratio)} of max")
     if s.temperature is not None and s.temperature >= 85:
         ev.append(f"GPU at {s.temperature:.0f} C")

@@ -25,6 +25,8 @@ PCIE_TX, PCIE_RX = "llm_gpu_pcie_tx_bytes_per_second", "llm_gpu_pcie_rx_bytes_pe
 NVLINK_TX, NVLINK_RX = "llm_gpu_nvlink_tx_bytes_per_second", "llm_gpu_nvlink_rx_bytes_per_second"
 SM_CLOCK, SM_CLOCK_MAX = "llm_gpu_sm_clock_hertz", "llm_gpu_sm_clock_max_hertz"
 TEMPERATURE = "llm_gpu_temperature_celsius"
+POWER_LIMIT, POWER_DEFAULT = "llm_gpu_power_limit_watts", "llm_gpu_power_default_limit_watts"
+LOWERED_LIMIT = 0.98  # an enforced limit below this share of the default was lowered by someone
 CLOCK_EVENT = "llm_gpu_clock_event_active"  # read as the GPU's active reasons (GpuView.reasons_active)
 BUSIEST_THREAD = "llm_engine_process_busiest_thread_cpu_ratio"
 NUMA_MISMATCH = "llm_engine_numa_mismatch"
@@ -39,7 +41,7 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 def gpu_health(gpus: Sequence[GpuView], spec_for: Callable[[str], GpuSpec | None]) -> dict[str, Any]:
     """Link state, link load, throttle reasons, clocks and temperature of the target's GPUs."""
-    degraded, throttles, capped = [], [], []
+    degraded, throttles, capped, envelope = [], [], [], []
     clock_ratios, temps = [], []
     link_util, link_what = None, ""
     severe, power_cap = bottleneck.SEVERE_REASONS, bottleneck.POWER_CAP
@@ -67,7 +69,7 @@ def gpu_health(gpus: Sequence[GpuView], spec_for: Callable[[str], GpuSpec | None
             if reason in severe and busy:
                 throttles.append(f"GPU{g.gpu} {reason}")
             elif reason == power_cap and busy:
-                capped.append(f"GPU{g.gpu}")
+                _power_cap(g, spec, capped, envelope)
         clock, clock_max = get(SM_CLOCK), get(SM_CLOCK_MAX)
         if busy and clock and clock_max:
             clock_ratios.append(clock / clock_max)
@@ -75,9 +77,26 @@ def gpu_health(gpus: Sequence[GpuView], spec_for: Callable[[str], GpuSpec | None
         if temp is not None:
             temps.append(temp)
     return {"degraded_links": tuple(degraded), "throttles": tuple(throttles), "power_capped": tuple(capped),
+            "power_envelope": tuple(envelope),
             "clock_ratio": min(clock_ratios) if clock_ratios else None,
             "temperature": max(temps) if temps else None,
             "link_util": link_util, "link_util_what": link_what}
+
+
+def _power_cap(g: GpuView, spec: GpuSpec | None, capped: list[str], envelope: list[str]) -> None:
+    """sw_power_cap at the board's default limit is the card at its own power envelope: dense math on
+    an H100/H200 reaches it at the default 700 W (seen on a real H200: tensor cores 93% active, SM clock
+    79% of max). Only a limit someone lowered is a constraint with a fix."""
+    limit, default = g.values.get(POWER_LIMIT), g.values.get(POWER_DEFAULT)
+    what = "default"
+    if default is None and spec is not None:
+        default, what = spec.tdp_watts, "rated"
+    if limit is None or default is None:
+        capped.append(f"GPU{g.gpu} (power limit or its default unknown)")
+    elif limit < LOWERED_LIMIT * default:
+        capped.append(f"GPU{g.gpu} at {limit:.0f} W, below its {what} {default:.0f} W")
+    else:
+        envelope.append(f"GPU{g.gpu} at its {what} {limit:.0f} W limit")
 
 
 def gather(ctx: Ctx) -> Signals:
@@ -167,6 +186,6 @@ STAGE = Stage(
     after=("throughput", "kv", "roofline", "quantiles"),
     emits=("llm_bottleneck", "llm_bottleneck_score"),
     gpu=(UTIL, TENSOR, LINK_GEN, LINK_WIDTH, PCIE_TX, PCIE_RX, NVLINK_TX, NVLINK_RX, SM_CLOCK, SM_CLOCK_MAX,
-         TEMPERATURE, CLOCK_EVENT),
+         TEMPERATURE, CLOCK_EVENT, POWER_LIMIT, POWER_DEFAULT),
     host=(BUSIEST_THREAD, NUMA_MISMATCH, HOST_CPU),
 )

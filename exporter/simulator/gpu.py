@@ -43,6 +43,7 @@ class Thermal:
     hw_slowdown_c: float = 92.0
     hysteresis_c: float = 5.0
     idle_power_fraction: float = 0.1
+    power_limit_share: float = 1.0  # the enforced power limit / the board's default (an operator's nvidia-smi -pl)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +113,7 @@ class GpuDevice:
     energy_j: float = 0.0
     power_w: float = 0.0
     clock_factor: float = 1.0  # throttle multiplier on the max SM clock
+    power_clock_factor: float = 1.0  # the clock share at which the work fits the power limit
     active: bool = False
     utilization: float = 0.0
     dram_util: float = 0.0
@@ -135,13 +137,20 @@ class GpuDevice:
     xids: dict[str, int] = field(default_factory=dict)  # XID code -> events since the twin started
 
 
+def _power_clock(headroom_w: float, dynamic_w: float) -> float:
+    """The clock share at which `dynamic_w` (drawn at full clock) fits in `headroom_w`: dynamic power
+    goes with clock^1.5. Never below 0.3: the driver's floor keeps the card running."""
+    return max(0.3, min(1.0, (headroom_w / dynamic_w) ** (2 / 3))) if dynamic_w > 0 else 1.0
+
+
 class GpuModel:
     def __init__(self, hw: Hardware, thermal: Thermal, *, memory_used_bytes: float, index_base: int,
                  rng: random.Random, power_limit_w: float | None = None) -> None:
         self.hw = hw
         self.thermal = thermal
         self.memory_used_bytes = memory_used_bytes
-        self.power_limit_w = power_limit_w or hw.gpu.tdp_watts
+        self._power_limit_override = power_limit_w
+        self.power_limit_w = power_limit_w or hw.gpu.tdp_watts * thermal.power_limit_share
         self.t = 0.0  # twin seconds integrated so far
         self._faults: list[tuple[float, GpuFault]] = []  # (absolute time, fault), in time order
         self.devices: list[GpuDevice] = []
@@ -161,6 +170,7 @@ class GpuModel:
 
     def set_thermal(self, thermal: Thermal) -> None:
         self.thermal = thermal
+        self.power_limit_w = self._power_limit_override or self.hw.gpu.tdp_watts * thermal.power_limit_share
 
     def set_hardware(self, hw: Hardware) -> None:
         self.hw = hw
@@ -224,9 +234,14 @@ class GpuModel:
             d.active = busy > 0.01
             idle_w = self._idle_power()
             dynamic = min(1.0, 0.25 * busy + 0.35 * dram + 0.6 * tensor)
-            # Dynamic power falls faster than clock (voltage drops with it).
+            # What the work would draw at full clocks: over the limit, the driver lowers the clock until
+            # it fits (sw_power_cap). Dynamic power falls faster than clock (voltage drops with it).
+            demand = idle_w + (spec.tdp_watts - idle_w) * dynamic
+            capped = demand > self.power_limit_w
+            d.reasons["sw_power_cap"] = capped
+            d.power_clock_factor = _power_clock(max(self.power_limit_w - idle_w, 0.0), demand - idle_w) \
+                if capped else 1.0
             power = idle_w + (spec.tdp_watts - idle_w) * dynamic * d.clock_factor**1.5
-            d.reasons["sw_power_cap"] = power > self.power_limit_w
             power = min(power, self.power_limit_w)
             d.power_w = power
             d.energy_j += power * s.dt
@@ -275,7 +290,7 @@ class GpuModel:
         if r["hw_thermal_slowdown"]:
             factor = 0.5  # HW slowdown cuts the clock at least in half
         if r["sw_power_cap"]:
-            factor = min(factor, 0.9)
+            factor = min(factor, d.power_clock_factor)
         d.clock_factor = factor
 
     # --- what NVML shows --------------------------------------------------------------------
@@ -325,6 +340,7 @@ class GpuModel:
                 "processes": [{"name": "engine", "used_gpu_memory_bytes": used}],
                 "power_watts": round(d.power_w, 3),
                 "power_limit_watts": self.power_limit_w,
+                "power_default_limit_watts": self.hw.gpu.tdp_watts,
                 "energy_joules_total": round(d.energy_j, 3),
                 "temperature_celsius": round(d.temperature_c, 3),
                 "memory_temperature_celsius": round(d.memory_temperature_c, 3) if hbm else None,

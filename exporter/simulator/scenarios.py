@@ -129,6 +129,18 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
                                             "Power vs limit")),
     ),
     Scenario(
+        "power-capped", "Long prompts on a GPU whose power limit an operator set to 40% of its default "
+        "(nvidia-smi -pl, a rack's power budget): healthy cooling, a cool card.",
+        "sw_power_cap set with the enforced power limit at 40% of the default, power flat at that limit, "
+        "SM clock well below max while temperature stays low, prefill slower than the card can do",
+        "power/thermal (a lowered power limit)",
+        Workload(LengthDist(mean=6000, sigma=0.4, lo=1024, hi=16000), LengthDist(mean=24, sigma=0.5, lo=1, hi=128),
+                 load=0.8),
+        thermal=Thermal(power_limit_share=0.4),
+        expect=Expect("power_thermal", 10, ("Power vs limit", "Clock event (throttle) reasons",
+                                            "Clocks as a share of max")),
+    ),
+    Scenario(
         "pcie-degraded", "Tensor parallel over 2 GPUs without NVLink, through a PCIe link that "
         "trained down (gen 3 x8 in a gen 5 x16 slot).",
         "PCIe link generation and width below max, PCIe tx/rx near the degraded link's rate, "

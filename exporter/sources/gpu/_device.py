@@ -193,6 +193,7 @@ class Device:
     reason_samples: ReasonSamples | None = None
     power_limit: Sample | None = None
     power_limit_due: float = 0.0  # when to ask for the enforced power limit again
+    power_default: Sample | None = None  # the board's default limit: fixed, asked until it answers once
     _label_cache: dict[tuple[str, str], Labels] = field(default_factory=dict)
 
     def with_label(self, key: str, value: str) -> Labels:
@@ -493,8 +494,16 @@ class DeviceReader:
             else:
                 dev.power_limit = Sample("llm_gpu_power_limit_watts", dev.labels, limit_mw / 1000.0)
                 dev.power_limit_due = now + POWER_LIMIT_REFRESH_S
+            if dev.power_default is None:
+                default_mw = self.call(dev, "power_default_limit", "nvmlDeviceGetPowerManagementDefaultLimit",
+                                       dev.handle)
+                if default_mw is not None:
+                    dev.power_default = Sample("llm_gpu_power_default_limit_watts", dev.labels,
+                                               default_mw / 1000.0)
         if dev.power_limit is not None:
             out.append(dev.power_limit)
+        if dev.power_default is not None:
+            out.append(dev.power_default)
 
     def _read_temperature(self, dev: Device, out: list[Sample]) -> None:
         celsius = self.call_first(dev, dev.temperature_calls)

@@ -29,6 +29,7 @@ _SCALARS: tuple[tuple[str, str], ...] = (
     ("memory_reserved_bytes", "llm_gpu_memory_reserved_bytes"),
     ("power_watts", "llm_gpu_power_watts"),
     ("power_limit_watts", "llm_gpu_power_limit_watts"),
+    ("power_default_limit_watts", "llm_gpu_power_default_limit_watts"),
     ("energy_joules_total", "llm_gpu_energy_joules_total"),
     ("temperature_celsius", "llm_gpu_temperature_celsius"),
     ("sm_clock_hertz", "llm_gpu_sm_clock_hertz"),
