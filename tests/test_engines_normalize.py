@@ -670,7 +670,8 @@ def test_warm_state_with_merges_model_fill_and_products(max_series: int) -> None
     rng = random.Random(max_series)
     state = NormalizerState()
     for cycle in range(40):
-        values = {key: repr(rng.uniform(-2, 1e3)) for key in "abcd"}
+        values = {key: repr(rng.uniform(-2, 1e3)) for key in "abc"}
+        values["d"] = repr(rng.uniform(0, 1))  # a hit ratio: above 1 is out of range, never planned
         if cycle % 5 == 4:
             values[rng.choice("abcd")] = "NaN"
         text = template

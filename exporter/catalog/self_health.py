@@ -26,7 +26,9 @@ FAMILIES = (
     family("llm_exporter_series_dropped_total", "counter", "series",
            "Engine series dropped, per source and reason: cardinality (over max_series_per_target), "
            "label_value_too_long, label_name_too_long, too_many_labels (the label limits, docs/security.md), "
-           "non_finite (NaN/Inf value), negative_counter, and invalid histograms dropped whole: "
+           "non_finite (NaN/Inf value), negative_counter, out_of_range (outside the family's domain: "
+           "negative, a ratio above 1, above 1e18), duplicate (a series printed twice with two values), "
+           "and invalid histograms dropped whole: "
            "histogram_bad_le, histogram_no_inf, histogram_incomplete (no _count or _sum), "
            "histogram_not_monotonic, histogram_count_mismatch (_count is not the +Inf bucket), "
            "histogram_fractional_count.", ("source", "reason"), "self"),

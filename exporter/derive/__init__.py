@@ -173,9 +173,17 @@ class Deriver:
         for stage in self.stages:
             if stage.name in found:
                 try:
-                    samples.extend(stage.samples(found[stage.name], key))
+                    rendered = stage.samples(found[stage.name], key)
                 except Exception as error:  # noqa: BLE001 - same isolation for rendering a stage's samples
                     self._failed("samples", stage.name, error, omitted)
+                    continue
+                # A derived value is never NaN or infinite: a bounded input can still meet a tiny divisor.
+                kept = [s for s in rendered if s.value - s.value == 0.0]
+                if len(kept) < len(rendered):
+                    names = sorted({s.name for s in rendered if s.value - s.value != 0.0})
+                    omitted.append(f"{stage.name}: dropped {len(rendered) - len(kept)} non-finite value(s) of "
+                                   + ", ".join(names[:4]))
+                samples.extend(kept)
         for stage in self.stages:
             if stage.notes is not None and stage.name in found:
                 omitted.extend(stage.notes(found[stage.name]))

@@ -125,9 +125,46 @@ def target_diagnosis(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]
     return out
 
 
+MAX_BAD_PATHS = 8
+
+
+def finite(value: Any, path: str, bad: list[str]) -> Any:
+    """`value` (a JSON-ready tree) with every non-finite float replaced by None, and the paths of
+    those appended to `bad`: JSON has no NaN or Infinity, and one target's must not refuse the page."""
+    if isinstance(value, float):
+        if value - value == 0.0:
+            return value
+        if len(bad) < MAX_BAD_PATHS:
+            bad.append(path)
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v, f"{path}.{k}" if path else str(k), bad) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v, f"{path}[{i}]", bad) for i, v in enumerate(value)]
+    return value
+
+
+def _safe_target(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]:
+    """One target's diagnosis, finite by construction; a target whose diagnosis cannot be built says
+    why and leaves the others be."""
+    try:
+        out = target_diagnosis(r, stages)
+    except Exception as error:  # noqa: BLE001 - one target's data must not blind the others
+        return {"target": r.engine.target, "engine": r.engine.engine, "model": r.engine.model, "verdict": None,
+                "rule": "", "status": "unknown", "scores": {}, "evidence": [], "remedies": [],
+                "degraded_because": [], "numbers": {}, "gpus": [], "slo": {}, "notes": [],
+                "unaccounted_families": [],
+                "omitted": [f"diagnosis failed: {type(error).__name__}: {str(error)[:200]}"]}
+    bad: list[str] = []
+    out = finite(out, "", bad)
+    if bad:
+        out["omitted"].append("not a finite number, shown as null: " + ", ".join(bad))
+    return out
+
+
 def build_diagnosis(cycle: Cycle, stages: Sequence[Stage]) -> dict[str, Any]:
     view = cycle.view
-    targets = {r.engine.target: target_diagnosis(r, stages) for r in cycle.targets}
+    targets = {r.engine.target: _safe_target(r, stages) for r in cycle.targets}
     unreachable = [{"target": d.target, "reason": d.reason, "message": d.message} for d in view.engines_down]
     statuses = [t["status"] for t in targets.values()]
     # An unreachable target is a finding (degraded, doctor's exit 1), also when it is the only one.

@@ -16,7 +16,10 @@ and how a page is recognised; this module interprets them:
    the maximum (they are copies of one state, e.g. per-process copies, and for usage ratios the
    fullest copy is the one that limits);
 6. per normalized family keep only the highest-priority alias present (old/new name dedupe);
-7. validate: drop non-finite values, negative counters and whole histogram series that are not
+7. validate: drop non-finite values, negative counters, values outside their family's domain
+   (every family is non-negative, ratios at most 1, nothing above catalog.MAX_VALUE: `out_of_range`),
+   series the page prints more than once (`duplicate`: an exposition may not, and summing or
+   picking one copy would be a guess) and whole histogram series that are not
    valid (a bad or missing `le`, no +Inf bucket, no _count or _sum, counts that fall as `le` rises,
    _count unequal to the +Inf bucket, negative or fractional counts), each with a note and counted
    by reason in NormalizedScrape.drops, and bound the series count.
@@ -40,6 +43,7 @@ from typing import NamedTuple, Protocol
 from prometheus_client.utils import floatToGoString
 
 from exporter.catalog import engine as engine_catalog
+from exporter.catalog.base import MAX_VALUE
 from exporter.snapshot import Labels, Sample
 from exporter.sources.engines.accounting import MAX_MEMO_NAMES, FamilyAccount, account
 from exporter.sources.engines.exposition import (
@@ -101,14 +105,18 @@ HISTOGRAM_INCOMPLETE = "histogram_incomplete"
 HISTOGRAM_NOT_MONOTONIC = "histogram_not_monotonic"
 HISTOGRAM_COUNT_MISMATCH = "histogram_count_mismatch"
 HISTOGRAM_FRACTIONAL = "histogram_fractional_count"
+OUT_OF_RANGE = "out_of_range"
+DUPLICATE = "duplicate"
 _FAULT_NOTES: Mapping[str, str] = MappingProxyType({
     NON_FINITE: "a non-finite", NEGATIVE_COUNTER: "a negative", HISTOGRAM_BAD_LE: "a bad le in a",
     HISTOGRAM_NO_INF: "an incomplete (no +Inf bucket)", HISTOGRAM_INCOMPLETE: "an incomplete (no _count or _sum)",
     HISTOGRAM_NOT_MONOTONIC: "a non-monotonic (counts fall as le rises)",
     HISTOGRAM_COUNT_MISMATCH: "an inconsistent (_count is not the +Inf bucket)",
     HISTOGRAM_FRACTIONAL: "a fractional-count",
+    OUT_OF_RANGE: "an out-of-range", DUPLICATE: "a duplicated",
 })
-_VALUE_FAULTS = frozenset({NEGATIVE_COUNTER, HISTOGRAM_NOT_MONOTONIC, HISTOGRAM_COUNT_MISMATCH, HISTOGRAM_FRACTIONAL})
+_VALUE_FAULTS = frozenset({NEGATIVE_COUNTER, HISTOGRAM_NOT_MONOTONIC, HISTOGRAM_COUNT_MISMATCH, HISTOGRAM_FRACTIONAL,
+                           OUT_OF_RANGE})
 """Faults decided by values that a plan's keys and mask do not fix: a page with one is not planned."""
 _BAD_LE_TEXT = "bad"
 """The `le` of a bucket whose bound is not a number, until its histogram is dropped whole."""
@@ -163,6 +171,8 @@ class Table:
     routes: Mapping[str, tuple[_Route, ...]]
     terms: Mapping[str, tuple[TermRoute, ...]]
     types: Mapping[str, str]
+    ceilings: Mapping[str, float]
+    """Family -> its largest valid value (catalog Family.ceiling); every family's smallest is 0."""
     key: str = ""
     """The table's identity in a plan: the kind, plus the page conditions (`when`) found."""
     conditions: tuple[str, ...] = ()
@@ -192,6 +202,7 @@ def _compile(spec: EngineSpec, present: frozenset[str] | None = None) -> Table:
     every alias and product (the base table: its `keep`, the union, serves every variant, so the
     parser's caches survive a change of variant)."""
     families = {fam.name: fam.type for fam in engine_catalog.FAMILIES}
+    ceilings = {fam.name: fam.ceiling for fam in engine_catalog.FAMILIES}
     routes: dict[str, list[_Route]] = {}
     names: set[str] = set()
     types: dict[str, str] = {}
@@ -227,6 +238,7 @@ def _compile(spec: EngineSpec, present: frozenset[str] | None = None) -> Table:
         routes=MappingProxyType({k: tuple(v) for k, v in routes.items()}),
         terms=MappingProxyType({k: tuple(v) for k, v in terms.items()}),
         types=MappingProxyType(types),
+        ceilings=MappingProxyType({family: ceilings[family] for family in types}),
         key=spec.kind + "".join(f"|{condition!r}" for condition in sorted(present or ())),
         conditions=conditions,
     )
@@ -382,7 +394,7 @@ def full_pass(page: Page, state: NormalizerState, target: str, max_series: int,
               trace: Trace | None = None) -> tuple[Pass, NormalizedScrape]:
     """Steps 3 to 7 over a read page: the finished Pass (for a Trace's plan) and its scrape."""
     run = Pass(page.table, state, page.notes, target, trace=trace)
-    run.consume(page.exposition.samples)
+    run.consume(page.exposition.samples, _duplicates(page.exposition.samples))
     samples, dropped = run.finish(max_series)
     return run, scrape_of(page, run.model, samples, run.unmapped, dropped, run.drops, run.notes)
 
@@ -588,6 +600,18 @@ class Trace(Protocol):
         """These candidates became output samples, in this order."""
 
 
+class Duplicates(NamedTuple):
+    """Samples whose (name, labels) the page prints more than once, by index."""
+
+    conflicting: frozenset[int]
+    """Every copy of a series printed with different values: which is meant cannot be told."""
+    repeats: frozenset[int]
+    """The second and later copies of a series printed again with the same value: ignored."""
+
+
+_NO_DUPLICATES = Duplicates(frozenset(), frozenset())
+
+
 class Pass:
     """The mutable work of one normalization (normalize(), or a replay's product terms); never
     outlives it."""
@@ -614,6 +638,8 @@ class Pass:
         """Series dropped by reason (NormalizedScrape.drops)."""
         self.invalid = False
         """A drop decided by values (not by the page's keys and non-finite mask): no plan."""
+        self.duplicated: set[tuple[Slot, tuple[str, Labels]]] = set()
+        """Output keys (histograms: "" and their series' group) fed by a series the page printed twice."""
 
     def drop(self, reason: str, count: int = 1) -> None:
         self.drops[reason] = self.drops.get(reason, 0) + count
@@ -649,7 +675,13 @@ class Pass:
         group = out if le is None else _label_tuple(self.target, kind, model, rank, reason, None, tier)
         return Entry(out, group, model, (rank, reason, le, tier))
 
-    def consume(self, samples: list) -> None:
+    def consume(self, samples: list, duplicates: Duplicates = _NO_DUPLICATES) -> None:
+        """Fold the page's samples into candidates. A series the page prints twice with one value
+        counts once; printed with different values, the outputs it would feed are dropped."""
+        conflicting, repeats = duplicates
+        if repeats:
+            self.note(f"ignored {len(repeats)} repeated series (printed again with the same value)")
+            self.invalid = True
         routes_of = self.table.routes
         terms_of = self.table.terms
         entries = self.state.route_entries(self.table.spec.kind, self.target, self.table.route_count)
@@ -660,6 +692,8 @@ class Pass:
         room = self.state.room()
         chars_room = self.state.chars_room()
         for index, (name, labels, value, _timestamp) in enumerate(samples):
+            if repeats and index in repeats:
+                continue
             used = skipped = False
             for route in routes_of.get(name, ()):
                 cache = entries[route.index]
@@ -675,6 +709,10 @@ class Pass:
                     continue
                 used = True
                 out, group, model, parts = entry
+                if conflicting and index in conflicting:
+                    self.duplicated.add((route.slot, (route.name if not route.part else "", group if route.part
+                                                      else out)))
+                    continue
                 if trace is not None and route.minimum is not None:
                     trace.checked(index, route.minimum)
                 # NaN or +-Inf, without two calls into math. A histogram part goes on: finish()
@@ -714,7 +752,12 @@ class Pass:
                     trace.fed(route.slot, key, index, route.scale if route.scaled else 1.0, previous is None)
             for term in terms_of.get(name, ()):
                 mapped = _map_labels(labels, self.table.spec)
-                if mapped is None:
+                if conflicting and index in conflicting:
+                    used = True
+                    self.note(f"dropped {_FAULT_NOTES[DUPLICATE]} {name} (a product's term)")
+                    self.drop(DUPLICATE)
+                    self.invalid = True
+                elif mapped is None:
                     skipped = True
                 elif term.where is None or term.where in labels:
                     used = True
@@ -829,6 +872,8 @@ class Pass:
         types = self.table.types
         samples: list[Sample] = []
         dropped = 0
+        if self.duplicated:
+            self._drop_duplicated()
         for family, priority in best.items():
             chosen = self.candidates[(family, priority)]
             if types[family] == "histogram":
@@ -842,6 +887,15 @@ class Pass:
                 self.drop(NEGATIVE_COUNTER, len(negative))
                 self.invalid = True
                 items = [item for item in items if not item[1] < 0.0]
+            ceiling = self.table.ceilings.get(family, MAX_VALUE)
+            # One comparison chain per value; a NaN (a product's) fails it too.
+            if not all(0.0 <= value <= ceiling for _key, value in items):
+                outside = [item for item in items if not 0.0 <= item[1] <= ceiling]
+                self.note(f"dropped {len(outside)} {family} series outside [0, {ceiling:g}] "
+                          f"(e.g. {outside[0][1]:g})")
+                self.drop(OUT_OF_RANGE, len(outside))
+                self.invalid = True
+                items = [item for item in items if 0.0 <= item[1] <= ceiling]
             dropped += max(0, len(items) - room)
             kept = items[:max(room, 0)]
             samples.extend([Sample(name, labels, value) for (name, labels), value in kept])
@@ -851,6 +905,28 @@ class Pass:
             self.note(f"dropped {dropped} series over the limit of {max_series}")
             self.drop(CARDINALITY, dropped)
         return tuple(samples), dropped
+
+    def _drop_duplicated(self) -> None:
+        """Drop every output a duplicated series fed (its whole histogram for a part): half of a
+        sum, or one of two copies of a gauge, would be a silent guess."""
+        self.invalid = True
+        groups: dict[Slot, set[Labels]] = {}
+        for slot, (name, labels) in self.duplicated:
+            if not name:  # a histogram part: its whole series
+                groups.setdefault(slot, set()).add(labels)
+                continue
+            bucket = self.candidates.get(slot)
+            if bucket is not None:
+                bucket.pop((name, labels), None)
+            self.note(f"dropped {_FAULT_NOTES[DUPLICATE]} {slot[0]} series")
+            self.drop(DUPLICATE)
+        for slot, doomed_groups in groups.items():
+            bucket = self.candidates.get(slot, {})
+            doomed = [key for key in bucket if self.group_of.get(key) in doomed_groups]
+            for key in doomed:
+                del bucket[key]
+            self.note(f"dropped {_FAULT_NOTES[DUPLICATE]} {slot[0]} histogram")
+            self.drop(DUPLICATE, len(doomed_groups))
 
     def _emit_histograms(self, slot: Slot, chosen: dict, samples: list[Sample], max_series: int) -> int:
         """Append whole histograms (a capped histogram would be wrong, not just short); returns
@@ -881,6 +957,27 @@ class Pass:
             if self.trace is not None:
                 self.trace.emitted(slot, [key for key, _value in members])
         return dropped
+
+
+def _duplicates(samples: list) -> Duplicates:
+    """One C-level pass for a page without duplicates (every honest one)."""
+    keys = [sample[:2] for sample in samples]
+    if len(set(keys)) == len(keys):
+        return _NO_DUPLICATES
+    copies: dict[tuple, list[int]] = {}
+    for index, key in enumerate(keys):
+        copies.setdefault(key, []).append(index)
+    conflicting: set[int] = set()
+    repeats: set[int] = set()
+    for indexes in copies.values():
+        if len(indexes) < 2:
+            continue
+        values = {repr(samples[index][2]) for index in indexes}  # repr: NaN equals NaN
+        if len(values) > 1:
+            conflicting.update(indexes)
+        else:
+            repeats.update(indexes[1:])
+    return Duplicates(frozenset(conflicting), frozenset(repeats))
 
 
 def _labels_chars(labels: Labels) -> int:
@@ -918,6 +1015,11 @@ def _histogram_fault(family: str, members: list) -> str | None:
         return HISTOGRAM_INCOMPLETE
     if count < 0.0 or total < 0.0 or buckets[0][1] < 0.0:
         return NEGATIVE_COUNTER
+    # The largest count is _count once the checks below pass; bounds past the ceiling (but +Inf) too.
+    if count > MAX_VALUE or total > MAX_VALUE or max(value for _, value in buckets) > MAX_VALUE \
+            or (len(buckets) > 1 and not -MAX_VALUE <= buckets[-2][0] <= MAX_VALUE) \
+            or buckets[0][0] < -MAX_VALUE:
+        return OUT_OF_RANGE
     previous = 0.0
     for _, value in buckets:
         if value < previous:

@@ -28,6 +28,7 @@ from operator import gt, itemgetter, ne
 from types import MappingProxyType
 from typing import NamedTuple
 
+from exporter.catalog.base import MAX_VALUE
 from exporter.snapshot import Labels, Sample
 from exporter.sources.engines.exposition import MAX_CACHED_CHARS, PAIR_OVERHEAD
 from exporter.sources.engines.normalize import (
@@ -261,15 +262,15 @@ class Recorder:
     def _checks(self, run: Pass) -> Checks:
         """What a replay must re-check on the values of this run's output (see Checks)."""
         types = run.table.types
-        nonnegative: list[int] = []
+        ceilings = run.table.ceilings
+        ratios: list[int] = []
         histograms: dict[tuple[str, Labels], tuple[list, list, list]] = {}
         for position, (slot, key) in enumerate(self.refs):
             family = slot[0]
             kind = types[family]
-            if kind == "counter":
-                nonnegative.append(position)
-            elif kind == "histogram":
-                nonnegative.append(position)
+            if ceilings[family] < MAX_VALUE:
+                ratios.append(position)
+            if kind == "histogram":
                 buckets, counts, _ = entry = histograms.setdefault((family, run.group_of[key]), ([], [], []))
                 name = key[0]
                 if name.endswith("_bucket"):
@@ -292,7 +293,7 @@ class Recorder:
             totals.append(counts[0])
             whole.extend(order)
             whole.append(counts[0])
-        return Checks(_positions(nonnegative), _positions(lower), _positions(upper), _positions(last),
+        return Checks(_positions(ratios), _positions(lower), _positions(upper), _positions(last),
                       _positions(totals), _positions(whole))
 
 
@@ -377,12 +378,13 @@ class Plan(NamedTuple):
 
 
 class Checks(NamedTuple):
-    """Validation of a replayed page's output values, all C-level passes over positions: the
-    counters and histogram parts are not negative, each histogram's buckets do not fall as `le`
-    rises (`lower` <= `upper`, pairwise), its +Inf bucket (`last`) equals its _count (`totals`), and
-    its counts (`whole`) are whole numbers. Non-finite values change the plan's mask instead."""
+    """Validation of a replayed page's output values, all C-level passes over positions: every
+    value is finite and in [0, MAX_VALUE] and the ratios (`ratios`) at most 1, each histogram's
+    buckets do not fall as `le` rises (`lower` <= `upper`, pairwise), its +Inf bucket (`last`)
+    equals its _count (`totals`), and its counts (`whole`) are whole numbers. Non-finite inputs
+    change the plan's mask instead."""
 
-    nonnegative: Callable[[list], tuple]
+    ratios: Callable[[list], tuple]
     lower: Callable[[list], tuple]
     upper: Callable[[list], tuple]
     last: Callable[[list], tuple]
@@ -390,8 +392,12 @@ class Checks(NamedTuple):
     whole: Callable[[list], tuple]
 
     def passed(self, out: list[float]) -> bool:
-        values = self.nonnegative(out)
-        if values and min(values) < 0.0:
+        if out:
+            total = sum(out)  # finite only if every value is (none is near float's range once bounded)
+            if total - total != 0.0 or min(out) < 0.0 or max(out) > MAX_VALUE:
+                return False
+        ratios = self.ratios(out)
+        if ratios and max(ratios) > 1.0:
             return False
         if any(map(gt, self.lower(out), self.upper(out))) or any(map(ne, self.last(out), self.totals(out))):
             return False
