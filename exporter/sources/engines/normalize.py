@@ -34,9 +34,10 @@ pass with or without one.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
+from operator import itemgetter
 from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
@@ -610,6 +611,7 @@ class Duplicates(NamedTuple):
 
 
 _NO_DUPLICATES = Duplicates(frozenset(), frozenset())
+_NAME_AND_LABELS = itemgetter(0, 1)
 
 
 class Pass:
@@ -888,8 +890,7 @@ class Pass:
                 self.invalid = True
                 items = [item for item in items if not item[1] < 0.0]
             ceiling = self.table.ceilings.get(family, MAX_VALUE)
-            # One comparison chain per value; a NaN (a product's) fails it too.
-            if not all(0.0 <= value <= ceiling for _key, value in items):
+            if items and _outside(chosen.values(), ceiling):
                 outside = [item for item in items if not 0.0 <= item[1] <= ceiling]
                 self.note(f"dropped {len(outside)} {family} series outside [0, {ceiling:g}] "
                           f"(e.g. {outside[0][1]:g})")
@@ -959,11 +960,17 @@ class Pass:
         return dropped
 
 
+def _outside(values: Collection[float], ceiling: float) -> bool:
+    """Some value is not in [0, ceiling]: C-level passes, and the sum catches a NaN (a product's)."""
+    total = sum(values)
+    return total - total != 0.0 or min(values) < 0.0 or max(values) > ceiling
+
+
 def _duplicates(samples: list) -> Duplicates:
-    """One C-level pass for a page without duplicates (every honest one)."""
-    keys = [sample[:2] for sample in samples]
-    if len(set(keys)) == len(keys):
+    """C-level passes for a page without duplicates (every honest one)."""
+    if len(set(map(_NAME_AND_LABELS, samples))) == len(samples):
         return _NO_DUPLICATES
+    keys = list(map(_NAME_AND_LABELS, samples))
     copies: dict[tuple, list[int]] = {}
     for index, key in enumerate(keys):
         copies.setdefault(key, []).append(index)
