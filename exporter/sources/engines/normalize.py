@@ -890,7 +890,8 @@ class Pass:
                 self.invalid = True
                 items = [item for item in items if not item[1] < 0.0]
             ceiling = self.table.ceilings.get(family, MAX_VALUE)
-            if items and _outside(chosen.values(), ceiling):
+            values = chosen.values() if len(items) == len(chosen) else [value for _key, value in items]
+            if items and _outside(values, ceiling):
                 outside = [item for item in items if not 0.0 <= item[1] <= ceiling]
                 self.note(f"dropped {len(outside)} {family} series outside [0, {ceiling:g}] "
                           f"(e.g. {outside[0][1]:g})")
