@@ -22,6 +22,7 @@ from exporter.collect import Collector
 from exporter.config import Config, ConfigError, EngineTarget, ProbeTarget
 from exporter.derive import build_deriver
 from exporter.httpserver import LISTEN_BACKLOG, HttpServer, Limits
+from exporter.safefile import STARTUP_TIMEOUT_S, Detached, FileReadError
 from exporter.server import RequestGuard, create_app
 from exporter.snapshot import Sample
 from exporter.sources.base import Source
@@ -145,8 +146,15 @@ def make_collector(config: Config, sources: Sequence[Source], *,
 
 
 def load_web_config(config: Config) -> WebConfigManager | None:
-    """Parse --web.config.file once at start; a bad file raises ConfigError (exit 2)."""
-    return WebConfigManager(config.web_config_file) if config.web_config_file else None
+    """Parse --web.config.file once at start; a bad file raises ConfigError (exit 2), and so does
+    one that cannot be read in time (a hung mount): the process must not hang before it listens."""
+    path = config.web_config_file
+    if not path:
+        return None
+    try:
+        return Detached("web config files", STARTUP_TIMEOUT_S).call(lambda: WebConfigManager(path))
+    except FileReadError as error:
+        raise ConfigError("web_config_file", path, str(error)) from None
 
 
 async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,

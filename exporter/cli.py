@@ -10,8 +10,9 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from exporter import __version__
-from exporter.config import ConfigError, env_warnings, load_config
+from exporter.config import Config, ConfigError, env_warnings, load_config
 from exporter.redact import RedactUrlCredentials
+from exporter.safefile import STARTUP_TIMEOUT_S, Detached, FileReadError
 from exporter.settings import add_flags
 
 EXIT_CONFIG = 2
@@ -99,7 +100,7 @@ def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     try:
-        config = load_config(flags, env)
+        config = _load_config_detached(flags, env)
         setup_logging(config.log_level)
         for warning in env_warnings(env):
             logging.getLogger("exporter.config").warning("%s", warning)
@@ -112,6 +113,17 @@ def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     tune_gc()
     asyncio.run(serve(config, sources, sock, web=web, own_process=True))
     return 0
+
+
+def _load_config_detached(flags: Mapping[str, object], env: Mapping[str, str]) -> Config:
+    """load_config with a deadline: it reads the config file and the secret and CA files it names,
+    regular files only (exporter/safefile.py), and one on a hung mount must end in an error
+    (exit 2), not a process that hangs without ever listening."""
+    try:
+        return Detached("configuration files", STARTUP_TIMEOUT_S).call(lambda: load_config(flags, env))
+    except FileReadError as error:
+        path = flags.get("config") or env.get("LLM_EXPORTER_CONFIG") or ""
+        raise ConfigError("config", path, str(error)) from None
 
 
 def command_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from exporter.redact import CredentialError, Secret, read_secret_file, redact_url
+from exporter.safefile import read_pem_file
 from exporter.settings import (
     BY_KEY,
     BY_NAME,
@@ -308,8 +309,8 @@ def _target_credentials(url: str, options: Mapping[str, Any], env: Mapping[str, 
     if ca_file and insecure:
         raise ConfigError("engine", where, "ca_file and insecure_skip_verify exclude each other")
     if ca_file:
-        try:
-            ssl.create_default_context(cafile=ca_file)
+        try:  # read by us, a regular file only: OpenSSL would wait on a FIFO for ever
+            ssl.create_default_context(cadata=read_pem_file(ca_file))
         except ssl.SSLError as error:  # before OSError, its base class
             reason = f"not a PEM CA bundle ({error.reason or error})"
             raise ConfigError("engine.ca_file", ca_file, reason) from None

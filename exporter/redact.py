@@ -1,6 +1,6 @@
 """Secrets and redaction: the one place a credential is read or hidden.
 
-A leaf module (it imports nothing from exporter/), so config, sources, the server and the doctor
+A leaf module (it imports only the leaf exporter.safefile), so config, sources, the server and the doctor
 can all use it without importing each other. Nothing here logs a value, and error messages name
 the file, never its contents."""
 
@@ -10,6 +10,8 @@ import hmac
 import logging
 import re
 import urllib.parse
+
+from exporter.safefile import read_regular_file
 
 MAX_SECRET_BYTES = 64 * 1024  # a token or password is a few hundred bytes; more is the wrong file
 
@@ -47,14 +49,12 @@ class CredentialError(Exception):
 
 def read_secret_file(path: str) -> str:
     """The stripped contents of a secret file; refuse empty files and embedded line breaks (which
-    would otherwise end up as a broken or injected header)."""
+    would otherwise end up as a broken or injected header), and anything but a regular file (a
+    FIFO would block the reader for ever: exporter/safefile.py)."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_SECRET_BYTES + 1)
+        data = read_regular_file(path, MAX_SECRET_BYTES)
     except OSError as error:
-        raise CredentialError(error.strerror or type(error).__name__) from None
-    if len(data) > MAX_SECRET_BYTES:
-        raise CredentialError(f"larger than {MAX_SECRET_BYTES} bytes; is this the right file?")
+        raise CredentialError(error.strerror or str(error) or type(error).__name__) from None
     try:
         text = data.decode("utf-8").strip()
     except UnicodeDecodeError:

@@ -11,10 +11,12 @@
 
 A bad file at start is a config error (exit 2, one line). At run time the file, and the
 certificate, key and CA files it names, are polled every few seconds, and reload() (SIGHUP)
-checks them at once; reading, parsing and validating run in a worker thread, never on the event
-loop, and a change is validated in full before it replaces the running one, so a bad edit keeps
-the last good config, logs one line and sets llm_exporter_web_config_last_reload_successful to 0
-until a good file comes back.
+checks them at once; reading, parsing and validating run in a daemon thread, never on the event
+loop, only of regular files, and for at most READ_TIMEOUT_S (exporter/safefile.py: a file swapped
+for a FIFO is refused, one on a hung mount is given up on without keeping the process from
+exiting). A change is validated in full before it replaces the running one, so a bad edit, or
+files that cannot be read, keep the last good config, log one line and set
+llm_exporter_web_config_last_reload_successful to 0 until a good file comes back.
 
 Fail closed: a reload that would take authentication away is refused like a bad file: basic
 auth users to none, TLS on to off, client-certificate verification to weaker. A rewrite that is
@@ -59,6 +61,7 @@ from typing import Any
 import bcrypt
 
 from exporter.config import ConfigError
+from exporter.safefile import MAX_PEM_BYTES, READ_TIMEOUT_S, Detached, FileReadError, read_pem_file, read_regular_file
 from exporter.snapshot import Sample
 from exporter.yamlsafe import YamlLoadError, load_yaml_file, shorten
 
@@ -132,8 +135,9 @@ def _resolve(base_dir: str, value: object, key: str) -> str:
         raise WebConfigError(f"tls_server_config.{key}: expected a file path")
     path = os.path.join(base_dir, value.strip())
     try:
-        with open(path, "rb"):
-            pass
+        # A regular file only (a FIFO would stall the reload for ever); OpenSSL then opens it by
+        # path, and should it meet a FIFO swapped in since, the reload's timeout ends the wait.
+        read_regular_file(path, MAX_PEM_BYTES)
     except OSError as error:
         raise WebConfigError(f"tls_server_config.{key} {path!r}: {error.strerror or error}") from None
     return path
@@ -184,7 +188,7 @@ def _parse_tls(block: object, base_dir: str) -> TlsSettings:
         raise WebConfigError(f"tls_server_config: cannot load cert_file/key_file ({error.strerror or error})") from None
     if ca_file is not None:
         try:
-            context.load_verify_locations(cafile=ca_file)
+            context.load_verify_locations(cadata=read_pem_file(ca_file))
         except (ssl.SSLError, OSError) as error:
             reason = getattr(error, "reason", None) or getattr(error, "strerror", None) or error
             raise WebConfigError(f"tls_server_config.client_ca_file {ca_file!r}: "
@@ -277,10 +281,9 @@ def fingerprint(paths: tuple[str, ...]) -> bytes:
         digest.update(path.encode() + b"\0")
         try:
             st = os.stat(path)
-            with open(path, "rb") as handle:
-                data = handle.read(1 << 20)
-        except OSError as error:
-            digest.update(f"missing:{error.errno}".encode())
+            data = read_regular_file(path, MAX_PEM_BYTES)
+        except OSError as error:  # missing, or refused (not a regular file, too large): the parse says why
+            digest.update(f"missing:{error.errno}:{error}".encode())
             continue
         digest.update(f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:".encode())
         digest.update(hashlib.sha256(data).digest())
@@ -443,6 +446,9 @@ class WebConfigManager:
         self._server_context: ssl.SSLContext | None = None
         self._reload_lock = asyncio.Lock()  # one reload at a time: the watch and reload()
         self._reload_waiting = False  # a reload() waits for the lock; another one joins it
+        # Reading, parsing and validating run in a daemon thread with a timeout: a file on a hung
+        # mount must neither stall the reload for ever nor keep the process from exiting.
+        self._reader: Detached[_Outcome | None] = Detached("web config files", READ_TIMEOUT_S)
 
     @property
     def tls_enabled(self) -> bool:
@@ -529,6 +535,16 @@ class WebConfigManager:
         """Poll once, in the caller's thread: None when nothing changed, else whether the reload succeeded."""
         return self._commit(self._evaluate(force), reason)
 
+    async def _evaluate_detached(self, force: bool) -> _Outcome | None:
+        """_evaluate in the reader's thread. One that does not finish in time is a failed reload
+        (metric 0, one line), and while it runs on, later reloads fail at once rather than start
+        another thread. The fingerprint is forgotten, so the first reload after it returns reads
+        the files again, changed or not, and can set the metric back to 1."""
+        try:
+            return await self._reader.acall(lambda: self._evaluate(force))
+        except FileReadError as error:
+            return b"", WebConfigError(str(error)), self._also_watched
+
     async def reload(self, reason: str) -> bool | None:
         """Re-read the web config now (SIGHUP), changed or not, off the event loop, and log one
         line naming `reason`: True when loaded, False when refused (the last good one stays).
@@ -543,7 +559,7 @@ class WebConfigManager:
         finally:
             self._reload_waiting = False
         try:
-            return self._commit(await asyncio.to_thread(self._evaluate, True), reason)
+            return self._commit(await self._evaluate_detached(True), reason)
         finally:
             self._reload_lock.release()
 
@@ -552,7 +568,7 @@ class WebConfigManager:
             await asyncio.sleep(interval_s or RELOAD_POLL_S)  # the module value is read each time (tests lower it)
             try:
                 async with self._reload_lock:
-                    self._commit(await asyncio.to_thread(self._evaluate, False), "file changed")
+                    self._commit(await self._evaluate_detached(False), "file changed")
             except Exception:  # noqa: BLE001 - the watcher must outlive any surprise
                 log.exception("web config check failed")
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from exporter.safefile import read_regular_file
+
 MAX_YAML_BYTES = 1 << 20  # a config file is a few KiB; refused before parsing, so parse time stays bounded
 MAX_YAML_ALIASES = 100  # anchors/merge keys for shared target defaults need a handful
 MAX_YAML_NODES = 100_000  # nodes the document stands for, aliases expanded
@@ -135,14 +137,12 @@ def _describe(error: yaml.YAMLError) -> str:
 
 def load_yaml_file(path: str | os.PathLike[str]) -> Any:
     """The one document in the UTF-8 YAML file at `path` (None when empty); YamlLoadError if the
-    file cannot be read, is over MAX_YAML_BYTES, or is not YAML within the bounds above."""
+    file cannot be read, is not a regular file (a FIFO would block for ever: exporter/safefile.py),
+    is over MAX_YAML_BYTES, or is not YAML within the bounds above."""
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_YAML_BYTES + 1)
+        raw = read_regular_file(path, MAX_YAML_BYTES)
     except OSError as error:
         raise YamlLoadError(error.strerror or str(error)) from None
-    if len(raw) > MAX_YAML_BYTES:
-        raise YamlLoadError(f"larger than {MAX_YAML_BYTES} bytes, not read")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -213,7 +213,7 @@ class ProbeSource:
     async def probe_once(self) -> CompletionTiming:
         """One request (after finding the model, the first time, when none is configured)."""
         try:
-            headers = self._headers()
+            headers = await self._headers()
         except CredentialError as error:
             return _failure("credentials", f"cannot read the credentials: {error}")
         if self._model is None:
@@ -230,10 +230,10 @@ class ProbeSource:
             self._model = None  # the engine may have been restarted with another model: look again
         return outcome
 
-    def _headers(self) -> dict[str, str]:
+    async def _headers(self) -> dict[str, str]:
         if self._url_auth is not None:
             return {"Authorization": self._url_auth}
-        return self._auth.headers() if self._auth is not None else {}
+        return await self._auth.headers() if self._auth is not None else {}
 
     async def _discover_model(self, headers: Mapping[str, str]) -> str:
         """The first model id of GET /v1/models (every OpenAI-compatible server has it)."""

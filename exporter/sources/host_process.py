@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from exporter.safefile import read_regular_file
 from exporter.sources.host_pci import NumaNode
 from exporter.sources.host_proc import (
     PidStat,
@@ -28,6 +29,8 @@ from exporter.sources.host_proc import (
     read_text,
     socket_inode,
 )
+
+MAX_PIDFILE_BYTES = 4096  # a pid and a newline; more is the wrong file
 
 
 class ThreadKey(NamedTuple):
@@ -99,9 +102,11 @@ def choose_root(candidates: dict[int, PidStat]) -> int | None:
 
 
 def read_pidfile(pidfile: str) -> int | None:
-    """The pid written in the file, read afresh each time (a restarted engine replaces it)."""
-    text = read_text(pidfile)
-    if text is None:
+    """The pid written in the file, read afresh each time (a restarted engine replaces it). A
+    regular file only: a FIFO put in its place would hold the host source's thread for ever."""
+    try:
+        text = read_regular_file(pidfile, MAX_PIDFILE_BYTES).decode("ascii", "replace")
+    except OSError:
         return None
     try:
         return int(text.split()[0])

@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from exporter.safefile import read_regular_file
+
+MAX_MODEL_CONFIG_BYTES = 4 << 20  # a Hugging Face config.json is a few KiB
+
 
 class UnsupportedModel(ValueError):
     """The config describes an architecture these formulas do not model."""
@@ -363,7 +367,9 @@ def read_hf_config(path: str | pathlib.Path, name: str | None = None) -> ModelSh
     p = pathlib.Path(path)
     if p.is_dir():
         p = p / "config.json"
-    cfg = json.loads(p.read_text())
+    # A regular file, bounded: the path may come from the engine's model label, and /dev/zero or a
+    # FIFO there would read for ever or block (exporter/safefile.py).
+    cfg = json.loads(read_regular_file(p, MAX_MODEL_CONFIG_BYTES))
     served = name or str(cfg.get("_name_or_path") or p.parent.name)
     return model_from_hf_config(cfg, served)
 

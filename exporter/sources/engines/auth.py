@@ -3,7 +3,8 @@
 A secret comes from a file or an environment variable, never from the command line
 (exporter/config.py refuses that). A file is re-read when it changes, because tokens rotate
 (Kubernetes swaps projected tokens and secret volumes through a symlink, so the stat is what
-changes): one stat per scrape, a read only when the stat differs. Nothing here logs a value, and
+changes): one stat per scrape, a read only when the stat differs, both in a daemon thread with a
+timeout and only of a regular file (exporter/safefile.py). Nothing here logs a value, and
 error messages name the file, never its contents."""
 
 from __future__ import annotations
@@ -17,29 +18,41 @@ import certifi
 
 from exporter.config import EngineTarget
 from exporter.redact import CredentialError, read_secret_file
+from exporter.safefile import READ_TIMEOUT_S, Detached, FileReadError, read_pem_file
 
 
 class SecretFile:
-    """A secret file re-read when its stat (inode, size, mtime) changes."""
+    """A secret file re-read when its stat (inode, size, mtime) changes. The stat and the read run
+    in a daemon thread (exporter/safefile.py), never on the event loop: a hung mount would stall
+    every endpoint there, and a file swapped for a FIFO is refused rather than waited on."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, timeout_s: float = READ_TIMEOUT_S) -> None:
         self.path = path
         self._stamp: tuple[int, int, int, int] | None = None
         self._value: str | None = None
+        self._reader: Detached[tuple[tuple[int, int, int, int], str | None]] = Detached("secret file", timeout_s)
 
-    def value(self) -> str:
+    def _read(self) -> tuple[tuple[int, int, int, int], str | None]:
+        """(stat, secret or None when the stat is unchanged); in the reader's thread."""
         try:
             st = os.stat(self.path)
         except OSError as error:
-            raise CredentialError(f"{self.path}: {error.strerror or type(error).__name__}") from None
+            raise CredentialError(error.strerror or type(error).__name__) from None
         stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if stamp != self._stamp or self._value is None:
-            try:
-                self._value = read_secret_file(self.path)
-            except CredentialError as error:
-                self._value, self._stamp = None, None
-                raise CredentialError(f"{self.path}: {error}") from None
-            self._stamp = stamp
+        if stamp == self._stamp and self._value is not None:
+            return stamp, None
+        return stamp, read_secret_file(self.path)
+
+    async def value(self) -> str:
+        try:
+            stamp, fresh = await self._reader.acall(self._read)
+        except (CredentialError, FileReadError) as error:
+            self._value, self._stamp = None, None
+            raise CredentialError(f"{self.path}: {error}") from None
+        if fresh is not None:
+            self._value, self._stamp = fresh, stamp
+        if self._value is None:  # a read that raced a failure above; the next scrape reads again
+            raise CredentialError(f"{self.path}: changed while it was read")
         return self._value
 
 
@@ -47,7 +60,7 @@ class SecretFile:
 class _Fixed:
     secret: str
 
-    def value(self) -> str:
+    async def value(self) -> str:
         return self.secret
 
 
@@ -72,11 +85,11 @@ class TargetAuth:
         else:  # config.py guarantees one of the two; fail closed rather than send no credentials
             raise ValueError(f"target {target.name}: credentials configured without a file or variable")
 
-    def headers(self) -> dict[str, str]:
+    async def headers(self) -> dict[str, str]:
         """{"Authorization": ...} or {}; raises CredentialError when the file cannot be read."""
         if self._source is None:
             return {}
-        secret = self._source.value()
+        secret = await self._source.value()
         if self.kind == "bearer":
             return {"Authorization": f"Bearer {secret}"}
         raw = f"{self._username}:{secret}".encode()
@@ -98,7 +111,11 @@ def ssl_context(target: EngineTarget) -> ssl.SSLContext:
 
 
 def client_context(ca_file: str | None = None) -> ssl.SSLContext:
-    """A verifying client context: `ca_file` when given, else the certifi bundle."""
-    context = ssl.create_default_context(cafile=ca_file or certifi.where())
+    """A verifying client context: `ca_file` when given (a regular file only, read by us: OpenSSL
+    would wait on a FIFO), else the certifi bundle."""
+    if ca_file:
+        context = ssl.create_default_context(cadata=read_pem_file(ca_file))
+    else:
+        context = ssl.create_default_context(cafile=certifi.where())
     context.set_alpn_protocols(["http/1.1"])
     return context

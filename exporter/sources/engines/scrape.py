@@ -89,7 +89,7 @@ class EngineSource:
     async def fetch(self) -> str:
         """GET the target's exposition as text, enforcing the timeout and the size cap."""
         try:
-            headers = self._auth.headers()
+            headers = await self._auth.headers()
         except CredentialError as error:
             raise SourceError("credentials", f"cannot read the credentials: {error}") from None
         # timeout (connect + headers + body), dns, http_status, too_large, tls, connection
