@@ -26,9 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from exporter import __version__
+from exporter import __version__, jsonsafe
 from exporter.config import ConfigError, load_config, parse_duration
 from exporter.derive.bottleneck import UNKNOWN_VERDICT_WORDS, VERDICT_WORDS
+from exporter.jsonsafe import JsonTooDeep
 from exporter.redact import CredentialError, read_secret_file, redact_url
 from exporter.settings import BY_NAME, add_flags
 from exporter.sources.base import SourceError
@@ -169,7 +170,9 @@ def fetch_diagnosis(url: str, timeout_s: float, access: ExporterAccess | None = 
                                "(CERTIFICATE_VERIFY_FAILED; give --ca-file for a private CA)") from None
         raise RuntimeError(f"cannot reach {shown}: {error.reason}: {error.message}") from None
     try:
-        doc = json.loads(body)
+        doc = jsonsafe.loads(body)
+    except JsonTooDeep as error:
+        raise RuntimeError(f"{shown} answered {error}") from None
     except ValueError:
         raise RuntimeError(f"{shown} did not answer JSON (is it an llm-exporter?)") from None
     if not isinstance(doc, dict):

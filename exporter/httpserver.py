@@ -132,6 +132,18 @@ def fd_bounded(max_connections: int) -> int:
     return max(1, min(max_connections, soft - FD_RESERVE))
 
 
+def _ambiguous_framing(headers: Any) -> bool:
+    """Both Content-Length and Transfer-Encoding, or either given more than once (h11 keeps the
+    repeats; it already refuses conflicting lengths and codings it does not speak)."""
+    lengths = codings = 0
+    for name, _value in headers:
+        if name == b"content-length":
+            lengths += 1
+        elif name == b"transfer-encoding":
+            codings += 1
+    return (lengths and codings) or lengths > 1 or codings > 1
+
+
 class HttpServer:
     """Accepts connections on one listening socket and runs each request through `app`."""
 
@@ -440,6 +452,11 @@ class _Connection(asyncio.BufferedProtocol):
                 self._reject(error.error_status_hint or 400, b"bad request\n")
                 raise _Closed from None
             if isinstance(event, h11.Request):
+                if _ambiguous_framing(event.headers):
+                    # RFC 9112 6.1 and 6.3: a body framed two ways is how a request is smuggled past a
+                    # proxy that reads the other framing. Answer once, close, never parse what follows.
+                    self._reject(400, b"bad request: conflicting Content-Length and Transfer-Encoding\n")
+                    raise _Closed
                 return event
             if event is not h11.NEED_DATA:
                 return None  # ConnectionClosed, or PAUSED after an unexpected state

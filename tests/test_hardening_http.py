@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import ssl
@@ -480,3 +481,65 @@ def test_sighup_without_a_web_config_says_there_is_nothing_to_reload(tmp_path):
         process.send_signal(signal.SIGHUP)
         assert wait_until(lambda: "nothing to reload" in read_log(), timeout=10), read_log()
         assert process.poll() is None and _status(base + "/healthz") == 200
+
+
+# --- request framing (issue 27: RFC 9112 sections 6.1 and 6.3) ------------------------------------
+
+SMUGGLED = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+FRAMINGS = {
+    "te_and_cl": b"Transfer-Encoding: chunked\r\nContent-Length: " + str(5 + len(SMUGGLED)).encode() + b"\r\n",
+    "cl_and_te": b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n",
+    "two_content_lengths": b"Content-Length: 5\r\nContent-Length: " + str(5 + len(SMUGGLED)).encode() + b"\r\n",
+    "content_length_list": b"Content-Length: 5, " + str(5 + len(SMUGGLED)).encode() + b"\r\n",
+    "two_transfer_encodings": b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+    "te_not_chunked": b"Transfer-Encoding: gzip, chunked\r\n",
+    "te_with_space": b"Transfer-Encoding : chunked\r\n",
+}
+
+
+def _exchange(port: int, data: bytes) -> tuple[bytes, bool]:
+    """Send `data` on a fresh connection; what came back within 5 s, and whether the server closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(data)
+        got, closed = b"", False
+        deadline = time.monotonic() + 5
+        sock.settimeout(0.5)
+        while time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                if got:
+                    break
+                continue
+            if not chunk:
+                closed = True
+                break
+            got += chunk
+    return got, closed
+
+
+@pytest.mark.parametrize("framing", sorted(FRAMINGS))
+def test_conflicting_framing_is_refused_once_and_the_connection_closed(tmp_path, framing):
+    """Behind a proxy that frames by Content-Length, a second request hidden in the body is request
+    smuggling: the exporter answers once (400) and closes, and never parses what follows."""
+    body = b"0\r\n\r\n" + SMUGGLED
+    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + FRAMINGS[framing] + b"\r\n" + body
+    with _run_with_log(tmp_path) as (_process, base, _log):
+        got, closed = _exchange(_port(base), request)
+        assert _status(base + "/healthz") == 200  # it keeps serving everyone else
+        # Counted by the next collection cycle.
+        assert wait_until(lambda: re.search(r'llm_exporter_http_connections_rejected_total\{reason="bad_request"\} '
+                                            r'[1-9]', httpx.get(base + "/metrics", timeout=5).text), timeout=10)
+    responses = got.split(b"HTTP/1.1 ")[1:]
+    assert len(responses) == 1, got[:500]
+    assert responses[0].startswith((b"400 ", b"501 ")), responses[0][:200]
+    assert b"connection: close" in responses[0].lower()
+    assert closed
+
+
+def test_a_plain_chunked_or_content_length_request_is_still_served_and_kept_alive(tmp_path):
+    with _run_with_log(tmp_path) as (_process, base, _log):
+        got, closed = _exchange(_port(base), b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+                                b"GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    assert [r.split(b"\r\n", 1)[0] for r in got.split(b"HTTP/1.1 ")[1:]] == [b"200 OK"] * 2
+    assert not closed

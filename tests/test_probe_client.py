@@ -138,6 +138,8 @@ class OpenAIStub:
             return await self._send(writer, 302, b"", "Location: http://127.0.0.1:1/elsewhere\r\n")
         if mode == "status_500":
             return await self._send(writer, 500, b'{"error": {"message": "engine exploded\\nbadly"}}')
+        if mode == "deep_error":
+            return await self._send(writer, 500, b'{"error": ' * 20_000)
         if mode == "reset":
             return
         if mode == "huge_head":
@@ -156,6 +158,8 @@ class OpenAIStub:
                 await self._event(writer, b'{"choices": [{"index": 0, "text": "a"}]}')
         if mode == "bad_json":
             return await self._event(writer, b'{"choices": [{"text": "a"')
+        if mode == "deep_json":  # json.loads raised RecursionError on this (reason "exception")
+            return await self._event(writer, b"[" * 50_000)
         if mode == "stream_error":
             await self._event(writer, b'{"choices": [{"text": "a"}]}')
             return await self._event(writer, b'{"error": {"message": "out of memory", "code": 500}}')

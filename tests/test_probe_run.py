@@ -225,6 +225,24 @@ def test_a_failing_probe_shows_errors_by_reason_and_everything_else_is_still_ser
         {"engine:vllm": 1.0, f"probe:127.0.0.1:{down}": 1.0}
 
 
+def test_deeply_nested_json_from_the_engine_is_reason_too_deep_and_nothing_else_breaks():
+    """An SSE event of 50,000 `[` raised RecursionError inside json.loads, counted as `exception` (a
+    bug of ours); it is the engine's doing, with its own reason, and the exporter serves on."""
+    with stub(mode="deep_json", metrics=FIXTURE.read_bytes()) as server, \
+            exporter_process("--engine", f"{server.url}/metrics,name=vllm",
+                             "--probe", f"{server.url},every=1s,model=m,timeout=5s") as base:
+        assert wait_until(lambda: (_value(_scrape(base), "llm_probe_errors_total",
+                                          reason="too_deep") or 0) >= 2, timeout=20)
+        server.config.mode = "deep_error"  # an error answer's body nested as deep: its hint is dropped
+        assert wait_until(lambda: (_value(_scrape(base), "llm_probe_errors_total",
+                                          reason="http_status") or 0) >= 1, timeout=20)
+        samples = _scrape(base)
+        assert http_status(base + "/healthz") == 200
+    assert _value(samples, "llm_probe_errors_total", reason="exception", target="vllm") in (0.0, None)
+    assert sum(s.value for s in samples["llm_probe_errors_total"] if s.labels["reason"] == "exception") == 0
+    assert _value(samples, "llm_engine_up", target="vllm") == 1.0
+
+
 # ---------------------------------------------------------------------------------------------
 # The probe in the diagnosis (/api/v1/diagnosis, `doctor --url`), on the real twin's moving metrics
 # ---------------------------------------------------------------------------------------------

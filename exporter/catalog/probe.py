@@ -25,7 +25,7 @@ E2E_BUCKETS: tuple[float, ...] = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5
 
 # The bounded `reason` values of llm_probe_errors_total (exporter/probe/client.py says when each).
 ERROR_REASONS: tuple[str, ...] = ("timeout", "dns", "connection", "tls", "http_status", "too_large", "protocol",
-                                  "stream_error", "empty", "credentials", "exception")
+                                  "stream_error", "too_deep", "empty", "credentials", "exception")
 
 FAMILIES = (
     family("llm_probe_time_to_first_token_seconds", "histogram", "seconds",
@@ -45,6 +45,7 @@ FAMILIES = (
            "connection, tls, http_status (any answer but 200, redirects included: they are not followed), "
            "too_large (the answer, one SSE line or the chunk count over its cap), protocol (not HTTP/1.x or "
            "not an SSE stream of JSON chunks), stream_error (the engine sent an error object in the stream), "
+           "too_deep (a JSON event nested deeper than 64 levels), "
            "empty (a stream without text), credentials (the target's secret file unreadable), exception (a "
            "bug). Every reason is exported from the start at 0.", P + ("reason",), "probe"),
     family("llm_probe_up", "gauge", "bool",

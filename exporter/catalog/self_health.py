@@ -14,7 +14,9 @@ FAMILIES = (
     family("llm_exporter_collect_errors_total", "counter", "errors",
            "Failed collections of the source, by reason code: timeout, busy (the last one still running), "
            "exception; engine targets: dns (the host name does not resolve), connection, tls, http_status, "
-           "too_large, parse, unknown_engine, credentials; gpu: the NVML state (nvml_init, no_gpus, ...); "
+           "too_large, parse, too_deep (a JSON document nested deeper than 64 levels: the twin's "
+           "/sim documents, the probe's /v1/models), unknown_engine, credentials; "
+           "gpu: the NVML state (nvml_init, no_gpus, ...); "
            "host: procfs_missing.", ("source", "reason"), "self"),
     family("llm_exporter_collections_total", "counter", "cycles",
            "Collection cycles completed since the exporter started.", (), "self"),

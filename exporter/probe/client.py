@@ -37,6 +37,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from exporter import jsonsafe
+from exporter.catalog.probe import ERROR_REASONS
+from exporter.jsonsafe import JsonTooDeep
 from exporter.redact import redact_url
 from exporter.sources.engines.http import is_ip_literal
 
@@ -46,8 +49,7 @@ __all__ = ["APIS", "REASONS", "CompletionTiming", "Resolver", "StreamLimits", "e
 APIS: Mapping[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # Why a call failed: a bounded set (they become label values). credentials and exception are the
 # caller's (exporter/probe/source.py); the rest are decided here.
-REASONS = ("timeout", "dns", "connection", "tls", "http_status", "too_large", "protocol", "stream_error",
-           "empty", "credentials", "exception")
+REASONS = ERROR_REASONS
 MAX_MESSAGE = 200  # characters of a server-provided text (an error object) in a message
 # Usage counts past what the request can cost are ignored (the server's numbers are remote input:
 # the verdict subtracts the probe's tokens from the engine's work, so an inflated count would hide
@@ -345,7 +347,9 @@ class _Stream:
             self.finished = True
             return
         try:
-            doc = json.loads(payload)
+            doc = jsonsafe.loads(payload)
+        except JsonTooDeep as error:
+            raise _Fail("too_deep", f"an SSE event: {error}") from None
         except ValueError:  # UnicodeDecodeError included
             raise _Fail("protocol", "an SSE event that is not JSON") from None
         if not isinstance(doc, dict):
@@ -487,8 +491,8 @@ async def _hint(body: _Body) -> str:
         return ""
     text = b"".join(chunks)[:_ERROR_BODY].decode("utf-8", "replace")
     try:
-        doc = json.loads(text)
-    except ValueError:
+        doc = jsonsafe.loads(text)
+    except ValueError:  # JsonTooDeep included: the raw text is the hint then
         doc = None
     if isinstance(doc, dict):
         error = doc.get("error", doc.get("detail", doc.get("message")))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import math
 import os
 import random
@@ -30,6 +29,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from exporter import jsonsafe
+from exporter.jsonsafe import JsonTooDeep
 from exporter.slo import TBT, TTFT
 
 # --- bounds -------------------------------------------------------------------------------------
@@ -417,10 +418,12 @@ class ExporterWatch:
 
         try:
             body = await self._diagnosis.get(max_body=MAX_DIAGNOSIS_BYTES)
-            diagnosis = json.loads(body)
+            diagnosis = jsonsafe.loads(body)
             text = (await self._metrics.get(max_body=MAX_METRICS_BYTES)).decode("utf-8", "replace")
         except SourceError as error:
             raise RuntimeError(f"exporter: {error.reason}: {error.message}") from None
+        except JsonTooDeep as error:
+            raise RuntimeError(f"exporter: /api/v1/diagnosis: {error}") from None
         except ValueError:
             raise RuntimeError("exporter: /api/v1/diagnosis is not JSON") from None
         if not isinstance(diagnosis, dict):
@@ -523,7 +526,9 @@ def load_dataset(path: str, *, max_bytes: int = MAX_DATASET_BYTES, max_lines: in
         if len(specs) >= max_lines:
             raise DatasetError(f"{path}: more than {max_lines} requests")
         try:
-            item = json.loads(line)
+            item = jsonsafe.loads(line)
+        except JsonTooDeep as error:
+            raise DatasetError(f"{path}:{number}: {error}") from None
         except ValueError:
             raise DatasetError(f"{path}:{number}: not JSON") from None
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import logging
 import time
 import urllib.parse
@@ -28,8 +27,10 @@ from types import MappingProxyType
 
 from prometheus_client.utils import floatToGoString
 
+from exporter import jsonsafe
 from exporter.catalog.probe import E2E_BUCKETS, ERROR_REASONS, ITL_BUCKETS, TTFT_BUCKETS
 from exporter.config import ProbeTarget
+from exporter.jsonsafe import JsonTooDeep
 from exporter.redact import CredentialError, redact_url
 from exporter.snapshot import Labels, Sample, make_labels
 from exporter.sources.base import SourceData, SourceError, SourceKind
@@ -243,7 +244,9 @@ class ProbeSource:
                                              headers={"Accept": "application/json", "User-Agent": "llm-exporter-probe"})
         body = await self._models_client.get(headers=headers, max_body=MAX_MODELS_BYTES)
         try:
-            doc = json.loads(body)
+            doc = jsonsafe.loads(body)
+        except JsonTooDeep as error:
+            raise SourceError("too_deep", f"/v1/models: {error}") from None
         except ValueError:
             raise SourceError("protocol", "not JSON") from None
         data = doc.get("data") if isinstance(doc, dict) else None

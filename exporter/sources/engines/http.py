@@ -27,7 +27,6 @@ import asyncio
 import base64
 import concurrent.futures
 import ipaddress
-import json
 import re
 import socket
 import ssl
@@ -37,6 +36,8 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
+from exporter import jsonsafe
+from exporter.jsonsafe import JsonTooDeep
 from exporter.redact import redact_url
 from exporter.sources.base import SourceError
 
@@ -276,8 +277,8 @@ class HttpClient:
             return ""
         text = body.decode("utf-8", "replace")
         try:
-            doc = json.loads(text)
-        except ValueError:
+            doc = jsonsafe.loads(text)
+        except ValueError:  # JsonTooDeep included: the raw text is the hint then
             doc = None
         if isinstance(doc, dict):  # {"error": {"message": ...}} (OpenAI style) or {"error": "..."}
             error = doc.get("error", doc.get("detail", doc.get("message")))
@@ -401,7 +402,9 @@ async def get_json_object(client: HttpClient, shown: str, max_body: int) -> dict
     except SourceError as e:
         raise SourceError(e.reason, e.message if shown in e.message else f"{shown}: {e.message}") from None
     try:
-        doc = json.loads(body)
+        doc = jsonsafe.loads(body)
+    except JsonTooDeep as e:
+        raise SourceError("too_deep", f"{shown}: {e}") from None
     except ValueError as e:  # UnicodeDecodeError included
         raise SourceError("parse", f"{shown}: not JSON: {e}") from None
     if not isinstance(doc, dict):

@@ -1,0 +1,49 @@
+"""exporter/jsonsafe.py: remote JSON with its nesting bounded (issue 27, class 7).
+tests/test_probe_run.py drives `llm-exporter run --probe` against an engine that sends it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter.jsonsafe import MAX_JSON_DEPTH, JsonTooDeep, depth_over, loads
+
+_LEAVES = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(alphabet='[]{}"\\ab,:')
+_DOCS = st.recursive(_LEAVES, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=3), kids,
+                                                                                          max_size=3), max_leaves=30)
+
+
+def _depth(doc: object) -> int:
+    if isinstance(doc, list):
+        return 1 + max(map(_depth, doc), default=0)
+    if isinstance(doc, dict):
+        return 1 + max(map(_depth, doc.values()), default=0)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(_DOCS, st.integers(min_value=0, max_value=8))
+def test_the_bound_is_exact_and_brackets_inside_strings_do_not_count(doc, bound):
+    text = json.dumps(doc)
+    assert depth_over(text.encode(), bound) == (_depth(doc) > bound)
+    if _depth(doc) <= bound:
+        assert loads(text, bound) == json.loads(text)
+    else:
+        with pytest.raises(JsonTooDeep):
+            loads(text, bound)
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000, b'{"a":' * 100_000, b"[" * (MAX_JSON_DEPTH + 1) + b"]" * 65])
+def test_a_deep_document_is_refused_before_json_recurses(body):
+    with pytest.raises(JsonTooDeep) as caught:
+        loads(body)
+    assert isinstance(caught.value, ValueError)  # callers that handle bad JSON handle it too
+    assert loads(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH) is not None
+
+
+def test_an_escaped_quote_does_not_end_a_string():
+    assert not depth_over(b'["\\"' + b"[" * 1000 + b'"]', 4)
+    assert depth_over(b'["\\\\"' + b"[" * 10 + b"]" * 10 + b"]", 4)
