@@ -4,6 +4,8 @@ tests/test_probe_run.py drives `llm-exporter run --probe` against an engine that
 from __future__ import annotations
 
 import json
+import pathlib
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -47,3 +49,17 @@ def test_a_deep_document_is_refused_before_json_recurses(body):
 def test_an_escaped_quote_does_not_end_a_string():
     assert not depth_over(b'["\\"' + b"[" * 1000 + b'"]', 4)
     assert depth_over(b'["\\\\"' + b"[" * 10 + b"]" * 10 + b"]", 4)
+
+
+# Where json.loads may stay: text the operator wrote or the process made itself.
+PLAIN_JSON_ALLOWED = {
+    "exporter/settings.py": "a flag's or variable's value, written by the operator",
+    "exporter/simulator/openai_api.py": "the twin's own error objects (err.body()), re-framed as SSE",
+}
+
+
+def test_every_json_a_remote_party_sends_goes_through_the_bound():
+    root = pathlib.Path(__file__).resolve().parent.parent
+    found = {str(path.relative_to(root)) for path in (root / "exporter").rglob("*.py")
+             if path.name != "jsonsafe.py" and re.search(r"\bjson\.loads?\(", path.read_text())}
+    assert found <= set(PLAIN_JSON_ALLOWED), sorted(found - set(PLAIN_JSON_ALLOWED))

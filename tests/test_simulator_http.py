@@ -181,7 +181,7 @@ def test_subprocess_twin() -> None:
 # What the simulator may import: itself, the GPU and model specs, and the HTTP server it is served
 # by. The exporter's app, config, sources and derivations sit above it (exporter.app.run_demo puts
 # the demo together), and uvicorn is no longer needed by anything.
-SIMULATOR_MAY_IMPORT = ("exporter.simulator", "exporter.specs", "exporter.httpserver")
+SIMULATOR_MAY_IMPORT = ("exporter.simulator", "exporter.specs", "exporter.httpserver", "exporter.jsonsafe")
 
 
 def test_the_simulator_imports_nothing_above_it() -> None:

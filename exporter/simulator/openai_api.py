@@ -44,6 +44,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import exporter.jsonsafe as jsonsafe
 from exporter.simulator.clock import RealtimeClock
 from exporter.simulator.engine import Engine, Request
 
@@ -145,8 +146,8 @@ def _optional(body: dict, key: str, kind: type | tuple[type, ...], what: str) ->
 
 def parse_request(raw: bytes, chat: bool, limits: ApiLimits) -> Parsed:
     try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
+        body = jsonsafe.loads(raw)
+    except ValueError:  # JsonTooDeep included
         raise ApiError(400, "the body is not valid JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import exporter.jsonsafe as jsonsafe
 from exporter.httpserver import LISTEN_BACKLOG, HttpServer, respond
 from exporter.simulator.clock import RealtimeClock
 from exporter.simulator.openai_api import ApiLimits, OpenAIApi
@@ -84,7 +85,7 @@ class TwinApp:
         name: Any = query["name"][0] if "name" in query else None
         if name is None:
             try:
-                body = json.loads(await _read_body(receive, MAX_CONTROL_BODY) or b"{}")
+                body = jsonsafe.loads(await _read_body(receive, MAX_CONTROL_BODY) or b"{}")
             except ValueError:
                 body = {}
             name = body.get("scenario") if isinstance(body, dict) else None

@@ -9,13 +9,13 @@ Multi-head latent attention (DeepSeek V2/V3) caches a compressed latent instead 
 
 from __future__ import annotations
 
-import json
 import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from exporter import jsonsafe
 from exporter.safefile import read_regular_file
 
 MAX_MODEL_CONFIG_BYTES = 4 << 20  # a Hugging Face config.json is a few KiB
@@ -369,7 +369,7 @@ def read_hf_config(path: str | pathlib.Path, name: str | None = None) -> ModelSh
         p = p / "config.json"
     # A regular file, bounded: the path may come from the engine's model label, and /dev/zero or a
     # FIFO there would read for ever or block (exporter/safefile.py).
-    cfg = json.loads(read_regular_file(p, MAX_MODEL_CONFIG_BYTES))
+    cfg = jsonsafe.loads(read_regular_file(p, MAX_MODEL_CONFIG_BYTES))
     served = name or str(cfg.get("_name_or_path") or p.parent.name)
     return model_from_hf_config(cfg, served)
 
