@@ -232,7 +232,9 @@ def test_ttft_itl_and_usage_are_measured_against_the_servers_delays(api):
     assert doc["max_tokens"] == 8 and doc["ignore_eos"] is True and doc["model"] == "stub-model"
     assert ("messages" in doc) == (api == "chat") and ("prompt" in doc) == (api != "chat")
     # TTFT: at least the server's delay (it waits after reading the request); generous above.
-    assert ttft <= result.ttft_s < ttft + 1.0, result.ttft_s
+    # The client's clock starts once its write returns; the server may have read the request and begun
+    # its delay a moment before (a loaded machine): a few milliseconds of slack below.
+    assert ttft - 0.01 <= result.ttft_s < ttft + 1.0, result.ttft_s
     assert len(result.itl_s) == tokens - 1 and len(result.token_times) == tokens
     # One gap can be short when the chunk before it was read late (a busy machine); their sum, from
     # the first text chunk to the last, cannot be.
@@ -287,7 +289,7 @@ def test_tokens_counted_but_none_visible_time_the_first_output_at_the_last_chunk
         result = call(server.url, max_tokens=16)  # as asked of that llama.cpp (usage past it is ignored)
     assert result.ok, result
     assert result.completion_tokens == 16 and result.itl_s == ()
-    assert result.ttft_s is not None and result.ttft_s >= 0.05
+    assert result.ttft_s is not None and result.ttft_s >= 0.05 - 0.01  # slack: see the test above
 
 
 def test_endpoint_urls_and_the_request_body():
