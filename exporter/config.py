@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import ssl
 import urllib.parse
 from collections.abc import Mapping
@@ -17,7 +18,15 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from exporter.redact import CredentialError, Secret, read_secret_file, redact_url
+from exporter.redact import (
+    CredentialError,
+    Secret,
+    decode_userinfo,
+    encode_userinfo,
+    read_secret_file,
+    redact_url,
+    split_userinfo,
+)
 from exporter.safefile import read_pem_file
 from exporter.settings import (
     BY_KEY,
@@ -153,6 +162,16 @@ def _default_target_name(url: str) -> str:
 
 
 def normalize_engine_url(url: str) -> str:
+    """Validate an engine URL; user[:password]@ is split as the user means it (redact.split_userinfo:
+    an unencoded / ? # @ in the password stays in it) and re-encoded, so every later reader of the
+    URL (urllib) sees the same host. An error shows the URL redacted and never a bad port's text
+    (a comma-cut password could sit there)."""
+    head, userinfo, rest, ambiguous = split_userinfo(url)
+    if ambiguous:
+        raise ConfigError("engine", redact_url(url), "no host after the last '@'; percent-encode an '@' in a "
+                          "password or path as %40")
+    if userinfo is not None:
+        url = f"{head}{encode_userinfo(*decode_userinfo(userinfo))}@{rest}"
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError as error:  # an unclosed IPv6 bracket, ...
@@ -162,7 +181,9 @@ def normalize_engine_url(url: str) -> str:
     try:
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
-        raise ConfigError("engine", redact_url(url), "bad port") from None
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        raise ConfigError("engine", f"{parts.scheme}://{host}:<port>{parts.path}",
+                          "bad port (expected a number from 0 to 65535)") from None
     if parts.path in ("", "/"):
         parts = parts._replace(path="/metrics")
     return urllib.parse.urlunsplit(parts)
@@ -212,9 +233,29 @@ def _flatten_target_mapping(spec: Mapping[str, Any]) -> dict[str, Any]:
     return options
 
 
+def _options_start() -> re.Pattern[str]:
+    """Where the options of a `URL,key=value` spec start: a comma before a known option key."""
+    keys = sorted({*_TARGET_OPTIONS, *INLINE_SECRET_KEYS, *PROBE_OPTIONS}, key=len, reverse=True)
+    return re.compile(r",\s*(?:" + "|".join(map(re.escape, keys)) + r")\s*=")
+
+
+def _spec_url_end(spec: str) -> int:
+    """Where the URL of a spec ends: the first comma after its user[:password]@, which may hold
+    commas itself (split_userinfo with spec=True; an @ in an option's value is not the URL's)."""
+    head, userinfo, _, ambiguous = split_userinfo(spec, spec=True, stop=_options_start())
+    start = 0 if userinfo is None else len(head) + len(userinfo) + 1
+    if ambiguous:  # no host after the last @: the options' keys are the only safe place to cut
+        found = _options_start().search(spec, len(head))
+        return found.start() if found else len(spec)
+    comma = spec.find(",", start)
+    return len(spec) if comma < 0 else comma
+
+
 def _split_spec(spec: str, what: str) -> tuple[str, dict[str, str]]:
     """`URL,key=value,...` -> (URL, {key: value}); `what` names the setting in the error."""
-    url, *rest = spec.strip().split(",")
+    spec = spec.strip()
+    end = _spec_url_end(spec)
+    url, rest = spec[:end], spec[end + 1:].split(",") if end < len(spec) else []
     options = {}
     for item in rest:
         key, sep, value = item.partition("=")
@@ -335,12 +376,15 @@ def reject_command_line_secrets(specs: object) -> None:
     for spec in [specs] if isinstance(specs, str) else specs:
         if not isinstance(spec, str):
             continue
-        url, *rest = spec.strip().split(",")
+        spec = spec.strip()
+        end = _spec_url_end(spec)
+        url, rest = spec[:end], spec[end + 1:].split(",")
         keys = {item.partition("=")[0].strip() for item in rest}
         secret_keys = sorted(keys & INLINE_SECRET_KEYS)
-        # Any userinfo: a token is often passed as the user name alone (http://TOKEN@host/).
-        _, _, authority = url.partition("://")
-        if secret_keys or "@" in authority.split("/", 1)[0]:
+        # Any userinfo, split as normalize_engine_url would (an unencoded / ? # in the password
+        # included), or an @ that leaves it unclear: a token is often the user name alone (http://TOKEN@host/).
+        _, userinfo, _, ambiguous = split_userinfo(url)
+        if secret_keys or userinfo is not None or ambiguous:
             what = secret_keys[0] if secret_keys else "user[:password]@ in the URL"
             raise ConfigError("engine", redact_url(url), f"{what}: a secret on the command line is visible "
                               f"to every local user; {_SECRET_ADVICE}")
@@ -414,6 +458,10 @@ def parse_probe_spec(spec: str | Mapping[str, Any], engines: tuple[EngineTarget,
 
 
 def _probe_url(url: str) -> str:
+    _, userinfo, _, ambiguous = split_userinfo(url)
+    if userinfo is not None or ambiguous:
+        raise ConfigError("probe", redact_url(url), "no user[:password]@ in a probe URL: it uses the credentials "
+                          "of its engine target")
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError on a bad port

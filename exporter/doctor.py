@@ -35,6 +35,7 @@ from exporter.settings import BY_NAME, add_flags
 from exporter.sources.base import SourceError
 from exporter.sources.engines.auth import client_context
 from exporter.sources.engines.http import HttpClient
+from exporter.termsafe import terminal_safe, terminal_safe_tree
 
 EXIT_HEALTHY = 0
 EXIT_DEGRADED = 1
@@ -213,6 +214,9 @@ def _scores_line(scores: Mapping[str, float]) -> str:
 
 
 def render_report(diagnosis: Mapping[str, Any], source: str, out: TextIO) -> None:
+    """The report for a terminal. Every string of the diagnosis may come from an engine (a model
+    name, a finish reason) or a remote exporter: all go through termsafe first."""
+    diagnosis, source = terminal_safe_tree(diagnosis), terminal_safe(source)
     status = str(diagnosis.get("status", "unknown"))
     out.write(f"llm-exporter doctor: {source}\nstatus: {status.upper()}\n")
     targets = diagnosis.get("targets", {}) or {}
@@ -278,14 +282,14 @@ def command_doctor(args: argparse.Namespace, env: Mapping[str, str], out: TextIO
             source = ", ".join(redact_url(t.url) for t in config.engines) + f" (sampled for {duration:g}s)"
             diagnosis = asyncio.run(sample_engines(config, duration))
     except ConfigError as error:
-        print(f"llm-exporter doctor: {error}", file=sys.stderr)
+        print(f"llm-exporter doctor: {terminal_safe(str(error))}", file=sys.stderr)
         return EXIT_CONFIG
     except RuntimeError as error:
         if args.json:
             json.dump({"status": "unknown", "exit_code": EXIT_UNKNOWN, "error": str(error)}, out, indent=2)
             out.write("\n")
         else:
-            out.write(f"llm-exporter doctor: cannot tell: {error}\n")
+            out.write(f"llm-exporter doctor: cannot tell: {terminal_safe(str(error))}\n")
         return EXIT_UNKNOWN
     code = exit_code(diagnosis)
     try:

@@ -229,6 +229,7 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
     from exporter.config import ConfigError
     from exporter.probe.report import render_html, render_table
     from exporter.redact import redact_url
+    from exporter.termsafe import terminal_safe, terminal_safe_tree
 
     out, err = out or sys.stdout, err or sys.stderr
     try:
@@ -242,7 +243,7 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
         if args.exporter and args.demo:
             raise ConfigError("exporter", args.exporter, "--demo reads its embedded exporter")
     except ConfigError as error:
-        print(f"llm-exporter loadtest: {error}", file=err)
+        print(f"llm-exporter loadtest: {terminal_safe(str(error))}", file=err)
         return EXIT_CONFIG
     demo = DemoStack(args.scenario, args.model or DEMO_MODEL, args.gpu_name) if args.demo else None
     try:
@@ -256,14 +257,14 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
                 "seed": args.seed}
         report = asyncio.run(_sweep(url, exporter_url, model, args, headers, config, workload, meta, err))
     except RuntimeError as error:
-        print(f"llm-exporter loadtest: {error}", file=err)
+        print(f"llm-exporter loadtest: {terminal_safe(str(error))}", file=err)
         return EXIT_NOTHING
     except KeyboardInterrupt:
         return 130
     finally:
         if demo is not None:
             demo.stop()
-    out.write(render_table(report))
+    out.write(render_table(terminal_safe_tree(report)))  # verdicts, notes: an exporter's or engine's text
     out.flush()
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as handle:
