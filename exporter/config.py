@@ -261,7 +261,15 @@ def _split_spec(spec: str, what: str) -> tuple[str, dict[str, str]]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(what, redact_url(url), "expected key=value after the URL")
-        options[key.strip()] = value.strip()
+        key = key.strip()
+        # No option but a file path holds an @: one that does is most likely the rest of a password
+        # with ",name=" in it, cut there; its value must not be echoed in the error.
+        if "@" in value and not key.endswith("_file"):
+            # Even the URL's head may be user:password-prefix here: show its scheme alone.
+            raise ConfigError(what, url.partition("://")[0][:16] + "://<redacted>",
+                              f"the value of {key!r} holds an '@': if a password holds "
+                              "',<option>=', write that comma as %2C (or use password_file)")
+        options[key] = value.strip()
     return url, options
 
 
@@ -455,6 +463,15 @@ def parse_probe_spec(spec: str | Mapping[str, Any], engines: tuple[EngineTarget,
         engine = next((e for e in engines if _origin(e.url)[1:] == _origin(url)[1:]), None)
         name = engine.name if engine is not None else _default_target_name(url)
     return ProbeTarget(url=url, target=name, engine=engine, **values)
+
+
+def refuse_userinfo(url: str, what: str, advice: str) -> None:
+    """A URL given on a command line (doctor --url, loadtest URL and --exporter) carries no
+    user[:password]@: it would be visible to every local user. The error never shows it."""
+    _, userinfo, _, ambiguous = split_userinfo(url)
+    if userinfo is not None or ambiguous:
+        raise ConfigError(what, redact_url(url), "user[:password]@ in the URL: a secret on the command line is "
+                          f"visible to every local user; {advice}")
 
 
 def _probe_url(url: str) -> str:

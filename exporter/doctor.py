@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from exporter import __version__, jsonsafe
-from exporter.config import ConfigError, load_config, parse_duration
+from exporter.config import ConfigError, load_config, parse_duration, refuse_userinfo
 from exporter.derive.bottleneck import UNKNOWN_VERDICT_WORDS, VERDICT_WORDS
 from exporter.jsonsafe import JsonTooDeep
 from exporter.redact import CredentialError, read_secret_file, redact_url
@@ -272,6 +272,7 @@ def command_doctor(args: argparse.Namespace, env: Mapping[str, str], out: TextIO
     out = out or sys.stdout
     try:
         if args.url:
+            refuse_userinfo(args.url, "url", "give --username with --password-file instead")
             source = f"{redact_url(args.url)} (exporter)"
             access = exporter_access(args, env)
             diagnosis = fetch_diagnosis(args.url, parse_duration(args.timeout, "timeout"), access)

@@ -12,9 +12,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-# C0 controls (but \t; \n where a caller allows it), DEL, C1, the bidi embeddings/overrides and isolates.
-_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_UNSAFE_KEEP_NEWLINE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# C0 controls (but \t; \n where a caller allows it), DEL, C1, the direction marks (U+061C, U+200E,
+# U+200F), the line and paragraph separators (a terminal may break a line there) and the bidi
+# embeddings/overrides and isolates.
+_MARKS = "\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_UNSAFE = re.compile(f"[\x00-\x08\x0a-\x1f\x7f-\x9f{_MARKS}]")
+_UNSAFE_KEEP_NEWLINE = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_MARKS}]")
 
 
 def _escaped(match: re.Match[str]) -> str:

@@ -41,3 +41,47 @@ def test_doctor_prints_a_forged_model_name_escaped():
         assert raw not in output, output
     assert b"\\x1b[2J\\x1b[1A status: HEALTHY\\x07" in result.stdout, output
     assert result.stdout.count(b"\nstatus: ") == 1  # the forged one is not at the start of a line
+
+
+def test_loadtest_prints_a_forged_verdict_escaped(tmp_path):
+    """The real `loadtest` against a streaming server that is also its exporter, whose diagnosis
+    names a verdict and evidence holding the escapes (the table prints the verdict per step)."""
+    import asyncio
+    import contextlib
+    import json
+    import threading
+
+    from tests.test_loadtest import StreamServer
+
+    class Forging(StreamServer):
+        async def exporter(self, path: bytes, writer: asyncio.StreamWriter) -> None:
+            if path != b"/api/v1/diagnosis":
+                return await super().exporter(path, writer)
+            doc = {"ready": True, "targets": {FORGED: {"verdict": FORGED + "\u202e", "evidence": [FORGED],
+                                                       "numbers": {"running": self.in_flight}}}}
+            payload = json.dumps(doc).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                         + str(len(payload)).encode() + b"\r\nConnection: close\r\n\r\n" + payload)
+            await writer.drain()
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = Forging()
+    asyncio.run_coroutine_threadsafe(server.__aenter__(), loop).result(10)
+    try:
+        result = subprocess.run([sys.executable, "-m", "exporter.cli", "loadtest", server.url, "--exporter", server.url,
+                                 "--concurrency", "1", "--warmup", "0s", "--duration", "1s",
+                                 "--json", str(tmp_path / "r.json")], capture_output=True, timeout=120)
+    finally:
+        asyncio.run_coroutine_threadsafe(server.__aexit__(None, None, None), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        with contextlib.suppress(Exception):
+            loop.close()
+    output = result.stdout + result.stderr
+    assert server.ok > 0, output
+    assert b"status: HEALTHY" in output, output  # the forged text is shown, readable, escaped
+    for raw in RAW:
+        assert raw not in output, output
+    json.loads((tmp_path / "r.json").read_text())  # the JSON report stays valid (escaped by json)

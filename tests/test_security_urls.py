@@ -182,3 +182,38 @@ def test_yaml_and_env_urls_load_with_such_a_password(tmp_path):
     parts = urllib.parse.urlsplit(config.engines[0].url)
     assert (parts.hostname, parts.port, urllib.parse.unquote(parts.password)) == ("h", 1, password)
     assert password not in repr(config)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(option=st.sampled_from(["name", "kind", "timeout", "bearer_token_env", "username"]),
+       before=st.text("0123456789/#?", min_size=6, max_size=10),
+       after=st.text("0123456789/#?@", min_size=6, max_size=12))
+def test_a_password_holding_an_option_key_is_refused_without_echoing_any_of_it(option, before, after):
+    """`,name=` in a password cuts the spec there (the options' keys are the only place to cut); the
+    rest of the password then sits in an option's value. Refused, and no piece of it is shown."""
+    password = f"{before},{option}={after}"
+    spec = f"http://u:{password}@127.0.0.1:9/metrics"
+    try:
+        load_config({}, {"LLM_EXPORTER_ENGINES": spec})
+    except ConfigError as error:
+        message = str(error)
+    else:
+        raise AssertionError("accepted a spec that hides part of a password in an option")
+    for piece in (before, after, password):
+        assert piece not in message, (piece, message)
+
+
+def test_doctor_url_and_loadtest_urls_refuse_userinfo_without_echoing_it():
+    """`doctor --url`, `loadtest URL` and `--exporter` are command lines too: a password there is
+    visible to every local user. urllib read `u:pa/ss@` as host u, port pa and printed the port."""
+    password, pieces = _secret_password()
+    url = f"http://u:{password}@127.0.0.1:{free_port()}"
+    for args in (["doctor", "--url", url], ["loadtest", url, "--concurrency", "1"],
+                 ["loadtest", "http://127.0.0.1:9", "--exporter", url, "--concurrency", "1"]):
+        done = subprocess.run([sys.executable, "-m", "exporter.cli", *args], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        output = done.stdout + done.stderr
+        assert done.returncode == 2, (args, output)
+        assert "user[:password]@ in the URL" in output
+        for piece in pieces:
+            assert piece not in output, (args, output)

@@ -226,7 +226,7 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
     """`llm-exporter loadtest`: run the sweep, print the table, write --json / --html."""
     import sys
 
-    from exporter.config import ConfigError
+    from exporter.config import ConfigError, refuse_userinfo
     from exporter.probe.report import render_html, render_table
     from exporter.redact import redact_url
     from exporter.termsafe import terminal_safe, terminal_safe_tree
@@ -241,7 +241,10 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
                 raise ConfigError("api-key-env", args.api_key_env, "is not set or empty")
             headers["Authorization"] = f"Bearer {token}"
         if args.exporter and args.demo:
-            raise ConfigError("exporter", args.exporter, "--demo reads its embedded exporter")
+            raise ConfigError("exporter", redact_url(args.exporter), "--demo reads its embedded exporter")
+        for what, given in (("url", args.url), ("exporter", args.exporter)):
+            if given:
+                refuse_userinfo(given, what, "the server's key goes in --api-key-env")
     except ConfigError as error:
         print(f"llm-exporter loadtest: {terminal_safe(str(error))}", file=err)
         return EXIT_CONFIG
