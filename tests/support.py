@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -190,3 +191,25 @@ def http_status(url: str) -> int:
         return httpx.get(url, timeout=1).status_code
     except httpx.HTTPError:
         return 0
+
+
+@contextlib.contextmanager
+def exporter_run(*args: str) -> Iterator[tuple[str, subprocess.Popen, Any]]:
+    """`llm-exporter run` on a free loopback port (fast interval, no GPU or host source) until it is
+    ready: yields (base URL, process, its stderr as a temporary file to seek and read)."""
+    import sys
+
+    port = free_port()
+    command = [sys.executable, "-m", "exporter.cli", "run", "--listen", f"127.0.0.1:{port}", "--interval", "200ms",
+               "--gpu-backend", "none", "--no-host", *args]
+    with tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        base = f"http://127.0.0.1:{port}"
+        try:
+            if not wait_until(lambda: http_status(base + "/readyz") == 200, timeout=20):
+                stderr.seek(0)
+                raise AssertionError(f"exporter never became ready: {stderr.read().decode()[-2000:]}")
+            yield base, process, stderr
+        finally:
+            stop_process(process)

@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import re
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import MappingProxyType
 
 import httpx
@@ -34,7 +30,7 @@ from exporter.sources.engines.normalize import NormalizerState
 from exporter.sources.engines.normalize import normalize as plain_normalize
 from exporter.sources.engines.replay import normalize
 from exporter.sources.gpu.sim import samples_from_state
-from tests.support import fake_engine, free_port, stop_process, wait_until
+from tests.support import exporter_run, fake_engine, wait_until
 
 CEILING = {f.name: f.ceiling for f in engine_catalog.FAMILIES}
 EXTREMES = ["1e308", "-1e308", "1.5e18", "-0.5", "5.0", "1e-300", "0", "-0", "2.0", "NaN", "+Inf", "-Inf"]
@@ -186,22 +182,6 @@ EXTREME = (b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{m
            b"vllm:time_to_first_token_seconds_sum{model_name=\"bad\"} 1e308\n")
 
 
-@contextmanager
-def _exporter(*args: str) -> Iterator[tuple[str, subprocess.Popen, object]]:
-    port = free_port()
-    command = [sys.executable, "-m", "exporter.cli", "run", "--listen", f"127.0.0.1:{port}", "--interval", "200ms",
-               "--gpu-backend", "none", "--no-host", *args]
-    with tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        base = f"http://127.0.0.1:{port}"
-        try:
-            if not wait_until(lambda: _get(base + "/readyz").status_code == 200, timeout=20):
-                stderr.seek(0)
-                raise AssertionError(f"exporter never became ready: {stderr.read().decode()[-2000:]}")
-            yield base, process, stderr
-        finally:
-            stop_process(process)
 
 
 def _get(url: str) -> httpx.Response:
@@ -226,7 +206,7 @@ def _dropped(text: str, reason: str) -> float:
 
 def test_run_answers_finite_json_for_every_target_when_one_engine_reports_extreme_numbers():
     with fake_engine(EXTREME, keep_alive=True) as (bad, _), fake_engine(HEALTHY, keep_alive=True) as (good, _), \
-            _exporter("--engine", f"{bad},kind=vllm,name=bad", "--engine", f"{good},kind=vllm,name=good") as (
+            exporter_run("--engine", f"{bad},kind=vllm,name=bad", "--engine", f"{good},kind=vllm,name=good") as (
                 base, _process, stderr):
         assert wait_until(lambda: _dropped(_get(base + "/metrics").text, "out_of_range") > 0, timeout=15)
         assert wait_until(lambda: "good" in _get(base + "/api/v1/diagnosis").text

@@ -13,16 +13,12 @@ import asyncio
 import gc
 import itertools
 import logging
-import os
 import pathlib
 import random
 import re
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 
 import httpx
 import psutil
@@ -47,7 +43,7 @@ from exporter.sources.engines.normalize import MAX_MAPPED_LABEL_CHARS, Normalize
 from exporter.sources.engines.normalize import normalize as plain_normalize
 from exporter.sources.engines.replay import normalize
 from exporter.sources.engines.scrape import EngineSource
-from tests.support import fake_engine, free_port, stop_process, wait_until
+from tests.support import exporter_run, fake_engine, wait_until
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "engines"
 VLLM = (FIXTURES / "vllm-v0.11__documented.prom").read_text()
@@ -397,22 +393,6 @@ def test_a_hostile_engine_page_renders_openmetrics_that_a_strict_parser_accepts(
 # The same through `llm-exporter run`
 
 
-@contextmanager
-def _exporter(*args: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    port = free_port()
-    command = [sys.executable, "-m", "exporter.cli", "run", "--listen", f"127.0.0.1:{port}", "--interval", "200ms",
-               "--gpu-backend", "none", "--no-host", *args]
-    with tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        base = f"http://127.0.0.1:{port}"
-        try:
-            if not wait_until(lambda: _status(base + "/readyz") == 200, timeout=20):
-                stderr.seek(0)
-                raise AssertionError(f"exporter never became ready: {stderr.read().decode()[-2000:]}")
-            yield base, process
-        finally:
-            stop_process(process)
 
 
 def _status(url: str) -> int:
@@ -431,7 +411,7 @@ def test_run_drops_a_megabyte_model_name_counts_it_and_keeps_rss_flat():
     cycle = itertools.count()
     with fake_engine(keep_alive=True) as (url, behaviour):
         behaviour.body = _fresh_long_values_page(0, huge=MB, series=1)
-        with _exporter("--engine", f"{url},name=t") as (base, process):
+        with exporter_run("--engine", f"{url},name=t") as (base, process, _stderr):
             assert wait_until(lambda: _dropped(httpx.get(base + "/metrics", timeout=5).text,
                                                "label_value_too_long") > 0, timeout=15)
             # The drop is counted on a good scrape; a later one may time out on a loaded machine.
@@ -462,8 +442,8 @@ def test_run_serves_strict_openmetrics_and_counts_drops_for_a_hostile_engine():
     page = (VLLM + HOSTILE_PAGES["histogram_bad_le"].replace(TTFT, "vllm:e2e_request_latency_seconds")
             .replace('model_name="m"', 'model_name="meta-llama/Llama-3.1-8B-Instruct",engine="7"')
             + 'vllm:prompt_tokens_total{engine="9",model_name="meta-llama/Llama-3.1-8B-Instruct"} -3\n')
-    with fake_engine(page.encode(), keep_alive=True) as (url, _behaviour), _exporter("--engine", f"{url},name=t") as (
-            base, _process):
+    with fake_engine(page.encode(), keep_alive=True) as (url, _behaviour), \
+            exporter_run("--engine", f"{url},name=t") as (base, _process, _stderr):
         accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
 
         def scraped() -> str:
