@@ -36,6 +36,15 @@ def depth_over(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> bool:
     """True when `data` nests arrays and objects deeper than `max_depth` (outside strings)."""
     if data.count(b"[") + data.count(b"{") <= max_depth:
         return False
+    encoding = json.detect_encoding(data)
+    if not encoding.startswith("utf-8"):
+        # json.loads also reads UTF-16 and UTF-32 (no BOM needed), where a 0x22 byte can be half of
+        # another character: read as a quote it opened a string that hid every bracket after it
+        # (`["\u0122",[[[...` in UTF-16-LE reached json.loads as depth 1). Measured on the text.
+        try:
+            data = data.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            return False  # json.loads fails the same decode before it parses anything
     brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > max_depth
 

@@ -51,6 +51,21 @@ def test_an_escaped_quote_does_not_end_a_string():
     assert depth_over(b'["\\\\"' + b"[" * 10 + b"]" * 10 + b"]", 4)
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be", "utf-16", "utf-8-sig"])
+def test_utf16_and_utf32_are_measured_on_their_text(encoding):
+    """json.loads reads these too. U+0122 is 0x22 0x01 in UTF-16-LE: a byte-level scan took its
+    0x22 for a quote, and the next one opened a string that ran to the end and hid 5,000 levels."""
+    deep = ('["\u0122", "\u2200", ' + "[" * 5_000 + "]" * 5_000 + "]").encode(encoding)
+    with pytest.raises(JsonTooDeep):
+        loads(deep)
+    shallow = ('["\u0122", "\u2200", ' + "[" * 60 + "]" * 60 + "]").encode(encoding)
+    assert loads(shallow) == json.loads(shallow)
+    undecodable = b"[\x00" * 100 + b"]"  # an odd length: json.loads fails its decode before any parsing
+    assert not depth_over(undecodable, 4)
+    with pytest.raises(ValueError):
+        loads(undecodable)
+
+
 # Where json.loads may stay: text the operator wrote or the process made itself.
 PLAIN_JSON_ALLOWED = {
     "exporter/settings.py": "a flag's or variable's value, written by the operator",

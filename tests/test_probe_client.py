@@ -160,6 +160,8 @@ class OpenAIStub:
             return await self._event(writer, b'{"choices": [{"text": "a"')
         if mode == "deep_json":  # json.loads raised RecursionError on this (reason "exception")
             return await self._event(writer, b"[" * 50_000)
+        if mode == "utf16_deep_json":  # as deep, in UTF-16 (json.loads reads it) behind a 0x22 byte
+            return await self._event(writer, ('["\u0122",' + "[" * 20_000).encode("utf-16-le"))
         if mode == "stream_error":
             await self._event(writer, b'{"choices": [{"text": "a"}]}')
             return await self._event(writer, b'{"error": {"message": "out of memory", "code": 500}}')

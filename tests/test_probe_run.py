@@ -243,6 +243,22 @@ def test_deeply_nested_json_from_the_engine_is_reason_too_deep_and_nothing_else_
     assert _value(samples, "llm_engine_up", target="vllm") == 1.0
 
 
+def test_deep_json_in_utf16_is_measured_on_its_text_not_its_bytes():
+    """json.loads also reads UTF-16. In `["\u0122",[[[...` the character's 0x22 byte looked like a
+    quote to the byte-level depth check, the rest like one string, and 20,000 levels reached
+    json.loads: RecursionError again, counted as `exception`. Now reason too_deep."""
+    with stub(mode="utf16_deep_json", metrics=FIXTURE.read_bytes()) as server, \
+            exporter_process("--engine", f"{server.url}/metrics,name=vllm",
+                             "--probe", f"{server.url},every=1s,model=m,timeout=5s") as base:
+        assert wait_until(lambda: (_value(_scrape(base), "llm_probe_errors_total",
+                                          reason="too_deep") or 0) >= 2, timeout=20), _scrape(base).get(
+            "llm_probe_errors_total")
+        samples = _scrape(base)
+        assert http_status(base + "/healthz") == 200
+    assert sum(s.value for s in samples["llm_probe_errors_total"] if s.labels["reason"] == "exception") == 0
+    assert _value(samples, "llm_engine_up", target="vllm") == 1.0
+
+
 # ---------------------------------------------------------------------------------------------
 # The probe in the diagnosis (/api/v1/diagnosis, `doctor --url`), on the real twin's moving metrics
 # ---------------------------------------------------------------------------------------------
