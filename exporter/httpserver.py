@@ -35,6 +35,9 @@ What this front end does instead:
   the high-water mark of its response beyond the one page all readers share. What a slow reader
   has not taken when the app finishes is left to the connection (the app's request slot is free
   for the next scrape), within MAX_DEFERRED_BYTES of distinct bodies in all.
+- A request whose body framing is ambiguous (RFC 9112 6.1, 6.3: Transfer-Encoding with
+  Content-Length or on HTTP/1.0, or not exactly one chunked; differing Content-Length values) is
+  answered 400 and closed, and nothing after its head is parsed (framing_problem).
 - Every connection it closes on its own is counted by reason
   (llm_exporter_http_connections_rejected_total) next to a gauge of open connections; the
   collector exports them through its extra_health hook.
@@ -97,11 +100,20 @@ WRITE_LOW_WATER_BYTES = 16 * 1024
 MAX_DEFERRED_BYTES = 32 * 1024 * 1024
 # On stop, requests being served get this long to finish; waiting connections close at once.
 STOP_GRACE_S = 3.0
+# Refused framing is logged at most this often: a smuggling scan is thousands of requests, and each
+# is counted in llm_exporter_http_connections_rejected_total{reason="bad_framing"} anyway.
+FRAMING_LOG_INTERVAL_S = 10.0
+# h11's own refusals that are about body framing (differing Content-Length values, a Transfer-Encoding
+# other than chunked, two Transfer-Encoding fields): counted as bad_framing, not bad_request. Its
+# messages are the only way to tell; tests/test_hardening_http.py sends each case, so an h11 that
+# rewords one fails there.
+_H11_FRAMING_ERRORS = frozenset({"conflicting Content-Length headers", "bad Content-Length",
+                                 "multiple Transfer-Encoding headers", "Only Transfer-Encoding: chunked is supported"})
 
 # Why the server closed a connection it had accepted (the label values of
 # llm_exporter_http_connections_rejected_total).
 REASONS = ("too_many", "evicted", "tls_handshake", "idle_timeout", "header_timeout", "write_timeout",
-           "bad_request")
+           "bad_request", "bad_framing")
 
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 _PHRASES = {status.value: status.phrase.encode() for status in http.HTTPStatus}
@@ -132,16 +144,22 @@ def fd_bounded(max_connections: int) -> int:
     return max(1, min(max_connections, soft - FD_RESERVE))
 
 
-def _ambiguous_framing(headers: Any) -> bool:
-    """Both Content-Length and Transfer-Encoding, or either given more than once (h11 keeps the
-    repeats; it already refuses conflicting lengths and codings it does not speak)."""
-    lengths = codings = 0
-    for name, _value in headers:
-        if name == b"content-length":
-            lengths += 1
-        elif name == b"transfer-encoding":
-            codings += 1
-    return (lengths and codings) or lengths > 1 or codings > 1
+def framing_problem(request: h11.Request) -> str | None:
+    """Why the body framing of `request` is refused, or None. h11 has already refused differing
+    Content-Length values and any Transfer-Encoding but one `chunked` (and folds identical
+    Content-Length repeats into one, as RFC 9112 6.3 allows); what it lets through and the RFC
+    says to treat as faulty is checked here."""
+    encoding = length = False
+    for name, _value in request.headers:
+        encoding = encoding or name == b"transfer-encoding"
+        length = length or name == b"content-length"
+    if encoding and length:
+        # h11 follows Transfer-Encoding and ignores Content-Length; a proxy in front may do the
+        # opposite, and then the chunked body's tail is a request it never saw (section 6.3).
+        return "Transfer-Encoding together with Content-Length"
+    if encoding and request.http_version == b"1.0":
+        return "Transfer-Encoding in an HTTP/1.0 request"  # section 6.1: the framing is faulty
+    return None
 
 
 class HttpServer:
@@ -157,6 +175,8 @@ class HttpServer:
             log.warning("HTTP connections capped at %d, not %d: the file descriptor limit (ulimit -n) is too low",
                         self.max_connections, self.limits.max_connections)
         self.closed = dict.fromkeys(REASONS, 0)
+        self._framing_unlogged = 0
+        self._framing_logged_at = -float("inf")
         self.connections: set[_Connection] = set()
         # Connections not being served (handshake, waiting for or reading a head), oldest first,
         # and those waiting for their client to read: the ones a newcomer may displace. A dict
@@ -262,12 +282,31 @@ class HttpServer:
             del self._deferred[id(body)]
             self.deferred_bytes -= len(body)
 
+    def framing_refused(self, peer: Any, problem: str) -> None:
+        """Log a refused request framing: the first at once, then at most one line per
+        FRAMING_LOG_INTERVAL_S with how many were refused since (the counter has each one)."""
+        self._framing_unlogged += 1
+        now = time.monotonic()
+        if now - self._framing_logged_at < FRAMING_LOG_INTERVAL_S:
+            return
+        since = "" if self._framing_logged_at == -float("inf") else f" in the last {now - self._framing_logged_at:.0f}s"
+        log.warning("HTTP request refused (400) and its connection closed: ambiguous body framing (%s, from %s; "
+                    "%d refused%s), how a request is smuggled past a proxy that frames it otherwise. This line "
+                    "comes at most every %gs; llm_exporter_http_connections_rejected_total{reason=\"bad_framing\"} "
+                    "counts each one", problem, _peer_text(peer), self._framing_unlogged, since, FRAMING_LOG_INTERVAL_S)
+        self._framing_unlogged = 0
+        self._framing_logged_at = now
+
     def date_header(self) -> bytes:
         # Formatted at most once a second, on demand: no timer wakes the process to refresh it.
         now = int(time.time())
         if now != self._date_second:
             self._date_second, self._date = now, email.utils.formatdate(now, usegmt=True).encode()
         return self._date
+
+
+def _peer_text(peer: Any) -> str:
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "an unknown peer"
 
 
 class _Closed(Exception):
@@ -449,13 +488,17 @@ class _Connection(asyncio.BufferedProtocol):
             try:
                 event = self.h11.next_event()
             except h11.RemoteProtocolError as error:
-                self._reject(error.error_status_hint or 400, b"bad request\n")
+                if str(error) in _H11_FRAMING_ERRORS:
+                    self._refuse_framing(str(error))
+                else:
+                    self._reject(error.error_status_hint or 400, b"bad request\n")
                 raise _Closed from None
             if isinstance(event, h11.Request):
-                if _ambiguous_framing(event.headers):
+                problem = framing_problem(event)
+                if problem is not None:
                     # RFC 9112 6.1 and 6.3: a body framed two ways is how a request is smuggled past a
                     # proxy that reads the other framing. Answer once, close, never parse what follows.
-                    self._reject(400, b"bad request: conflicting Content-Length and Transfer-Encoding\n")
+                    self._refuse_framing(problem)
                     raise _Closed
                 return event
             if event is not h11.NEED_DATA:
@@ -471,10 +514,17 @@ class _Connection(asyncio.BufferedProtocol):
                 deadline, reason = start + self.limits.header_timeout_s, "header_timeout"
             await self._wait_data(deadline, reason)
 
-    def _reject(self, status: int, body: bytes) -> None:
-        """Answer a request h11 refused (malformed, or a head over the cap) and close."""
-        self.server.closed["bad_request"] += 1
-        self._reason = "bad_request"
+    def _refuse_framing(self, problem: str) -> None:
+        # 400 whatever h11 hinted (it says 501 for any Transfer-Encoding but chunked): section 6.3
+        # wants 400 when the body's length cannot be determined reliably.
+        self._reject(400, f"bad request: {problem}\n".encode(), "bad_framing")
+        self.server.framing_refused(self.peer, problem)
+
+    def _reject(self, status: int, body: bytes, reason: str = "bad_request") -> None:
+        """Answer a request refused before the app (malformed, a head over the cap, ambiguous
+        framing) and close."""
+        self.server.closed[reason] += 1
+        self._reason = reason
         head = (f"HTTP/1.1 {status} ".encode() + _PHRASES.get(status, b"") + b"\r\ncontent-type: text/plain\r\n"
                 + f"content-length: {len(body)}\r\n".encode() + b"connection: close\r\ndate: "
                 + self.server.date_header() + b"\r\n\r\n")

@@ -58,7 +58,9 @@ FAMILIES = (
            "request), evicted (the oldest idle one, to admit a new one), tls_handshake (failed or over 10 s), "
            "idle_timeout (no request head begun: 10 s after connecting, 30 s after a response), header_timeout "
            "(a request head or body not complete within 10 s), write_timeout (the client read nothing for "
-           "10 s), bad_request (a malformed or oversized request head).", ("reason",), "self"),
+           "10 s), bad_request (a malformed or oversized request head), bad_framing (a request body framed "
+           "ambiguously: Transfer-Encoding with Content-Length, or on HTTP/1.0, or not exactly chunked; "
+           "differing or invalid Content-Length; answered 400).", ("reason",), "self"),
     family("llm_exporter_http_requests_rejected_total", "counter", "requests",
            "Requests for /api/v1/snapshot, /api/v1/diagnosis and / (the twin of "
            "llm_exporter_scrapes_rejected_total), by reason: too_many (503: as many in flight as the /metrics "
