@@ -9,6 +9,7 @@ stays a plain dict so a variant is `{**CONFIG, key: value}` and generate.scale_d
 from __future__ import annotations
 
 from exporter import slo
+from exporter.derive.bottleneck import KV_QUEUE_LOW
 
 CONFIG: dict = {
     "exporter_selector": slo.EXPORTER_SELECTOR,
@@ -102,6 +103,22 @@ CONFIG: dict = {
     "numa_for": "15m",
     "bottleneck_resources": ("host_cpu", "power_thermal"),
     "bottleneck_for": "30m",
+    # Network (alerts/network.py), on the engine's links only. LLMNetworkLinkErrors: errors and drops
+    # above network_errors_per_second over network_error_window. LLMNetworkLinkBelowRate: a link rate
+    # below network_rate_ratio of its highest over network_rate_lookback. LLMKVTransferQueueStanding: at
+    # least kv_transfer_queue_min requests waiting for a KV transfer in kv_transfer_queue_share of
+    # kv_transfer_queue_window.
+    "network_down_for": "2m",
+    "network_error_window": "5m",
+    "network_errors_per_second": 1.0,
+    "network_errors_for": "10m",
+    "network_rate_lookback": "1d",
+    "network_rate_ratio": 0.9,
+    "network_rate_for": "10m",
+    "kv_transfer_queue_window": "10m",
+    "kv_transfer_queue_share": 0.8,
+    "kv_transfer_queue_min": KV_QUEUE_LOW,  # where the verdict's KV queue rule starts (the board draws it)
+    "kv_transfer_queue_for": "5m",
     # Pipeline.
     # LLMEngineDown pages for an engine that was up within engine_up_lookback and is down for
     # engine_down_for. An engine not up at all in that lookback (a new pod still loading its model,

@@ -12,6 +12,7 @@ from dashboards.lib import (
     color_override,
     dashboard,
     layout,
+    right_axis,
     row,
     standard_variables,
     state_timeline,
@@ -29,12 +30,6 @@ EX = Promql("exporter")
 T = Promql("target")
 TM = Promql("target_model")
 NOT_ALL, CURRENT, MAXIMUM = 'cpu!="all"', 'state="current"', 'state="max"'
-RIGHT_AXIS = {"id": "custom.axisPlacement", "value": "right"}
-
-
-def right_axis(name_regex: str, unit: str) -> dict:
-    return {"matcher": {"id": "byRegexp", "options": name_regex},
-            "properties": [RIGHT_AXIS, {"id": "unit", "value": unit}]}
 
 
 def cpu_row() -> Row:
@@ -152,6 +147,47 @@ link (see the GPU dashboard's NVML view).
     )
 
 
+NET = ("instance", "device")
+
+
+def network_row() -> Row:
+    engine_info = EX.sel("llm_host_network_info", 'engine="true"')
+    link = f"max by (instance, device, kind) ({engine_info})"
+    return row("Network links (NIC and RDMA)",
+        timeseries("Network link utilization", f"""
+Each NIC and RDMA port's traffic over the last cycle as a share of its link rate, per direction (receive,
+transmit): sysfs statistics for Ethernet, the port counters for InfiniBand and RoCE (data counted in 4-byte words).
+Solid lines are the links the exporter counts as the engine's (its NUMA node, its GPUs' PCIe neighbours, or
+configured): the ones tensor parallelism across servers and prefill/decode KV transfer cross. The verdict calls
+interconnect from {verdict.pct(verdict.NET_UTIL_VERDICT)} on an engine link when the engine's work is known to
+cross servers (red line); without that it is only a lead.
+""", [target(EX.sel("llm_host_network_utilization_ratio") + f"\n* on (instance, device) group_left (kind) {link}",
+             "{{device}} {{direction}} engine ({{instance}})"),
+      target(EX.sel("llm_host_network_utilization_ratio") + f"\nunless on (instance, device) {link}",
+             "{{device}} {{direction}} ({{instance}})")],
+            unit="percentunit", w=12, minimum=0, maximum=1, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (verdict.NET_UTIL_VERDICT, "red")),
+            overrides=[color_override("^((?!engine).)*$", "text", dashed=True)]),
+        timeseries("Network errors and drops", """
+Errors and drops per second on each link, both directions summed (sysfs rx/tx errors and dropped; for an RDMA
+port the receive errors, transmit discards and symbol errors). Any sustained rate on a link that carries tensor
+parallel or KV transfer traffic slows every step or transfer (retransmits, NCCL timeouts): check cables,
+transceivers and the switch port (LLMNetworkLinkErrors).
+""", [target(f"sum by (instance, device) ({EX.rate(f'llm_host_network_{d}_{k}_total')})",
+             f"{d} {k} {{{{device}}}} ({{{{instance}}}})")
+      for d in ("receive", "transmit") for k in ("errors", "drops")], unit="short", w=12, minimum=0),
+        table("Network links: state and rate", """
+Each link's kind (ethernet, infiniband, roce), NUMA node, whether it counts as the engine's, state (1 up) and
+rate. A link down, or at a lower rate than it had (LLMNetworkLinkBelowRate: renegotiated down after a bad
+cable or a switch port change), halves what crosses it.
+""", [target(f"max by ({', '.join(NET)}, kind, numa_node, engine) ({EX.sel('llm_host_network_info')})",
+),
+      target(f"max by ({', '.join(NET)}) ({EX.sel('llm_host_network_up')})", instant=True, fmt="table"),
+      target(f"max by ({', '.join(NET)}) ({EX.sel('llm_host_network_speed_bytes_per_second')}) * 8")],
+            w=24, h=6, rename={"Value #B": "up", "Value #C": "bits/s", "numa_node": "NUMA node"}),
+    )
+
+
 def self_health_row() -> Row:
     return row("Exporter self-health",
         state_timeline("Source status", """
@@ -200,7 +236,8 @@ exporters explain panels that are blank on some instances only.
     )
 
 
-ROWS: tuple[RowBuilder, ...] = (cpu_row, numa_memory_row, pressure_row, pcie_sysfs_row, self_health_row)
+ROWS: tuple[RowBuilder, ...] = (cpu_row, numa_memory_row, pressure_row, pcie_sysfs_row, network_row,
+                                self_health_row)
 
 
 def build() -> dict:

@@ -82,6 +82,12 @@ def target(expr: str, legend: str = "", *, instant: bool = False, fmt: str = "ti
     return {"expr": expr, "legendFormat": legend, "instant": instant, "format": fmt}
 
 
+def right_axis(name_regex: str, unit: str) -> dict:
+    """An override that puts the series matching `name_regex` on a right axis in `unit`."""
+    return {"matcher": {"id": "byRegexp", "options": name_regex},
+            "properties": [{"id": "custom.axisPlacement", "value": "right"}, {"id": "unit", "value": unit}]}
+
+
 def thresholds(*steps: tuple[float | None, str]) -> dict:
     """thresholds((None, "green"), (0.9, "orange"), (0.98, "red"))."""
     return {"mode": "absolute", "steps": [{"color": color, "value": value} for value, color in steps]}

@@ -15,6 +15,7 @@ from dashboards.lib import (
     heatmap,
     layout,
     repeat_per,
+    right_axis,
     row,
     standard_variables,
     stat,
@@ -396,6 +397,38 @@ using fewer KV heads; KV-cache quantization halves it again. Absent when the mod
     )
 
 
+def pd_row() -> Row:
+    return row("Prefill/decode disaggregation (KV transfer)",
+        timeseries(f"KV transfer time vs TTFT (p50/p99, {WINDOW})", f"""
+For prefill/decode disaggregated serving (SGLang PD, vLLM NIXL or Mooncake connectors, Dynamo, llm-d): the time
+a request's KV cache takes to cross from the prefill to the decode instance, next to TTFT. On a decode
+instance TTFT includes the transfer, so a transfer median near the TTFT median means the network, not the GPU,
+sets the first token. The verdict calls interconnect from a median share of
+{verdict.pct(verdict.KV_SHARE_VERDICT)} of TTFT. Empty for engines that are not disaggregated.
+""", [target(TM.quantile(0.5, "llm_kv_transfer_seconds"), "transfer p50 {{target}} ({{instance}})"),
+      target(TM.quantile(0.99, "llm_kv_transfer_seconds"), "transfer p99 {{target}} ({{instance}})"),
+      target(TM.quantile(0.5, "llm_time_to_first_token_seconds"), "TTFT p50 {{target}} ({{instance}})")],
+            unit="s", w=8, overrides=[color_override("^TTFT.*", "red", dashed=True)]),
+        timeseries("Requests waiting for KV transfer", f"""
+Requests whose KV cache is being bootstrapped or transferred between instances (SGLang's bootstrap and
+transfer queues, vLLM's KV-fetch stages), next to the scheduler's own waiting queue. A transfer queue that
+stands (mean {verdict.KV_QUEUE_VERDICT:g} or more) is the interconnect verdict: the decode instance has room
+but its KV has not arrived. These requests are load: an instance with only them is not idle.
+""", [target(TM.sel("llm_requests_waiting_kv_transfer"), "KV transfer {{target}} ({{instance}})"),
+      target(TM.sel("llm_requests_waiting"), "scheduler queue {{target}} ({{instance}})")],
+            unit="short", w=8, minimum=0, threshold_style="dashed",
+            steps=thresholds((None, "transparent"), (verdict.KV_QUEUE_VERDICT, "orange"))),
+        timeseries(f"KV transfer throughput and failures ({WINDOW})", """
+Bytes of KV cache moved per second (the transfer-size histogram's sum) and failed transfers per second (right
+axis). Compare the bytes with the link's rate on the Host dashboard's network row; failures mean requests
+retried or aborted.
+""", [target(TM.sum_rate("llm_kv_transfer_bytes_sum", by=ENGINE, window=WINDOW), "bytes/s {{target}} ({{instance}})"),
+      target(TM.sum_rate("llm_kv_transfer_failures_total", by=ENGINE, window=WINDOW),
+             "failures/s {{target}} ({{instance}})")],
+            unit="Bps", w=8, minimum=0, overrides=[right_axis("^failures.*", "short")]),
+    )
+
+
 def cost_row() -> Row:
     return row("Efficiency and cost",
         timeseries("Energy per generated token", """
@@ -468,7 +501,7 @@ The runbook of LLMProbeFailing says what each means.
 
 
 ROWS: tuple[RowBuilder, ...] = (now_row, verdict_row, latency_row, slo_row, throughput_row, kv_cache_row,
-                                cost_row, probe_row)
+                                pd_row, cost_row, probe_row)
 
 
 def build() -> dict:

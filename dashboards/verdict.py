@@ -47,6 +47,13 @@ HOST_THREAD_VERDICT = crossing("host_cpu", "busiest_thread", CONSTRAINT_MIN)
 HOST_THREAD_FULL = crossing("host_cpu", "busiest_thread", 1.0)
 
 
+# The network between servers (bottleneck._network): an engine link's utilization, KV transfer's share of
+# TTFT and the requests waiting for a KV transfer, where interconnect reaches a constraint verdict.
+NET_UTIL_VERDICT = ramp_input(CONSTRAINT_MIN, bottleneck.NET_UTIL_LOW, bottleneck.NET_UTIL_HIGH)
+KV_SHARE_VERDICT = ramp_input(CONSTRAINT_MIN, bottleneck.KV_SHARE_LOW, bottleneck.KV_SHARE_HIGH)
+KV_QUEUE_VERDICT = bottleneck.KV_QUEUE_LOW
+
+
 def pct(ratio: float) -> str:
     """0.305 -> '30.5%', 0.44 -> '44%'."""
     return f"{round(ratio * 100, 2):g}%"

@@ -70,6 +70,9 @@ def _sample_for(name: str, labels: tuple) -> list[Sample]:
         return [Sample(name, labels_of(**dict(labels), reason="sw_power_cap"), 1.0)]
     if "cpu" in fam.labels:
         return [Sample(name, labels_of(cpu="0"), 0.1), Sample(name, labels_of(cpu="all"), 0.5)]
+    if "device" in fam.labels:  # per network link; a direction's two series read as the higher
+        return [Sample(name, labels_of(device="ib0", direction=d), v) for d, v in (("receive", 1.0),
+                                                                                    ("transmit", 2.0))]
     return [Sample(name, labels, 2.0)]
 
 
@@ -87,6 +90,8 @@ def test_every_declared_need_reaches_the_view():
         gpu += _sample_for(name, gpu_labels)
     for name in sorted({n for s in STAGES for n in s.host}):
         host += _sample_for(name, ())
+    host.append(Sample("llm_host_network_info",
+                       labels_of(device="ib0", kind="infiniband", numa_node="0", engine="true"), 1.0))
     results = {"engine:a": SourceResult("engine:a", True, 0.0, 0.0, tuple(engine), kind=SourceKind.ENGINE),
                "gpu": SourceResult("gpu", True, 0.0, 0.0, tuple(gpu), kind=SourceKind.GPU),
                "host": SourceResult("host", True, 0.0, 0.0, tuple(host), kind=SourceKind.HOST)}
@@ -111,6 +116,11 @@ def test_every_declared_need_reaches_the_view():
             else:
                 assert g.get(name) == 2.0, (stage.name, name)
         for name in stage.host:
+            if "device" in family_of(name).labels:
+                (link,) = view.links
+                assert (link.device, link.kind, link.engine) == ("ib0", "infiniband", True)
+                assert link.get(name) == 2.0, (stage.name, name)
+                continue
             assert view.host[name] == (0.5 if "cpu" in family_of(name).labels else 2.0), (stage.name, name)
 
 

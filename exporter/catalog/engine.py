@@ -91,6 +91,11 @@ FAMILIES = (
            T, "engine"),
     family("llm_requests_running", "gauge", "requests",
            "Requests in the running batch.", T, "engine"),
+    # I28-STUB (replaced by the i28-engines branch at merge)
+    family("llm_requests_waiting_kv_transfer", "gauge", "requests", "stub", T, "engine"),
+    family("llm_kv_transfer_seconds", "histogram", "seconds", "stub", T, "engine"),
+    family("llm_kv_transfer_bytes", "histogram", "bytes", "stub", T, "engine"),
+    family("llm_kv_transfer_failures_total", "counter", "requests", "stub", T, "engine"),
     family("llm_requests_waiting", "gauge", "requests",
            "Requests waiting to be scheduled.", T, "engine"),
     family("llm_requests_pending", "gauge", "requests",

@@ -40,6 +40,19 @@ FAMILIES = (
     family("llm_host_gpu_numa_node", "gauge", "node",
            "NUMA node the GPU's PCI device is attached to (sysfs numa_node); absent when the firmware "
            "gives none.", ("pci",), "host"),
+    # I28-STUB (replaced by the i28-net branch at merge)
+    family("llm_host_network_info", "gauge", "info", "stub", ("device", "kind", "numa_node", "engine"), "host"),
+    family("llm_host_network_up", "gauge", "bool", "stub", ("device",), "host"),
+    family("llm_host_network_speed_bytes_per_second", "gauge", "bytes/s", "stub", ("device",), "host"),
+    family("llm_host_network_utilization_ratio", "gauge", "ratio", "stub", ("device", "direction"), "host"),
+    family("llm_host_network_receive_bytes_total", "counter", "bytes", "stub", ("device",), "host"),
+    family("llm_host_network_receive_packets_total", "counter", "packets", "stub", ("device",), "host"),
+    family("llm_host_network_receive_errors_total", "counter", "errors", "stub", ("device",), "host"),
+    family("llm_host_network_receive_drops_total", "counter", "packets", "stub", ("device",), "host"),
+    family("llm_host_network_transmit_bytes_total", "counter", "bytes", "stub", ("device",), "host"),
+    family("llm_host_network_transmit_packets_total", "counter", "packets", "stub", ("device",), "host"),
+    family("llm_host_network_transmit_errors_total", "counter", "errors", "stub", ("device",), "host"),
+    family("llm_host_network_transmit_drops_total", "counter", "packets", "stub", ("device",), "host"),
     family("llm_engine_process_found", "gauge", "bool",
            "1 when the configured engine process (pid file, port or name) was found this cycle, else 0. "
            "Absent when no selector is configured.", (), "host"),

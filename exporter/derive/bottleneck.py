@@ -55,7 +55,8 @@ VERDICT_WORDS: Mapping[str, tuple[str, str]] = {
     "kv_capacity": ("KV cache capacity", "KV cache capacity"),
     "scheduler": ("scheduler limit (max sequences/slots)", "the scheduler's limit (max running sequences or slots)"),
     "host_cpu": ("host CPU", "host CPU"),
-    "interconnect": ("interconnect (PCIe/NVLink)", "interconnect (PCIe/NVLink)"),
+    "interconnect": ("interconnect (PCIe/NVLink/network)",
+                     "interconnect (PCIe, NVLink, or the network between servers)"),
     "power_thermal": ("power / thermal throttling", "power / thermal throttling"),
 }
 UNKNOWN_VERDICT_WORDS = "cannot tell yet"
@@ -117,6 +118,17 @@ REMEDIES: Mapping[str, tuple[str, ...]] = {
         "Do not buy faster GPUs until the clocks hold under load.",
     ),
 }
+# interconnect's remedies when the network between servers is what scored (remedies()).
+NETWORK_REMEDIES: tuple[str, ...] = (
+    "Check the links between servers: state, rate and error counters (ibstat / ibv_devinfo for InfiniBand and "
+    "RoCE, ethtool and ip -s link for Ethernet); a link down, trained below its rate or dropping packets is "
+    "the first suspect.",
+    "Make sure the traffic takes RDMA (GPUDirect RDMA, NCCL_IB_HCA / NIXL or Mooncake over RDMA, not TCP) "
+    "and the right NIC: the one on the GPUs' PCIe switch and NUMA node, on the same leaf switch as the peer.",
+    "Keep tensor parallelism inside one NVLink box and go across servers with pipeline or data parallelism; "
+    "overlap communication with compute; for prefill/decode pairs, put them in one rack or NVLink domain, "
+    "or shrink the KV to move (fp8 KV cache, prefix caching on the decode side).",
+)
 
 
 def ramp(value: float | None, low: float, high: float) -> float:
@@ -188,6 +200,23 @@ class Signals(NamedTuple):
     probe_tps: float = 0.0
     probe_running: float = 0.0
     probe_mean_running: float = 0.0
+    # What crosses servers (the transfer stage): prefill/decode KV transfer and the engine's network links.
+    role: str = ""  # prefill | decode | both; "" not reported
+    kv_waiting: float | None = None  # mean requests waiting for a KV transfer
+    kv_transfer_share: float | None = None  # median KV transfer / median TTFT
+    kv_transfer_p50: float | None = None
+    kv_failures_per_s: float | None = None
+    spans: str = ""  # why the work crosses servers ("": nothing says it does)
+    net_util: float | None = None  # busiest engine link, busier direction
+    net_util_what: str = ""
+    net_down: tuple[str, ...] = ()
+    net_errors: tuple[str, ...] = ()
+
+    @property
+    def network(self) -> bool:
+        """Whether the network between servers is in play for this target."""
+        return bool(self.spans or self.net_down or self.net_errors or self.kv_transfer_share is not None
+                    or (self.net_util or 0.0) >= NET_UTIL_LOW)
 
     @property
     def rates_known(self) -> bool:
@@ -195,8 +224,10 @@ class Signals(NamedTuple):
 
     @property
     def work(self) -> bool:
+        # Requests waiting for their KV to arrive are work: a decode instance starved by a slow
+        # transfer is not idle.
         load = max((self.running or 0.0) - self.probe_running, (self.mean_batch or 0.0) - self.probe_mean_running,
-                   self.waiting or 0.0)
+                   self.waiting or 0.0, self.kv_waiting or 0.0)
         tokens = (self.decode_tps or 0.0) + (self.prefill_tps or 0.0) - self.probe_tps
         return load >= 0.5 or tokens >= NO_WORK_TOKENS_PER_S
 
@@ -323,15 +354,55 @@ def _host(s: Signals, roof: float, ev: list[str] | None) -> float:
     return score
 
 
-def _interconnect(s: Signals, ev: list[str] | None) -> float:
+NET_UTIL_LOW, NET_UTIL_HIGH = 0.6, 0.9  # an engine network link's utilization ramp
+KV_SHARE_LOW, KV_SHARE_HIGH = 0.25, 0.5  # KV transfer's share of TTFT: half of it is the transfer's
+KV_QUEUE_LOW, KV_QUEUE_HIGH = 1.0, 8.0  # mean requests waiting for a KV transfer
+LEAD = 0.5  # a network sign without a known reason for the work to cross servers is a lead
+
+
+def _network(s: Signals, ev: list[str] | None) -> float:
+    """The network between servers: prefill/decode KV transfer and the engine's NIC/RDMA links."""
     score = 0.0
+    if s.spans and ev is not None:
+        ev.append(s.spans)
+    if s.kv_transfer_share is not None:
+        score = max(score, ramp(s.kv_transfer_share, KV_SHARE_LOW, KV_SHARE_HIGH))
+        if ev is not None and s.kv_transfer_p50 is not None:
+            ev.append(f"KV transfer {pct(s.kv_transfer_share)} of TTFT (median transfer "
+                      f"{s.kv_transfer_p50 * 1000:.3g} ms)")
+    if s.kv_waiting is not None and s.kv_waiting >= KV_QUEUE_LOW:
+        score = max(score, CONSTRAINT_MIN + 0.4 * ramp(s.kv_waiting, KV_QUEUE_LOW, KV_QUEUE_HIGH))
+        if ev is not None:
+            ev.append(f"{s.kv_waiting:.1f} requests waiting for a KV transfer on average")
+    if s.kv_failures_per_s:
+        score = max(score, CONSTRAINT_MIN)
+        if ev is not None:
+            ev.append(f"{s.kv_failures_per_s * 60:.1f} failed KV transfers/min")
+    weight = 1.0 if s.spans else LEAD
+    if s.net_down:
+        score = max(score, 0.9 * weight)
+        if ev is not None:
+            ev.append("engine network link down: " + ", ".join(s.net_down))
+    if s.net_errors:
+        score = max(score, 0.65 * weight)
+        if ev is not None:
+            ev.append("engine network link errors: " + ", ".join(s.net_errors))
+    if s.net_util is not None:
+        score = max(score, ramp(s.net_util, NET_UTIL_LOW, NET_UTIL_HIGH) * weight)
+        if ev is not None and s.net_util >= 0.5:
+            ev.append(f"network link {s.net_util_what} at {pct(s.net_util)} of its rate")
+    return score
+
+
+def _interconnect(s: Signals, ev: list[str] | None) -> float:
+    score = _network(s, ev) if s.network else 0.0
     if s.degraded_links:
         score = 0.9 if s.tp > 1 else 0.45
         if ev is not None:
             ev.append("PCIe link trained down under load: " + ", ".join(s.degraded_links))
             if s.tp > 1:
                 ev.append(f"tensor parallel over {s.tp} GPUs: every step waits on the slow link")
-    elif s.gpus_known and ev is not None:
+    elif s.gpus_known and ev is not None and not s.network:
         ev.append("PCIe links at their maximum generation and width")
     if s.link_util is not None:
         score = max(score, ramp(s.link_util, 0.6, 0.9) * (1.0 if s.tp > 1 else 0.6))
@@ -514,6 +585,19 @@ def settle(state: Hysteresis, raw: str, now: float, hold_cycles: int = HOLD_CYCL
     if streak >= hold_cycles:
         return Hysteresis(raw, now)
     return Hysteresis(state.verdict, state.since, raw, streak)
+
+
+def remedies(verdict: str, s: Signals) -> tuple[str, ...]:
+    """The verdict's remedies; interconnect's are the network's when the network is what scored."""
+    if verdict == "interconnect" and s.network and _network(s, None) >= _interconnect_local(s):
+        return NETWORK_REMEDIES
+    return REMEDIES[verdict]
+
+
+def _interconnect_local(s: Signals) -> float:
+    """interconnect's score from PCIe and NVLink alone."""
+    return _interconnect(s._replace(spans="", kv_transfer_share=None, kv_waiting=None, kv_failures_per_s=None,
+                                    net_util=None, net_down=(), net_errors=()), None)
 
 
 def is_degraded(verdict: str, s: Signals) -> list[str]:

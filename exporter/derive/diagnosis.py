@@ -116,9 +116,9 @@ def target_diagnosis(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]
     degraded += [f"limited by {r} as much, not by the GPU's own roof" for r in also]
     if check is not None:
         degraded = [*degraded, *check.degraded()]
-    remedies = list(bottleneck.REMEDIES[verdict])
+    remedies = list(bottleneck.remedies(verdict, signals))
     for r in also:
-        remedies += [line for line in bottleneck.REMEDIES[r] if line not in remedies]
+        remedies += [line for line in bottleneck.remedies(r, signals) if line not in remedies]
     out.update(status="degraded" if degraded else "healthy", degraded_because=degraded,
                scores=dict(decision.scores), evidence=evidence, also_limiting=also,
                remedies=remedies, since=decision.state.since)

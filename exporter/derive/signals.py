@@ -102,6 +102,7 @@ def _power_cap(g: GpuView, spec: GpuSpec | None, capped: list[str], envelope: li
 def gather(ctx: Ctx) -> Signals:
     """What the verdict reads for one target, from the earlier stages' results and the view."""
     thr, kvc, roof, gpus = ctx.get("throughput"), ctx.get("kv"), ctx.get("roofline"), ctx.gpus
+    moved = ctx.get("transfer")
     tails = ctx.get("quantiles") or {}
     host = ctx.view.host
     values: dict[str, Any] = gpu_health(gpus, ctx.spec_for)
@@ -129,6 +130,11 @@ def gather(ctx: Ctx) -> Signals:
     values["cpu_all"] = host.get(HOST_CPU)
     if NUMA_MISMATCH in host:
         values["numa_mismatch"] = host[NUMA_MISMATCH] >= 0.5
+    if moved is not None:
+        values.update(role=moved.role, kv_waiting=moved.waiting, kv_transfer_share=moved.share,
+                      kv_transfer_p50=moved.transfer_p50, kv_failures_per_s=moved.failures_per_s,
+                      spans=moved.spans, net_util=moved.link_util, net_util_what=moved.link_what,
+                      net_down=moved.links_down, net_errors=moved.link_errors)
     for kind, p99, attainment, bound in (("ttft", "ttft_p99", "ttft_attainment", "ttft_bound"),
                                          ("tbt", "tbt_p99", "tbt_attainment", "tbt_bound")):
         tail = tails.get(kind)
@@ -183,7 +189,7 @@ def samples(decision: Decision, key: TargetKey) -> list[Sample]:
 
 STAGE = Stage(
     name="bottleneck", compute=decide, samples=samples, state=Verdicts,
-    after=("throughput", "kv", "roofline", "quantiles"),
+    after=("throughput", "kv", "roofline", "quantiles", "transfer"),
     emits=("llm_bottleneck", "llm_bottleneck_score"),
     gpu=(UTIL, TENSOR, LINK_GEN, LINK_WIDTH, PCIE_TX, PCIE_RX, NVLINK_TX, NVLINK_RX, SM_CLOCK, SM_CLOCK_MAX,
          TEMPERATURE, CLOCK_EVENT, POWER_LIMIT, POWER_DEFAULT),

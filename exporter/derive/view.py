@@ -35,6 +35,8 @@ VIEW_GPU = (GPU_UP, "llm_gpu_info")
 # (current/max), or the `reason`s active.
 GAUGE, BY_STATE, REASONS = 0, 1, 2
 HOST_ALL = ("cpu", "all")  # a host family labelled by CPU is read at its all-CPU series
+LINK_LABEL = "device"  # a host family labelled by network link is read per link (LinkView)
+NET_INFO = "llm_host_network_info"  # a link's kind and whether it is the engine's
 
 
 class ViewNeeds(NamedTuple):
@@ -47,6 +49,7 @@ class ViewNeeds(NamedTuple):
     gpu: Mapping[str, int]  # GPU family -> GAUGE, BY_STATE or REASONS
     host: frozenset[str]  # host families, one value each (HostView keys)
     host_all: frozenset[str]  # of those, the ones read at the HOST_ALL label
+    host_links: frozenset[str] = frozenset()  # host families read per network link (LinkView)
 
     @classmethod
     def of(cls, engine: Collection[str], histograms: Collection[str], gpu: Collection[str],
@@ -62,9 +65,11 @@ class ViewNeeds(NamedTuple):
         for name in (*VIEW_GPU, *gpu):
             labels = FAMILIES[name].labels
             kinds[name] = BY_STATE if "state" in labels else REASONS if "reason" in labels else GAUGE
+        links = frozenset(h for h in host if LINK_LABEL in FAMILIES[h].labels)
         return cls(frozenset(engine) - specials, KV_USAGE in engine, PREFIX_HIT_RATIO in engine,
-                   frozenset(h + "_bucket" for h in histograms), MappingProxyType(kinds), frozenset(host),
-                   frozenset(h for h in host if HOST_ALL[0] in FAMILIES[h].labels))
+                   frozenset(h + "_bucket" for h in histograms), MappingProxyType(kinds),
+                   frozenset(host) - links, frozenset(h for h in host if HOST_ALL[0] in FAMILIES[h].labels),
+                   links | {NET_INFO} if links else links)
 
 
 def family_named(sample_name: str) -> Family:
@@ -108,6 +113,7 @@ class EngineView(NamedTuple):
     ranks: int = 1  # data-parallel ranks (distinct `rank` labels; 1 without the label)
     prefix_hit_ratio: float | None = None  # mean over ranks of llm_prefix_cache_hit_ratio
     unaccounted: tuple[str, ...] = ()  # native families the engine table neither maps nor ignores
+    role: str = ""  # prefill, decode or both (llm_engine_info's role); "" when the source does not say
 
     def get(self, name: str) -> float | None:
         return self.sums.get(name)
@@ -176,6 +182,18 @@ def _probe_view(target: str, samples: tuple[Sample, ...]) -> ProbeView | None:
     return ProbeView(target, errors=MappingProxyType(errors), tokens=tokens, in_flight=in_flight, **values)
 
 
+class LinkView(NamedTuple):
+    """One network link of the host (NIC or RDMA port), from the host source's per-link families."""
+
+    device: str
+    kind: str  # ethernet | infiniband | roce; "" when its info series is missing
+    engine: bool  # the host source counts it as the engine's (NUMA node, PCIe neighbours or configured)
+    values: Mapping[str, float]  # family -> value; a family with a direction: the higher of the two
+
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotView:
     taken_at: float
@@ -186,6 +204,7 @@ class SnapshotView:
     host: Mapping[str, float] = field(default_factory=dict)
     host_source: str = ""
     probes: Mapping[str, ProbeView] = field(default_factory=dict)  # by engine target
+    links: tuple[LinkView, ...] = ()  # network links, by device
 
 
 def _sort_gpu(gpu: str) -> tuple[int, str]:
@@ -407,6 +426,7 @@ def _engine_view(source: str, attrs: Mapping[str, str], layout: _EngineLayout, v
         ranks=layout.ranks,
         prefix_hit_ratio=sum(hits) / len(hits) if hits else None,
         unaccounted=tuple(attrs.get("unaccounted_families", "").split()),
+        role=attrs.get("role", ""),
     )
 
 
@@ -551,13 +571,27 @@ class ViewCache:
             del self._layouts[source]
 
 
-def _host(samples: tuple[Sample, ...], needs: ViewNeeds) -> dict[str, float]:
+def _host(samples: tuple[Sample, ...], needs: ViewNeeds) -> tuple[dict[str, float], tuple[LinkView, ...]]:
     host: dict[str, float] = {}
-    wanted, at_all = needs.host, needs.host_all
+    wanted, at_all, per_link = needs.host, needs.host_all, needs.host_links
+    links: dict[str, dict[str, float]] = {}
+    info: dict[str, Sample] = {}
     for s in samples:
-        if s.name in wanted and (s.name not in at_all or s.label(HOST_ALL[0]) == HOST_ALL[1]):
-            host[s.name] = s.value
-    return host
+        name = s.name
+        if name in wanted:
+            if name not in at_all or s.label(HOST_ALL[0]) == HOST_ALL[1]:
+                host[name] = s.value
+        elif name in per_link:
+            device = s.label(LINK_LABEL)
+            if name == NET_INFO:
+                info[device] = s
+                continue
+            values = links.setdefault(device, {})
+            values[name] = max(values.get(name, s.value), s.value)
+    views = tuple(LinkView(device, info[device].label("kind") if device in info else "",
+                           device in info and info[device].label("engine") == "true", MappingProxyType(values))
+                  for device, values in sorted(links.items()))
+    return host, views
 
 
 def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
@@ -568,6 +602,7 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
     gpu_source = ""
     host: dict[str, float] = {}
     host_source = ""
+    links: tuple[LinkView, ...] = ()
     probes: dict[str, ProbeView] = {}
     for name, result in snapshot.results.items():
         kind = result.kind
@@ -585,7 +620,7 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
         elif kind is SourceKind.HOST:
             host_source = "ok" if result.ok else (result.error_reason or "failed")
             if result.ok:
-                host = _host(result.samples, cache.needs)
+                host, links = _host(result.samples, cache.needs)
         elif kind is SourceKind.PROBE and result.ok:
             target = result.attrs.get("target", name)
             if (probe := _probe_view(target, result.samples)) is not None:
@@ -594,4 +629,4 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
     engines.sort(key=lambda e: e.target)
     down.sort(key=lambda d: d.target)
     return SnapshotView(snapshot.taken_at, tuple(engines), tuple(down), gpus, gpu_source,
-                        MappingProxyType(host), host_source, MappingProxyType(probes))
+                        MappingProxyType(host), host_source, MappingProxyType(probes), links)
