@@ -210,7 +210,7 @@ SPEC = EngineSpec(
         "`--enable-dp-attention` DP rank d's scheduler reports tp_rank = d x attention-TP size. "
         "By default only each DP rank's attention-TP rank 0 reports; with "
         "`--enable-metrics-for-all-schedulers` the other ranks' copies coincide with it: gauges take "
-        "the maximum (exact for copies) but the retraction counter is summed over them.",
+        "the maximum (exact for copies) but the counters (retractions, KV-transfer failures) are summed over them.",
         "Prefix cache: `cached_tokens_total` / `prompt_tokens_total` are hits / queries in tokens, "
         "both counted when a request finishes (queries only once the page has a cached_tokens "
         "sample: SGLang creates it at the first hit); `cache_source` is the hit's tier.",
