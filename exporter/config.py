@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from exporter.catalog.engine import ROLES
 from exporter.redact import (
     CredentialError,
     Secret,
@@ -70,6 +71,7 @@ class EngineTarget:
     name: str
     kind: str | None = None  # None: auto-detect from the exposition
     timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
+    role: str | None = None  # PD role (catalog ROLES) where the page does not name it; None: not declared
     bearer_token_file: str | None = None
     bearer_token_env: str | None = None  # the variable's name; its value is in `env_secret`
     basic_auth_username: str | None = None
@@ -200,6 +202,9 @@ _TARGET_OPTIONS: Mapping[str, str] = MappingProxyType({
     "kind": "engine format (vllm, sglang, tgi, ...); default: detected from the exposition",
     "name": "the `target` label; default: host:port of the URL",
     "timeout": "scrape timeout of this target; default: engine_timeout",
+    "role": "the instance's part in prefill/decode disaggregated serving: prefill, decode or both (the `role` of "
+            "llm_engine_info), for engines whose page does not say (vLLM, Triton, Dynamo, llm-d); a role the page "
+            "names (SGLang `engine_type`) wins; default: both",
     "bearer_token_file": "file holding a bearer token, re-read on every scrape",
     "bearer_token_env": "name of an environment variable holding a bearer token",
     "username": "basic-auth user name (with password_file or password_env)",
@@ -299,6 +304,9 @@ def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float,
         if kind not in known and kind != "auto":
             raise ConfigError("engine.kind", kind, f"expected one of {', '.join(('auto',) + known)}")
         kind = None if kind == "auto" else kind
+    role = _opt(options, "role")
+    if role is not None and role not in ROLES:
+        raise ConfigError("engine.role", role, f"expected one of {', '.join(ROLES)}")
     name = str(options.get("name") or _default_target_name(url))
     if not TARGET_NAME_RE.match(name):
         raise ConfigError("engine.name", name, "letters, digits and _.:- only, 1-64 characters")
@@ -306,7 +314,7 @@ def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float,
     if "timeout" in options:
         timeout = parse_duration(options["timeout"], "engine.timeout")
     credentials = _target_credentials(url, options, os.environ if env is None else env)
-    return EngineTarget(url=url, name=name, kind=kind, timeout_s=timeout, **credentials)
+    return EngineTarget(url=url, name=name, kind=kind, timeout_s=timeout, role=role, **credentials)
 
 
 def _opt(options: Mapping[str, Any], key: str) -> str | None:
@@ -424,7 +432,7 @@ def parse_probe_spec(spec: str | Mapping[str, Any], engines: tuple[EngineTarget,
         url, options = _split_spec(str(spec), "probe")
     url = url.strip()
     # Credential and TLS options of an engine target: refused by name, with the way to get them.
-    secret = sorted(set(options) & (INLINE_SECRET_KEYS | (set(_TARGET_OPTIONS) - {"kind", "name", "timeout"})))
+    secret = sorted(set(options) & (INLINE_SECRET_KEYS | (set(_TARGET_OPTIONS) - {"kind", "name", "timeout", "role"})))
     if secret:
         raise ConfigError("probe", redact_url(url), f"{secret[0]}: a probe takes no credentials or TLS options; it "
                           "uses those of the engine target named by target=")

@@ -29,6 +29,7 @@ collect_ignore_glob = [] if os.environ.get("LLM_EXPORTER_LIVE") == "1" else ["li
 TIERS: dict[str, str] = {
     "test_e2e_alerts.py": "e2e",
     "test_e2e_run.py": "e2e",
+    "test_e2e_pd.py": "e2e",
     "test_probe_run.py::test_run_probes_an_engine_and_labels_its_series_like_the_engines": "e2e",
     "test_probe_run.py::test_a_failing_probe_shows_errors_by_reason_and_everything_else_is_still_served": "e2e",
     "test_probe_client.py::test_hostile_streams_leave_memory_bounded": "process",

@@ -332,3 +332,17 @@ def test_the_settings_table_drives_the_config_and_the_run_flags():
     for setting in SETTINGS:
         if setting.field and setting.name not in ("listen", "engine_timeout_s"):
             assert getattr(defaults, setting.name) == setting.default, setting.name
+
+
+def test_engine_role_option():
+    config = load_config({"engines": ["http://e:1/metrics,name=d,role=decode", "http://e:2/metrics,name=x"]}, {})
+    assert [t.role for t in config.engines] == ["decode", None]  # None: the page's, else both
+    config = load_config({"engines": [{"url": "http://e:1/metrics", "role": "prefill"}]}, {})
+    assert config.engines[0].role == "prefill"
+    with pytest.raises(ConfigError) as caught:
+        load_config({"engines": ["http://e:1/metrics,role=consumer"]}, {})
+    assert caught.value.field == "engine.role"
+    assert "prefill, decode, both" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:  # a probe has no role: an unknown option, not a credential
+        load_config({"engines": ["http://e:1/metrics,name=e"], "probes": ["http://e:1,role=decode"]}, {})
+    assert caught.value.field == "probe" and "unknown option" in str(caught.value)

@@ -540,3 +540,52 @@ def test_the_twins_pages_have_no_unaccounted_family(engine_format: str) -> None:
     twin = Twin(TwinConfig(engine_format=engine_format, scenario="decode-heavy", data_parallel=1))
     twin.fast_forward(10.0)
     assert unaccounted(SPECS[engine_format], twin.metrics_text()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefill/decode disaggregation (issue 28)
+
+
+def test_sglang_pd_prefill_queues_transfer_units_and_role(engine_server: str) -> None:
+    result = scrape(engine_server, "sglang-v0.5.23_pd_prefill__crafted_from_source.prom")
+    assert result.role == "prefill"
+    # bootstrap 5 + inflight 3; the per-priority copies beside each total are not added
+    assert value(result, "llm_requests_waiting_kv_transfer") == 8.0
+    assert value(result, "llm_requests_waiting") == 7.0  # the waiting queue alone (SGLang keeps PD apart)
+    assert value(result, "llm_kv_transfer_failures_total") == 3.0  # 2 transfer + 1 bootstrap
+    assert buckets(result, "llm_kv_transfer_seconds") == [
+        "0.001", "0.002", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "+Inf"]
+    assert value(result, "llm_kv_transfer_seconds_sum") == pytest.approx(127.0935)
+    assert value(result, "llm_kv_transfer_seconds_count") == 2740.0
+    assert buckets(result, "llm_kv_transfer_bytes")[0] == "1.048576e+06"  # 1 MiB
+    assert value(result, "llm_kv_transfer_bytes_sum") == pytest.approx(1002147.75 * 1048576)
+
+
+def test_sglang_pd_decode_holds_every_request_in_kv_transfer(engine_server: str) -> None:
+    result = scrape(engine_server, "sglang-v0.5.23_pd_decode__crafted_from_source.prom")
+    assert result.role == "decode"
+    assert value(result, "llm_requests_running") == 0.0
+    assert value(result, "llm_requests_waiting") == 0.0
+    assert value(result, "llm_requests_waiting_kv_transfer") == 14.0  # prealloc 5 + transfer 9, not host 2
+    assert value(result, "llm_kv_transfer_failures_total") == 5.0  # 1 transfer + 4 bootstrap
+    assert not names(result) & {"llm_kv_transfer_seconds_count", "llm_kv_transfer_bytes_count"}
+
+
+def test_vllm_nixl_decode_stages_transfers_and_failures(engine_server: str) -> None:
+    result = scrape(engine_server, "vllm-v0.34.0_nixl_decode__crafted_from_source.prom")
+    assert result.role is None  # kv_consumer and kv_both pages look alike: the target's option decides
+    assert value(result, "llm_requests_waiting", rank="0") == 6.0  # includes the 5 deferred
+    assert value(result, "llm_requests_waiting_kv_transfer", rank="0") == 4.0  # 1 not started + 3 in progress
+    assert value(result, "llm_kv_transfer_failures_total", rank="0") == 4.0  # the notification is inside
+    assert value(result, "llm_kv_transfer_seconds_count", rank="0") == 3337.0
+    assert value(result, "llm_kv_transfer_seconds_sum", rank="0") == pytest.approx(81.356)
+    assert buckets(result, "llm_kv_transfer_bytes", rank="0")[0] == "2048.0"
+    assert value(result, "llm_kv_transfer_bytes_count", rank="0") == 3337.0
+
+
+def test_vllm_nixl_and_mooncake_transfers_add_up(engine_server: str) -> None:
+    """The 0.34.0 page carries both connectors (a MultiConnector): same bounds, one histogram."""
+    result = scrape(engine_server, "vllm-v0.34.0__crafted_from_source.prom")
+    assert not result.notes
+    assert value(result, "llm_kv_transfer_failures_total", rank="0") == 8.0  # nixl 5 + mooncake 2 + 1 recv
+    assert value(result, "llm_requests_waiting_kv_transfer", rank="0") == 2.0

@@ -784,3 +784,139 @@ def test_a_live_page_normalizes_to_the_independent_reading_of_the_alias_tables(p
         key = (s.name, float(le) if s.name.endswith("_bucket") else None)
         got[key] = got.get(key, 0.0) + s.value
     assert got == expected_totals(SPECS[scrape.kind], text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefill/decode disaggregation: sums of disjoint parts, KV-transfer units, roles, hostile parts
+
+SG = 'engine_type="{role}",model_name="m",moe_ep_rank="0",pp_rank="0",priority="{priority}",tp_rank="0"'
+
+
+def _sglang_queues(role: str = "decode", **queues: str) -> str:
+    """SGLang scheduler gauges; a queue's value may be "total/p0/p1" (the per-priority copies)."""
+    lines = [f'sglang:num_running_reqs{{{SG.format(role=role, priority="")}}} 0']
+    for name, value in queues.items():
+        total, *copies = value.split("/")
+        lines.append(f"sglang:{name}{{{SG.format(role=role, priority='')}}} {total}")
+        lines += [f"sglang:{name}{{{SG.format(role=role, priority=str(p))}}} {v}" for p, v in enumerate(copies)]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_sum_of_parts_adds_the_queues_but_not_their_per_priority_copies() -> None:
+    page = _sglang_queues(num_decode_prealloc_queue_reqs="5/5/0", num_decode_transfer_queue_reqs="9/6/3",
+                          num_decode_host_receive_queue_reqs="2/2/0", num_queue_reqs="0/0/0")
+    result = run(page)
+    assert get(result, "llm_requests_waiting_kv_transfer", model="m") == [14.0]  # host_receive is in transfer
+    assert get(result, "llm_requests_waiting") == [0.0]
+    assert result.role == "decode"
+    # One part is enough (a release without the others has none of those requests); none, no series.
+    assert get(run(_sglang_queues(num_decode_transfer_queue_reqs="3")), "llm_requests_waiting_kv_transfer") == [3.0]
+    assert get(run(_sglang_queues(num_queue_reqs="4")), "llm_requests_waiting_kv_transfer") == []
+
+
+def test_vllm_kv_fetch_stages_add_up_without_completed_waiting() -> None:
+    page = "".join(f'vllm:num_requests_kv_fetch_by_stage{{engine="0",model_name="m",stage="{stage}"}} {n}\n'
+                   for stage, n in (("waiting_to_start", 2), ("in_progress", 5), ("completed_waiting", 7)))
+    page += 'vllm:num_requests_waiting{engine="0",model_name="m"} 15\n'
+    result = run(page)
+    assert get(result, "llm_requests_waiting_kv_transfer", rank="0") == [7.0]
+    assert get(result, "llm_requests_waiting", rank="0") == [15.0]
+    assert result.role is None  # kv_both is a consumer too: the page cannot say decode
+    assert SPECS["vllm"].waiting_includes_kv_transfer is True
+    assert SPECS["sglang"].waiting_includes_kv_transfer is False
+
+
+def test_sglang_kv_transfer_ms_and_mib_become_seconds_and_bytes() -> None:
+    labels = SG.format(role="prefill", priority="")
+    page = (histogram("sglang:kv_transfer_latency_ms", labels, ["100.0", "250.0", "500.0"], [0, 1, 1, 1], 250)
+            + histogram("sglang:kv_transfer_total_mb", labels, ["1.0", "5.0"], [0, 1, 1], 1.5))
+    result = run(page)
+    assert result.role == "prefill"
+    le = {s.label("le"): s.value for s in result.samples if s.name == "llm_kv_transfer_seconds_bucket"}
+    assert le == {"0.1": 0.0, "0.25": 1.0, "0.5": 1.0, "+Inf": 1.0}  # a 250 ms transfer is 0.25 s
+    assert get(result, "llm_kv_transfer_seconds_sum") == [0.25]
+    le = {s.label("le"): s.value for s in result.samples if s.name == "llm_kv_transfer_bytes_bucket"}
+    # upstream MB = bytes / (1024 * 1024); bounds formatted as Prometheus formats floats
+    assert le == {"1.048576e+06": 0.0, "5.24288e+06": 1.0, "+Inf": 1.0}
+    assert get(result, "llm_kv_transfer_bytes_sum") == [1.5 * 2**20]
+
+
+def test_failures_add_transfer_and_bootstrap_but_not_nixl_notifications() -> None:
+    sglang = (f'sglang:num_transfer_failed_reqs_total{{{SG.format(role="decode", priority="")}}} 2\n'
+              f'sglang:num_bootstrap_failed_reqs_total{{{SG.format(role="decode", priority="")}}} 3\n')
+    assert get(run(sglang), "llm_kv_transfer_failures_total") == [5.0]
+    vllm = ('vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} 4\n'
+            'vllm:nixl_num_failed_notifications_total{engine="0",model_name="m"} 1\n'
+            'vllm:mooncake_num_failed_recvs_total{engine="0",model_name="m"} 2\n')
+    assert get(run(vllm), "llm_kv_transfer_failures_total") == [6.0]
+
+
+@pytest.mark.parametrize(("engine_type", "role"), [("prefill", "prefill"), ("decode", "decode"),
+                                                   ("unified", "both"), ("dynamic", "both"), ("other", None)])
+def test_sglang_engine_type_names_the_role(engine_type: str, role: str | None) -> None:
+    assert run(_sglang_queues(engine_type, num_queue_reqs="1")).role == role
+    assert {name for _, name in SPECS["sglang"].roles} <= set(engine_catalog.ROLES)
+
+
+@pytest.mark.parametrize("bad", ["-3", "NaN", "+Inf"])
+def test_a_hostile_part_drops_the_whole_sum_as_out_of_range(bad: str) -> None:
+    page = _sglang_queues(num_decode_prealloc_queue_reqs="5", num_decode_transfer_queue_reqs=bad)
+    result = run(page)
+    assert get(result, "llm_requests_waiting_kv_transfer") == []  # never 5, a partial sum
+    assert result.drops.get("out_of_range") == 1
+    assert any("llm_requests_waiting_kv_transfer" in note for note in result.notes)
+    failures = (f'sglang:num_transfer_failed_reqs_total{{{SG.format(role="decode", priority="")}}} {bad}\n'
+                f'sglang:num_bootstrap_failed_reqs_total{{{SG.format(role="decode", priority="")}}} 3\n')
+    result = run(failures)
+    assert get(result, "llm_kv_transfer_failures_total") == []
+    assert result.drops.get("out_of_range") == 1
+    # A hostile copy beside a good total of the same part: the number wins, as for any gauge copy.
+    copy = _sglang_queues(num_decode_transfer_queue_reqs=f"9/{bad}/3")
+    assert get(run(copy), "llm_requests_waiting_kv_transfer") == [9.0]
+
+
+def test_a_hostile_kv_transfer_histogram_is_dropped_whole() -> None:
+    labels = SG.format(role="prefill", priority="")
+    page = histogram("sglang:kv_transfer_latency_ms", labels, ["100.0", "250.0"], [0, 1, 1], -250)
+    result = run(page)
+    assert not [s for s in result.samples if s.name.startswith("llm_kv_transfer_seconds")]
+    assert result.drops
+
+
+def test_warm_state_with_sums_of_parts() -> None:
+    template = _sglang_queues(num_prefill_bootstrap_queue_reqs="@a/@a/0", num_prefill_inflight_queue_reqs="@b",
+                              num_decode_transfer_queue_reqs="@c") + (
+        f'sglang:num_transfer_failed_reqs_total{{{SG.format(role="decode", priority="")}}} @d\n'
+        f'sglang:num_bootstrap_failed_reqs_total{{{SG.format(role="decode", priority="")}}} @a\n')
+    rng = random.Random(28)
+    state = NormalizerState()
+    for cycle in range(40):
+        values = {key: repr(float(rng.randint(-1 if cycle % 7 == 6 else 0, 50))) for key in "abcd"}
+        if cycle % 5 == 4:
+            values[rng.choice("abcd")] = "NaN"
+        text = template
+        for key, value in values.items():
+            text = text.replace("@" + key, value)
+        _same(run(text, state=state), plain(text))
+    for _ in range(2):  # a clean page, twice: planned, and the plan replays the sums
+        clean = template.replace("@a", "1").replace("@b", "2").replace("@c", "3").replace("@d", "4")
+        _same(run(clean, state=state), plain(clean))
+    assert state.memo.plan is not None
+
+
+def test_the_page_role_wins_over_the_option_and_the_option_over_both(caplog) -> None:
+    from exporter.config import EngineTarget
+    from exporter.sources.engines.scrape import EngineSource
+
+    def role_of(option: str | None, page_role: str | None) -> str:
+        source = EngineSource(EngineTarget(url="http://127.0.0.1:9/metrics", name="t", role=option),
+                              max_payload_bytes=1 << 20, max_series=100)
+        page = _sglang_queues(page_role, num_queue_reqs="1") if page_role else 'vllm:num_requests_waiting 1\n'
+        return source._role(run(page))
+
+    assert role_of(None, None) == "both"
+    assert role_of("decode", None) == "decode"
+    assert role_of(None, "prefill") == "prefill"
+    with caplog.at_level("WARNING", logger="llm_exporter.engine"):
+        assert role_of("decode", "prefill") == "prefill"
+    assert "the page says role prefill, the target's role option decode" in caplog.text

@@ -23,13 +23,23 @@ remote store (SGLang HiCache L3, TRT-LLM disk); external: a KV connector (vLLM's
 transfers); unknown: the engine counts every tier together. Summed over tiers it is every hit, and
 divided by llm_prefix_cache_queries_total it is the overall hit ratio."""
 
+ROLES: tuple[str, ...] = ("prefill", "decode", "both")
+"""The `role` of llm_engine_info: the part an instance plays in prefill/decode (PD) disaggregated
+serving. prefill: it computes prompts and sends their KV cache to a decode instance; decode: it
+receives the KV cache and generates; both: it does both (no disaggregation), or neither the page nor
+the target's `role` option says. Read from the page where the engine names its role (SGLang
+`engine_type`: prefill, decode, unified and dynamic -> both), else the target's `role` option;
+the page wins when both say."""
+
 FAMILIES = (
     family("llm_engine_up", "gauge", "bool",
            "1 when the engine target's /metrics was scraped and parsed, 0 otherwise.",
            ("target", "engine"), "engine"),
     family("llm_engine_info", "gauge", "info",
-           "Always 1; labels name the detected engine kind and the alias set that matched.",
-           ("target", "engine", "flavor"), "engine"),
+           "Always 1; labels name the detected engine kind, the alias set that matched and the instance's "
+           "role in prefill/decode disaggregated serving (ROLES: prefill, decode or both; from the page where "
+           "the engine names it, else the target's `role` option, else both).",
+           ("target", "engine", "flavor", "role"), "engine"),
     family("llm_time_to_first_token_seconds", "histogram", "seconds",
            "Time from request arrival to the first output token." + HISTOGRAM_HELP, T, "engine"),
     family("llm_inter_token_latency_seconds", "histogram", "seconds",
@@ -91,13 +101,32 @@ FAMILIES = (
            T, "engine"),
     family("llm_requests_running", "gauge", "requests",
            "Requests in the running batch.", T, "engine"),
-    # I28-STUB (replaced by the i28-engines branch at merge)
-    family("llm_requests_waiting_kv_transfer", "gauge", "requests", "stub", T, "engine"),
-    family("llm_kv_transfer_seconds", "histogram", "seconds", "stub", T, "engine"),
-    family("llm_kv_transfer_bytes", "histogram", "bytes", "stub", T, "engine"),
-    family("llm_kv_transfer_failures_total", "counter", "requests", "stub", T, "engine"),
     family("llm_requests_waiting", "gauge", "requests",
-           "Requests waiting to be scheduled.", T, "engine"),
+           "Requests waiting to be scheduled. Whether it counts the requests of "
+           "llm_requests_waiting_kv_transfer depends on the engine (docs/engines.md, \"Waiting semantics\"): "
+           "vLLM's does (a request deferred for its KV load waits here too), SGLang's does not (its PD "
+           "queues are apart from its waiting queue).", T, "engine"),
+    family("llm_requests_waiting_kv_transfer", "gauge", "requests",
+           "Requests held by prefill/decode disaggregation, waiting for their KV cache to be bootstrapped "
+           "(handshake and KV memory preallocation with the peer instance) or transferred between the prefill "
+           "and the decode instance: SGLang's bootstrap and inflight (prefill) and prealloc and transfer "
+           "(decode) queues, vLLM's KV-consumer requests whose async KV load has not started or not finished. "
+           "A request whose KV has arrived and that waits for a slot is llm_requests_waiting only. Counted in "
+           "llm_requests_waiting for vLLM, not for SGLang (docs/engines.md, \"Waiting semantics\"): an instance "
+           "whose requests all wait here is not idle.", T, "engine"),
+    family("llm_kv_transfer_seconds", "histogram", "seconds",
+           "Duration of one KV cache transfer between a prefill and a decode instance (SGLang "
+           "kv_transfer_latency_ms, per request, on the prefill side; vLLM NIXL/Mooncake xfer_time, per "
+           "transfer operation, where the reading or pushing side records it)." + HISTOGRAM_HELP, T, "engine"),
+    family("llm_kv_transfer_bytes", "histogram", "bytes",
+           "Size of one KV cache transfer between a prefill and a decode instance, observed with "
+           "llm_kv_transfer_seconds (SGLang kv_transfer_total_mb in MiB, vLLM NIXL/Mooncake bytes_transferred). "
+           "Native bucket bounds of the engine, converted to bytes.", T, "engine"),
+    family("llm_kv_transfer_failures_total", "counter", "failures",
+           "KV cache transfers between prefill and decode instances that failed, as this instance saw them: "
+           "SGLang requests whose bootstrap (handshake) or transfer failed, vLLM NIXL transfer operations that "
+           "failed (handshake and notification failures included) and Mooncake failed sends and receives. A "
+           "failure may be counted by both the prefill and the decode instance.", T, "engine"),
     family("llm_requests_pending", "gauge", "requests",
            "Requests the server accepted but has not yet handed to the engine's scheduler (LMDeploy's API "
            "queue, Triton's pending requests): load that llm_requests_waiting does not count.", T, "engine"),

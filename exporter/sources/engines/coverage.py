@@ -51,7 +51,8 @@ do not edit by hand. The normalized families are documented in docs/metrics.md.
    still emitted beside its replacement), only the highest-priority one is used, never both.
 7. **Nothing invented**: a family the engine lacks has no series (never a zero). NaN/±Inf values and
    "not available" sentinels are dropped with a note; a histogram without its `+Inf` bucket or
-   `_count` is dropped whole; a computed value (capacity = blocks × block size) needs every factor.
+   `_count` is dropped whole; a computed value (capacity = blocks × block size) needs every factor,
+   and a sum of disjoint parts (`+`: PD queues) at least one part, none negative or NaN.
    `max_series` bounds the output; whole histogram series are dropped past it and counted in
    `dropped_series`.
 8. **Page conditions**: an alias or product marked "only on pages that contain/lack" applies
@@ -106,7 +107,10 @@ def _term(term: Term) -> str:
 
 
 def _product_row(product: Product) -> str:
-    formula = " × ".join(_term(term) for term in product.terms).replace(" × ÷ ", " ÷ ")
+    if product.add:
+        formula = " + ".join(_term(term) for term in product.terms)
+    else:
+        formula = " × ".join(_term(term) for term in product.terms).replace(" × ÷ ", " ÷ ")
     note = "; ".join(([product.note] if product.note else []) + _when(product.when))
     return f"| `{product.family}` | {formula} | {product.priority or ''} | {note} |"
 
@@ -124,6 +128,14 @@ def _engine_section(spec: EngineSpec) -> list[str]:
         lines.append("- Flavor: " + "; ".join(flavors + [f"`{spec.default_flavor}` otherwise"]) + ".")
     else:
         lines.append(f"- Flavor: `{spec.default_flavor}`.")
+    if spec.roles:
+        shown = ", ".join(f"`{marker}` → `{role}`" for marker, role in spec.roles)
+        lines.append(f"- PD role (`role` of `llm_engine_info`): {shown}; otherwise the target's `role` option, "
+                     "else `both`.")
+    else:
+        lines.append("- PD role (`role` of `llm_engine_info`): the page does not say: the target's `role` "
+                     "option, else `both`.")
+    lines.append(f"- Waiting semantics: {_WAITING[spec.waiting_includes_kv_transfer]}")
     if spec.labels:
         mapping = ", ".join(f"`{source}` → `{target}`" for source, target in spec.labels.items())
         lines.append(f"- Labels: {mapping}; all others dropped.")
@@ -160,6 +172,34 @@ def _engine_section(spec: EngineSpec) -> list[str]:
         lines += [f"- {note}" for note in spec.notes]
     lines.append("")
     return lines
+
+
+_WAITING = {
+    True: "`llm_requests_waiting` includes the requests of `llm_requests_waiting_kv_transfer` (a part of it).",
+    False: "`llm_requests_waiting` excludes the requests of `llm_requests_waiting_kv_transfer`: add them for "
+           "every request the instance holds but does not run.",
+    None: "no KV-transfer waits reported (`llm_requests_waiting_kv_transfer` has no series).",
+}
+
+
+def waiting_semantics() -> str:
+    """Per engine: whether llm_requests_waiting counts the requests waiting for a KV transfer
+    (EngineSpec.waiting_includes_kv_transfer), and where the PD role comes from."""
+    rows = ["## Waiting semantics", "",
+            "Prefill/decode (PD) disaggregation holds requests that wait for their KV cache to be bootstrapped "
+            "or transferred (`llm_requests_waiting_kv_transfer`). Engines differ on whether "
+            "`llm_requests_waiting` already counts them, so the requests an instance holds but does not run are "
+            "`llm_requests_waiting`, plus `llm_requests_waiting_kv_transfer` where the engine keeps them apart. "
+            "A decode instance whose requests all wait for their KV is never idle. The same answer is "
+            "`EngineSpec.waiting_includes_kv_transfer` in the registry, for code. The `role` label of "
+            "`llm_engine_info` (prefill, decode, both) comes from the page where the engine names it, else from "
+            "the target's `role` option (docs/configuration.md), else `both`; the page wins when both say.", "",
+            "| Engine | `llm_requests_waiting` and KV-transfer waits | PD role from the page |", "|---|---|---|"]
+    for kind in KINDS:
+        spec = SPECS[kind]
+        roles = ", ".join(f"`{marker}` → `{role}`" for marker, role in spec.roles) or "no"
+        rows.append(f"| {spec.title} | {_WAITING[spec.waiting_includes_kv_transfer]} | {roles} |")
+    return "\n".join(rows) + "\n"
 
 
 def coverage_table() -> str:
@@ -211,7 +251,7 @@ def _doc(name: str) -> str:
 
 
 def engines_markdown() -> str:
-    lines = [INTRO + coverage_table(), meanings()]
+    lines = [INTRO + coverage_table(), meanings(), waiting_semantics()]
     for kind in KINDS:
         lines += _engine_section(SPECS[kind])
     return "\n".join(lines).rstrip("\n") + "\n"

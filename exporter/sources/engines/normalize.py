@@ -55,7 +55,7 @@ from exporter.sources.engines.exposition import (
     LabelCache,
     parse,
 )
-from exporter.sources.engines.registry import KINDS, SPECS, YIELDS_TO, detect_kind, flavor, matches
+from exporter.sources.engines.registry import KINDS, SPECS, YIELDS_TO, detect_kind, flavor, matches, role
 from exporter.sources.engines.table import Alias, EngineSpec, Product, When, Where
 
 __all__ = [
@@ -246,6 +246,9 @@ def _compile(spec: EngineSpec, present: frozenset[str] | None = None) -> Table:
 
 
 def _compile_kind(spec: EngineSpec) -> Table:
+    unknown = sorted({name for _, name in spec.roles} - set(engine_catalog.ROLES))
+    if unknown:
+        raise ValueError(f"{spec.kind}: roles {unknown} not in {engine_catalog.ROLES}")
     base = _compile(spec)
     if not base.conditions:
         return base
@@ -292,6 +295,8 @@ class NormalizedScrape:
     label-limit reasons); a histogram counts each of its series (buckets, _sum, _count)."""
     families: FamilyAccount = field(default_factory=FamilyAccount)
     """The page's native families: mapped, ignored on purpose, or unaccounted (accounting.py)."""
+    role: str | None = None
+    """The instance's PD role as the page names it (catalog ROLES), None when it does not."""
 
 
 class Entry(NamedTuple):
@@ -440,6 +445,7 @@ def scrape_of(page: Page, model: str | None, samples: tuple[Sample, ...], unmapp
         notes=tuple(notes)[:MAX_NOTES],
         drops=MappingProxyType(dict(drops)) if drops else _NO_DROPS,
         families=page.families,
+        role=role(page.text, page.table.spec),
     )
 
 
@@ -784,7 +790,9 @@ class Pass:
         if value - value != 0.0:
             self.note(f"{product.family}: no number in {product.terms[term.term].source}"
                       + (f" label {term.label}" if term.label else ""))
-            return
+            if not product.add:
+                return
+            value = math.nan  # a sum with an unknown part is unknown: finish() drops it (out_of_range)
         if model is not None and self.model is None:
             self.model = model
         values = self.terms.setdefault((term.product, term.term), {})
@@ -794,12 +802,15 @@ class Pass:
             values[key] = value
         elif term.summed:
             values[key] = previous + value
-        else:
-            values[key] = max(previous, value)
+        elif value > previous or previous != previous:  # copies: a number wins over an `add` part's NaN
+            values[key] = value
 
     def products(self) -> None:
         kind = self.table.spec.kind
         for index, product in enumerate(self.table.spec.products):
+            if product.add:
+                self._sum(index, product)
+                continue
             first = self.terms.get((index, 0))
             others = [self.terms.get((index, position)) for position in range(1, len(product.terms))]
             if not first or any(not values for values in others):
@@ -814,6 +825,29 @@ class Pass:
                 key = (product.family, out)
                 bucket[key] = result
                 self.product_writes.append((slot, key))
+
+    def _sum(self, index: int, product: Product) -> None:
+        """An `add` product: per (model, rank), the sum of the terms present (at least one). A
+        negative or non-finite part makes the sum NaN, which finish() drops as out of range."""
+        parts = [values for position in range(len(product.terms))
+                 if (values := self.terms.get((index, position)))]
+        if not parts:
+            return
+        totals: dict[tuple, float] = {}
+        for values in parts:
+            for key, value in values.items():
+                if not value >= 0.0:  # negative or NaN
+                    value = math.nan
+                previous = totals.get(key)
+                totals[key] = value if previous is None else previous + value
+        kind = self.table.spec.kind
+        slot = (product.family, product.priority)
+        bucket = self.candidates.setdefault(slot, {})
+        for (model, rank), value in totals.items():
+            out = _label_tuple(self.target, kind, model or self.model, rank, None, None, product.tier)
+            key = (product.family, out)
+            bucket[key] = value
+            self.product_writes.append((slot, key))
 
     def _product_value(self, product: Product, value: float, others: list, key: tuple) -> float | None:
         if product.terms[0].divide:

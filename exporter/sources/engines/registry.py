@@ -15,7 +15,7 @@ from types import MappingProxyType
 from exporter.sources.engines import llamacpp, lmdeploy, nim, sglang, tgi, triton, trtllm, vllm
 from exporter.sources.engines.table import EngineSpec
 
-__all__ = ["DETECTION_ORDER", "KINDS", "SPECS", "YIELDS_TO", "coverage", "detect_kind", "flavor", "matches"]
+__all__ = ["DETECTION_ORDER", "KINDS", "SPECS", "YIELDS_TO", "coverage", "detect_kind", "flavor", "matches", "role"]
 
 SPECS: Mapping[str, EngineSpec] = MappingProxyType({
     spec.kind: spec
@@ -102,6 +102,15 @@ def flavor(text: str, spec: EngineSpec) -> str:
     return spec.default_flavor
 
 
+def role(text: str, spec: EngineSpec) -> str | None:
+    """The PD role a page of `spec`'s kind names (catalog ROLES): the first role substring found;
+    None when the page does not say."""
+    for marker, name in spec.roles:
+        if marker in text:
+            return name
+    return None
+
+
 def coverage(kind: str) -> dict[str, list[str]]:
     """Normalized family -> the engine names feeding it, highest priority first."""
     spec = SPECS[kind]
@@ -110,7 +119,7 @@ def coverage(kind: str) -> dict[str, list[str]]:
         shown = source + (f'{{{alias.where[0]}="{alias.where[1]}"}}' if alias.where else "")
         entries.setdefault(alias.family, []).append((alias.priority, shown))
     for product in spec.products:
-        shown = " x ".join(
+        shown = (" + " if product.add else " x ").join(
             ("1/" if term.divide else "") + term.source
             + (f'{{{term.where[0]}="{term.where[1]}"}}' if term.where else "")
             + (f"[{term.label}]" if term.label else "")

@@ -79,6 +79,7 @@ class EngineSource:
         self._series_dropped: dict[str, int] = {CARDINALITY: 0}
         self._dropping: frozenset[str] = frozenset()
         self._unaccounted: tuple[str, ...] = ()  # the last page's unaccounted families (logged on change)
+        self._role_conflict: tuple[str, str] | None = None  # (option, page) last logged
 
     @property
     def attrs(self) -> Mapping[str, str]:
@@ -134,18 +135,33 @@ class EngineSource:
         self._count_drops(scrape)
         self._note_families(scrape)
         families = scrape.families
+        role = self._role(scrape)
         extra = [
             Sample("llm_engine_info",
-                   labels_of(target=self.target.name, engine=scrape.kind, flavor=scrape.flavor), 1.0),
+                   labels_of(target=self.target.name, engine=scrape.kind, flavor=scrape.flavor, role=role), 1.0),
             *(Sample("llm_exporter_series_dropped_total", labels_of(source=self.name, reason=reason), float(count))
               for reason, count in self._series_dropped.items()),
             *(Sample("llm_exporter_engine_families", labels_of(target=self.target.name, engine=scrape.kind,
                                                                 state=state), float(count))
               for state, count in families.counts().items()),
         ]
-        attrs = {"engine": scrape.kind, "flavor": scrape.flavor, "model": scrape.model,
+        attrs = {"engine": scrape.kind, "flavor": scrape.flavor, "model": scrape.model, "role": role,
                  "unaccounted_families": " ".join(families.names)}
         return SourceData(scrape.samples + tuple(extra), attrs)
+
+    def _role(self, scrape: NormalizedScrape) -> str:
+        """The instance's PD role: the page's where it names one (the engine knows what it runs as),
+        else the target's `role` option, else `both`. A page that contradicts the option is logged
+        once per change: the option is stale or names the wrong target."""
+        declared = self.target.role
+        if scrape.role is None:
+            return declared or "both"
+        conflict = (declared, scrape.role) if declared is not None and declared != scrape.role else None
+        if conflict != self._role_conflict and conflict is not None:
+            log.warning("target %s: the page says role %s, the target's role option %s: the page's is used",
+                        self.target.name, scrape.role, declared)
+        self._role_conflict = conflict
+        return scrape.role
 
     def _note_families(self, scrape: NormalizedScrape) -> None:
         """One log line when the set of families the engine table does not account for changes (an

@@ -1,6 +1,6 @@
 """SGLang (`--enable-metrics`): alias table. See docs/engines.md."""
 
-from exporter.sources.engines.table import COMMON_IGNORED, Alias, EngineSpec
+from exporter.sources.engines.table import COMMON_IGNORED, MIB, MS, Alias, EngineSpec, Product, Term
 
 CACHED_SAMPLE = "\nsglang:cached_tokens_total{"
 """A cached_tokens_total sample line (the counter has no series before the first cache hit)."""
@@ -48,7 +48,30 @@ ALIASES = {
         note="GPU time of forward passes (CUDA events), by `category` (extend, decode, target_verify, eagle_draft, "
              "idle: the empty forwards DP attention syncs with, ...): summed; only with "
              "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1"),
+    # PD disaggregation (--disaggregation-mode prefill|decode). Transfer metrics are recorded by the
+    # prefill instance (disaggregation/prefill.py, req_time_stats.compute_and_observe_kv_transfer_metrics).
+    "sglang:kv_transfer_latency_ms": Alias(
+        "llm_kv_transfer_seconds", "histogram", scale=MS,
+        note="ms -> s (`le`, `_sum`); one observation per request whose KV the prefill instance sent (the last "
+             "chunk's send to its completion when the backend gives no latency)"),
+    "sglang:kv_transfer_total_mb": Alias(
+        "llm_kv_transfer_bytes", "histogram", scale=MIB,
+        note="\"MB\" is MiB upstream (total_bytes / (1024 * 1024)): x 1048576 -> bytes (`le`, `_sum`)"),
 }
+
+PRODUCTS = (
+    Product("llm_requests_waiting_kv_transfer", "gauge", (
+        Term("sglang:num_prefill_bootstrap_queue_reqs"), Term("sglang:num_prefill_inflight_queue_reqs"),
+        Term("sglang:num_decode_prealloc_queue_reqs"), Term("sglang:num_decode_transfer_queue_reqs")), add=True,
+        note="the PD queues a request passes through outside the waiting queue: prefill bootstrap (handshake "
+             "before the prefill) and inflight (prefilled, KV being sent); decode prealloc (handshake and KV "
+             "memory) and transfer (KV being received). Disjoint; decode_host_receive_queue is a subset of the "
+             "transfer queue, not added. The per-priority copies beside each total are not added (maximum)"),
+    Product("llm_kv_transfer_failures_total", "counter", (
+        Term("sglang:num_transfer_failed_reqs_total"), Term("sglang:num_bootstrap_failed_reqs_total")), add=True,
+        note="requests whose KV transfer or bootstrap (the handshake that sets the transfer up) failed; both "
+             "abort the request, on either side, and vLLM's NIXL counts its handshake failures the same way"),
+)
 
 IGNORED = {
     "sglang:inter_token_latency_seconds": "weighted per token, not per output step: each gap between two outputs "
@@ -124,15 +147,19 @@ IGNORED = {
     "sglang:evicted_tokens_total": "radix-cache tokens evicted",
     "sglang:load_back_*": "HiCache: tokens and bytes loaded back to the device",
     "sglang:eplb_*": "expert-parallel load balancing (MoE)",
-    "sglang:num_prefill_bootstrap_queue_reqs": "PD disaggregation: prefill-side bootstrap queue",
-    "sglang:num_prefill_inflight_queue_reqs": "PD disaggregation: prefill-side transfer in flight",
-    "sglang:num_decode_*": "PD disaggregation: decode-side queues and counts",
+    "sglang:num_decode_host_receive_queue_reqs": "PD disaggregation: the transfer-queue requests receiving into "
+                                                 "host memory (a subset of num_decode_transfer_queue_reqs)",
+    "sglang:num_decode_host_receive_reqs_total": "PD disaggregation: requests admitted to receive their KV in host "
+                                                 "memory",
+    "sglang:num_decode_deferred_kv_release_reqs": "PD disaggregation: failed decode requests whose KV memory waits for "
+                                                  "the transfer to drain",
     "sglang:decode_deferred_kv_release_*": "PD disaggregation: deferred KV release",
-    "sglang:kv_transfer_*": "PD disaggregation: KV transfer latency, speed and size (ms, MB, GB/s)",
+    "sglang:kv_transfer_speed_gb_s": "PD disaggregation: per-transfer speed, total_mb / latency of the mapped pair",
+    "sglang:kv_transfer_bootstrap_ms": "PD disaggregation: time from the bootstrap queue to the handshake's end (a "
+                                       "TTFT component before the transfer)",
+    "sglang:kv_transfer_alloc_ms": "PD disaggregation: time from the handshake's end to the KV memory allocation",
     "sglang:pending_prealloc_token_usage": "PD disaggregation: decode-side preallocation",
     "sglang:prealloc_*": "PD disaggregation: decode-side preallocation pools",
-    "sglang:num_bootstrap_failed_reqs_total": "PD disaggregation: bootstrap failures",
-    "sglang:num_transfer_failed_reqs_total": "PD disaggregation: KV transfer failures",
     "sglang:num_prefill_retries_total": "PD disaggregation: prefill retries",
     "sglang:num_unique_running_routing_keys": "router affinity keys",
     "sglang:routing_*": "router affinity keys",
@@ -156,6 +183,7 @@ SPEC = EngineSpec(
     kind="sglang",
     title="SGLang",
     aliases=ALIASES,
+    products=PRODUCTS,
     # `name` was the model label of the first implementation (PR #1853); model_name wins when both.
     labels={"model_name": "model", "name": "model", "dp_rank": "rank", "cache_source": "tier"},
     tiers={"device": "device", "gpu": "device", "radix": "device", "host": "host", "cpu": "host",
@@ -170,6 +198,11 @@ SPEC = EngineSpec(
     keep_only_unless={"tp_rank": "dp_rank", "moe_ep_rank": "dp_rank"},
     markers=(("\nsglang:",),),
     default_flavor="sglang",
+    # engine_type (scheduler and tokenizer labels, 0.5.x): DisaggregationMode.to_engine_type, or "dynamic"
+    # with --enable-pd-role-switch (the instance changes role at run time).
+    roles=(('engine_type="prefill"', "prefill"), ('engine_type="decode"', "decode"),
+           ('engine_type="unified"', "both"), ('engine_type="dynamic"', "both")),
+    waiting_includes_kv_transfer=False,
     notes=(
         "Scheduler series can be reported by every TP/PP/EP rank; only rank 0's copy is kept "
         "(`tp_rank`, `pp_rank`, `moe_ep_rank` = \"0\"). A data-parallel `dp_rank` becomes `rank`, "
@@ -177,7 +210,7 @@ SPEC = EngineSpec(
         "`--enable-dp-attention` DP rank d's scheduler reports tp_rank = d x attention-TP size. "
         "By default only each DP rank's attention-TP rank 0 reports; with "
         "`--enable-metrics-for-all-schedulers` the other ranks' copies coincide with it: gauges take "
-        "the maximum (exact for copies) but the retraction counter is summed over them.",
+        "the maximum (exact for copies) but the counters (retractions, KV-transfer failures) are summed over them.",
         "Prefix cache: `cached_tokens_total` / `prompt_tokens_total` are hits / queries in tokens, "
         "both counted when a request finishes (queries only once the page has a cached_tokens "
         "sample: SGLang creates it at the first hit); `cache_source` is the hit's tier.",
@@ -186,6 +219,13 @@ SPEC = EngineSpec(
         "llm_inter_token_latency_seconds does not mean (under speculative decoding its tail is lower). "
         "TPOT per request (request_time_per_output_token_seconds) is mapped instead; the TBT SLO and "
         "its alerts have no series for SGLang targets.",
+        "Waiting semantics: `num_queue_reqs` (llm_requests_waiting) is the scheduler's waiting queue only. "
+        "The PD queues (llm_requests_waiting_kv_transfer) are apart from it: a decode instance whose requests "
+        "all wait for their KV shows waiting 0 and running 0 with them there. A request whose KV has arrived "
+        "joins the waiting queue.",
+        "PD role: `engine_type` prefill or decode; unified (no disaggregation) and dynamic (a role switch at "
+        "run time) are `both`. KV transfer time and size are recorded by the prefill instance only; failures "
+        "by whichever side sees them.",
         "No finish-reason breakdown: `num_aborted_requests_total` alone is not mapped to "
         "llm_requests_finished_total (a lone reason would make sums over reasons wrong).",
     ),

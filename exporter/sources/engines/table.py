@@ -18,6 +18,8 @@ MS = 1e-3
 """Milliseconds to seconds."""
 US = 1e-6
 """Microseconds to seconds."""
+MIB = 1048576.0
+"""Mebibytes (what SGLang calls MB: bytes / (1024 * 1024)) to bytes."""
 
 Where = tuple[str, str]
 """(label, value): the alias applies only to samples carrying exactly this label value."""
@@ -75,7 +77,14 @@ class Term:
 class Product:
     """A normalized gauge or counter computed from several engine samples of the same model and
     rank: KV capacity = blocks x tokens per block, usage = used / max. Emitted only when every
-    term is present (no made-up values) and the page satisfies `when`."""
+    term is present (no made-up values) and the page satisfies `when`.
+
+    With `add`, the terms are added instead: each is one disjoint part of the quantity (SGLang's
+    PD queues, vLLM's KV fetch stages), emitted when at least one part is on the page (an engine
+    release without a part has none of those requests). Copies of one term's series still take the
+    maximum (gauges) as everywhere, so a per-priority copy beside its total is not added. A part
+    that is negative or not a number makes the sum unknown: it is dropped (`out_of_range`), never
+    added as a partial sum."""
 
     family: str
     type: str
@@ -85,6 +94,7 @@ class Product:
     when: When | None = None
     tier: str | None = None
     """For llm_prefix_cache_hits_total: the cache tier (catalog CACHE_TIERS)."""
+    add: bool = False
 
 
 MAX_CACHED_NAME = 200
@@ -140,6 +150,16 @@ class EngineSpec:
     flavors: tuple[tuple[str, str], ...] = ()
     """(substring, flavor): the first substring found names the flavor."""
     default_flavor: str = ""
+    roles: tuple[tuple[str, str], ...] = ()
+    """(substring, role): the first substring found on the page names the instance's PD role
+    (catalog ROLES), the `role` of llm_engine_info; none found: the engine does not say (the target's
+    `role` option, else `both`)."""
+    waiting_includes_kv_transfer: bool | None = None
+    """Whether the engine's llm_requests_waiting counts the requests llm_requests_waiting_kv_transfer
+    counts (True: vLLM, whose waiting gauge includes requests deferred for a KV load; False: SGLang,
+    whose PD queues are apart from its waiting queue); None: the engine reports no such requests.
+    The requests an instance holds but does not run are llm_requests_waiting, plus
+    llm_requests_waiting_kv_transfer where this is False."""
     notes: tuple[str, ...] = ()
     """Engine-level quirks and gaps, for docs/engines.md. Free text: a family named only here is
     not accounted for."""

@@ -61,7 +61,9 @@ IGNORED = {
                                            "micro batch id, paused requests)",
     "nv_trt_llm_v1_metrics": "the V1 (static) batcher's detail",
     "nv_trt_llm_general_metrics": "the backend's timestamp and iteration counter",
-    "nv_trt_llm_disaggregated_serving_metrics": "PD disaggregation: KV transfer time and request count",
+    "nv_trt_llm_disaggregated_serving_metrics": "PD disaggregation: a counter pair, KV transfer milliseconds "
+                                                "and requests, summed since start: no per-transfer distribution "
+                                                "for llm_kv_transfer_seconds (its ratio of rates is the mean)",
     "nv_llm_*": "token-length histograms of the LLM API front end (secondary source)",
     "nv_model_load_duration_secs": "model load time (startup)",
 }

@@ -15,6 +15,7 @@ from exporter.sources.engines.table import COMMON_IGNORED, US, Alias, EngineSpec
 from exporter.sources.engines.triton import IGNORED as TRITON_IGNORED
 
 INFO = "vllm:cache_config_info"
+KV_FETCH = "vllm:num_requests_kv_fetch_by_stage"
 QUERIES_IN_BLOCKS = "prefix cache queries, in terms of number of queried blocks"
 HITS_IN_BLOCKS = "prefix cache hits, in terms of number of cached blocks"
 
@@ -78,6 +79,18 @@ ALIASES = {
     "vllm:spec_decode_num_draft_tokens_total": Alias("llm_spec_decode_draft_tokens_total", "counter"),
     "vllm:spec_decode_num_accepted_tokens_total": Alias("llm_spec_decode_accepted_tokens_total", "counter"),
     "vllm:spec_decode_num_drafts_total": Alias("llm_spec_decode_drafts_total", "counter"),
+    # PD disaggregation through a KV connector (vllm/distributed/kv_transfer/kv_connector/v1/{nixl,mooncake}/
+    # stats.py). Both connectors use the same bucket bounds, so on a page with both (MultiConnector) their
+    # transfers add up bucket by bucket; bounds that ever differ make the merged histogram invalid and it
+    # is dropped with a note, never mixed silently.
+    "vllm:nixl_xfer_time_seconds": Alias(
+        "llm_kv_transfer_seconds", "histogram",
+        note="NIXL is pull-based: the decode (reading) instance records each transfer operation"),
+    "vllm:mooncake_xfer_time_seconds": Alias(
+        "llm_kv_transfer_seconds", "histogram",
+        note="Mooncake is push-based: the prefill (sending) instance records each transfer"),
+    "vllm:nixl_bytes_transferred": Alias("llm_kv_transfer_bytes", "histogram"),
+    "vllm:mooncake_bytes_transferred": Alias("llm_kv_transfer_bytes", "histogram"),
     # Triton's vLLM backend: the vllm:* families above (labels `model`, `version`) beside Triton's
     # core per-model counters, which carry what the backend does not export (finished requests).
     "nv_inference_request_success": Alias("llm_requests_finished_total", "counter", priority=1, reason="other",
@@ -101,6 +114,18 @@ PRODUCTS = (
             note="older releases: cache_config_info labels num_gpu_blocks x block_size. With data parallel "
                  "num_gpu_blocks is the sum over the DP engines, so this is N times one engine's capacity: "
                  "only on pages without kv_cache_size_tokens"),
+    Product("llm_requests_waiting_kv_transfer", "gauge",
+            (Term(KV_FETCH, where=("stage", "waiting_to_start")), Term(KV_FETCH, where=("stage", "in_progress"))),
+            add=True,
+            note="KV consumers (kv_consumer, kv_both) only: requests whose async KV load has not started or not "
+                 "finished. `completed_waiting` (loaded, waiting for a slot) is left out: like SGLang's, such a "
+                 "request only waits to be scheduled. All three stages are inside num_requests_waiting"),
+    Product("llm_kv_transfer_failures_total", "counter",
+            (Term("vllm:nixl_num_failed_transfers_total"), Term("vllm:mooncake_num_failed_transfers_total"),
+             Term("vllm:mooncake_num_failed_recvs_total")), add=True,
+            note="NIXL failed transfer operations, its handshake and notification failures included "
+                 "(nixl_num_failed_notifications repeats the latter and is not added); Mooncake failed sends "
+                 "(prefill) and receives (decode)"),
     Product("llm_kv_cache_block_size_tokens", "gauge", (Term(INFO, label="block_size"),),
             note="cache_config_info label block_size"),
     Product("llm_kv_cache_memory_bytes", "gauge", (Term(INFO, label="kv_cache_memory_bytes"),),
@@ -129,6 +154,7 @@ SPEC = EngineSpec(
     flavors=(("nv_inference_", "triton-vllm"), ("vllm:num_requests_swapped", "vllm-v0"),
              ("vllm:cpu_cache_usage_perc", "vllm-v0"), ("vllm:gpu_prefix_cache_hit_rate", "vllm-v0")),
     default_flavor="vllm-v1",
+    waiting_includes_kv_transfer=True,
     reasons={"repetition": "stop"},
     versions=("0.7", "0.8", "0.9.0", "0.11", "0.32.0 (live)", "0.34.0"),
     ignored={
@@ -162,15 +188,15 @@ SPEC = EngineSpec(
         "vllm:corrupted_requests_total": "requests whose logits held NaNs (VLLM_COMPUTE_NANS_IN_LOGITS debug "
                                          "mode): a model-numerics alarm, not load",
         "vllm:watermark_requests_total": "requests watermarked (a feature's usage count)",
-        "vllm:num_requests_kv_fetch_by_stage": "PD disaggregation: KV-consumer requests by fetch stage (the "
-                                               "beyond-one-server view, not this table's)",
         "vllm:kv_block_*": "KV block residency (lifetime, idle before eviction, reuse gap), opt-in "
                            "--kv-cache-metrics: cache tuning detail; usage and preemptions carry the pressure",
         "vllm:kv_offload_*": "KV offload to CPU/disk tiers (legacy transfer_type and flat load/store names, "
                              "tiering): transfer volume and time, not yet a normalized family",
         "vllm:simple_kv_offload_*": "the simple KV offload connector's blocks and config",
-        "vllm:nixl_*": "NIXL KV transfer (PD disaggregation): xfer time, bytes, failures",
-        "vllm:mooncake_*": "Mooncake KV transfer and store (PD disaggregation, KV store)",
+        "vllm:nixl_*": "NIXL transfer detail (post time, descriptors per transfer, KV expiry and late "
+                       "notifications; num_failed_notifications is inside num_failed_transfers, which is mapped)",
+        "vllm:mooncake_*": "Mooncake transfer detail (descriptors, KV expiry) and the Mooncake KV store's "
+                           "operations",
         "vllm:hf3fs_*": "hf3fs KV store load/save",
         "vllm:hisparse_*": "HiSparse host KV cache",
         "vllm:umbp_*": "UMBP KV connector",
@@ -199,6 +225,12 @@ SPEC = EngineSpec(
         "`prefix_cache_hits_total` (tokens, tier `device`) is the locally cached share and "
         "`external_prefix_cache_hits_total` (tier `external`) what a KV connector supplied, so the computed "
         "prompt tokens are the prompt tokens less both (the same split as llama.cpp's).",
+        "Waiting semantics: num_requests_waiting (llm_requests_waiting) includes the requests deferred for a "
+        "KV load (num_requests_waiting_by_reason{reason=\"deferred\"}), so llm_requests_waiting_kv_transfer "
+        "is a part of it, not an addition.",
+        "PD role: the page does not say. num_requests_kv_fetch_by_stage exists on KV consumers, but kv_both "
+        "(what NIXL deployments run on prefill and decode instances alike) is a consumer too, and no metric "
+        "carries kv_role: set the target's `role` option; otherwise `both`.",
         "TTFT starts when rendering starts: request_render_duration_seconds (llm_request_render_time_seconds) "
         "is the chat-template and tokenization part of it.",
         "Bucket bounds are kept as exposed (V0 TTFT stops at 10 s, V1 at 2560 s, and "
