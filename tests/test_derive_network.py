@@ -112,3 +112,14 @@ def test_deriver_reads_transfer_and_links_into_the_diagnosis():
     assert numbers["engine_links_with_errors"] == ["mlx5_0:1 3 errors+drops/s"]
     assert target["verdict"] == "interconnect" and target["remedies"][:3] == list(NETWORK_REMEDIES)
     assert any("waiting for a KV transfer" in e for e in target["evidence"])
+
+
+def test_requests_waiting_for_kv_are_not_a_kv_or_scheduler_queue_where_the_engine_counts_them_as_waiting():
+    """vLLM's waiting gauge includes requests deferred for their KV load (waiting_has_kv): a decode
+    instance whose pool is full of preallocated blocks while 6 requests wait for KV is not KV-bound."""
+    common = dict(hbm_gpm=0.3, role="decode", spans=PD, kv_usage=0.95, waiting=6.0, mean_waiting=6.0,
+                  kv_waiting=6.0, running_cap=32.0, peak_running=32.0)
+    v, s = verdict(**common, waiting_has_kv=True)
+    assert v == "interconnect" and assess(s).scores["kv_capacity"] < 0.6 and assess(s).scores["scheduler"] == 0
+    # SGLang's waiting gauge is its scheduler queue alone: 6 there beside a full pool is KV's case.
+    assert assess(Signals(**{**BUSY, **common, "waiting_has_kv": False})).scores["kv_capacity"] >= 0.6

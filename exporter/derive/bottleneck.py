@@ -203,6 +203,7 @@ class Signals(NamedTuple):
     # What crosses servers (the transfer stage): prefill/decode KV transfer and the engine's network links.
     role: str = ""  # prefill | decode | both; "" not reported
     kv_waiting: float | None = None  # mean requests waiting for a KV transfer
+    waiting_has_kv: bool = False  # the engine's waiting counts kv_waiting's requests too (vLLM)
     kv_transfer_share: float | None = None  # median KV transfer / median TTFT
     kv_transfer_p50: float | None = None
     kv_failures_per_s: float | None = None
@@ -211,6 +212,13 @@ class Signals(NamedTuple):
     net_util_what: str = ""
     net_down: tuple[str, ...] = ()
     net_errors: tuple[str, ...] = ()
+
+    def queued(self, waiting: float | None) -> float | None:
+        """`waiting` without the requests waiting for their KV to arrive: those wait on the network,
+        not on KV blocks or a scheduler slot, so neither kv_capacity nor scheduler may count them."""
+        if waiting is None or not self.waiting_has_kv or not self.kv_waiting:
+            return waiting
+        return max(0.0, waiting - self.kv_waiting)
 
     @property
     def network(self) -> bool:
@@ -292,10 +300,11 @@ def _kv(s: Signals, ev: list[str] | None) -> float:
         score = max(score, 0.6 + 0.4 * ramp(usage, 0.70, 0.95))
         if ev is not None:
             ev.append(f"{s.preemptions_per_s * 60:.1f} preemptions/min (sequences evicted for lack of KV blocks)")
-    if (s.waiting or 0) >= 1 and usage is not None and usage >= 0.9:
+    queued = s.queued(s.waiting) or 0.0
+    if queued >= 1 and usage is not None and usage >= 0.9:
         score = max(score, 0.6 + 0.4 * ramp(usage, 0.90, 0.98))
         if ev is not None:
-            ev.append(f"{s.waiting:.0f} requests waiting while the KV cache is full")
+            ev.append(f"{queued:.0f} requests waiting while the KV cache is full")
     return score
 
 
@@ -312,7 +321,7 @@ def _scheduler(s: Signals, roof: float, ev: list[str] | None) -> float:
     """Requests wait, running sits at its cap and the KV cache has room: the engine's own limit on
     running sequences (or slots) holds them back, not a resource. Next to a GPU at its roof the
     queue is the roof's (a larger batch would not go much faster), so the score halves there."""
-    waiting, running = s.mean_waiting, s.mean_batch
+    waiting, running = s.queued(s.mean_waiting), s.mean_batch
     if waiting is None or running is None or waiting < SCHEDULER_WAITING_MIN or running < 1.0:
         return 0.0
     cap = s.running_cap if s.running_cap else s.peak_running

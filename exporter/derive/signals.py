@@ -16,6 +16,7 @@ from exporter.derive.settings import DeriveSettings
 from exporter.derive.stage import Ctx, NotYet, Stage, StageState, TargetKey
 from exporter.derive.view import GpuView, SnapshotView
 from exporter.snapshot import Sample
+from exporter.sources.engines.registry import SPECS
 from exporter.specs.gpus import GpuSpec, pcie_bytes_per_s
 
 UTIL = "llm_gpu_utilization_ratio"
@@ -131,7 +132,10 @@ def gather(ctx: Ctx) -> Signals:
     if NUMA_MISMATCH in host:
         values["numa_mismatch"] = host[NUMA_MISMATCH] >= 0.5
     if moved is not None:
-        values.update(role=moved.role, kv_waiting=moved.waiting, kv_transfer_share=moved.share,
+        spec = SPECS.get(ctx.engine.engine)
+        values.update(role=moved.role, kv_waiting=moved.waiting,
+                      waiting_has_kv=bool(spec is not None and spec.waiting_includes_kv_transfer),
+                      kv_transfer_share=moved.share,
                       kv_transfer_p50=moved.transfer_p50, kv_failures_per_s=moved.failures_per_s,
                       spans=moved.spans, net_util=moved.link_util, net_util_what=moved.link_what,
                       net_down=moved.links_down, net_errors=moved.link_errors)
