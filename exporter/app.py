@@ -280,7 +280,8 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
             f"  diagnosis     {base}/api/v1/diagnosis\n"
             + (twins[0].twin.scenario.expect.lines(speed) if twins[0].twin.scenario.expect else "")
             + "".join(f"  twin {i}        {t.url}/metrics  "
-                      f"(switch: curl -X POST '{t.url}/sim/scenario?name=overload')\n" for i, t in enumerate(twins))
+                      + (f"({t.role} instance of a prefill/decode pair)\n" if t.role != "both" else
+                         f"(switch: curl -X POST '{t.url}/sim/scenario?name=overload')\n") for i, t in enumerate(twins))
             + "Ctrl-C stops it."
         )
         if on_ready is not None:

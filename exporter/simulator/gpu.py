@@ -265,7 +265,8 @@ class GpuModel:
                 d.pcie_replays += d.pcie_replays_per_s * s.dt
             io = s.host_io_bytes / s.dt
             p2p = s.comm_bytes / s.dt
-            on_pcie = self.hw.tp > 1 and self.hw.link == "pcie"
+            # Over a network link (cross-node TP) the all-reduce goes GPU -> PCIe -> NIC (GPUDirect RDMA).
+            on_pcie = self.hw.tp > 1 and self.hw.link in ("pcie", "network")
             d.pcie_tx = _ema(d.pcie_tx, io * 0.3 + (p2p if on_pcie else 0.0), s.dt)
             d.pcie_rx = _ema(d.pcie_rx, io * 0.7 + (p2p if on_pcie else 0.0), s.dt)
             on_nvlink = self.hw.tp > 1 and self.hw.link == "nvlink"

@@ -112,9 +112,10 @@ class PdPair:
 
     def network_counters(self, twin: Twin) -> dict[str, Any]:
         """The KV link's NIC counters as the given twin's node sees them: the prefill node sends the
-        KV, the decode node receives it; control messages go the other way."""
+        KV, the decode node receives it; control messages go the other way. Both read at the time
+        both twins have reached (a step may take one a little past the other)."""
         link = self.link
-        t = twin.now
+        t = min(self.prefill.now, self.decode.now)
         data = link.bytes_sent(t)
         started = link.transfers_started(t)
         mtu = link.spec.mtu_bytes
