@@ -148,6 +148,11 @@ def test_vllm_pages_of_a_pair_carry_the_nixl_families() -> None:
     assert set(stages) == {"waiting_to_start", "in_progress", "completed_waiting"}
     assert {s.labels["engine"] for s in decode["vllm:num_requests_kv_fetch_by_stage"].samples} == {"0"}
     assert "vllm:num_requests_kv_fetch_by_stage" not in prefill
+    # vLLM's PromptTokenStats: the consumer's prompts came over the connector, the producer computed them.
+    by_source = {page_name: {s.labels["source"]: s.value for s in page["vllm:prompt_tokens_by_source"].samples
+                             if s.name.endswith("_total")} for page_name, page in (("d", decode), ("p", prefill))}
+    assert by_source["d"]["external_kv_transfer"] > 0 and by_source["d"]["local_compute"] == 0
+    assert by_source["p"]["local_compute"] > 0 and by_source["p"]["external_kv_transfer"] == 0
     assert [s.value for s in prefill["vllm:nixl_xfer_time_seconds"].samples if s.name.endswith("_count")] == [0]
 
 

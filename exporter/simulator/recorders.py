@@ -242,6 +242,7 @@ class VllmRecorder(Recorder):
         self.engine_index = engine_index
         # PD: a NixlConnector instance (kv_producer for prefill, kv_consumer for decode).
         self.role = role
+        self.prompt_by_source = {"local_compute": 0, "local_cache_hit": 0, "external_kv_transfer": 0}
         self.nixl = {"xfer": Hist(VLLM_NIXL_XFER_TIME), "post": Hist(VLLM_NIXL_TIME), "bytes": Hist(VLLM_NIXL_BYTES),
                      "descriptors": Hist(VLLM_NIXL_DESCRIPTORS)}
         self.block_size = 16
@@ -278,6 +279,12 @@ class VllmRecorder(Recorder):
         self.h["prefill"].observe(now - req.first_scheduled)
         self.prompt_tokens += req.prompt
         self.generation_tokens += 1
+        # PromptTokenStats: a KV consumer's prompts arrive by the connector, not computed here.
+        if req.kv_done_at >= 0 and self.role == "decode":
+            self.prompt_by_source["external_kv_transfer"] += req.prompt
+        else:
+            self.prompt_by_source["local_cache_hit"] += req.cached
+            self.prompt_by_source["local_compute"] += req.prompt - req.cached
 
     def on_finish(self, req: Request, now: float, reason: str) -> None:
         h = self.h
@@ -350,6 +357,8 @@ class VllmRecorder(Recorder):
         f.counter("vllm:estimated_read_bytes_per_gpu", "Estimated number of bytes read from memory per GPU "
                   "(for Model Flops Utilization calculations).", self.read_bytes)
         f.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
+        f.counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", 0,
+                  extra=[({"source": k}, float(v)) for k, v in self.prompt_by_source.items()])
         f.counter("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens)
         f.counter("vllm:request_success", "Count of successfully processed requests.", 0,
                   extra=[({"finished_reason": r}, float(v)) for r, v in self.success.items()])
