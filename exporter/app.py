@@ -270,7 +270,8 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
         base = f"http://{'127.0.0.1' if config.listen_host in ('0.0.0.0', '') else config.listen_host}:" \
                f"{sock.getsockname()[1]}"
         announce(
-            f"llm-exporter demo: {engines} {engine_format} twin(s) of {model} on {gpus}x {gpu_name}, "
+            f"llm-exporter demo: {engines} {engine_format} "
+            f"{'prefill/decode pair(s)' if twins[0].role != 'both' else 'twin(s)'} of {model} on {gpus}x {gpu_name}, "
             f"scenario {scenario}, host {config.host_backend}\n"
             + (f"  GPU price     {config.gpu_price_per_hour:g} per GPU-hour, for the cost panels "
                "(--gpu-price-per-hour)\n" if config.gpu_price_per_hour is not None else "")

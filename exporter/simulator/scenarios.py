@@ -161,9 +161,9 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         "pd-transfer", "Prefill/decode disaggregation: a prefill instance and a decode instance, the KV "
         "cache of each prompt sent from one to the other over a 25 Gb/s RoCE link, too slow for the "
         "prompt load (long prompts: ~3,000 tokens x 128 KiB of KV each, ~390 MB a request).",
-        "the KV link busy ~95% of the time, requests standing in the prefill inflight queue and the "
-        "decode transfer queue, KV transfer time most of the decode instance's TTFT while both "
-        "instances' GPUs and the decode batch stay light",
+        "the KV link busy ~90-95% of the time, requests standing in the prefill inflight queue and the "
+        "decode transfer queue, KV transfer (wait and send) ~80% of the decode instance's TTFT while the "
+        "prefill GPU has tensor headroom (~50% active) and the decode batch stays small (~25 of 256 slots)",
         "interconnect (the KV-transfer network link)",
         Workload(LengthDist(mean=3000, sigma=0.4, lo=512, hi=12000), CHAT_OUTPUT, load=0.95),
         pd=NetworkLink(device="mlx5_0:1", kind="roce", bytes_per_s=3.125e9, latency_s=20e-6, numa_node=0),
