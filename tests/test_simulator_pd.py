@@ -252,3 +252,34 @@ def test_start_twins_serves_a_pair_decode_first() -> None:
     assert "sglang:num_decode_transfer_queue_reqs" in served[0][2]
     assert "sglang:kv_transfer_latency_ms_bucket" in served[1][2]
     assert served[1][3]["network"][1]["transmit_bytes"] > 0
+
+
+def test_a_network_all_reduce_costs_its_latency_and_its_bytes_at_the_link_rate() -> None:
+    from exporter.simulator.costs import Hardware, NetworkLink, prefill_batch, step_cost
+    from exporter.specs.gpus import lookup_gpu
+    from exporter.specs.models import load_model
+
+    model = load_model("llama-3.1-8b")
+    link = NetworkLink(bytes_per_s=6.25e9, latency_s=15e-6)
+    hw = Hardware(lookup_gpu("NVIDIA H100 80GB HBM3"), tp=2, interconnect="network", network=link)
+    cost = step_cost(hw, model, prefill_batch(4096))
+    # Two all-reduces a layer; a 2-GPU ring sends the whole activation buffer from each GPU.
+    allreduces = 2 * model.layers
+    assert cost.comm_bytes_per_gpu == allreduces * 4096 * model.hidden * 2
+    assert cost.comm_time_s == pytest.approx(allreduces * 15e-6 + cost.comm_bytes_per_gpu / 6.25e9)
+    assert cost.bound == "interconnect"
+    nvlink = step_cost(dataclasses.replace(hw, interconnect="nvlink"), model, prefill_batch(4096))
+    assert nvlink.comm_time_s < cost.comm_time_s / 10
+    with pytest.raises(ValueError, match="needs its NetworkLink"):
+        Hardware(lookup_gpu("NVIDIA H100 80GB HBM3"), tp=2, interconnect="network")
+    with pytest.raises(ValueError, match="network kind"):
+        NetworkLink(kind="token-ring")
+
+
+def test_api_requests_are_served_whole_by_either_instance_of_a_pair() -> None:
+    pair = pd_pair(TwinConfig(scenario="pd-transfer", epoch=0.0))
+    pair.decode.fast_forward(5)
+    reqs = [twin.engine.submit(100, 8) for twin in pair.twins]
+    pair.decode.fast_forward(5)
+    for twin, req in zip(pair.twins, reqs, strict=True):
+        assert req.finished_at > 0 and twin.engine.generated(req) == 8, twin.config.role
