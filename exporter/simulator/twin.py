@@ -142,6 +142,7 @@ class Twin:
             gpu.set_faults(self.scenario.gpu_faults)
         self.restarts = 0
         self._net_comm_base = 0.0
+        self._net_sent = 0.0  # bytes the cross-node link has carried each way
         self._net_steps_base = 0
         self.host_cpu_busy = 0.0  # cores in use, smoothed
         self.host = HostModel(cfg.host, self.scenario.host,
@@ -259,6 +260,11 @@ class Twin:
             self.host.update(dt, engine_cpu, frontend_cpu, speed)
         for engine, gpu in zip(self.engines, self.gpu_models, strict=True):
             engine.clock_ratio = gpu.clock_ratio
+        if self.hw.link == "network" and self.hw.network is not None and dt > 0:
+            # A step's all-reduce bytes are counted when it ends; on the wire they went out at the
+            # link's rate during it, so the NIC counter follows at most at that rate.
+            total = self._net_comm_base + sum(e.activity.comm_bytes for e in self.engines)
+            self._net_sent = min(total, self._net_sent + self.hw.network.bytes_per_s * dt)
 
     # --- control --------------------------------------------------------------------------
 
@@ -383,8 +389,9 @@ class Twin:
         if self.hw.tp > 1 and self.hw.link == "network" and self.hw.network is not None:
             # Ring all-reduce over two servers: every GPU's share crosses the NIC, each way.
             net = self.hw.network
-            # Two ring edges cross the servers; each node's NIC carries one GPU's share each way.
-            comm = self._net_comm_base + sum(e.activity.comm_bytes for e in self.engines)
+            # Two ring edges cross the servers; each node's NIC carries one GPU's share each way (what
+            # the steps sent, at most the link's rate since the last slice: `_integrate`).
+            comm = self._net_sent
             messages = (self._net_steps_base + sum(e.activity.steps for e in self.engines)) * 2 * self.model.layers
             packets = int(comm // net.mtu_bytes) + messages
             links.append(_link(net, engine=True, receive_bytes=comm, transmit_bytes=comm,
