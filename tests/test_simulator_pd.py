@@ -149,6 +149,8 @@ def test_vllm_pages_of_a_pair_carry_the_nixl_families() -> None:
     # The KV consumer alone has the fetch stages; the producer observes no transfers.
     stages = {s.labels["stage"]: s.value for s in decode["vllm:num_requests_kv_fetch_by_stage"].samples}
     assert set(stages) == {"waiting_to_start", "in_progress", "completed_waiting"}
+    # vLLM counts the requests waiting for their KV among the waiting ones.
+    assert decode["vllm:num_requests_waiting"].samples[0].value == sum(stages.values()) > 0
     assert {s.labels["engine"] for s in decode["vllm:num_requests_kv_fetch_by_stage"].samples} == {"0"}
     assert "vllm:num_requests_kv_fetch_by_stage" not in prefill
     # vLLM's PromptTokenStats: the consumer's prompts came over the connector, the producer computed them.

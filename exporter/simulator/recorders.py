@@ -344,7 +344,10 @@ class VllmRecorder(Recorder):
         cfg.out.append(info_fam)
         f.out.extend(cfg.out)
         f.gauge("vllm:num_requests_running", "Number of requests in model execution batches.", state.running)
-        f.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", state.waiting)
+        # A KV consumer's requests waiting for their remote KV are in its waiting count (scheduler.py
+        # get_request_counts: waiting + async_kv_waiting), broken down by vllm:num_requests_kv_fetch_by_stage.
+        waiting = state.waiting + (state.kv_receiving + state.kv_arrived_waiting if self.role == "decode" else 0)
+        f.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting)
         f.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                 state.kv_blocks_used / state.kv_blocks_total if state.kv_blocks_total else 0.0)
         f.counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
