@@ -15,7 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.simulator import SCENARIOS, Twin, TwinConfig
 from exporter.simulator.recorders import SGLANG_KV_TRANSFER_LATENCY_MS
 from exporter.simulator.twin import pd_pair
+from exporter.sources.engines.accounting import unaccounted
 from exporter.sources.engines.normalize import NormalizerState, normalize
+from exporter.sources.engines.registry import SPECS
 from exporter.specs.models import kv_bytes_per_token
 
 LINK_KEYS = {"device", "kind", "up", "speed_bytes_per_s", "numa_node", "engine", "receive_bytes", "transmit_bytes",
@@ -203,6 +205,8 @@ def test_the_exporter_still_reads_both_instances_pages(engine_format: str) -> No
         scrape = normalize(twin.metrics_text(), target="t", kind=None, state=NormalizerState(), max_series=10_000)
         assert scrape.kind == engine_format
         assert any(s.name == "llm_time_to_first_token_seconds_count" and s.value > 0 for s in scrape.samples)
+        # Accounted for like a real PD engine's page: no LLMEngineFamiliesUnaccounted from the demo.
+        assert unaccounted(SPECS[engine_format], twin.metrics_text()) == []
 
 
 def test_a_pair_refuses_to_switch_out_of_pd_and_a_single_twin_into_it() -> None:
