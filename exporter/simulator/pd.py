@@ -16,14 +16,29 @@ completes within a slice is known to the decode twin before it runs that slice).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from exporter.simulator.costs import NetworkLink
 from exporter.simulator.engine import Engine, Request
-from exporter.specs.models import kv_bytes_per_token
+from exporter.specs.models import ModelShape, kv_bytes_per_token
 
-if TYPE_CHECKING:
-    from exporter.simulator.twin import Twin
+
+class Instance(Protocol):
+    """What a pair needs of each of its twins (exporter.simulator.twin.Twin)."""
+
+    pair: PdPair | None
+    model: ModelShape
+    engine: Engine
+
+    @property
+    def now(self) -> float: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def slice_s(self) -> float: ...
+    @property
+    def kv_link(self) -> NetworkLink | None: ...
+    def advance_own(self, t: float) -> None: ...
 
 # Per transfer, the decode side's messages back (RDMA READ requests or the completion notice).
 CONTROL_BYTES_PER_TRANSFER = 256
@@ -72,11 +87,11 @@ class KvLink:
 class PdPair:
     """A prefill twin and a decode twin sharing one KV-transfer link (`scenario.pd`)."""
 
-    def __init__(self, prefill: Twin, decode: Twin) -> None:
-        spec = prefill.scenario.pd
-        if spec is None or decode.scenario.pd != spec:
+    def __init__(self, prefill: Instance, decode: Instance) -> None:
+        spec = prefill.kv_link
+        if spec is None or decode.kv_link != spec:
             raise ValueError("a prefill/decode pair runs a scenario that declares its KV link (Scenario.pd)")
-        if prefill.config.role != "prefill" or decode.config.role != "decode":
+        if prefill.role != "prefill" or decode.role != "decode":
             raise ValueError("a pair is a twin with role prefill and one with role decode")
         self.prefill = prefill
         self.decode = decode
@@ -86,10 +101,10 @@ class PdPair:
         self.attach(prefill, prefill.engine)
 
     @property
-    def twins(self) -> tuple[Twin, Twin]:
+    def twins(self) -> tuple[Instance, Instance]:
         return self.prefill, self.decode
 
-    def attach(self, twin: Twin, engine: Engine) -> None:
+    def attach(self, twin: Instance, engine: Engine) -> None:
         """Wire a (new, after a restart) engine of one of the twins to the link."""
         if twin is self.prefill:
             engine.handoff = self._handoff
@@ -104,13 +119,13 @@ class PdPair:
         return done
 
     def advance_to(self, t: float) -> None:
-        slice_s = self.prefill.config.slice_s
+        slice_s = self.prefill.slice_s
         while self.prefill.now < t or self.decode.now < t:
             end = min(t, min(self.prefill.now, self.decode.now) + slice_s)
             self.prefill.advance_own(end)
             self.decode.advance_own(end)
 
-    def network_counters(self, twin: Twin) -> dict[str, Any]:
+    def network_counters(self, twin: Instance) -> dict[str, Any]:
         """The KV link's NIC counters as the given twin's node sees them: the prefill node sends the
         KV, the decode node receives it; control messages go the other way. Both read at the time
         both twins have reached (a step may take one a little past the other)."""

@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from exporter.simulator.costs import Hardware, NetworkLink
 from exporter.simulator.engine import (
@@ -27,14 +27,12 @@ from exporter.simulator.engine import (
 )
 from exporter.simulator.gpu import GpuModel, Slice
 from exporter.simulator.host import HostModel, HostTopology
+from exporter.simulator.pd import PdPair, pd_base_rate
 from exporter.simulator.recorders import FORMATS, Recorder, make_recorder, render_merged
 from exporter.simulator.scenarios import Scenario, get_scenario
 from exporter.simulator.workload import Workload
 from exporter.specs.gpus import GpuSpec, known_gpus, lookup_gpu
 from exporter.specs.models import ModelShape, kv_bytes_per_token, load_model, weight_bytes
-
-if TYPE_CHECKING:
-    from exporter.simulator.pd import PdPair
 
 DEFAULT_GPU = "NVIDIA H100 80GB HBM3"
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -70,6 +68,7 @@ class TwinConfig:
     # Prefill/decode disaggregation: this twin's instance of the pair (both: not disaggregated).
     role: str = "both"
 
+
 # The management port every simulated server has beside its GPU fabric: 10 GbE, carrying the
 # exporter's scrapes, logs and SSH (bytes/s each way), never the engine's data.
 MANAGEMENT = NetworkLink(device="eth0", kind="ethernet", bytes_per_s=1.25e9, latency_s=50e-6, numa_node=0,
@@ -82,8 +81,6 @@ MANAGEMENT_PACKET_BYTES = 800
 def pd_pair(config: TwinConfig, *, decode_gpu_index_base: int | None = None) -> PdPair:
     """The prefill and decode twins of a PD scenario (`config.scenario` declares `pd`), joined by
     their KV link; the decode twin's GPUs follow the prefill twin's in NVML index."""
-    from exporter.simulator.pd import PdPair
-
     prefill = Twin(dataclasses.replace(config, role="prefill"))
     base = decode_gpu_index_base if decode_gpu_index_base is not None else config.gpu_index_base + prefill.hw.tp
     decode = Twin(dataclasses.replace(config, role="decode", seed=config.seed + 1, gpu_index_base=base,
@@ -160,7 +157,6 @@ class Twin:
     def _base_rate(self, sc: Scenario) -> float:
         if sc.pd is not None:
             # A pair's load is a share of what its KV link carries at the mean prompt.
-            from exporter.simulator.pd import pd_base_rate
             return pd_base_rate(sc.pd, kv_bytes_per_token(self.model), sc.workload.prompt.mean)
         return estimate_capacity(_healthy(self.hw), self.model, self.engine_cfg, HostConfig(), sc.workload).rps
 
@@ -306,6 +302,19 @@ class Twin:
     def engine_format(self) -> str:
         return self.config.engine_format
 
+    @property
+    def role(self) -> str:
+        return self.config.role
+
+    @property
+    def slice_s(self) -> float:
+        return self.config.slice_s
+
+    @property
+    def kv_link(self) -> NetworkLink | None:
+        """The KV-transfer link of a prefill/decode scenario (None otherwise)."""
+        return self.scenario.pd
+
     def metrics_text(self) -> str:
         info = {"gpu_memory_utilization": str(self.engine_cfg.gpu_memory_utilization), "role": self.config.role,
                 "enable_prefix_caching": str(self.scenario.workload.prefix_hit_rate > 0),
@@ -387,10 +396,9 @@ class Twin:
         if self.pair is not None and self.scenario.pd is not None:
             links.append(_link(self.scenario.pd, engine=True, **self.pair.network_counters(self)))
         if self.hw.tp > 1 and self.hw.link == "network" and self.hw.network is not None:
-            # Ring all-reduce over two servers: every GPU's share crosses the NIC, each way.
+            # A ring all-reduce over two servers: two ring edges cross them, so each node's NIC carries
+            # one GPU's share each way (what the steps sent, at most at the link's rate: `_integrate`).
             net = self.hw.network
-            # Two ring edges cross the servers; each node's NIC carries one GPU's share each way (what
-            # the steps sent, at most the link's rate since the last slice: `_integrate`).
             comm = self._net_sent
             messages = (self._net_steps_base + sum(e.activity.steps for e in self.engines)) * 2 * self.model.layers
             packets = int(comm // net.mtu_bytes) + messages
