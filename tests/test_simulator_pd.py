@@ -312,3 +312,13 @@ def test_no_second_carries_more_than_the_link_can(scenario: str) -> None:
         busiest = max(busiest, rate / now["speed_bytes_per_s"])
         before, t0 = now, t1
     assert 0.8 < busiest <= 1.0 + 1e-6, busiest
+
+
+def test_the_kv_crosses_each_gpus_pcie_link_to_the_nic() -> None:
+    """GPUDirect RDMA: the NIC reads the KV from the prefill GPU and writes it into the decode GPU."""
+    pair = pd_pair(TwinConfig(scenario="pd-transfer", epoch=0.0))
+    pair.decode.fast_forward(40)
+    prefill, decode = (twin.gpu_state()["gpus"][0]["pcie"] for twin in pair.twins)
+    speed = pair.link.spec.bytes_per_s
+    assert 0.7 * speed < prefill["tx_bytes_per_second"] < 1.05 * speed > decode["rx_bytes_per_second"] > 0.7 * speed
+    assert prefill["rx_bytes_per_second"] < 0.01 * speed and decode["tx_bytes_per_second"] < 0.01 * speed

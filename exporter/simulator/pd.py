@@ -53,8 +53,8 @@ class KvLink:
         self.spec = spec
         self.free_at = 0.0  # when the link finishes serializing what it has been given
         self.pending: deque[tuple[float, float, float]] = deque()  # (start, end of serialization, bytes)
-        self.sent_done = 0.0  # bytes of transfers fully serialized by `_seen`
-        self._seen = 0.0
+        self.sent_done = 0.0  # bytes of the transfers pruned (fully serialized by `_pruned`)
+        self._pruned = 0.0
         self.transfers = 0
         self.bytes_submitted = 0.0
         self.busy_s = 0.0  # serialization time given to the link so far
@@ -70,14 +70,20 @@ class KvLink:
         return start, self.free_at + self.spec.latency_s
 
     def bytes_sent(self, t: float) -> float:
-        t = self._seen = max(t, self._seen)  # a counter: never back, whichever twin asks first
+        """Bytes that have crossed by twin time t (not before the last `prune`)."""
+        t = max(t, self._pruned)
+        total = self.sent_done
+        for start, end, nbytes in self.pending:
+            if start >= t:
+                break
+            total += nbytes if end <= t else nbytes * (t - start) / (end - start)
+        return total
+
+    def prune(self, t: float) -> None:
+        """Forget the transfers done by t: no twin asks about an earlier time any more."""
         while self.pending and self.pending[0][1] <= t:
             self.sent_done += self.pending.popleft()[2]
-        partial = 0.0
-        if self.pending and self.pending[0][0] < t:
-            start, end, nbytes = self.pending[0]
-            partial = nbytes * (t - start) / (end - start) if end > start else nbytes
-        return self.sent_done + partial
+        self._pruned = max(self._pruned, t)
 
     def transfers_started(self, t: float) -> int:
         """Transfers whose first byte has gone by t (for packet counts)."""
@@ -124,6 +130,7 @@ class PdPair:
             end = min(t, min(self.prefill.now, self.decode.now) + slice_s)
             self.prefill.advance_own(end)
             self.decode.advance_own(end)
+        self.link.prune(min(self.prefill.now, self.decode.now))
 
     def network_counters(self, twin: Instance) -> dict[str, Any]:
         """The KV link's NIC counters as the given twin's node sees them: the prefill node sends the

@@ -140,6 +140,7 @@ class Twin:
         self.restarts = 0
         self._net_comm_base = 0.0
         self._net_sent = 0.0  # bytes the cross-node link has carried each way
+        self._kv_sent = 0.0  # bytes the pair's KV link had carried at the last slice
         self._net_steps_base = 0
         self.host_cpu_busy = 0.0  # cores in use, smoothed
         self.host = HostModel(cfg.host, self.scenario.host,
@@ -227,17 +228,29 @@ class Twin:
         c = engine.counters
         return c.prefill_computed_tokens + c.generation_tokens
 
+    def _kv_bytes_moved(self) -> float:
+        """KV bytes the pair's link carried since the last slice (GPUDirect RDMA: the NIC reads the
+        prefill GPU's memory and writes the decode GPU's, over their PCIe links)."""
+        if self.pair is None:
+            return 0.0
+        sent = self.pair.link.bytes_sent(self.engine.t)
+        moved, self._kv_sent = max(0.0, sent - self._kv_sent), max(sent, self._kv_sent)
+        return moved
+
     def _integrate(self, dt: float) -> None:
         engine_cpu = frontend_cpu = 0.0
         for rank, (engine, gpu) in enumerate(zip(self.engines, self.gpu_models, strict=True)):
             a: Activity = engine.activity
             b = self._lasts[rank]
             tokens = self._batched_tokens(engine)
+            kv = self._kv_bytes_moved() / self.hw.tp  # each GPU holds its shard of every block
             gpu.update(Slice(
                 dt=dt, busy_s=a.gpu_busy_s - b.gpu_busy_s, memory_s=a.memory_s - b.memory_s,
                 compute_s=a.compute_s - b.compute_s, dram_bytes=a.dram_bytes - b.dram_bytes, flops=a.flops - b.flops,
                 comm_bytes=a.comm_bytes - b.comm_bytes, host_io_bytes=a.host_io_bytes - b.host_io_bytes,
                 steps=a.steps - b.steps, tokens=tokens - self._last_tokens[rank],
+                nic_read_bytes=kv if self.role == "prefill" else 0.0,
+                nic_write_bytes=kv if self.role == "decode" else 0.0,
             ))
             self._last_tokens[rank] = tokens
             engine_cpu += a.engine_cpu_s - b.engine_cpu_s
