@@ -270,7 +270,8 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
         base = f"http://{'127.0.0.1' if config.listen_host in ('0.0.0.0', '') else config.listen_host}:" \
                f"{sock.getsockname()[1]}"
         announce(
-            f"llm-exporter demo: {engines} {engine_format} twin(s) of {model} on {gpus}x {gpu_name}, "
+            f"llm-exporter demo: {engines} {engine_format} "
+            f"{'prefill/decode pair(s)' if twins[0].role != 'both' else 'twin(s)'} of {model} on {gpus}x {gpu_name}, "
             f"scenario {scenario}, host {config.host_backend}\n"
             + (f"  GPU price     {config.gpu_price_per_hour:g} per GPU-hour, for the cost panels "
                "(--gpu-price-per-hour)\n" if config.gpu_price_per_hour is not None else "")
@@ -280,7 +281,8 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
             f"  diagnosis     {base}/api/v1/diagnosis\n"
             + (twins[0].twin.scenario.expect.lines(speed) if twins[0].twin.scenario.expect else "")
             + "".join(f"  twin {i}        {t.url}/metrics  "
-                      f"(switch: curl -X POST '{t.url}/sim/scenario?name=overload')\n" for i, t in enumerate(twins))
+                      + (f"({t.role} instance of a prefill/decode pair)\n" if t.role != "both" else
+                         f"(switch: curl -X POST '{t.url}/sim/scenario?name=overload')\n") for i, t in enumerate(twins))
             + "Ctrl-C stops it."
         )
         if on_ready is not None:

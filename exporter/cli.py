@@ -39,7 +39,8 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--scenario", default="decode-heavy", choices=sorted(SCENARIOS),
                         help="load pattern (switchable at run time on each twin)")
-    parser.add_argument("--engines", type=int, default=1, help="number of engine twins")
+    parser.add_argument("--engines", type=int, default=1,
+                        help="number of engine twins (prefill/decode pairs in a PD scenario: pd-transfer)")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs per engine (tensor parallel)")
     parser.add_argument("--engine-format", dest="engine_format", default="vllm",
                         choices=("vllm", "sglang", "tgi", "llamacpp"), help="exposition the twins serve")

@@ -146,3 +146,45 @@ def test_a_throttled_gpu_under_full_kv_is_named_beside_kv_with_both_remedies() -
     finally:
         demo.send_signal(signal.SIGINT)
         demo.communicate(timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_demo_of_a_prefill_decode_scenario_serves_both_instances() -> None:
+    """`llm-exporter demo --scenario pd-transfer`: the demo knows the scenario is a pair and starts
+    both instances, each its own target and port (decode first), both pages carrying the KV-transfer
+    families; the exporter scrapes both. The verdict is tests/test_demo_scenarios.py's."""
+    port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "exporter.cli", "demo", "--listen", f"127.0.0.1:{port}",
+                             "--scenario", "pd-transfer", "--engine-format", "sglang", "--speed", "5",
+                             "--interval", "300ms", "--no-probe"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_until(lambda: _ready(port), timeout=30)
+        twins: list[tuple[str, str]] = []
+        while len(twins) < 2:
+            line = demo.stdout.readline()
+            assert line, demo.stderr.read()[-2000:]
+            if line.startswith("  twin "):
+                twins.append((line.split()[2], line.split("(")[1].split()[0]))
+        assert [role for _, role in twins] == ["decode", "prefill"]
+
+        def page(url: str) -> str:
+            return httpx.get(url, timeout=5).text
+
+        assert wait_until(lambda: "sglang:kv_transfer_latency_ms_bucket" in page(twins[1][0]), timeout=30)
+        decode, prefill = page(twins[0][0]), page(twins[1][0])
+        assert 'engine_type="decode"' in decode and "sglang:num_decode_transfer_queue_reqs{" in decode
+        assert 'engine_type="prefill"' in prefill and "sglang:num_prefill_inflight_queue_reqs{" in prefill
+        host = httpx.get(twins[0][0].replace("/metrics", "/sim/host"), timeout=5).json()
+        assert [n["device"] for n in host["network"]] == ["eth0", "mlx5_0:1"]
+
+        def up() -> dict[str, float]:
+            return {s.labels["target"]: s.value for f in text_string_to_metric_families(page(base + "/metrics"))
+                    for s in f.samples if s.name == "llm_engine_up"}
+        assert wait_until(lambda: up() == {"demo-0": 1.0, "demo-1": 1.0}, timeout=20), up()
+    finally:
+        demo.send_signal(signal.SIGINT)
+        demo.communicate(timeout=30)
+    assert demo.returncode == 0

@@ -14,10 +14,12 @@ from exporter.config import Config
 from exporter.derive import build_deriver
 from exporter.derive.bottleneck import CONSTRAINTS
 from exporter.simulator import SCENARIOS, Twin, TwinConfig
+from exporter.simulator.twin import pd_pair
 from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult
 from exporter.sources.engines.normalize import NormalizerState, normalize
 from exporter.sources.gpu.sim import samples_from_state
 from exporter.sources.host_sim import samples_from_host_state
+from tests.support import VERDICT_PENDING
 
 EPOCH = 1_700_000_000.0
 
@@ -30,7 +32,10 @@ def host_samples(twin: Twin) -> tuple[Sample, ...]:
 class Harness:
     def __init__(self, scenario: str, *, gpus: int = 1, seed: int = 0, engine_format: str = "vllm",
                  interval_s: float = 1.0, model: str | None = None) -> None:
-        self.twin = Twin(TwinConfig(scenario=scenario, gpus=gpus, seed=seed, engine_format=engine_format, epoch=EPOCH))
+        config = TwinConfig(scenario=scenario, gpus=gpus, seed=seed, engine_format=engine_format, epoch=EPOCH)
+        # A prefill/decode scenario runs as a pair; the harness scrapes its decode instance (the demo's
+        # first target, demo-0), whose TTFT includes the KV transfer.
+        self.twin = pd_pair(config).decode if SCENARIOS[scenario].pd is not None else Twin(config)
         self.deriver = build_deriver(Config(interval_s=interval_s, model=model))
         self.interval_s = interval_s
         self.state = NormalizerState()
@@ -70,6 +75,8 @@ EXPECTED = {
     "power-capped": (60, 1),
     "pcie-degraded": (60, 2),
     "overload": (60, 1),
+    "pd-transfer": (60, 1),
+    "cross-node-tp": (60, 2),
 }
 
 
@@ -78,7 +85,9 @@ def test_every_scenario_with_a_verdict_is_judged_here():
     assert declared <= set(EXPECTED), declared - set(EXPECTED)
 
 
-@pytest.mark.parametrize("scenario", sorted(EXPECTED))
+@pytest.mark.parametrize("scenario", [
+    pytest.param(name, marks=pytest.mark.xfail(reason=VERDICT_PENDING[name], strict=False))
+    if name in VERDICT_PENDING else name for name in sorted(EXPECTED)])
 def test_scenario_verdict_is_expected_and_stable(scenario):
     warm_s, gpus = EXPECTED[scenario]
     expected = SCENARIOS[scenario].expect.verdict

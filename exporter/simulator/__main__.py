@@ -1,5 +1,6 @@
 """`python -m exporter.simulator --port P --scenario S --engine-format F --gpu NAME --model NAME --gpus N
---data-parallel D --seed K`: one twin served until interrupted."""
+--data-parallel D --seed K`: one twin served until interrupted (a prefill/decode scenario: its decode
+instance on P, its prefill instance on P + 1)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import sys
 from collections.abc import Sequence
 
 from exporter.simulator.recorders import FORMATS
-from exporter.simulator.scenarios import SCENARIOS
+from exporter.simulator.scenarios import SCENARIOS, get_scenario
 from exporter.simulator.server import start_server
-from exporter.simulator.twin import DEFAULT_GPU, DEFAULT_MODEL, Twin, TwinConfig
+from exporter.simulator.twin import DEFAULT_GPU, DEFAULT_MODEL, Twin, TwinConfig, pd_pair
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -36,21 +37,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    twin = Twin(TwinConfig(scenario=args.scenario, engine_format=args.engine_format, gpu=args.gpu,
-                           model=args.model, gpus=args.gpus, seed=args.seed, gpu_index_base=args.gpu_index_base,
-                           numa_mismatch=args.numa_mismatch, data_parallel=args.data_parallel))
-    server = await start_server(twin, host=args.host, port=args.port, speed=args.speed)
-    dp = f"{len(twin.engines)} engines x " if len(twin.engines) > 1 else ""
-    print(f"twin ({args.engine_format}, {twin.model.name} on {dp}{twin.hw.tp} x {twin.hw.gpu.nvml_name}, "
-          f"scenario {twin.scenario.name}) serving {server.url}/metrics", flush=True)
+    config = TwinConfig(scenario=args.scenario, engine_format=args.engine_format, gpu=args.gpu, model=args.model,
+                        gpus=args.gpus, seed=args.seed, gpu_index_base=args.gpu_index_base,
+                        numa_mismatch=args.numa_mismatch, data_parallel=args.data_parallel)
+    if get_scenario(args.scenario).pd is not None:
+        # A prefill/decode pair: the decode instance on --port, the prefill instance on --port + 1.
+        pair = pd_pair(config)
+        twins = [pair.decode, pair.prefill]
+    else:
+        twins = [Twin(config)]
+    servers = []
     try:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):  # both end it cleanly, as a supervisor expects
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
+        for i, twin in enumerate(twins):
+            servers.append(await start_server(twin, host=args.host, port=args.port + i if args.port else 0,
+                                              speed=args.speed))
+            dp = f"{len(twin.engines)} engines x " if len(twin.engines) > 1 else ""
+            role = f"{twin.config.role} instance, " if twin.config.role != "both" else ""
+            print(f"twin ({role}{args.engine_format}, {twin.model.name} on {dp}{twin.hw.tp} x "
+                  f"{twin.hw.gpu.nvml_name}, scenario {twin.scenario.name}) serving {servers[-1].url}/metrics",
+                  flush=True)
+        await _wait_for_signal()
     finally:
-        await server.stop()
+        for server in servers:
+            await server.stop()
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):  # both end it cleanly, as a supervisor expects
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

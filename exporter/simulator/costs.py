@@ -2,6 +2,8 @@
 
 step time = max(bytes moved / bandwidth, FLOPs / peak) + per-step overhead + TP interconnect time.
 Host CPU time is added by the engine (it depends on the CPU budget, which the engine tracks).
+The TP interconnect is NVLink or PCIe inside a server, or a network link (`NetworkLink`: RoCE,
+InfiniBand, Ethernet) when the tensor-parallel group spans two servers.
 """
 
 from __future__ import annotations
@@ -45,13 +47,41 @@ def _constants(model: ModelShape) -> _ModelConstants:
     )
 
 
+NETWORK_KINDS = ("infiniband", "roce", "ethernet")
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkLink:
+    """A network link between two servers, as declared by a scenario: the NIC port (`device`, as
+    /sys/class/infiniband names it, `mlx5_0:1`, or a netdev name), its kind, its line rate in bytes/s
+    (the rate a large transfer reaches: a transfer of B bytes holds the link B / `bytes_per_s`
+    seconds) and the one-way latency each message adds (a TP all-reduce, a KV transfer)."""
+
+    device: str = "mlx5_0:1"
+    kind: str = "roce"
+    bytes_per_s: float = 12.5e9  # 100 Gb/s
+    latency_s: float = 10e-6
+    numa_node: int | None = 0
+    mtu_bytes: int = 4096  # payload per packet (RDMA MTU), for the packet counters
+
+    def __post_init__(self) -> None:
+        if self.kind not in NETWORK_KINDS:
+            raise ValueError(f"network kind {self.kind!r}: one of {', '.join(NETWORK_KINDS)}")
+        if self.bytes_per_s <= 0 or self.latency_s < 0 or self.mtu_bytes < 1:
+            raise ValueError("a network link needs a positive rate and MTU and a latency >= 0")
+
+    def transfer_s(self, nbytes: float) -> float:
+        """Time a transfer of `nbytes` holds the link (serialization), latency not included."""
+        return nbytes / self.bytes_per_s
+
+
 @dataclass(frozen=True, slots=True)
 class Hardware:
     """What the engine runs on, as the step model needs it."""
 
     gpu: GpuSpec
     tp: int = 1
-    interconnect: str = "auto"  # auto | nvlink | pcie
+    interconnect: str = "auto"  # auto | nvlink | pcie | network (the TP group spans two servers)
     pcie_gen: int | None = None  # link as trained; None = the card's maximum
     pcie_width: int | None = None
     # Achievable fractions of peak: streaming kernels reach ~90% of HBM bandwidth, large GEMMs
@@ -62,12 +92,15 @@ class Hardware:
     allreduce_latency_nvlink_s: float = 6e-6
     allreduce_latency_pcie_s: float = 20e-6
     pcie_efficiency: float = 0.8  # TLP/DLLP overhead on large transfers
+    network: NetworkLink | None = None  # with interconnect "network": the link between the servers
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise ValueError("tp must be >= 1")
-        if self.interconnect not in ("auto", "nvlink", "pcie"):
-            raise ValueError(f"interconnect {self.interconnect!r}: auto, nvlink or pcie")
+        if self.interconnect not in ("auto", "nvlink", "pcie", "network"):
+            raise ValueError(f"interconnect {self.interconnect!r}: auto, nvlink, pcie or network")
+        if self.interconnect == "network" and self.network is None:
+            raise ValueError("interconnect network needs its NetworkLink")
 
     @property
     def link(self) -> str:
@@ -85,6 +118,8 @@ class Hardware:
 
     def interconnect_bytes_per_s(self) -> float:
         """One direction, per GPU."""
+        if self.link == "network" and self.network is not None:
+            return self.network.bytes_per_s
         if self.link == "nvlink" and self.gpu.nvlink_bytes_per_s:
             return self.gpu.nvlink_bytes_per_s / 2
         return pcie_bytes_per_s(self.link_gen, self.link_width) * self.pcie_efficiency
@@ -158,7 +193,10 @@ def step_cost(hw: Hardware, model: ModelShape, batch: Batch, *, clock_ratio: flo
         per_allreduce = 2.0 * (tp - 1) / tp * buf
         n = 2 * model.layers
         comm_bytes = n * per_allreduce
-        latency = hw.allreduce_latency_nvlink_s if hw.link == "nvlink" else hw.allreduce_latency_pcie_s
+        if hw.link == "network" and hw.network is not None:
+            latency = hw.network.latency_s
+        else:
+            latency = hw.allreduce_latency_nvlink_s if hw.link == "nvlink" else hw.allreduce_latency_pcie_s
         t_comm = n * latency + comm_bytes / hw.interconnect_bytes_per_s()
     overhead = hw.step_overhead_s
     return StepCost(

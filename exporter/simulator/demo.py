@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 from exporter.simulator.scenarios import get_scenario
 from exporter.simulator.server import TwinServer, start_server
-from exporter.simulator.twin import Twin, TwinConfig
+from exporter.simulator.twin import Twin, TwinConfig, pd_pair
 
 
 @dataclass(slots=True)
@@ -19,6 +20,11 @@ class RunningTwin:
     twin: Twin
     server: TwinServer
 
+    @property
+    def role(self) -> str:
+        """prefill or decode for an instance of a prefill/decode pair; both otherwise."""
+        return self.twin.config.role
+
     async def stop(self) -> None:
         await self.server.stop()
 
@@ -29,15 +35,28 @@ async def start_twins(*, scenario: str, engines: int, gpus: int, engine_format: 
     """Start `engines` twins, each an engine on `gpus` tensor-parallel GPUs with distinct NVML indices
     (engine i owns indices i*gpus ..). Ports are base_port + i, or free ports when base_port is 0.
     Twins of one demo share the scenario and differ by seed, so their traffic is not identical.
-    `numa_mismatch`: each engine pinned to CPUs of a NUMA node without its GPUs."""
+    `numa_mismatch`: each engine pinned to CPUs of a NUMA node without its GPUs.
+
+    A prefill/decode scenario (`Scenario.pd`) runs each engine as a pair, two instances with their own
+    port: the decode instance first (its TTFT includes the KV transfer: the sidecar's first target),
+    then the prefill instance; `engines` counts pairs."""
     if engines < 1 or gpus < 1:
         raise ValueError("engines and gpus must be >= 1")
+    sc = get_scenario(scenario)
+    per_engine = max(gpus, sc.min_gpus)
+    twins: list[Twin] = []
+    for i in range(engines):
+        config = TwinConfig(scenario=scenario, engine_format=engine_format, gpu=gpu_name, model=model, gpus=gpus,
+                            seed=seed + i, numa_mismatch=numa_mismatch)
+        if sc.pd is None:
+            twins.append(Twin(dataclasses.replace(config, gpu_index_base=i * per_engine)))
+        else:
+            pair = pd_pair(dataclasses.replace(config, seed=seed + 2 * i, gpu_index_base=(2 * i + 1) * per_engine),
+                           decode_gpu_index_base=2 * i * per_engine)
+            twins += [pair.decode, pair.prefill]
     started: list[RunningTwin] = []
     try:
-        for i in range(engines):
-            twin = Twin(TwinConfig(scenario=scenario, engine_format=engine_format, gpu=gpu_name, model=model,
-                                   gpus=gpus, seed=seed + i, numa_mismatch=numa_mismatch,
-                                   gpu_index_base=i * max(gpus, get_scenario(scenario).min_gpus)))
+        for i, twin in enumerate(twins):
             server = await start_server(twin, host=host, port=base_port + i if base_port else 0, speed=speed)
             started.append(RunningTwin(server.url, twin, server))
     except BaseException:

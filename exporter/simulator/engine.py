@@ -9,6 +9,12 @@ the engine-core CPU time overlaps the GPU step, so whichever is longer sets the 
 
 Decoding sequences are kept as offsets from a global decode-round counter, so a step costs O(1)
 in the number of running sequences (an hour of traffic fast-forwards in seconds).
+
+Prefill/decode disaggregation (`role`): a "prefill" engine prefills its workload's requests, makes
+each one's first token and hands the request to `handoff` (exporter/simulator/pd.py), keeping its
+KV blocks until the link has sent them (`hold`); a "decode" engine has no traffic of its own, takes
+requests whose KV arrived (`receive`) and decodes them without any prefill compute. Requests sent
+through the twin's API (`submit`) are served whole by the engine they reach, whatever its role.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import math
 import random
 from array import array
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -84,6 +91,12 @@ class Request:
     external: bool = False  # sent through the twin's API (Engine.submit), not by the workload
     finished_at: float = -1.0  # twin time it finished or was aborted
     aborted: bool = False
+    # Prefill/decode disaggregation: when the prefill engine handed the request's KV to the link,
+    # when the link started sending it, and when it arrived (twin time); its size in bytes.
+    kv_handoff_at: float = -1.0
+    kv_start_at: float = -1.0
+    kv_done_at: float = -1.0
+    kv_bytes: float = 0.0
 
 
 @dataclass(slots=True)
@@ -128,6 +141,8 @@ class Observer(Protocol):
     def on_preempt(self, req: Request, now: float) -> None: ...
     def on_prefix_cache(self, queries: int, hits: int) -> None: ...
     def on_abort(self, req: Request, now: float) -> None: ...
+    def on_kv_sent(self, req: Request, now: float) -> None: ...
+    def on_kv_received(self, req: Request, now: float) -> None: ...
 
 
 # Decode rounds whose end time the engine remembers (Engine.token_time): the API reads its
@@ -165,6 +180,12 @@ class EngineState:
     max_model_len: int
     decode_context_tokens: int
     kv_tokens_used: int
+    role: str = "both"  # prefill | decode | both (not disaggregated)
+    kv_sending: int = 0  # prefill: requests whose KV waits for or crosses the link (SGLang's inflight queue)
+    # decode: KV requested, waiting for or crossing the link (the decode asks at once; the link's
+    # FIFO queues it: SGLang's transfer queue, vLLM's in_progress stage)
+    kv_receiving: int = 0
+    kv_arrived_waiting: int = 0  # decode: KV arrived, request not running yet
 
 
 @dataclass(slots=True)
@@ -191,7 +212,17 @@ class Engine:
         *,
         base_rate_rps: float = 1.0,
         now: float = 0.0,
+        role: str = "both",
     ) -> None:
+        if role not in ("both", "prefill", "decode"):
+            raise ValueError(f"engine role {role!r}: both, prefill or decode")
+        self.role = role
+        # prefill: called with each request whose first token is made (the PD link takes its KV);
+        # returns the twin time its KV has left, when the engine frees its blocks.
+        self.handoff: Callable[[Request, float], float] | None = None
+        self.held: list[tuple[float, int, Request]] = []  # prefill: (release at, rid, request) heap
+        self.inbox: deque[Request] = deque()  # decode: handed off, KV not arrived (kv_done_at order)
+        self.arrived: deque[Request] = deque()  # decode: KV arrived, waiting for a slot and blocks
         self.hw = hw
         self.model = model
         self.cfg = cfg
@@ -298,6 +329,10 @@ class Engine:
         nxt = self.arrivals.next_at
         if self.frontend:
             nxt = min(nxt, self.frontend[0].ready_at)
+        if self.held:
+            nxt = min(nxt, self.held[0][0])
+        if self.inbox:
+            nxt = min(nxt, self.inbox[0].kv_done_at)
         return nxt
 
     # --- main loop ------------------------------------------------------------------------
@@ -310,7 +345,9 @@ class Engine:
                 self._arrive(at)
                 self._schedule_next_arrival(at)
             self._admit_ready()
-            if (self.running or self.waiting) and self._step():
+            if self.held or self.inbox:
+                self._kv_events()
+            if (self.running or self.waiting or self.arrived) and self._step():
                 continue
             # Nothing schedulable: the GPU idles until the next arrival or tokenized request.
             self.t = min(until, max(self.t, self._next_event_time()))
@@ -319,6 +356,8 @@ class Engine:
         cfg = self.cfg
         bs = cfg.block_size
         preempted = False
+        if self.arrived:
+            self._admit_arrived()
 
         # 1. Decoding sequences each need a new block when their KV crosses a block boundary.
         need = self.phase[(-self.R) % bs] if self.n_decoding else 0
@@ -456,6 +495,9 @@ class Engine:
         else:
             self.observer.on_itl(now - req.last_token, 1)  # recompute after preemption: a long gap
         req.last_token = now
+        if self.role == "prefill" and not req.external and self.handoff is not None:
+            self._hand_off(req)
+            return
         if req.generated >= req.output:
             self._finish(req)
             return
@@ -466,6 +508,63 @@ class Engine:
         self.n_decoding += 1
         self.decode_ctx += req.k0
         heapq.heappush(self.finish_heap, (self.R + req.output - req.generated, req.rid, req.epoch))
+
+    # --- prefill/decode disaggregation ---------------------------------------------------------
+
+    def _hand_off(self, req: Request) -> None:
+        """Prefill side: the first token is made; the KV stays in this engine's blocks (out of the
+        running batch, in SGLang's inflight queue) until the link has sent it."""
+        assert self.handoff is not None
+        self.running.pop(req.rid, None)
+        req.kv_handoff_at = self.t
+        release_at = self.handoff(req, self.t)
+        heapq.heappush(self.held, (release_at, req.rid, req))
+
+    def _kv_events(self) -> None:
+        """KV that left (prefill: free its blocks, the request is done here) or arrived (decode:
+        the request waits for a slot) by now."""
+        while self.held and self.held[0][0] <= self.t:
+            _, _, req = heapq.heappop(self.held)
+            if self.by_id.get(req.rid) is not req:
+                continue
+            self.observer.on_kv_sent(req, req.kv_done_at)
+            self._release(req)
+            req.finished_at = req.kv_done_at
+            self.counters.finished += 1
+            self.observer.on_finish(req, self.t, "length")
+        while self.inbox and self.inbox[0].kv_done_at <= self.t:
+            req = self.inbox.popleft()
+            self.observer.on_kv_received(req, req.kv_done_at)
+            self.arrived.append(req)
+
+    def receive(self, req: Request) -> None:
+        """Decode side: a request whose KV the link delivers at `req.kv_done_at` (non-decreasing:
+        the link is FIFO). It joins this engine with a new id; its arrival is the client's."""
+        req.rid = self.next_rid
+        self.next_rid += 1
+        self.by_id[req.rid] = req
+        self.counters.arrived += 1
+        self.observer.on_arrival(req, req.arrival)
+        self.inbox.append(req)
+
+    def _admit_arrived(self) -> None:
+        """Requests whose KV arrived take a slot and the blocks their prompt fills, and decode from
+        the next step on: no prefill compute here (the transferred first token is streamed now, so
+        this instance's TTFT includes the transfer)."""
+        bs = self.cfg.block_size
+        while self.arrived and len(self.running) < self.cfg.max_num_seqs:
+            req = self.arrived[0]
+            need = -(-req.prompt // bs)
+            if need > self.free_blocks:
+                return
+            self.arrived.popleft()
+            self.free_blocks -= need
+            req.blocks = need
+            req.computed = req.target = req.prompt
+            req.first_scheduled = self.t
+            req.ready_at = min(req.ready_at, self.t)
+            self.running[req.rid] = req
+            self._prefill_done(req)
 
     def _finish_decoded(self) -> None:
         heap = self.finish_heap
@@ -579,7 +678,12 @@ class Engine:
             max_batched_tokens=self.cfg.max_batched_tokens,
             max_model_len=self.max_model_len,
             decode_context_tokens=self.decode_ctx,
-            kv_tokens_used=self.decode_ctx + sum(r.computed for r in self.prefilling.values()),
+            kv_tokens_used=self.decode_ctx + sum(r.computed for r in self.prefilling.values())
+            + sum(r.computed for _, _, r in self.held),
+            role=self.role,
+            kv_sending=len(self.held),
+            kv_receiving=len(self.inbox),
+            kv_arrived_waiting=len(self.arrived),
         )
 
 

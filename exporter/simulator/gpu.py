@@ -95,6 +95,10 @@ class Slice:
     host_io_bytes: float
     steps: int = 0  # engine steps that ended in the slice
     tokens: float = 0.0  # tokens those steps batched (prefill chunks + decoded tokens)
+    # GPUDirect RDMA: bytes a NIC read from (sent) or wrote to (received) this GPU's memory over its
+    # PCIe link in the slice (the KV of a prefill/decode pair)
+    nic_read_bytes: float = 0.0
+    nic_write_bytes: float = 0.0
 
 
 def _ema(old: float, new: float, dt: float, tau: float = 1.0) -> float:
@@ -265,9 +269,10 @@ class GpuModel:
                 d.pcie_replays += d.pcie_replays_per_s * s.dt
             io = s.host_io_bytes / s.dt
             p2p = s.comm_bytes / s.dt
-            on_pcie = self.hw.tp > 1 and self.hw.link == "pcie"
-            d.pcie_tx = _ema(d.pcie_tx, io * 0.3 + (p2p if on_pcie else 0.0), s.dt)
-            d.pcie_rx = _ema(d.pcie_rx, io * 0.7 + (p2p if on_pcie else 0.0), s.dt)
+            # Over a network link (cross-node TP) the all-reduce goes GPU -> PCIe -> NIC (GPUDirect RDMA).
+            on_pcie = self.hw.tp > 1 and self.hw.link in ("pcie", "network")
+            d.pcie_tx = _ema(d.pcie_tx, io * 0.3 + (p2p if on_pcie else 0.0) + s.nic_read_bytes / s.dt, s.dt)
+            d.pcie_rx = _ema(d.pcie_rx, io * 0.7 + (p2p if on_pcie else 0.0) + s.nic_write_bytes / s.dt, s.dt)
             on_nvlink = self.hw.tp > 1 and self.hw.link == "nvlink"
             d.nvlink_tx = _ema(d.nvlink_tx, p2p if on_nvlink else 0.0, s.dt)
             d.nvlink_rx = _ema(d.nvlink_rx, p2p if on_nvlink else 0.0, s.dt)

@@ -42,6 +42,22 @@ SGLANG_ITL = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.0
 SGLANG_QUEUE = (0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100, 200, 300, 400, 500,
                 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000)
 SGLANG_RETRACTIONS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 20, 25, 30, 40, 50, 75, 100)
+# PD disaggregation (sglang/srt/observability/metrics_collector.py, 0.5.23): observed on the prefill
+# instance when a request's KV has been sent, latency from its entry into the inflight queue.
+SGLANG_KV_TRANSFER_LATENCY_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+SGLANG_KV_TRANSFER_TOTAL_MB = (1, 5, 10, 50, 100, 500, 1000, 5000, 10000)
+SGLANG_KV_TRANSFER_SPEED_GB_S = (0.1, 0.5, 1, 5, 10, 25, 50, 100, 200, 400)
+
+# vLLM NIXL connector (distributed/kv_transfer/kv_connector/v1/nixl/stats.py, 0.34.0): observed by
+# the KV consumer (decode), which reads the KV from the producer.
+VLLM_NIXL_TIME = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+VLLM_NIXL_XFER_TIME = VLLM_NIXL_TIME[1:]
+VLLM_NIXL_BYTES = tuple(2 ** (10 + i) for i in range(1, 25, 2))
+VLLM_NIXL_DESCRIPTORS = (10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000)
+VLLM_NIXL_POST_S = 50e-6  # posting one transfer (descriptor list to the NIXL agent)
+# vllm/v1/metrics/stats.py KV_FETCH_STAGES, in the order vLLM creates them.
+VLLM_KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
+MiB = 1 << 20
 
 # TGI: metrics-exporter-prometheus Matcher::Suffix("duration"): 0.0001 x 1.5^k, k = 1..35.
 TGI_DURATION = tuple(0.0001 * 1.5**k for k in range(1, 36))
@@ -201,6 +217,12 @@ class Recorder:
     def on_abort(self, req: Request, now: float) -> None:
         pass
 
+    def on_kv_sent(self, req: Request, now: float) -> None:
+        pass
+
+    def on_kv_received(self, req: Request, now: float) -> None:
+        pass
+
     def render(self, state: EngineState, info: dict[str, str]) -> str:
         """The engine's /metrics page in its own format; every engine format overrides this."""
         raise TypeError(f"{type(self).__name__} does not render an engine format")
@@ -215,9 +237,15 @@ class VllmRecorder(Recorder):
     fmt = "vllm"
 
     def __init__(self, model_name: str, created_epoch: float, epoch_offset: float, *, max_model_len: int,
-                 engine_index: str = "0") -> None:
+                 engine_index: str = "0", role: str = "both") -> None:
         super().__init__(model_name, created_epoch, epoch_offset)
         self.engine_index = engine_index
+        # PD: a NixlConnector instance (kv_producer for prefill, kv_consumer for decode).
+        self.role = role
+        self.prompt_by_source = {"local_compute": 0, "local_cache_hit": 0, "external_kv_transfer": 0}
+        self.nixl = {"xfer": Hist(VLLM_NIXL_XFER_TIME), "post": Hist(VLLM_NIXL_TIME), "bytes": Hist(VLLM_NIXL_BYTES),
+                     "descriptors": Hist(VLLM_NIXL_DESCRIPTORS)}
+        self.block_size = 16
         tokens = buckets_1_2_5(max_model_len)
         self.h = {
             "ttft": Hist(VLLM_TTFT), "itl": Hist(VLLM_ITL), "tpot": Hist(VLLM_ITL),
@@ -251,6 +279,12 @@ class VllmRecorder(Recorder):
         self.h["prefill"].observe(now - req.first_scheduled)
         self.prompt_tokens += req.prompt
         self.generation_tokens += 1
+        # PromptTokenStats: a KV consumer's prompts arrive by the connector, not computed here.
+        if req.kv_done_at >= 0 and self.role == "decode":
+            self.prompt_by_source["external_kv_transfer"] += req.prompt
+        else:
+            self.prompt_by_source["local_cache_hit"] += req.cached
+            self.prompt_by_source["local_compute"] += req.prompt - req.cached
 
     def on_finish(self, req: Request, now: float, reason: str) -> None:
         h = self.h
@@ -278,6 +312,15 @@ class VllmRecorder(Recorder):
         self.prefix_queries += queries
         self.prefix_hits += hits
 
+    def on_kv_received(self, req: Request, now: float) -> None:
+        # The consumer posts its read at once; the transport's FIFO holds it behind earlier ones, so
+        # the transfer's duration (post to completion) includes that wait.
+        n = self.nixl
+        n["xfer"].observe(now - req.kv_handoff_at)
+        n["post"].observe(VLLM_NIXL_POST_S)
+        n["bytes"].observe(req.kv_bytes)
+        n["descriptors"].observe(-(-req.prompt // self.block_size))
+
     def render(self, state: EngineState, info: dict[str, str]) -> str:
         return _exposition(self.families(state, info))
 
@@ -301,7 +344,10 @@ class VllmRecorder(Recorder):
         cfg.out.append(info_fam)
         f.out.extend(cfg.out)
         f.gauge("vllm:num_requests_running", "Number of requests in model execution batches.", state.running)
-        f.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", state.waiting)
+        # A KV consumer's requests waiting for their remote KV are in its waiting count (scheduler.py
+        # get_request_counts: waiting + async_kv_waiting), broken down by vllm:num_requests_kv_fetch_by_stage.
+        waiting = state.waiting + (state.kv_receiving + state.kv_arrived_waiting if self.role == "decode" else 0)
+        f.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting)
         f.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                 state.kv_blocks_used / state.kv_blocks_total if state.kv_blocks_total else 0.0)
         f.counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
@@ -314,6 +360,8 @@ class VllmRecorder(Recorder):
         f.counter("vllm:estimated_read_bytes_per_gpu", "Estimated number of bytes read from memory per GPU "
                   "(for Model Flops Utilization calculations).", self.read_bytes)
         f.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
+        f.counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", 0,
+                  extra=[({"source": k}, float(v)) for k, v in self.prompt_by_source.items()])
         f.counter("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens)
         f.counter("vllm:request_success", "Count of successfully processed requests.", 0,
                   extra=[({"finished_reason": r}, float(v)) for r, v in self.success.items()])
@@ -339,7 +387,45 @@ class VllmRecorder(Recorder):
                     "Histogram of time spent in PREFILL phase for request.", h["prefill"])
         f.histogram("vllm:request_decode_time_seconds",
                     "Histogram of time spent in DECODE phase for request.", h["decode"])
+        if self.role != "both":
+            self.block_size = state.block_size
+            self._pd_families(f, state)
         return f.out
+
+    def _pd_families(self, f: _Families, state: EngineState) -> None:
+        """A NixlConnector instance: the connector's families on both (created per engine, so at 0 on
+        the producer), the KV-fetch stages on the consumer only (loggers.py, `is_kv_consumer`)."""
+        if self.role == "decode":
+            stages = GaugeMetricFamily(
+                "vllm:num_requests_kv_fetch_by_stage",
+                "Number of waiting requests by async KV load stage. Stage labels: 'waiting_to_start' = needs "
+                "an async KV load that has not started; 'in_progress' = load started and not yet reported "
+                "finished; 'completed_waiting' = load finished, request not running yet.",
+                labels=f.names + ["stage"])
+            for stage, value in zip(VLLM_KV_FETCH_STAGES, (0, state.kv_receiving, state.kv_arrived_waiting),
+                                    strict=True):
+                stages.add_metric(f.values + [stage], value)
+            f.out.append(stages)
+        n = self.nixl
+        f.histogram("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
+                    n["xfer"])
+        f.histogram("vllm:nixl_post_time_seconds", "Histogram of transfer post time for NIXL KV Cache transfers.",
+                    n["post"])
+        f.histogram("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
+                    n["bytes"])
+        f.histogram("vllm:nixl_num_descriptors", "Histogram of number of descriptors per NIXL  KV Cache transfers.",
+                    n["descriptors"])
+        f.counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers, including handshake "
+                  "and notification failures. NOTE: KV expiry is tracked separately in vllm:nixl_num_kv_expired_reqs.",
+                  0)
+        f.counter("vllm:nixl_num_failed_notifications", "Number of failed NIXL KV Cache notifications. Retained "
+                  "for compatibility; these failures are also included in vllm:nixl_num_failed_transfers.", 0)
+        f.counter("vllm:nixl_num_kv_expired_reqs", "Number of requests that had their KV expire. NOTE: This "
+                  "metric is tracked on the P instance.", 0)
+        f.counter("vllm:nixl_num_notifications_after_expiry", "Number of completion notifications for requests "
+                  "that were no longer tracked, usually because their KV lease expired. The KV blocks may have "
+                  "been reused before the transfer finished. Counted per notification (one per remote rank), "
+                  "not per request.", 0)
 
 
 class SglangRecorder(Recorder):
@@ -347,8 +433,11 @@ class SglangRecorder(Recorder):
 
     fmt = "sglang"
 
-    def __init__(self, model_name: str, created_epoch: float, epoch_offset: float) -> None:
+    def __init__(self, model_name: str, created_epoch: float, epoch_offset: float, *, role: str = "both") -> None:
         super().__init__(model_name, created_epoch, epoch_offset)
+        self.role = role  # PD: --disaggregation-mode prefill | decode; engine_type as upstream sets it
+        self.kv = {"latency": Hist(SGLANG_KV_TRANSFER_LATENCY_MS), "mb": Hist(SGLANG_KV_TRANSFER_TOTAL_MB),
+                   "speed": Hist(SGLANG_KV_TRANSFER_SPEED_GB_S)}
         self.h = {"ttft": Hist(SGLANG_TTFT), "itl": Hist(SGLANG_ITL), "tpot": Hist(SGLANG_ITL), "e2e": Hist(SGLANG_E2E),
                   "queue": Hist(SGLANG_QUEUE), "retractions": Hist(SGLANG_RETRACTIONS)}
         self.prompt_tokens = 0
@@ -402,8 +491,19 @@ class SglangRecorder(Recorder):
     def on_abort(self, req: Request, now: float) -> None:
         self.aborted += 1
 
+    def on_kv_sent(self, req: Request, now: float) -> None:
+        # req_time_stats.compute_and_observe_kv_transfer_metrics: from the inflight-queue entry to done.
+        latency_s = now - req.kv_handoff_at
+        if latency_s <= 0:
+            return
+        total_mb = req.kv_bytes / MiB
+        self.kv["latency"].observe(latency_s * 1000)
+        self.kv["mb"].observe(total_mb)
+        self.kv["speed"].observe(total_mb / 1024 / latency_s)
+
     def render(self, state: EngineState, info: dict[str, str]) -> str:
-        labels = {"model_name": self.model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
+        engine_type = {"both": "unified", "prefill": "prefill", "decode": "decode"}[self.role]
+        labels = {"model_name": self.model_name, "engine_type": engine_type, "tp_rank": "0", "pp_rank": "0",
                   "moe_ep_rank": "0"}
         f = _Families(labels, self.created)
         capacity = state.kv_blocks_total * state.block_size
@@ -442,8 +542,31 @@ class SglangRecorder(Recorder):
                     created=False)
         f.histogram("sglang:num_retractions", "Histogram of retraction counts per request.",
                     self.h["retractions"], created=False)
+        if self.role != "both":
+            self._pd_families(f, state)
         self.recent_retracted = 0  # the gauge is per log interval
         return f.render()
+
+
+    def _pd_families(self, f: _Families, state: EngineState) -> None:
+        """SGLang logs every PD queue gauge on every scheduler (the other role's at 0); the transfer
+        histograms are observed on the prefill instance only, so a decode page has none of their
+        series, and the failure counters have none until a first failure (labels() on increment)."""
+        prefill = self.role == "prefill"
+        f.gauge("sglang:num_prefill_bootstrap_queue_reqs", "The number of requests in the prefill bootstrap queue.",
+                0)
+        f.gauge("sglang:num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue.",
+                state.kv_sending if prefill else 0)
+        f.gauge("sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue.", 0)
+        f.gauge("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue.",
+                0 if prefill else state.kv_receiving)
+        if prefill:
+            f.histogram("sglang:kv_transfer_speed_gb_s", "Histogram of KV cache transfer speed in GB/s.",
+                        self.kv["speed"], created=False)
+            f.histogram("sglang:kv_transfer_latency_ms", "Histogram of KV cache transfer latency in ms.",
+                        self.kv["latency"], created=False)
+            f.histogram("sglang:kv_transfer_total_mb", "Histogram of KV cache transfer size in MB.",
+                        self.kv["mb"], created=False)
 
 
 def _rust_f64(v: float) -> str:
@@ -627,12 +750,14 @@ class LlamaCppRecorder(Recorder):
 
 
 def make_recorder(fmt: str, model_name: str, created_epoch: float, epoch_offset: float, *,
-                  max_model_len: int, kv_capacity_tokens: int, rank: int = 0) -> Recorder:
+                  max_model_len: int, kv_capacity_tokens: int, rank: int = 0, role: str = "both") -> Recorder:
+    if role != "both" and fmt not in ("vllm", "sglang"):
+        raise ValueError(f"prefill/decode disaggregation is modelled in the vllm and sglang formats, not {fmt!r}")
     if fmt == "vllm":
         return VllmRecorder(model_name, created_epoch, epoch_offset, max_model_len=max_model_len,
-                            engine_index=str(rank))
+                            engine_index=str(rank), role=role)
     if fmt == "sglang":
-        return SglangRecorder(model_name, created_epoch, epoch_offset)
+        return SglangRecorder(model_name, created_epoch, epoch_offset, role=role)
     if fmt == "tgi":
         return TgiRecorder(model_name, created_epoch, epoch_offset,
                            max_total_tokens=min(max_model_len, kv_capacity_tokens))

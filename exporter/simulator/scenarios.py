@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from exporter.simulator.costs import NetworkLink
 from exporter.simulator.engine import HostConfig
 from exporter.simulator.gpu import GpuFault, Thermal
 from exporter.simulator.workload import LengthDist, Workload
@@ -61,6 +62,12 @@ class Scenario:
     min_gpus: int = 1
     expect: Expect | None = None  # what the live demo shows (None: undeclared; the demo tests fail)
     gpu_faults: tuple[GpuFault, ...] = ()  # hardware errors, timed from the scenario's start
+    # With interconnect "network": the link the tensor-parallel group spans two servers over.
+    network: NetworkLink | None = None
+    # Prefill/decode disaggregation: the KV-transfer link between a prefill and a decode instance
+    # (exporter/simulator/pd.py); the scenario then runs as a pair and its load is a share of what
+    # this link carries at the mean prompt.
+    pd: NetworkLink | None = None
 
 
 SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
@@ -149,6 +156,33 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         Workload(CHAT_PROMPT, CHAT_OUTPUT, load=0.12),
         interconnect="pcie", pcie_gen=3, pcie_width=8, min_gpus=2,
         expect=Expect("interconnect", 10, ("PCIe link: generation and width vs max", "PCIe traffic")),
+    ),
+    Scenario(
+        "pd-transfer", "Prefill/decode disaggregation: a prefill instance and a decode instance, the KV "
+        "cache of each prompt sent from one to the other over a 25 Gb/s RoCE link, too slow for the "
+        "prompt load (long prompts: ~3,000 tokens x 128 KiB of KV each, ~390 MB a request).",
+        "the KV link busy ~90-95% of the time, requests standing in the prefill inflight queue and the "
+        "decode transfer queue, KV transfer (wait and send) ~80% of the decode instance's TTFT while the "
+        "prefill GPU has tensor headroom (~50% active) and the decode batch stays small (~25 of 256 slots)",
+        "interconnect (the KV-transfer network link)",
+        Workload(LengthDist(mean=3000, sigma=0.4, lo=512, hi=12000), CHAT_OUTPUT, load=0.95),
+        pd=NetworkLink(device="mlx5_0:1", kind="roce", bytes_per_s=3.125e9, latency_s=20e-6, numa_node=0),
+        expect=Expect("interconnect", 60, ("KV transfer time vs TTFT", "Requests waiting for KV transfer",
+                                           "Network link utilization", "Network errors and drops")),
+    ),
+    Scenario(
+        "cross-node-tp", "Tensor parallel over 2 GPUs in two servers: each step's all-reduces cross "
+        "a 50 Gb/s RoCE link instead of NVLink (long prompts, so each step carries thousands of tokens' "
+        "activations).",
+        "the RoCE link busy most of each step in both directions, all-reduce (network) time above the "
+        "compute and memory time of every step, ITL and TTFT high while DRAM and tensor activity are low",
+        "interconnect (the network link of a cross-node tensor-parallel group)",
+        # Load is a share of what the pair would serve over NVLink: the network link takes most of it.
+        Workload(LengthDist(mean=3000, sigma=0.6, lo=64, hi=12000), LengthDist(mean=200, sigma=0.6, lo=4, hi=2048),
+                 load=0.17),
+        interconnect="network", min_gpus=2,
+        network=NetworkLink(device="mlx5_0:1", kind="roce", bytes_per_s=6.25e9, latency_s=15e-6, numa_node=0),
+        expect=Expect("interconnect", 30, ("Network link utilization", "Network errors and drops")),
     ),
     Scenario(
         "overload", "A traffic surge: 20 s of normal chat load, then arrivals at twice capacity.",

@@ -96,7 +96,7 @@ class TwinApp:
         try:
             twin.set_scenario(name)
         except ValueError as e:
-            return _json(409 if "needs at least" in str(e) else 400, {"error": str(e)})
+            return _json(409 if " needs " in str(e) else 400, {"error": str(e)})
         return _json(200, {"scenario": twin.scenario.name, "twin_time_s": twin.now})
 
     async def sim_restart(self, scope: dict, receive: Any) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
