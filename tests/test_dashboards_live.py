@@ -65,6 +65,9 @@ SCENARIOS = ("decode-heavy", "kv-pressure")
 # Engine formats other than vLLM's, each one more demo (decode-heavy, real time).
 FORMATS = ("sglang", "tgi")
 FAULTS = "faults"  # one more demo, `--scenario faults` at real time
+PD = "pd-transfer"  # one more: a prefill/decode pair over a slow KV link (demo-0 is its decode instance)
+PD_ONLY = ("KV transfer time vs TTFT (p50/p99, 5m)", "Requests waiting for KV transfer",
+           "KV transfer throughput and failures (5m)")
 
 # (dashboard title, panel title, refId) -> (reason, strict). strict: the query must return nothing
 # here (what the simulator does not model); not strict: depends on the machine running the test.
@@ -75,6 +78,13 @@ NO_DATA: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("LLM Serving / Overview", "Probe errors by reason", "A"):
         ("the panel draws reasons with errors only (> 0); the demo's probes succeed, unless the machine is "
          "so loaded that one times out", False),
+    **{("LLM Serving / Overview", title, ref): (
+        "prefill/decode disaggregation only: test_pd_and_network_panels_show_the_pd_transfer_scenario checks "
+        "them on its demo", True) for title, refs in ((PD_ONLY[0], "ABC"), (PD_ONLY[1], "A"), (PD_ONLY[2], "AB"))
+        for ref in refs if (title, ref) != (PD_ONLY[0], "C")},
+    ("LLM Serving / Host", "Network link utilization", "A"): (
+        "the twin's single-node hosts have only a management link, not the engine's: the PD test checks the "
+        "engine's RDMA port", True),
     ("LLM Serving / Host", "Collection errors by reason", "A"):
         ("llm_exporter_collect_errors_total appears only after a failed collection; the demo's sources "
          "do not fail", False),
@@ -124,16 +134,16 @@ def stack(tmp_path_factory):
         pytest.fail("prometheus not found on PATH; `make debs` installs the Debian package. This test never skips.")
     tmp = tmp_path_factory.mktemp("prometheus")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    ports = free_ports((*SCENARIOS, *FORMATS, FAULTS))
+    ports = free_ports((*SCENARIOS, *FORMATS, FAULTS, PD))
     started = time.monotonic()
     processes: list[tuple[subprocess.Popen, int]] = []
     try:
         for name, port in ports.items():
-            scenario = name if name in (*SCENARIOS, FAULTS) else "decode-heavy"
+            scenario = name if name in (*SCENARIOS, FAULTS, PD) else "decode-heavy"
             args = ["demo", "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--scenario", scenario]
             if name in FORMATS:
                 args += ["--engine-format", name]
-            elif scenario in SCENARIOS and scenario != "decode-heavy":
+            elif scenario in (*SCENARIOS, PD) and scenario != "decode-heavy":
                 args += ["--speed", str(SPEED)]
             processes.append((subprocess.Popen([sys.executable, "-m", "exporter.cli", *args], cwd=ROOT, env=env,
                                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
@@ -327,6 +337,33 @@ def test_exporters_with_the_same_target_name_stay_apart(stack: Stack):
             assert not any({"instance", "target"} & set(r["metric"]) for r in series), title
     phases = _series(stack, "Share of engine time: prefill vs decode ($target)", instance=every)
     assert sum(float(r["value"][1]) for r in phases) == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.timeout(150)
+def test_pd_and_network_panels_show_the_pd_transfer_scenario(stack: Stack):
+    """The decode instance of a prefill/decode pair (sped up): its KV transfer time sits near its TTFT,
+    requests wait for their KV, KV bytes move, the engine's RDMA port is busy on the host board, and the
+    verdict is interconnect."""
+    instance, model = stack.instances[PD], stack.models[PD]
+    code = RESOURCES.index("interconnect") + 1
+
+    def shown() -> dict[str, float | None]:
+        values = {f"{t} {r}": _value(stack, PD, t, r) for t, refs in ((PD_ONLY[0], "ABC"), (PD_ONLY[1], "A"),
+                                                                      (PD_ONLY[2], "A")) for r in refs}
+        link = _series(stack, "Network link utilization", "A", instance=instance, model=model)
+        values["engine link"] = max((float(r["value"][1]) for r in link), default=None)
+        values["verdict"] = _value(stack, PD, "Bottleneck verdict over time")
+        return values
+
+    def ok() -> bool:
+        v = shown()
+        return (all(x is not None and x > 0 for k, x in v.items() if k != "verdict")
+                and v["verdict"] == code and v[f"{PD_ONLY[0]} A"] > 0.3 * v[f"{PD_ONLY[0]} C"])
+
+    assert wait_until(ok, timeout=DEADLINE_S, interval=1.0), shown()
+    rows = _series(stack, "Network links: state and rate", "A", instance=instance, model=model)
+    assert {(r["metric"]["device"], r["metric"]["kind"], r["metric"]["engine"]) for r in rows} >= {
+        ("mlx5_0:1", "roce", "true"), ("eth0", "ethernet", "false")}
 
 
 @pytest.mark.timeout(150)
