@@ -1,0 +1,480 @@
+"""Network links for the host source: NICs from /sys/class/net and RDMA ports from
+/sys/class/infiniband, read the way node_exporter's netclass/netdev and infiniband collectors read
+them (kernel Documentation/ABI/testing/sysfs-class-net, sysfs-class-net-statistics,
+Documentation/ABI/stable/sysfs-class-infiniband).
+
+Two phases, like the GPUs: `discover_links` lists the links (every search interval: names, kind,
+NUMA node, PCI root, engine membership, link rate), `read_link` reads one link's state and
+counters every cycle through the held files. `network_samples` turns readings into samples, with
+the utilization from `ByteRates`; the simulated host (host_sim.py) goes through the same two.
+
+Bounded: at most MAX_NETWORK_ENTRIES directory entries looked at per class directory, at most
+MAX_NETWORK_LINKS links read, every attribute at most MAX_ATTR_BYTES (a sysfs attribute is one
+page), names at most MAX_DEVICE_NAME characters.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from exporter.snapshot import Sample
+from exporter.sources.host_common import HostOptions, PresenceLog, sample
+from exporter.sources.host_files import HeldFiles
+from exporter.sources.host_pci import PciLink, parse_int, parse_numa_node, pci_devices_dir
+from exporter.sources.host_proc import Reader
+
+MAX_NETWORK_LINKS = 64
+"""Links read per cycle, NICs and RDMA ports together: physical NICs and RDMA ports first, then
+virtual interfaces, each by name. A GPU server has a few dozen at most; a host's hundreds of pod
+veths are excluded by name before the cap."""
+MAX_NETWORK_ENTRIES = 4096
+"""Entries of /sys/class/net (or /sys/class/infiniband, or one device's ports/) looked at per
+discovery; the rest are not listed at all."""
+MAX_CLASSIFIED = 512
+"""Candidates (after the name filter) whose device link is resolved per discovery."""
+MAX_DEVICE_NAME = 64  # IB_DEVICE_NAME_MAX; netdev names are at most 15 (IFNAMSIZ - 1)
+MAX_ATTR_BYTES = 4096  # a sysfs attribute is at most one page
+MAX_HELD_NETWORK_FILES = 128
+"""fds held open for the per-cycle network reads (with the host source's 256 others, 384 fds,
+well under the 1024 soft limit minus the HTTP server's 512 connections); beyond it, plain reads."""
+
+KINDS = ("ethernet", "infiniband", "roce")
+DIRECTIONS = ("receive", "transmit")
+COUNTERS = tuple(f"{d}_{c}" for d in DIRECTIONS for c in ("bytes", "packets", "errors", "drops"))
+COUNTER_FAMILIES = {key: f"llm_host_network_{key}_total" for key in COUNTERS}
+
+ARPHRD_INFINIBAND = 32  # IPoIB netdevs (ib0)
+ARPHRD_LOOPBACK = 772
+IB_STATE_ACTIVE = 4
+IB_WORD_BYTES = 4  # port_rcv_data / port_xmit_data count 32-bit words
+
+# counter key -> file under statistics/ (netdevs)
+NETDEV_FILES = {
+    "receive_bytes": "rx_bytes", "transmit_bytes": "tx_bytes",
+    "receive_packets": "rx_packets", "transmit_packets": "tx_packets",
+    "receive_errors": "rx_errors", "transmit_errors": "tx_errors",
+    "receive_drops": "rx_dropped", "transmit_drops": "tx_dropped",
+}
+# counter key -> (file under the port's directory, scale). receive_drops comes from mlx5's
+# hw_counters/out_of_buffer where the driver has it, else it is absent.
+IB_FILES = {
+    "receive_bytes": ("counters/port_rcv_data", IB_WORD_BYTES),
+    "transmit_bytes": ("counters/port_xmit_data", IB_WORD_BYTES),
+    "receive_packets": ("counters/port_rcv_packets", 1),
+    "transmit_packets": ("counters/port_xmit_packets", 1),
+    "receive_errors": ("counters/port_rcv_errors", 1),
+    "transmit_errors": ("counters/port_xmit_constraint_errors", 1),
+    "receive_drops": ("hw_counters/out_of_buffer", 1),
+    "transmit_drops": ("counters/port_xmit_discards", 1),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NetLink:
+    """One link as discovered: where its files are and what does not change between cycles."""
+
+    device: str  # the label: interface name, or <ibdev>:<port>
+    kind: str
+    path: str  # /sys/class/net/<if> or /sys/class/infiniband/<dev>/ports/<n>
+    rdma: bool
+    virtual: bool  # no PCI (or other bus) device behind it
+    numa_node: int | None
+    pci_root: str | None  # "pci0000:17": the host bridge the device hangs off
+    engine: bool = False
+    counters: tuple[tuple[str, str, int], ...] = ()  # (key, path, scale) of the files present
+
+
+@dataclass(slots=True)
+class LinkReading:
+    """One link's state this cycle; None where unknown (the series is omitted)."""
+
+    device: str
+    kind: str
+    numa_node: int | None
+    engine: bool
+    up: bool | None
+    speed_bytes_per_s: float | None
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+# --- parsers ---------------------------------------------------------------------------------
+
+
+def parse_netdev_speed(text: str | None) -> float | None:
+    """sysfs `speed` in Mb/s -> bytes/s; -1, 0, 4294967295 (SPEED_UNKNOWN as unsigned) or junk
+    -> None: unknown, never 0."""
+    mbps = parse_int(text)
+    if mbps is None or mbps <= 0 or mbps >= 0xFFFFFFFF:
+        return None
+    return mbps * 1e6 / 8
+
+
+def parse_ib_rate(text: str | None) -> float | None:
+    """IB port `rate`, "200 Gb/sec (4X HDR)", "2.5 Gb/sec (1X SDR)" -> bytes/s (the nominal rate
+    the kernel prints: active speed times width)."""
+    if text is None:
+        return None
+    parts = text.split()
+    if len(parts) < 2 or not parts[1].startswith("Gb/sec"):
+        return None
+    try:
+        gbps = float(parts[0])
+    except ValueError:
+        return None
+    return gbps * 1e9 / 8 if gbps > 0 else None
+
+
+def parse_ib_state(text: str | None) -> int | None:
+    """IB port `state` / `phys_state`, "4: ACTIVE" -> 4."""
+    if text is None:
+        return None
+    return parse_int(text.partition(":")[0])
+
+
+def parse_counter(text: str | None) -> int | None:
+    """A non-negative counter; anything else is unknown."""
+    value = parse_int(text)
+    return value if value is not None and 0 <= value < 1 << 64 else None
+
+
+def netdev_up(operstate: str | None, carrier: str | None) -> bool | None:
+    """operstate "up"; a driver that says "unknown" (tun, some virtual NICs) falls back to carrier."""
+    if operstate is None:
+        return None
+    state = operstate.strip()
+    if state == "up":
+        return True
+    if state == "unknown":
+        return parse_int(carrier) == 1 if carrier is not None else None
+    return False
+
+
+def matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def valid_name(name: str) -> bool:
+    return 0 < len(name) <= MAX_DEVICE_NAME and name.isprintable() and not any(c in name for c in " /\\\"")
+
+
+def pci_root_of(real_path: str) -> str | None:
+    """"/sys/devices/pci0000:17/0000:17:01.0/0000:18:00.0" -> "pci0000:17"."""
+    for part in real_path.split(os.sep):
+        if part.startswith("pci") and ":" in part:
+            return part
+    return None
+
+
+# --- discovery ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRule:
+    """Which links belong to the engine: `configured` globs when given (they decide alone), else
+    links on one of `gpu_nodes` or under one of `gpu_roots` (the engine's GPUs' NUMA nodes and
+    PCI host bridges)."""
+
+    configured: tuple[str, ...] | None = None
+    gpu_nodes: frozenset[int] = frozenset()
+    gpu_roots: frozenset[str] = frozenset()
+
+    def decide(self, link: NetLink) -> bool:
+        if self.configured is not None:
+            return matches(link.device, self.configured)
+        if link.numa_node is not None and link.numa_node in self.gpu_nodes:
+            return True
+        return link.pci_root is not None and link.pci_root in self.gpu_roots
+
+
+@dataclass(slots=True)
+class Discovery:
+    links: tuple[NetLink, ...]
+    capped: bool  # more links than MAX_NETWORK_LINKS (or entries than MAX_NETWORK_ENTRIES)
+    has_net: bool  # /sys/class/net was there
+    has_rdma: bool  # /sys/class/infiniband was there
+
+
+def _scan(path: str) -> tuple[list[str], bool, bool]:
+    """Up to MAX_NETWORK_ENTRIES names in a directory: (names, existed, truncated)."""
+    names: list[str] = []
+    try:
+        with os.scandir(path) as it:
+            for entry in it:
+                if len(names) >= MAX_NETWORK_ENTRIES:
+                    return names, True, True
+                names.append(entry.name)
+    except OSError:
+        return [], False, False
+    return names, True, False
+
+
+def _device_facts(dev_dir: str, read: Reader) -> tuple[bool, int | None, str | None]:
+    """(virtual, numa_node, pci_root) of the `device` link under a class entry."""
+    device = os.path.join(dev_dir, "device")
+    try:
+        real = os.path.realpath(device, strict=True)
+    except (OSError, ValueError):
+        return True, None, None
+    return False, parse_numa_node(read(os.path.join(device, "numa_node"))), pci_root_of(real)
+
+
+def _netdev_links(sys_root: str, exclude: Sequence[str], read: Reader) -> tuple[list[NetLink], bool, bool]:
+    base = os.path.join(sys_root, "class", "net")
+    names, present, truncated = _scan(base)
+    wanted = sorted(n for n in names if valid_name(n) and not matches(n, exclude))
+    truncated = truncated or len(wanted) > MAX_CLASSIFIED
+    links = []
+    for name in wanted[:MAX_CLASSIFIED]:
+        path = os.path.join(base, name)
+        arphrd = parse_int(read(os.path.join(path, "type")))
+        if arphrd == ARPHRD_LOOPBACK:
+            continue
+        virtual, node, root = _device_facts(path, read)
+        kind = "infiniband" if arphrd == ARPHRD_INFINIBAND else "ethernet"
+        counters = tuple((key, os.path.join(path, "statistics", f), 1) for key, f in NETDEV_FILES.items())
+        links.append(NetLink(name, kind, path, False, virtual, node, root, counters=counters))
+    return links, present, truncated
+
+
+def _rdma_links(sys_root: str, exclude: Sequence[str], read: Reader) -> tuple[list[NetLink], bool, bool]:
+    base = os.path.join(sys_root, "class", "infiniband")
+    devices, present, truncated = _scan(base)
+    links = []
+    for dev in sorted(d for d in devices if valid_name(d)):
+        if len(links) >= MAX_CLASSIFIED:
+            truncated = True
+            break
+        dev_dir = os.path.join(base, dev)
+        virtual, node, root = _device_facts(dev_dir, read)
+        ports, _, more = _scan(os.path.join(dev_dir, "ports"))
+        truncated = truncated or more
+        for port in sorted((p for p in ports if p.isdigit() and len(p) <= 3), key=int):
+            label = f"{dev}:{port}"
+            if matches(label, exclude):
+                continue
+            path = os.path.join(dev_dir, "ports", port)
+            layer = (read(os.path.join(path, "link_layer")) or "").strip().lower()
+            kind = "roce" if layer == "ethernet" else "infiniband"
+            counters = tuple(
+                (key, os.path.join(path, f), scale)
+                for key, (f, scale) in IB_FILES.items()
+                if os.path.exists(os.path.join(path, f))
+            )
+            links.append(NetLink(label, kind, path, True, virtual, node, root, counters=counters))
+    return links, present, truncated
+
+
+def discover_links(sys_root: str, exclude: Sequence[str], rule: EngineRule, read: Reader) -> Discovery:
+    """Every NIC and RDMA port not excluded by name, physical ones first, at most
+    MAX_NETWORK_LINKS. `read` is a plain (not held) reader: these files are read once per
+    discovery."""
+    net, has_net, net_cut = _netdev_links(sys_root, exclude, read)
+    rdma, has_rdma, rdma_cut = _rdma_links(sys_root, exclude, read)
+    ordered = sorted([*net, *rdma], key=lambda link: (link.virtual, link.device))
+    kept = tuple(_with_engine(link, rule) for link in ordered[:MAX_NETWORK_LINKS])
+    capped = net_cut or rdma_cut or len(ordered) > MAX_NETWORK_LINKS
+    return Discovery(kept, capped, has_net, has_rdma)
+
+
+def _with_engine(link: NetLink, rule: EngineRule) -> NetLink:
+    return NetLink(link.device, link.kind, link.path, link.rdma, link.virtual, link.numa_node, link.pci_root,
+                   rule.decide(link), link.counters)
+
+
+def read_speed(link: NetLink, read: Reader) -> float | None:
+    """The link rate in bytes/s, None when unknown (a down NIC says -1 or fails the read)."""
+    if link.rdma:
+        return parse_ib_rate(read(os.path.join(link.path, "rate")))
+    return parse_netdev_speed(read(os.path.join(link.path, "speed")))
+
+
+def read_state(link: NetLink, read: Reader) -> tuple[str | None, bool | None]:
+    """(raw state text, up): the file read every cycle to tell up from down."""
+    if link.rdma:
+        text = read(os.path.join(link.path, "state"))
+        state = parse_ib_state(text)
+        return text, (state == IB_STATE_ACTIVE) if state is not None else None
+    text = read(os.path.join(link.path, "operstate"))
+    carrier = None
+    if text is not None and text.strip() == "unknown":
+        carrier = read(os.path.join(link.path, "carrier"))
+    return text, netdev_up(text, carrier)
+
+
+def read_counters(link: NetLink, read: Reader, presence: PresenceLog | None = None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key, path, scale in link.counters:
+        value = parse_counter(read(path))
+        if presence is not None:
+            presence.note(path, value is not None)
+        if value is not None:
+            out[key] = value * scale
+    return out
+
+
+# --- rates and samples ------------------------------------------------------------------------
+
+
+class ByteRates:
+    """Bytes per second over the last cycle, per link and direction, as a share of the link rate.
+    The first reading of a link, a counter that went backwards (driver reload, 32-bit wrap, link
+    re-created) and a cycle with no time elapsed give no ratio; the next cycle does."""
+
+    def __init__(self) -> None:
+        self._prev: dict[str, tuple[float, dict[str, int]]] = {}
+
+    def ratios(self, device: str, now: float, counters: Mapping[str, int],
+               speed: float | None) -> dict[str, float]:
+        before = self._prev.get(device)
+        self._prev[device] = (now, {k: counters[k] for k in ("receive_bytes", "transmit_bytes") if k in counters})
+        if before is None or speed is None or speed <= 0:
+            return {}
+        then, old = before
+        dt = now - then
+        if dt <= 0:
+            return {}
+        out = {}
+        for direction in DIRECTIONS:
+            key = f"{direction}_bytes"
+            if key in counters and key in old and counters[key] >= old[key]:
+                out[direction] = min(1.0, (counters[key] - old[key]) / dt / speed)
+        return out
+
+    def keep(self, devices: Iterable[str]) -> None:
+        """Forgets links not read this cycle (gone, or over the cap)."""
+        wanted = set(devices)
+        for device in [d for d in self._prev if d not in wanted]:
+            del self._prev[device]
+
+
+def network_samples(readings: Sequence[LinkReading], rates: ByteRates, now: float) -> list[Sample]:
+    out: list[Sample] = []
+    for r in readings:
+        out.append(sample("llm_host_network_info", 1, device=r.device, kind=r.kind,
+                          numa_node="" if r.numa_node is None else str(r.numa_node),
+                          engine="true" if r.engine else "false"))
+        if r.up is not None:
+            out.append(sample("llm_host_network_up", int(r.up), device=r.device))
+        if r.speed_bytes_per_s is not None:
+            out.append(sample("llm_host_network_speed_bytes_per_second", r.speed_bytes_per_s, device=r.device))
+        for key in COUNTERS:
+            if key in r.counters:
+                out.append(sample(COUNTER_FAMILIES[key], r.counters[key], device=r.device))
+        for direction, ratio in rates.ratios(r.device, now, r.counters, r.speed_bytes_per_s).items():
+            out.append(sample("llm_host_network_utilization_ratio", ratio, device=r.device, direction=direction))
+    rates.keep(r.device for r in readings)
+    return out
+
+
+def read_attr(path: str) -> str | None:
+    """One sysfs attribute, read the plain way (open, one read, close): None when absent,
+    unreadable, not a regular attribute (a FIFO never blocks: O_NONBLOCK) or over MAX_ATTR_BYTES."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        data = os.pread(fd, MAX_ATTR_BYTES + 1, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", errors="replace") if len(data) <= MAX_ATTR_BYTES else None
+
+
+class NetworkTracker:
+    """The host source's network part: discovers the links every search interval (at once when
+    one went away), reads their state and counters every cycle through held fds, and keeps the
+    previous byte counts for the utilization."""
+
+    def __init__(self, opts: HostOptions, clock: Callable[[], float], presence: PresenceLog) -> None:
+        self._opts = opts
+        self._clock = clock
+        self._presence = presence
+        self._files = HeldFiles(MAX_HELD_NETWORK_FILES, max_bytes=MAX_ATTR_BYTES)
+        self._links: tuple[NetLink, ...] = ()
+        self._next_discovery = float("-inf")
+        self._states: dict[str, str | None] = {}  # last state text, to re-read the rate on a change
+        self._speeds: dict[str, float | None] = {}
+        self._rates = ByteRates()
+
+    @property
+    def links(self) -> tuple[NetLink, ...]:
+        return self._links
+
+    @property
+    def held_files(self) -> frozenset[str]:
+        return self._files.held
+
+    def close(self) -> None:
+        self._files.close()
+
+    def samples(self, gpus: Sequence[PciLink]) -> list[Sample]:
+        now = self._clock()
+        if now >= self._next_discovery:
+            self._discover(gpus)
+            self._next_discovery = now + self._opts.search_interval_s
+        readings = []
+        gone = False
+        for link in self._links:
+            reading = self._read(link)
+            if reading is None:
+                gone = True
+                continue
+            readings.append(reading)
+        if gone:
+            self._next_discovery = float("-inf")  # an interface went away: list them again next cycle
+        self._files.close_unread()
+        return network_samples(readings, self._rates, now)
+
+    def _discover(self, gpus: Sequence[PciLink]) -> None:
+        opts = self._opts
+        wanted = opts.engine_gpu_pci_addresses
+        engine_gpus = [g for g in gpus if wanted is None or g.address in wanted]
+        roots = set()
+        for g in engine_gpus:
+            try:
+                real = os.path.realpath(os.path.join(pci_devices_dir(opts.sys_root), g.address), strict=True)
+            except (OSError, ValueError):
+                continue
+            root = pci_root_of(real)
+            if root is not None:
+                roots.add(root)
+        rule = EngineRule(
+            configured=opts.engine_network_devices,
+            gpu_nodes=frozenset(g.numa_node for g in engine_gpus if g.numa_node is not None),
+            gpu_roots=frozenset(roots),
+        )
+        found = discover_links(opts.sys_root, opts.network_exclude, rule, read_attr)
+        self._presence.note(os.path.join(opts.sys_root, "class", "net"), found.has_net)
+        self._presence.note(f"{os.path.join(opts.sys_root, 'class', 'infiniband')} (RDMA links)", found.has_rdma)
+        # Logged once: the links past the bound are not read.
+        self._presence.note(f"network links past the bound of {MAX_NETWORK_LINKS}", not found.capped)
+        self._links = found.links
+        self._speeds = {link.device: read_speed(link, read_attr) for link in found.links}
+        self._states = {}
+
+    def _read(self, link: NetLink) -> LinkReading | None:
+        read = self._files.read
+        text, up = read_state(link, read)
+        if text is None and not os.path.isdir(link.path):
+            self._presence.note(f"network link {link.device}", False)
+            return None
+        self._presence.note(f"network link {link.device}", True)
+        self._presence.note(os.path.join(link.path, "state" if link.rdma else "operstate"), text is not None)
+        before = self._states.get(link.device, text)
+        self._states[link.device] = text
+        if text != before:  # came up, went down, renegotiated: the rate may have changed
+            self._speeds[link.device] = read_speed(link, read_attr)
+        return LinkReading(
+            device=link.device,
+            kind=link.kind,
+            numa_node=link.numa_node,
+            engine=link.engine,
+            up=up,
+            speed_bytes_per_s=self._speeds.get(link.device),
+            counters=read_counters(link, read, self._presence),
+        )
