@@ -28,6 +28,7 @@ from exporter.sources.host_net import (
     parse_ib_rate,
     parse_ib_state,
     parse_netdev_speed,
+    parse_proc_net_dev,
     pci_root_of,
 )
 from exporter.sources.host_sim import samples_from_host_state
@@ -313,8 +314,8 @@ def test_thousands_of_interfaces_stay_bounded(tmp_path: pathlib.Path, monkeypatc
     devices = info(data)
     assert len(devices) == MAX_NETWORK_LINKS
     assert all(d.startswith("dummy") for d in devices)  # past MAX_NETWORK_ENTRIES: those listed first
-    # Discovery resolves at most MAX_CLASSIFIED entries (type, numa_node) plus the kept links' rates.
-    assert len(discovery_reads) <= MAX_CLASSIFIED + MAX_NETWORK_LINKS
+    # Discovery reads at most MAX_CLASSIFIED entries' type, ifindex and numa_node, and the kept links' rates.
+    assert len(discovery_reads) <= 3 * MAX_CLASSIFIED + MAX_NETWORK_LINKS
     assert len(source.network.held_files) <= MAX_HELD_NETWORK_FILES
     per_cycle_big = steady_cycle_cpu_s(source, clock)
     for _ in range(20):
@@ -343,6 +344,43 @@ def test_sysfs_parsers() -> None:
     assert parse_ib_state("4: ACTIVE\n") == 4 and parse_ib_state("1: DOWN") == 1 and parse_ib_state("x") is None
     assert pci_root_of("/sys/devices/pci0000:15/0000:15:01.0/0000:18:00.0") == "pci0000:15"
     assert pci_root_of("/sys/devices/virtual/net/veth0") is None
+
+
+PROC_NET_DEV = """Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier
+    lo:  123456     100    0    0    0     0          0         0   123456     100    0    0    0     0       0     0
+  eth0: 2941357552 74169 1 2 0 0 0 0 3647552 38885 3 4 0 0 0 0
+ eth1:0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15
+"""
+
+
+def test_parse_proc_net_dev() -> None:
+    got = parse_proc_net_dev(PROC_NET_DEV, {"eth0", "eth1", "absent"})
+    assert got["eth0"] == {"receive_bytes": 2941357552, "receive_packets": 74169, "receive_errors": 1,
+                           "receive_drops": 2, "transmit_bytes": 3647552, "transmit_packets": 38885,
+                           "transmit_errors": 3, "transmit_drops": 4}
+    assert got["eth1"]["transmit_bytes"] == 8 and got["eth1"]["transmit_drops"] == 11  # no space after ':'
+    assert set(got) == {"eth0", "eth1"}  # only the wanted ones
+    assert parse_proc_net_dev("x\ny\n  eth0: 1 2 junk\n", {"eth0"}) == {}
+
+
+def test_sysfs_of_this_namespace_reads_nic_counters_from_proc_net_dev(tmp_path: pathlib.Path) -> None:
+    """This machine's own /sys: one /proc/self/net/dev read for every NIC, and the same values as
+    the statistics files (read right after, so they may only have grown)."""
+    source = HostSource(HostOptions(network_exclude=("lo",)))
+    data = source.collect_sync()
+    if not source.network.links:
+        pytest.fail("no network interface but loopback in this namespace")
+    assert source.network._own_namespace  # noqa: SLF001 - the choice is what is tested
+    assert "/proc/self/net/dev" in source.held_files
+    rx = net(data, "llm_host_network_receive_bytes_total")
+    for link in source.network.links:
+        if link.rdma:
+            continue
+        files = int((pathlib.Path(link.path) / "statistics" / "rx_bytes").read_text())
+        assert rx[link.device] <= files, link.device
+    source.close_sync()
+    assert source.held_files == frozenset()
 
 
 # --- the simulated host ------------------------------------------------------------------------

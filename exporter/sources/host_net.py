@@ -15,13 +15,15 @@ page), names at most MAX_DEVICE_NAME characters.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
+import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exporter.snapshot import Sample
-from exporter.sources.host_common import HostOptions, PresenceLog, sample
+from exporter.sources.host_common import HostOptions, PresenceLog
 from exporter.sources.host_files import HeldFiles
 from exporter.sources.host_pci import PciLink, parse_int, parse_numa_node, pci_devices_dir
 from exporter.sources.host_proc import Reader
@@ -85,6 +87,12 @@ class NetLink:
     pci_root: str | None  # "pci0000:17": the host bridge the device hangs off
     engine: bool = False
     counters: tuple[tuple[str, str, int], ...] = ()  # (key, path, scale) of the files present
+    ifindex: int | None = None  # a NIC's, to tell whether sysfs shows this process's namespace
+    state_path: str = ""  # the file read every cycle for up/down: operstate, or an RDMA port's state
+
+    def __post_init__(self) -> None:
+        if not self.state_path:
+            object.__setattr__(self, "state_path", os.path.join(self.path, "state" if self.rdma else "operstate"))
 
 
 @dataclass(slots=True)
@@ -138,6 +146,34 @@ def parse_counter(text: str | None) -> int | None:
     """A non-negative counter; anything else is unknown."""
     value = parse_int(text)
     return value if value is not None and 0 <= value < 1 << 64 else None
+
+
+# /proc/net/dev columns (after "name:"): rx bytes packets errs drop fifo frame compressed multicast,
+# then tx bytes packets errs drop fifo colls carrier compressed. The kernel prints rx_dropped +
+# rx_missed_errors as rx "drop" (a NIC that ran out of ring buffer counts as a drop there).
+PROC_NET_DEV_COLUMNS = {"receive_bytes": 0, "receive_packets": 1, "receive_errors": 2, "receive_drops": 3,
+                        "transmit_bytes": 8, "transmit_packets": 9, "transmit_errors": 10, "transmit_drops": 11}
+MAX_PROC_NET_DEV_BYTES = 1 << 20  # ~130 bytes a line: thousands of interfaces
+
+
+def parse_proc_net_dev(text: str, wanted: Mapping[str, object] | set[str]) -> dict[str, dict[str, int]]:
+    """/proc/net/dev -> {interface: {counter key: value}} for the `wanted` interfaces only."""
+    out: dict[str, dict[str, int]] = {}
+    for line in text.split("\n")[2:]:
+        name, sep, rest = line.partition(":")
+        if not sep:
+            continue
+        name = name.strip()
+        if name not in wanted:
+            continue
+        fields = rest.split()
+        if len(fields) < 16:
+            continue
+        try:
+            out[name] = {key: int(fields[i]) for key, i in PROC_NET_DEV_COLUMNS.items()}
+        except ValueError:
+            continue
+    return out
 
 
 def netdev_up(operstate: str | None, carrier: str | None) -> bool | None:
@@ -235,7 +271,8 @@ def _netdev_links(sys_root: str, exclude: Sequence[str], read: Reader) -> tuple[
         virtual, node, root = _device_facts(path, read)
         kind = "infiniband" if arphrd == ARPHRD_INFINIBAND else "ethernet"
         counters = tuple((key, os.path.join(path, "statistics", f), 1) for key, f in NETDEV_FILES.items())
-        links.append(NetLink(name, kind, path, False, virtual, node, root, counters=counters))
+        ifindex = parse_int(read(os.path.join(path, "ifindex")))
+        links.append(NetLink(name, kind, path, False, virtual, node, root, counters=counters, ifindex=ifindex))
     return links, present, truncated
 
 
@@ -280,8 +317,7 @@ def discover_links(sys_root: str, exclude: Sequence[str], rule: EngineRule, read
 
 
 def _with_engine(link: NetLink, rule: EngineRule) -> NetLink:
-    return NetLink(link.device, link.kind, link.path, link.rdma, link.virtual, link.numa_node, link.pci_root,
-                   rule.decide(link), link.counters)
+    return dataclasses.replace(link, engine=rule.decide(link))
 
 
 def read_speed(link: NetLink, read: Reader) -> float | None:
@@ -294,10 +330,10 @@ def read_speed(link: NetLink, read: Reader) -> float | None:
 def read_state(link: NetLink, read: Reader) -> tuple[str | None, bool | None]:
     """(raw state text, up): the file read every cycle to tell up from down."""
     if link.rdma:
-        text = read(os.path.join(link.path, "state"))
+        text = read(link.state_path)
         state = parse_ib_state(text)
         return text, (state == IB_STATE_ACTIVE) if state is not None else None
-    text = read(os.path.join(link.path, "operstate"))
+    text = read(link.state_path)
     carrier = None
     if text is not None and text.strip() == "unknown":
         carrier = read(os.path.join(link.path, "carrier"))
@@ -351,20 +387,28 @@ class ByteRates:
 
 
 def network_samples(readings: Sequence[LinkReading], rates: ByteRates, now: float) -> list[Sample]:
+    # A dozen samples per link every cycle: label tuples are built here, in label order, rather
+    # than sorted by labels_of.
     out: list[Sample] = []
+    append = out.append
     for r in readings:
-        out.append(sample("llm_host_network_info", 1, device=r.device, kind=r.kind,
-                          numa_node="" if r.numa_node is None else str(r.numa_node),
-                          engine="true" if r.engine else "false"))
+        device = ("device", r.device)
+        one = (device,)
+        node = "" if r.numa_node is None else str(r.numa_node)
+        append(Sample("llm_host_network_info",
+                      (device, ("engine", "true" if r.engine else "false"), ("kind", r.kind), ("numa_node", node)),
+                      1.0))
         if r.up is not None:
-            out.append(sample("llm_host_network_up", int(r.up), device=r.device))
+            append(Sample("llm_host_network_up", one, 1.0 if r.up else 0.0))
         if r.speed_bytes_per_s is not None:
-            out.append(sample("llm_host_network_speed_bytes_per_second", r.speed_bytes_per_s, device=r.device))
-        for key in COUNTERS:
-            if key in r.counters:
-                out.append(sample(COUNTER_FAMILIES[key], r.counters[key], device=r.device))
-        for direction, ratio in rates.ratios(r.device, now, r.counters, r.speed_bytes_per_s).items():
-            out.append(sample("llm_host_network_utilization_ratio", ratio, device=r.device, direction=direction))
+            append(Sample("llm_host_network_speed_bytes_per_second", one, float(r.speed_bytes_per_s)))
+        counters = r.counters
+        for key, family in COUNTER_FAMILIES.items():
+            value = counters.get(key)
+            if value is not None:
+                append(Sample(family, one, float(value)))
+        for direction, ratio in rates.ratios(r.device, now, counters, r.speed_bytes_per_s).items():
+            append(Sample("llm_host_network_utilization_ratio", (device, ("direction", direction)), ratio))
     rates.keep(r.device for r in readings)
     return out
 
@@ -388,7 +432,12 @@ def read_attr(path: str) -> str | None:
 class NetworkTracker:
     """The host source's network part: discovers the links every search interval (at once when
     one went away), reads their state and counters every cycle through held fds, and keeps the
-    previous byte counts for the utilization."""
+    previous byte counts for the utilization.
+
+    The NICs' counters come from one read of /proc/self/net/dev when sysfs shows this process's
+    own network namespace (every interface's sysfs `ifindex` is the one the kernel gives this
+    process for its name): one read instead of eight per NIC. Otherwise (sysfs of another
+    namespace, a fixture tree) from each NIC's statistics/ files."""
 
     def __init__(self, opts: HostOptions, clock: Callable[[], float], presence: PresenceLog) -> None:
         self._opts = opts
@@ -400,6 +449,8 @@ class NetworkTracker:
         self._states: dict[str, str | None] = {}  # last state text, to re-read the rate on a change
         self._speeds: dict[str, float | None] = {}
         self._rates = ByteRates()
+        self._own_namespace = False  # read NIC counters from /proc/self/net/dev
+        self._proc_net_dev: int | None = None  # its fd, held
 
     @property
     def links(self) -> tuple[NetLink, ...]:
@@ -407,20 +458,25 @@ class NetworkTracker:
 
     @property
     def held_files(self) -> frozenset[str]:
-        return self._files.held
+        held = self._files.held
+        return held | {PROC_NET_DEV} if self._proc_net_dev is not None else held
 
     def close(self) -> None:
         self._files.close()
+        if self._proc_net_dev is not None:
+            fd, self._proc_net_dev = self._proc_net_dev, None
+            os.close(fd)
 
     def samples(self, gpus: Sequence[PciLink]) -> list[Sample]:
         now = self._clock()
         if now >= self._next_discovery:
             self._discover(gpus)
             self._next_discovery = now + self._opts.search_interval_s
+        nic_counters = self._read_proc_net_dev() if self._own_namespace else None
         readings = []
         gone = False
         for link in self._links:
-            reading = self._read(link)
+            reading = self._read(link, nic_counters)
             if reading is None:
                 gone = True
                 continue
@@ -456,19 +512,43 @@ class NetworkTracker:
         self._links = found.links
         self._speeds = {link.device: read_speed(link, read_attr) for link in found.links}
         self._states = {}
+        nics = [link for link in found.links if not link.rdma]
+        self._own_namespace = bool(nics) and all(_in_own_namespace(link) for link in nics)
 
-    def _read(self, link: NetLink) -> LinkReading | None:
+    def _read_proc_net_dev(self) -> dict[str, dict[str, int]] | None:
+        for _ in range(2):  # a held fd that fails is opened once more
+            if self._proc_net_dev is None:
+                try:
+                    self._proc_net_dev = os.open(PROC_NET_DEV, os.O_RDONLY)
+                except OSError:
+                    break
+            try:
+                text = _read_bounded(self._proc_net_dev, MAX_PROC_NET_DEV_BYTES)
+            except OSError:
+                os.close(self._proc_net_dev)
+                self._proc_net_dev = None
+                continue
+            if text is not None:
+                self._presence.note(PROC_NET_DEV, True)
+                return parse_proc_net_dev(text, self._speeds)
+            break
+        self._presence.note(PROC_NET_DEV, False)
+        return None
+
+    def _read(self, link: NetLink, nic_counters: dict[str, dict[str, int]] | None) -> LinkReading | None:
         read = self._files.read
         text, up = read_state(link, read)
         if text is None and not os.path.isdir(link.path):
-            self._presence.note(f"network link {link.device}", False)
+            self._presence.note(link.state_path, False)
             return None
-        self._presence.note(f"network link {link.device}", True)
-        self._presence.note(os.path.join(link.path, "state" if link.rdma else "operstate"), text is not None)
+        self._presence.note(link.state_path, text is not None)
         before = self._states.get(link.device, text)
         self._states[link.device] = text
         if text != before:  # came up, went down, renegotiated: the rate may have changed
             self._speeds[link.device] = read_speed(link, read_attr)
+        counters = None if nic_counters is None or link.rdma else nic_counters.get(link.device)
+        if counters is None:
+            counters = read_counters(link, read, self._presence)
         return LinkReading(
             device=link.device,
             kind=link.kind,
@@ -476,5 +556,31 @@ class NetworkTracker:
             engine=link.engine,
             up=up,
             speed_bytes_per_s=self._speeds.get(link.device),
-            counters=read_counters(link, read, self._presence),
+            counters=counters,
         )
+
+
+PROC_NET_DEV = "/proc/self/net/dev"  # this process's namespace, whatever proc_root says
+
+
+def _in_own_namespace(link: NetLink) -> bool:
+    """Is this sysfs NIC the interface of that name in this process's network namespace?"""
+    if link.ifindex is None:
+        return False
+    try:
+        return socket.if_nametoindex(link.device) == link.ifindex
+    except OSError:
+        return False
+
+
+def _read_bounded(fd: int, limit: int) -> str | None:
+    """The whole text behind a held fd (seq_file: a read returns a page at a time), None when
+    longer than `limit`; raises OSError."""
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 16, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+        if offset > limit:
+            return None
+    return b"".join(chunks).decode("utf-8", errors="replace")
