@@ -39,6 +39,23 @@ def metrics(base: str) -> dict[tuple[str, tuple], float]:
     return out
 
 
+def in_process_check() -> dict:
+    """HostSource in this process: the sysfs here is this namespace's, so the NICs' counters come
+    from /proc/self/net/dev, and they agree with the statistics files."""
+    from exporter.sources.host import HostOptions, HostSource
+
+    source = HostSource(HostOptions())
+    data = source.collect_sync()
+    rx = {dict(s.labels)["device"]: s.value for s in data.samples
+          if s.name == "llm_host_network_receive_bytes_total"}
+    files = {d: int(pathlib.Path(f"/sys/class/net/{d}/statistics/rx_bytes").read_text()) for d in ("eth0", "eth1")}
+    checked = {"own_namespace": source.network._own_namespace,  # noqa: SLF001 - what is checked
+               "proc_net_dev_held": "/proc/self/net/dev" in source.held_files,
+               "counters_agree": all(rx.get(d) is not None and rx[d] <= files[d] for d in files)}
+    source.close_sync()
+    return checked
+
+
 def main() -> int:
     sh("mount", "-t", "sysfs", "sysfs", "/sys")
     sh("ip", "link", "set", "lo", "up")
@@ -96,6 +113,7 @@ def main() -> int:
             exporter.kill()
             _, err = exporter.communicate()
     result["exporter_stderr_tail"] = err.decode(errors="replace")[-1500:]
+    result["in_process"] = in_process_check()
     # The exporter listened inside this namespace only: nothing outside can reach its port.
     print(json.dumps(result))
     return 0

@@ -31,6 +31,8 @@ def test_veth_pair_traffic_shows_in_the_exporter_inside_its_namespace() -> None:
     assert result["eth0_transmit_bytes"] >= result["sent_before"] > 0
     assert result["eth1_receive_bytes"] >= result["sent_before"]
     assert 0 < result["eth0_transmit_utilization"] <= 1
+    # This namespace's own sysfs: the NIC counters came from one /proc/self/net/dev read.
+    assert result["in_process"] == {"own_namespace": True, "proc_net_dev_held": True, "counters_agree": True}
     # Both ends are read (a pod's eth0 is a veth), with their kind and no NUMA node.
     assert any(s.startswith("llm_host_network_info{") and "'device': 'eth0'" in s and "'kind': 'ethernet'" in s
                and "'numa_node': ''" in s for s in result["series"]), result["series"]
