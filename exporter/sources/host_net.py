@@ -289,6 +289,9 @@ def _rdma_links(sys_root: str, exclude: Sequence[str], read: Reader) -> tuple[li
         ports, _, more = _scan(os.path.join(dev_dir, "ports"))
         truncated = truncated or more
         for port in sorted((p for p in ports if p.isdigit() and len(p) <= 3), key=int):
+            if len(links) >= MAX_CLASSIFIED:
+                truncated = True
+                break
             label = f"{dev}:{port}"
             if matches(label, exclude):
                 continue

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from exporter.catalog.base import MAX_VALUE
 from exporter.redact import redact_url
 from exporter.snapshot import Sample
 from exporter.sources.base import SourceData, SourceError, SourceKind
@@ -48,7 +49,7 @@ class HostStateProvider(Protocol):
     def host_state(self) -> Mapping[str, Any]: ...
 
 
-MAX_COUNTER = float(1 << 63)  # a cumulative counter the twin sends; float: JSON numbers
+MAX_COUNTER = MAX_VALUE  # the catalogue's domain of every value (1e18)
 
 
 def network_readings(links: Any) -> list[LinkReading]:
