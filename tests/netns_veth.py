@@ -7,15 +7,16 @@ prints one JSON line: what was sent, and what the exporter said about the pair."
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pathlib
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from typing import IO
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,7 +35,7 @@ def metrics(base: str) -> dict[tuple[str, tuple], float]:
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name.startswith("llm_host_network_"):
+            if s.name.startswith("llm_host_network_") or s.name == "llm_exporter_collections_total":
                 out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
 
@@ -57,6 +58,11 @@ def in_process_check() -> dict:
 
 
 def main() -> int:
+    with tempfile.TemporaryFile() as log:
+        return run(log)
+
+
+def run(log: IO[bytes]) -> int:
     sh("mount", "-t", "sysfs", "sysfs", "/sys")
     sh("ip", "link", "set", "lo", "up")
     sh("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
@@ -66,10 +72,11 @@ def main() -> int:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     base = f"http://127.0.0.1:{port}"
+    # stderr to a file, not a pipe nobody reads while it runs (a pipe blocks the writer at 64 KiB).
     exporter = subprocess.Popen(
         [sys.executable, "-m", "exporter.cli", "run", "--listen", f"127.0.0.1:{port}", "--interval", "500ms",
          "--gpu-backend", "none"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     sent = [0]
     stop = threading.Event()
 
@@ -89,30 +96,43 @@ def main() -> int:
     try:
         sender.start()
         deadline = time.monotonic() + DEADLINE_S
+        # Counted in the exporter's own cycles, not in seconds (the machine may be loaded): the
+        # bytes sent before a page showing cycle N must be on the page of cycle N + 2 at the latest
+        # (cycle N + 1 may have read the counters before they were sent).
+        mark: tuple[int, float] | None = None  # (bytes sent, cycles completed) when marked
         while time.monotonic() < deadline:
-            time.sleep(0.2)
-            sent_before = sent[0]
-            with contextlib.suppress(httpx.HTTPError):
+            time.sleep(0.05)
+            sent_now = sent[0]
+            try:
                 seen = metrics(base)
-                tx = seen.get(("llm_host_network_transmit_bytes_total", (("device", "eth0"),)), 0.0)
-                rx = seen.get(("llm_host_network_receive_bytes_total", (("device", "eth1"),)), 0.0)
-                util = seen.get(("llm_host_network_utilization_ratio", (("device", "eth0"), ("direction", "transmit"))),
-                                0.0)
-                result = {"ok": tx >= sent_before > 0 and rx >= sent_before and util > 0, "sent_before": sent_before,
-                          "eth0_transmit_bytes": tx, "eth1_receive_bytes": rx, "eth0_transmit_utilization": util,
-                          "series": sorted(f"{n}{dict(lbl)}" for n, lbl in seen)}
-                if result["ok"]:
-                    break
+            except httpx.HTTPError:
+                continue
+            cycles = seen.get(("llm_exporter_collections_total", ()), 0.0)
+            if mark is None:
+                if cycles >= 1 and sent_now > 0:
+                    mark = (sent_now, cycles)
+                continue
+            tx = seen.get(("llm_host_network_transmit_bytes_total", (("device", "eth0"),)), 0.0)
+            rx = seen.get(("llm_host_network_receive_bytes_total", (("device", "eth1"),)), 0.0)
+            util = seen.get(("llm_host_network_utilization_ratio", (("device", "eth0"), ("direction", "transmit"))),
+                            0.0)
+            result = {"ok": tx >= mark[0] and rx >= mark[0] and util > 0, "sent_before": mark[0],
+                      "cycles_after_mark": cycles - mark[1], "eth0_transmit_bytes": tx, "eth1_receive_bytes": rx,
+                      "eth0_transmit_utilization": util,
+                      "series": sorted(f"{n}{dict(lbl)}" for n, lbl in seen if n.startswith("llm_host_network_"))}
+            if result["ok"] or cycles - mark[1] > 2:
+                break
     finally:
         stop.set()
         sender.join()
         exporter.terminate()
         try:
-            _, err = exporter.communicate(timeout=10)
+            exporter.wait(timeout=10)
         except subprocess.TimeoutExpired:
             exporter.kill()
-            _, err = exporter.communicate()
-    result["exporter_stderr_tail"] = err.decode(errors="replace")[-1500:]
+            exporter.wait()
+    log.seek(0)
+    result["exporter_stderr_tail"] = log.read().decode(errors="replace")[-1500:]
     result["in_process"] = in_process_check()
     # The exporter listened inside this namespace only: nothing outside can reach its port.
     print(json.dumps(result))

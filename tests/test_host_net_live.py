@@ -28,6 +28,7 @@ def test_veth_pair_traffic_shows_in_the_exporter_inside_its_namespace() -> None:
     assert done.returncode == 0, f"could not run in a new network namespace: {done.stderr[-2000:]}"
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["ok"], result
+    assert result["cycles_after_mark"] <= 2, result  # within two of the exporter's cycles
     assert result["eth0_transmit_bytes"] >= result["sent_before"] > 0
     assert result["eth1_receive_bytes"] >= result["sent_before"]
     assert 0 < result["eth0_transmit_utilization"] <= 1
