@@ -253,6 +253,25 @@ def test_link_that_goes_down_has_its_rate_read_again(tmp_path: pathlib.Path) -> 
     assert "eno1" not in net(data, "llm_host_network_speed_bytes_per_second")
 
 
+def test_each_search_interval_reads_the_rates_and_finds_new_links(tmp_path: pathlib.Path) -> None:
+    tree = Tree(tmp_path)
+    source = tree.source()
+    source.collect_sync()
+    eno1 = tree.sys / "class" / "net" / "eno1"
+    (eno1 / "speed").write_text("10000\n")  # renegotiated between two cycles, operstate still up
+    shutil.copytree(tree.sys / "devices" / "virtual" / "net" / "veth0a1b2c",
+                    tree.sys / "devices" / "virtual" / "net" / "eth7")
+    os.symlink("../../devices/virtual/net/eth7", tree.sys / "class" / "net" / "eth7")
+    tree.now += 1  # before the search interval: nothing listed again
+    data = source.collect_sync()
+    assert net(data, "llm_host_network_speed_bytes_per_second")["eno1"] == 3.125e9
+    assert "eth7" not in info(data)
+    tree.now += 10
+    data = source.collect_sync()
+    assert net(data, "llm_host_network_speed_bytes_per_second")["eno1"] == 1.25e9
+    assert "eth7" in info(data)
+
+
 # --- hostile trees -----------------------------------------------------------------------------
 
 
