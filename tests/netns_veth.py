@@ -31,7 +31,10 @@ def sh(*args: str) -> None:
 
 
 def metrics(base: str) -> dict[tuple[str, tuple], float]:
-    text = httpx.get(base + "/metrics", timeout=5).text
+    response = httpx.get(base + "/metrics", timeout=5)
+    if response.status_code != 200:  # 503 until the first collection is published
+        return {}
+    text = response.text
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:

@@ -15,10 +15,12 @@ page), names at most MAX_DEVICE_NAME characters.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import os
 import socket
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -466,7 +468,9 @@ class NetworkTracker:
         self._rates = ByteRates()
         self._own_namespace = False  # read NIC counters from /proc/self/net/dev
         self._listed: tuple | None = None  # what the last discovery saw: names and GPUs
-        self._proc_net_dev: int | None = None  # its fd, held
+        self._proc_fds: dict[str, int] = {}  # PROC_NET_DEV -> its fd, held
+        # Closes it when the source is dropped without close(), as HeldFiles does.
+        self._finalizer = weakref.finalize(self, _close_fds, self._proc_fds)
 
     @property
     def links(self) -> tuple[NetLink, ...]:
@@ -475,13 +479,11 @@ class NetworkTracker:
     @property
     def held_files(self) -> frozenset[str]:
         held = self._files.held
-        return held | {PROC_NET_DEV} if self._proc_net_dev is not None else held
+        return held | self._proc_fds.keys()
 
     def close(self) -> None:
         self._files.close()
-        if self._proc_net_dev is not None:
-            fd, self._proc_net_dev = self._proc_net_dev, None
-            os.close(fd)
+        _close_fds(self._proc_fds)
 
     def samples(self, gpus: Sequence[PciLink]) -> list[Sample]:
         now = self._clock()
@@ -546,17 +548,17 @@ class NetworkTracker:
         self._own_namespace = bool(nics) and all(_in_own_namespace(link) for link in nics)
 
     def _read_proc_net_dev(self) -> dict[str, dict[str, int]] | None:
+        fds = self._proc_fds
         for _ in range(2):  # a held fd that fails is opened once more
-            if self._proc_net_dev is None:
+            if PROC_NET_DEV not in fds:
                 try:
-                    self._proc_net_dev = os.open(PROC_NET_DEV, os.O_RDONLY)
+                    fds[PROC_NET_DEV] = os.open(PROC_NET_DEV, os.O_RDONLY)
                 except OSError:
                     break
             try:
-                text = _read_bounded(self._proc_net_dev, MAX_PROC_NET_DEV_BYTES)
+                text = _read_bounded(fds[PROC_NET_DEV], MAX_PROC_NET_DEV_BYTES)
             except OSError:
-                os.close(self._proc_net_dev)
-                self._proc_net_dev = None
+                os.close(fds.pop(PROC_NET_DEV))
                 continue
             if text is not None:
                 self._presence.note(PROC_NET_DEV, True)
@@ -601,6 +603,13 @@ def _in_own_namespace(link: NetLink) -> bool:
         return socket.if_nametoindex(link.device) == link.ifindex
     except OSError:
         return False
+
+
+def _close_fds(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
 
 
 def _read_bounded(fd: int, limit: int) -> str | None:
