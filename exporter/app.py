@@ -83,12 +83,15 @@ def _host_source(config: Config) -> Source:
         return SimHostSource(config.sim_url)
     from exporter.sources.host import HostOptions, HostSource
 
+    excluded = {} if config.network_exclude is None else {"network_exclude": config.network_exclude}
     return HostSource(HostOptions(
         proc_root=config.proc_root,
         sys_root=config.sys_root,
         engine_port=_engine_port(config),
         engine_pidfile=config.engine_pidfile,
         engine_process_name=config.engine_process_name,
+        engine_network_devices=config.engine_network_devices,
+        **excluded,
     ))
 
 

@@ -219,6 +219,30 @@ class Text(_ValueType):
         return str(value)
 
 
+MAX_NAME_LIST = 64  # globs in one list setting
+MAX_NAME_GLOB = 64  # characters in one glob (interface and RDMA device names are shorter)
+
+
+@dataclass(frozen=True, slots=True)
+class NameList(_ValueType):
+    """Names or shell globs: a YAML list, or comma-separated text ("eth0,mlx5_*")."""
+
+    def parse(self, value: object, name: str) -> tuple[str, ...]:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or len(items) > MAX_NAME_LIST:
+            raise ConfigError(name, value, f"expected a list of at most {MAX_NAME_LIST} names or globs")
+        out = []
+        for item in items:
+            text = item.strip() if isinstance(item, str) else None
+            if not text or len(text) > MAX_NAME_GLOB or not text.isprintable() or " " in text:
+                raise ConfigError(name, item, f"expected a name or glob of 1-{MAX_NAME_GLOB} characters, no spaces")
+            out.append(text)
+        return tuple(out)
+
+    def text(self, value: object) -> str:
+        return ", ".join(value) if isinstance(value, tuple) else str(value)
+
+
 @dataclass(frozen=True, slots=True)
 class KvCacheDtype(_ValueType):
     """An engine's KV-cache dtype name (vLLM --kv-cache-dtype): fp8, bfloat16, auto..."""
@@ -408,6 +432,14 @@ SETTINGS: tuple[Setting, ...] = (
             flag="--engine-pidfile"),
     Setting("engine_process_name", Text(), "str | None", None,
             "find the engine process by name (regex on comm/cmdline)", flag="--engine-process-name"),
+    Setting("engine_network_devices", NameList(), "tuple[str, ...] | None", None,
+            "network links that belong to the engine (llm_host_network_info engine=\"true\"): names or globs "
+            "of the device label, e.g. [eth0, \"mlx5_*\"] (an RDMA port is <ibdev>:<port>); default: the links "
+            "on the NUMA node or PCI host bridge of the engine's GPUs (docs/host.md)"),
+    Setting("network_exclude", NameList(), "tuple[str, ...] | None", None,
+            "network links not read at all, names or globs; replaces the default list",
+            default_text="lo, veth*, docker*, br-*, virbr*, cali*, cni*, flannel*, cilium_*, lxc*, vxlan*, "
+                         "tunl*, kube-ipvs*"),
     Setting("model", Text(), "str | None", None,
             "model shape: a built-in name (e.g. llama-3.1-70b) or a config.json path", flag="--model"),
     Setting("tensor_parallel", Integer(1, 64), "int | None", None,

@@ -48,6 +48,8 @@ TIERS: dict[str, str] = {
     "test_hardening_http.py": "process",
     "test_hardening_parse.py": "process",
     "test_hardening_scrape.py": "process",
+    "test_host_net_live.py": "process",
+    "test_host_net.py::test_thousands_of_interfaces_stay_bounded": "process",
 }
 SLOW_TIERS = ("e2e", "process", "fuzz", "soak")
 

@@ -291,11 +291,27 @@ def test_derive_settings_are_typed_validated_fields(tmp_path):
     ({"target_gpus": {"a b": [0]}}, "target_gpus.target"),
     ({"target_gpus": {"a": list(range(5000))}}, "target_gpus.a"),
     ({"max_payload_bytes": "8 parsecs"}, "max_payload_bytes"),
+    ({"engine_network_devices": {"eth0": 1}}, "engine_network_devices"),
+    ({"engine_network_devices": ["eth0", ""]}, "engine_network_devices"),
+    ({"engine_network_devices": ["eth 0"]}, "engine_network_devices"),
+    ({"engine_network_devices": ["x" * 65]}, "engine_network_devices"),
+    ({"network_exclude": [f"eth{i}" for i in range(65)]}, "network_exclude"),
+    ({"network_exclude": [1]}, "network_exclude"),
 ])
 def test_bad_derive_and_size_settings_name_the_field(settings, field):
     with pytest.raises(ConfigError) as caught:
         build_config(settings, {})
     assert caught.value.field == field, str(caught.value)
+
+
+def test_network_devices_take_lists_or_comma_separated_globs():
+    from exporter.sources.host_common import DEFAULT_NETWORK_EXCLUDE
+
+    config = load_config({}, {"LLM_EXPORTER_ENGINE_NETWORK_DEVICES": "eth0, mlx5_*"})
+    assert config.engine_network_devices == ("eth0", "mlx5_*")
+    assert config.network_exclude is None  # the host source's DEFAULT_NETWORK_EXCLUDE
+    assert DEFAULT_NETWORK_EXCLUDE[0] == "lo"
+    assert build_config({"network_exclude": []}, {}).network_exclude == ()  # read everything but loopback
 
 
 def test_byte_sizes_take_units():

@@ -1,5 +1,5 @@
-"""Host families: CPU, load, memory, NUMA, PSI, the GPUs' PCIe links from sysfs, and the engine
-process. Provided by exporter/sources/host.py from /proc and /sys (docs/host.md)."""
+"""Host families: CPU, load, memory, NUMA, PSI, the GPUs' PCIe links and the network links from
+sysfs, and the engine process. Provided by exporter/sources/host.py from /proc and /sys (docs/host.md)."""
 
 from exporter.catalog.base import family
 
@@ -40,19 +40,46 @@ FAMILIES = (
     family("llm_host_gpu_numa_node", "gauge", "node",
            "NUMA node the GPU's PCI device is attached to (sysfs numa_node); absent when the firmware "
            "gives none.", ("pci",), "host"),
-    # I28-STUB (replaced by the i28-net branch at merge)
-    family("llm_host_network_info", "gauge", "info", "stub", ("device", "kind", "numa_node", "engine"), "host"),
-    family("llm_host_network_up", "gauge", "bool", "stub", ("device",), "host"),
-    family("llm_host_network_speed_bytes_per_second", "gauge", "bytes/s", "stub", ("device",), "host"),
-    family("llm_host_network_utilization_ratio", "gauge", "ratio", "stub", ("device", "direction"), "host"),
-    family("llm_host_network_receive_bytes_total", "counter", "bytes", "stub", ("device",), "host"),
-    family("llm_host_network_receive_packets_total", "counter", "packets", "stub", ("device",), "host"),
-    family("llm_host_network_receive_errors_total", "counter", "errors", "stub", ("device",), "host"),
-    family("llm_host_network_receive_drops_total", "counter", "packets", "stub", ("device",), "host"),
-    family("llm_host_network_transmit_bytes_total", "counter", "bytes", "stub", ("device",), "host"),
-    family("llm_host_network_transmit_packets_total", "counter", "packets", "stub", ("device",), "host"),
-    family("llm_host_network_transmit_errors_total", "counter", "errors", "stub", ("device",), "host"),
-    family("llm_host_network_transmit_drops_total", "counter", "packets", "stub", ("device",), "host"),
+    family("llm_host_network_info", "gauge", "info",
+           "1 for each network link read: a NIC from /sys/class/net (device = interface name) or an RDMA "
+           "port from /sys/class/infiniband (device = <ibdev>:<port>). kind = ethernet (any netdev but "
+           "IPoIB), infiniband (an IB port, or an IPoIB netdev) or roce (an RDMA port whose link_layer is "
+           "Ethernet); numa_node from the device's sysfs numa_node (empty when unknown); engine = true when "
+           "the link belongs to the engine (engine_network_devices, else same NUMA node or PCI host bridge "
+           "as the engine's GPUs).", ("device", "engine", "kind", "numa_node"), "host"),
+    family("llm_host_network_up", "gauge", "bool",
+           "1 when the link is up (NIC operstate \"up\", or \"unknown\" with carrier 1; RDMA port state "
+           "4: ACTIVE), else 0.", ("device",), "host"),
+    family("llm_host_network_speed_bytes_per_second", "gauge", "bytes/s",
+           "Link rate in bytes per second: NIC sysfs speed (Mb/s) x 125000, RDMA port rate (\"200 Gb/sec "
+           "(4X HDR)\") / 8. Absent when unknown (a down NIC says -1), never 0.", ("device",), "host"),
+    family("llm_host_network_receive_bytes_total", "counter", "bytes",
+           "Bytes received: NIC statistics/rx_bytes; RDMA port counters/port_rcv_data x 4 (the kernel counts"
+           " 4-byte words).", ("device",), "host"),
+    family("llm_host_network_transmit_bytes_total", "counter", "bytes",
+           "Bytes transmitted: NIC statistics/tx_bytes; RDMA port counters/port_xmit_data x 4 (4-byte "
+           "words).", ("device",), "host"),
+    family("llm_host_network_receive_packets_total", "counter", "packets",
+           "Packets received: NIC statistics/rx_packets; RDMA port counters/port_rcv_packets.", ("device",), "host"),
+    family("llm_host_network_transmit_packets_total", "counter", "packets",
+           "Packets transmitted: NIC statistics/tx_packets; RDMA port counters/port_xmit_packets.",
+           ("device",), "host"),
+    family("llm_host_network_receive_errors_total", "counter", "packets",
+           "Received packets with errors: NIC statistics/rx_errors; RDMA port counters/port_rcv_errors "
+           "(physical, malformed, overrun, mapping errors).", ("device",), "host"),
+    family("llm_host_network_transmit_errors_total", "counter", "packets",
+           "Packets not transmitted because of an error: NIC statistics/tx_errors; RDMA port "
+           "counters/port_xmit_constraint_errors (the port's only transmit-side error counter).", ("device",), "host"),
+    family("llm_host_network_receive_drops_total", "counter", "packets",
+           "Received packets dropped: NIC statistics/rx_dropped; RDMA port hw_counters/out_of_buffer (mlx5: "
+           "no receive buffer posted; absent on HCAs without it).", ("device",), "host"),
+    family("llm_host_network_transmit_drops_total", "counter", "packets",
+           "Packets dropped before transmission: NIC statistics/tx_dropped; RDMA port "
+           "counters/port_xmit_discards (port down or congested).", ("device",), "host"),
+    family("llm_host_network_utilization_ratio", "gauge", "ratio",
+           "Bytes per second over the last cycle in each direction (receive | transmit) divided by the link "
+           "rate, 0..1. Absent on a link's first cycle, after a counter reset, and when the rate is unknown.",
+           ("device", "direction"), "host"),
     family("llm_engine_process_found", "gauge", "bool",
            "1 when the configured engine process (pid file, port or name) was found this cycle, else 0. "
            "Absent when no selector is configured.", (), "host"),

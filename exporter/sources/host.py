@@ -1,12 +1,12 @@
-"""The host source: CPU, load, memory, NUMA, PSI, the GPUs' PCIe links from sysfs, and the engine
-process, read straight from /proc and /sys under configurable roots (node_exporter's
---path.procfs/--path.sysfs) so the tests run on fixture trees.
+"""The host source: CPU, load, memory, NUMA, PSI, the GPUs' PCIe links and the network links
+(NICs, RDMA ports) from sysfs, and the engine process, read straight from /proc and /sys under
+configurable roots (node_exporter's --path.procfs/--path.sysfs) so the tests run on fixture trees.
 
 A missing file omits its series, never a made-up zero; it is logged once when it goes missing and
-once when it comes back, and the source stays up. Rates (CPU busy, busiest thread) need two
+once when it comes back, and the source stays up. Rates (CPU busy, busiest thread, link utilization) need two
 reads: the first cycle omits them. Parsers live in host_proc.py, sysfs readers in host_pci.py,
 the process finder in host_process.py, the engine's cross-cycle state in host_engine.py, the
-fds kept open between cycles in host_files.py.
+network links in host_net.py, the fds kept open between cycles in host_files.py.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from exporter.sources.host_common import HostOptions, PresenceLog
 from exporter.sources.host_common import sample as _sample
 from exporter.sources.host_engine import EngineTracker
 from exporter.sources.host_files import HeldFiles
+from exporter.sources.host_net import NetworkTracker
 from exporter.sources.host_pci import (
     LinkCapability,
     NumaNode,
@@ -73,6 +74,7 @@ class HostSource:
         self._capabilities: dict[str, LinkCapability] = {}
         self._next_capability_read = float("-inf")
         self._engine = EngineTracker(self._opts, clock, self._presence, self._files.read)
+        self._network = NetworkTracker(self._opts, clock, self._presence)
 
     @property
     def options(self) -> HostOptions:
@@ -83,9 +85,13 @@ class HostSource:
         return self._engine
 
     @property
+    def network(self) -> NetworkTracker:
+        return self._network
+
+    @property
     def held_files(self) -> frozenset[str]:
         """Paths of the files kept open between cycles."""
-        return self._files.held | self._engine.held_files
+        return self._files.held | self._engine.held_files | self._network.held_files
 
     def engine_pids(self) -> frozenset[int]:
         """Pids of the engine process tree found in the last cycle (empty when not found), for
@@ -103,6 +109,7 @@ class HostSource:
         with self._lock:
             self._files.close()
             self._engine.close()
+            self._network.close()
 
     def collect_sync(self) -> SourceData:
         """One cycle, blocking; `collect` runs it off the event loop."""
@@ -113,7 +120,8 @@ class HostSource:
                 samples, links = self._collect_locked()
             finally:
                 self._files.close_unread()  # what this cycle did not read: a gone pid, a gone GPU
-        attrs = {"gpu_pci_addresses": ",".join(link.address for link in links)}
+        attrs = {"gpu_pci_addresses": ",".join(link.address for link in links),
+                 "network_devices": ",".join(link.device for link in self._network.links)}
         return SourceData(samples=tuple(samples), attrs=attrs)
 
     def _collect_locked(self) -> tuple[list[Sample], tuple[PciLink, ...]]:
@@ -127,6 +135,7 @@ class HostSource:
             *self._numa(nodes),
             *self._pressure(),
             *self._gpu_links(links),
+            *self._network.samples(links),
         ]
         if self._opts.has_engine_selector:
             uptime = self._read(parse_uptime, "uptime")

@@ -11,6 +11,14 @@ from exporter.snapshot import Sample, labels_of
 
 log = logging.getLogger("exporter.sources.host")
 
+DEFAULT_NETWORK_EXCLUDE: tuple[str, ...] = (
+    "lo", "veth*", "docker*", "br-*", "virbr*", "cali*", "cni*", "flannel*", "cilium_*", "lxc*",
+    "vxlan*", "tunl*", "kube-ipvs*",
+)
+"""Network links not read by default: loopback, and the host-side ends and bridges of container
+networking (one veth per pod on a node). Inside a pod its own interface is eth0 (a veth renamed),
+so a sidecar still reads it."""
+
 
 @dataclass(frozen=True, slots=True)
 class HostOptions:
@@ -28,6 +36,10 @@ class HostOptions:
     # GPUs the engine uses, for the NUMA check; None means every reported GPU.
     engine_gpu_pci_addresses: tuple[str, ...] | None = None
     search_interval_s: float = 10.0  # how often to look again for an engine or GPUs not found
+    # Network links (names or globs on the device label, `mlx5_0:1` for an RDMA port) that belong
+    # to the engine; None: those on the engine's GPUs' NUMA nodes or PCI host bridges.
+    engine_network_devices: tuple[str, ...] | None = None
+    network_exclude: tuple[str, ...] = DEFAULT_NETWORK_EXCLUDE  # globs of links not read at all
     max_processes: int = 64
     max_threads: int = 4096  # per process; bounds per-thread state and cost
 

@@ -36,8 +36,11 @@ class HeldFiles:
     call, so a process that left the engine's tree or a GPU that went away gives its fds back.
     Not thread safe: the host source calls it under its lock."""
 
-    def __init__(self, limit: int = MAX_HELD_FILES) -> None:
+    def __init__(self, limit: int = MAX_HELD_FILES, max_bytes: int | None = None) -> None:
         self._limit = limit
+        # With max_bytes, a file longer than that reads as None (a hostile tree's huge "sysfs
+        # attribute"), and at most max_bytes + 1 bytes are read.
+        self._max_bytes = max_bytes
         self._fds: dict[str, int] = {}
         self._read_since_sweep: set[str] = set()
         # Closes the fds when the source is dropped without close() (tests, a reloaded config).
@@ -54,7 +57,7 @@ class HeldFiles:
         if fd is not None:
             self._read_since_sweep.add(path)
             try:
-                return read_fd_record(fd)
+                return self._read_fd(fd)
             except OSError:
                 # ESRCH: the process or thread is gone; ENODEV: the device. The path may name
                 # another one now (a recycled pid), so it is opened again, as a plain read would.
@@ -72,23 +75,29 @@ class HeldFiles:
         self._read_since_sweep.clear()
 
     def _open_and_read(self, path: str) -> str | None:
-        if len(self._fds) >= self._limit:
+        if len(self._fds) >= self._limit and self._max_bytes is None:
             return read_text(path)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
             return None
         try:
-            text = read_fd(fd)
+            text = read_fd(fd) if self._max_bytes is None else self._read_fd(fd)
         except OSError:  # a task that died between open and read
             os.close(fd)
             return None
-        if _regenerated_on_read(fd):
+        if len(self._fds) < self._limit and _regenerated_on_read(fd):
             self._fds[path] = fd
             self._read_since_sweep.add(path)
         else:
             os.close(fd)
         return text
+
+    def _read_fd(self, fd: int) -> str | None:
+        if self._max_bytes is None:
+            return read_fd_record(fd)
+        data = os.pread(fd, self._max_bytes + 1, 0)
+        return data.decode("utf-8", errors="replace") if len(data) <= self._max_bytes else None
 
     def _close(self, path: str) -> None:
         fd = self._fds.pop(path)

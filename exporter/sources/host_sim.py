@@ -4,21 +4,35 @@ would show on its machine, exported under the same families and labels as HostSo
 Reads one twin, in process (anything with `host_state() -> dict`, such as exporter.simulator.Twin)
 or over HTTP (`GET <twin url>/sim/host`, with the engine scrape's client: bounded time and size,
 no redirects or environment). The twin is the engine, so the engine process is always "found";
-the NUMA mismatch goes through the same rule as HostSource's (host_process.numa_mismatch). With
+the NUMA mismatch goes through the same rule as HostSource's (host_process.numa_mismatch), and the
+network links' utilization through the same rate code (host_net.ByteRates, kept across cycles). With
 several twins on one demo host, the first one's host is shown: the engine the exporter would be
 the sidecar of (docs/simulator.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from exporter.catalog.base import MAX_VALUE
 from exporter.redact import redact_url
 from exporter.snapshot import Sample
 from exporter.sources.base import SourceData, SourceError, SourceKind
 from exporter.sources.engines.http import HttpClient, get_json_object
 from exporter.sources.host_common import sample
+from exporter.sources.host_net import (
+    COUNTERS,
+    KINDS,
+    MAX_DEVICE_NAME,
+    MAX_NETWORK_LINKS,
+    ByteRates,
+    LinkReading,
+    network_samples,
+    valid_name,
+)
 from exporter.sources.host_pci import NumaNode
 from exporter.sources.host_proc import parse_cpulist
 from exporter.sources.host_process import numa_mismatch
@@ -35,10 +49,57 @@ class HostStateProvider(Protocol):
     def host_state(self) -> Mapping[str, Any]: ...
 
 
-def samples_from_host_state(state: Mapping[str, Any]) -> tuple[list[Sample], tuple[str, ...]]:
+MAX_COUNTER = MAX_VALUE  # the catalogue's domain of every value (1e18)
+
+
+def network_readings(links: Any) -> list[LinkReading]:
+    """The twin's `network` list, validated: at most MAX_NETWORK_LINKS links with distinct device
+    names a label can carry, a known kind, finite non-negative counters, a positive rate or null.
+    Raises ValueError/TypeError/KeyError otherwise (the source then fails with reason parse)."""
+    if not isinstance(links, list):
+        raise TypeError("network is not a list")
+    if len(links) > MAX_NETWORK_LINKS:
+        raise ValueError(f"network lists {len(links)} links, more than {MAX_NETWORK_LINKS}")
+    out = []
+    seen = set()
+    for link in links:
+        device = link["device"]
+        if not isinstance(device, str) or not valid_name(device) or device in seen:
+            raise ValueError(f"network device {str(device)[:MAX_DEVICE_NAME]!r} is not a valid, distinct name")
+        seen.add(device)
+        kind = link["kind"]
+        if kind not in KINDS:
+            raise ValueError(f"network kind {str(kind)[:20]!r} is not one of {', '.join(KINDS)}")
+        up, engine, node = link["up"], link["engine"], link.get("numa_node")
+        if not isinstance(up, bool) or not isinstance(engine, bool):
+            raise TypeError("network up and engine must be true or false")
+        if node is not None and (isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < 4096):
+            raise ValueError("network numa_node must be a node number or null")
+        speed = link.get("speed_bytes_per_s")
+        if speed is not None:
+            speed = _finite(speed, "speed_bytes_per_s", 1e15)
+            if speed <= 0:
+                raise ValueError("network speed_bytes_per_s must be positive or null")
+        counters = {key: int(_finite(link[key], key, MAX_COUNTER)) for key in COUNTERS}
+        out.append(LinkReading(device, kind, node, engine, up, speed, counters))
+    return out
+
+
+def _finite(value: Any, key: str, ceiling: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"network {key} is not a number")
+    number = float(value)
+    if not math.isfinite(number) or not 0 <= number <= ceiling:
+        raise ValueError(f"network {key} out of range")
+    return number
+
+
+def samples_from_host_state(state: Mapping[str, Any], rates: ByteRates | None = None,
+                            now: float | None = None) -> tuple[list[Sample], tuple[str, ...]]:
     """The samples for one /sim/host document and the GPUs' PCI addresses. Raises
     KeyError/TypeError/ValueError when the document is malformed (the caller reports that as a
-    parse failure)."""
+    parse failure). `rates` carries the links' byte counts from the last document (the
+    utilization needs two); `now` is the document's time in seconds (default: its twin_time_s)."""
     out: list[Sample] = []
     cpus = [float(b) for b in state["cpus"]]
     out.extend(Sample("llm_host_cpu_busy_ratio", (("cpu", str(i)),), b) for i, b in enumerate(cpus))
@@ -88,6 +149,11 @@ def samples_from_host_state(state: Mapping[str, Any]) -> tuple[list[Sample], tup
                              tuple(nodes), wanted)
     if mismatch is not None:
         out.append(sample("llm_engine_numa_mismatch", int(mismatch)))
+    if state.get("network") is not None:
+        readings = network_readings(state["network"])
+        if now is None:
+            now = float(state.get("twin_time_s", 0.0))
+        out += network_samples(readings, rates if rates is not None else ByteRates(), now)
     return out, tuple(addresses)
 
 
@@ -99,10 +165,13 @@ class SimHostSource:
     kind = SourceKind.HOST
     timeout_s: float | None = None
 
-    def __init__(self, target: HostStateProvider | str, *, fetch_timeout_s: float = 2.0) -> None:
+    def __init__(self, target: HostStateProvider | str, *, fetch_timeout_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.target = target
         self.fetch_timeout_s = fetch_timeout_s
         self._client: HttpClient | None = None
+        self._clock = clock  # the utilization's time base when the twin sends no twin_time_s
+        self._rates = ByteRates()  # the links' byte counts of the last document
 
     def engine_pids(self) -> frozenset[int]:
         """The twin's engine has no pid on this machine (HostSource's interface, for the GPU source)."""
@@ -126,7 +195,10 @@ class SimHostSource:
         target = self.target
         state = await self._fetch(target) if isinstance(target, str) else target.host_state()
         try:
-            samples, addresses = samples_from_host_state(state)
+            twin_time = state.get("twin_time_s")
+            now = float(twin_time) if isinstance(twin_time, int | float) and not isinstance(twin_time, bool) \
+                else self._clock()
+            samples, addresses = samples_from_host_state(state, self._rates, now)
         except (KeyError, TypeError, ValueError, IndexError) as e:
             where = f" from {redact_url(self._endpoint(target))}" if isinstance(target, str) else ""
             raise SourceError("parse", f"malformed twin host state{where}: {e!r}") from None
