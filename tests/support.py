@@ -20,14 +20,6 @@ import httpx
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4"
 
-# Scenarios whose twin side is in but whose declared verdict needs rules not merged yet: their verdict
-# tests (test_derive_twin.py, test_demo_scenarios.py) are expected failures (not strict) until then.
-VERDICT_PENDING: dict[str, str] = {
-    "cross-node-tp": "issue 28: the interconnect verdict on network link signals lands with the network host "
-                     "source and the rules (parts b-c)",
-}
-
-
 def free_port() -> int:
     return free_ports(("port",))["port"]
 

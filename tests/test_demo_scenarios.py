@@ -23,7 +23,7 @@ import pytest
 from exporter.catalog.derived import RESOURCES
 from exporter.cli import DEMO_PROBE_EVERY_S
 from exporter.simulator.scenarios import SCENARIOS
-from tests.support import VERDICT_PENDING, free_port, wait_until
+from tests.support import free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -173,9 +173,7 @@ def _params() -> list[str]:
     """The scenarios with a verdict. One declaring none (faults) says why in its Expect, which
     test_every_declared_verdict_is_a_resource requires; its panels and alerts are checked by
     tests/test_dashboards_live.py::test_fault_panels_and_alerts_show_the_faults_scenario."""
-    return [pytest.param(name, marks=pytest.mark.xfail(reason=VERDICT_PENDING[name], strict=False))
-            if name in VERDICT_PENDING else name
-            for name, sc in SCENARIOS.items() if sc.expect is None or sc.expect.verdict is not None]
+    return [name for name, sc in SCENARIOS.items() if sc.expect is None or sc.expect.verdict is not None]
 
 
 @pytest.mark.timeout(VERDICT_BUDGET_S + HOLD_S + 90)

@@ -35,6 +35,13 @@ def verdict(**signals) -> tuple[str, Signals]:
     (dict(spans=PD, net_errors=("mlx5_0:1 40 errors+drops/s",)), "interconnect"),
     (dict(net_errors=("eth0 40 errors+drops/s",)), "memory_bandwidth"),
     (dict(spans=PD, kv_failures_per_s=0.2), "interconnect"),
+    # Tensor parallel across servers: the GPU far below its roofs while its RDMA link is 70% busy.
+    (dict(hbm_gpm=0.1, spans="the engine's RDMA links carry traffic (mlx5_0:1)", spans_parallel=True,
+          net_util=0.7, net_util_what="mlx5_0:1 (roce)"), "interconnect"),
+    # ... but not next to a GPU at its roof, nor when nothing says the work crosses servers.
+    (dict(hbm_gpm=0.8, spans="the engine's RDMA links carry traffic (mlx5_0:1)", spans_parallel=True,
+          net_util=0.7), "memory_bandwidth"),
+    (dict(hbm_gpm=0.1, net_util=0.7), "headroom"),
 ])
 def test_network_rules(signals, expected):
     assert verdict(**signals)[0] == expected

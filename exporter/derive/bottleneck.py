@@ -208,6 +208,7 @@ class Signals(NamedTuple):
     kv_transfer_p50: float | None = None
     kv_failures_per_s: float | None = None
     spans: str = ""  # why the work crosses servers ("": nothing says it does)
+    spans_parallel: bool = False  # by tensor or pipeline parallelism: every step crosses the network
     net_util: float | None = None  # busiest engine link, busier direction
     net_util_what: str = ""
     net_down: tuple[str, ...] = ()
@@ -366,11 +367,13 @@ def _host(s: Signals, roof: float, ev: list[str] | None) -> float:
 NET_UTIL_LOW, NET_UTIL_HIGH = 0.6, 0.9  # an engine network link's utilization ramp
 KV_SHARE_LOW, KV_SHARE_HIGH = 0.25, 0.5  # KV transfer's share of TTFT: half of it is the transfer's
 KV_QUEUE_LOW, KV_QUEUE_HIGH = 1.0, 8.0  # mean requests waiting for a KV transfer
+COMM_UTIL_LOW, COMM_UTIL_HIGH = 0.3, 0.8  # an engine link's utilization while the GPU sits off its roofs
 LEAD = 0.5  # a network sign without a known reason for the work to cross servers is a lead
 
 
-def _network(s: Signals, ev: list[str] | None) -> float:
-    """The network between servers: prefill/decode KV transfer and the engine's NIC/RDMA links."""
+def _network(s: Signals, roof: float, ev: list[str] | None) -> float:
+    """The network between servers: prefill/decode KV transfer and the engine's NIC/RDMA links.
+    `roof`: the higher roof score (compute, memory_bandwidth)."""
     score = 0.0
     if s.spans and ev is not None:
         ev.append(s.spans)
@@ -400,11 +403,19 @@ def _network(s: Signals, ev: list[str] | None) -> float:
         score = max(score, ramp(s.net_util, NET_UTIL_LOW, NET_UTIL_HIGH) * weight)
         if ev is not None and s.net_util >= 0.5:
             ev.append(f"network link {s.net_util_what} at {pct(s.net_util)} of its rate")
+        # Tensor parallelism across servers: the all-reduce comes in bursts, so the link's mean
+        # utilization understates it; a GPU serving far below both roofs while its link carries that
+        # much is waiting on the network every step.
+        if s.spans_parallel and s.work and roof < ROOF_MIN and s.net_util >= COMM_UTIL_LOW:
+            score = max(score, CONSTRAINT_MIN + 0.4 * ramp(s.net_util, COMM_UTIL_LOW, COMM_UTIL_HIGH))
+            if ev is not None:
+                ev.append(f"the GPU serves far below its roofs (best roof score {roof:.2f}) while its link between "
+                          f"servers is {pct(s.net_util)} busy: every step waits on the all-reduce across servers")
     return score
 
 
-def _interconnect(s: Signals, ev: list[str] | None) -> float:
-    score = _network(s, ev) if s.network else 0.0
+def _interconnect(s: Signals, ev: list[str] | None, roof: float = 0.0) -> float:
+    score = _network(s, roof, ev) if s.network else 0.0
     if s.degraded_links:
         score = 0.9 if s.tp > 1 else 0.45
         if ev is not None:
@@ -480,7 +491,7 @@ def _scores(s: Signals, evidence: dict[str, list[str]] | None) -> dict[str, floa
     kv = _kv(s, ev("kv_capacity"))
     scheduler = _scheduler(s, max(compute, bandwidth), ev("scheduler"))
     host = _host(s, max(compute, bandwidth), ev("host_cpu"))
-    link = _interconnect(s, ev("interconnect"))
+    link = _interconnect(s, ev("interconnect"), max(compute, bandwidth))
     power = _power(s, ev("power_thermal"))
     limits = {"compute": compute, "memory_bandwidth": bandwidth, "kv_capacity": kv, "scheduler": scheduler,
               "host_cpu": host, "interconnect": link, "power_thermal": power}
@@ -598,7 +609,8 @@ def settle(state: Hysteresis, raw: str, now: float, hold_cycles: int = HOLD_CYCL
 
 def remedies(verdict: str, s: Signals) -> tuple[str, ...]:
     """The verdict's remedies; interconnect's are the network's when the network is what scored."""
-    if verdict == "interconnect" and s.network and _network(s, None) >= _interconnect_local(s):
+    roof = max(_compute(s, None), _bandwidth(s, None))
+    if verdict == "interconnect" and s.network and _network(s, roof, None) >= _interconnect_local(s):
         return NETWORK_REMEDIES
     return REMEDIES[verdict]
 

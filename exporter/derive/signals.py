@@ -137,7 +137,8 @@ def gather(ctx: Ctx) -> Signals:
                       waiting_has_kv=bool(spec is not None and spec.waiting_includes_kv_transfer),
                       kv_transfer_share=moved.share,
                       kv_transfer_p50=moved.transfer_p50, kv_failures_per_s=moved.failures_per_s,
-                      spans=moved.spans, net_util=moved.link_util, net_util_what=moved.link_what,
+                      spans=moved.spans, spans_parallel=moved.parallel, net_util=moved.link_util,
+                      net_util_what=moved.link_what,
                       net_down=moved.links_down, net_errors=moved.link_errors)
     for kind, p99, attainment, bound in (("ttft", "ttft_p99", "ttft_attainment", "ttft_bound"),
                                          ("tbt", "tbt_p99", "tbt_attainment", "tbt_bound")):

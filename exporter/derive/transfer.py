@@ -46,7 +46,8 @@ class Transfer(NamedTuple):
     share: float | None  # median KV transfer time / median TTFT (capped at 1)
     failures_per_s: float | None
     spans: str  # why the target's work crosses servers; "" when nothing says it does
-    link_util: float | None  # the busiest engine link, the busier direction
+    parallel: bool  # it crosses them by tensor or pipeline parallelism (every step), not by KV transfer
+    link_util: float | None  # the busiest engine link's mean over the rate window, the busier direction
     link_what: str
     links_down: tuple[str, ...]  # engine links not up
     link_errors: tuple[str, ...]  # engine links with errors or drops in the window: "mlx5_0:1 2.0/s"
@@ -54,26 +55,29 @@ class Transfer(NamedTuple):
 
 
 class Windows(StageState):
-    """A rate window and a KV transfer histogram window per target, and an error-rate window per
-    link (shared by the targets: the link is the host's)."""
+    """A rate window and a KV transfer histogram window per target, and a window per link (shared by
+    the targets: the link is the host's) for its error rate and its mean utilization: the all-reduce
+    of tensor parallelism comes in bursts, so one cycle's utilization swings with where the bursts fell."""
 
     def __init__(self, settings: DeriveSettings) -> None:
         self.rates = Scopes(lambda: RateWindow(settings.rate_window_s), settings.forget_after_s)
         self.transfers = Scopes(lambda: HistogramWindow(settings.quantile_window_s), settings.forget_after_s)
         self.links = Scopes(lambda: RateWindow(settings.rate_window_s), settings.forget_after_s)
-        self.link_errors: dict[str, float] = {}  # device -> errors and drops per second, this cycle
+        self.link_errors: dict[str, float] = {}  # device -> errors and drops per second, over the window
+        self.link_util: dict[str, float] = {}  # device -> mean utilization (busier direction) over the window
 
     def begin(self, view: SnapshotView) -> None:
-        self.link_errors = {}
+        self.link_errors, self.link_util = {}, {}
         for link in view.links:
             window: RateWindow = self.links.get(link.device)
             totals = {name: v for name in NET_ERRORS if (v := link.get(name)) is not None}
-            if not totals:
-                continue
-            window.observe(view.taken_at, totals, {})
+            util = link.get(NET_UTIL)
+            window.observe(view.taken_at, totals, {} if util is None else {NET_UTIL: util})
             rates = [r for name in totals if (r := window.rate(name)) is not None]
             if rates:
                 self.link_errors[link.device] = sum(rates)
+            if (mean := window.mean(NET_UTIL)) is not None:
+                self.link_util[link.device] = mean
 
     def end(self, view: SnapshotView) -> None:
         for scopes in (self.rates, self.transfers, self.links):
@@ -93,7 +97,8 @@ def spans_servers(role: str, transfers: bool, tp: int, local_gpus: int, rdma_bus
     return ""
 
 
-def _links(links: Sequence[LinkView], errors: Mapping[str, float]) -> dict[str, Any]:
+def _links(links: Sequence[LinkView], errors: Mapping[str, float], utilization: Mapping[str, float]
+           ) -> dict[str, Any]:
     util, what = None, ""
     down, erring, busy_rdma = [], [], []
     mine = [link for link in links if link.engine]
@@ -102,7 +107,7 @@ def _links(links: Sequence[LinkView], errors: Mapping[str, float]) -> dict[str, 
         if up is not None and up < 0.5:
             down.append(f"{link.device} ({link.kind or 'link'}) down")
             continue
-        u = link.get(NET_UTIL)
+        u = utilization.get(link.device)
         if u is not None and (util is None or u > util):
             speed = link.get(NET_SPEED)
             rate = f" of {speed * 8 / 1e9:g} Gb/s" if speed else ""
@@ -135,12 +140,13 @@ def compute(ctx: Ctx, state: Windows) -> Transfer:
             ttft50 = ttft.quantile(0.5) if ttft is not None else None
             if p50 is not None and ttft50:
                 share = min(1.0, p50 / ttft50)
-    links = _links(ctx.view.links, state.link_errors)
+    links = _links(ctx.view.links, state.link_errors, state.link_util)
     waiting = window.mean(WAITING_KV)
-    spans = spans_servers(engine.role, transfers > 0 or (waiting or 0) > 0, ctx.tp, len(ctx.gpus),
-                          links.pop("busy_rdma"))
+    disaggregated = engine.role in ("prefill", "decode") or transfers > 0 or (waiting or 0) > 0
+    spans = spans_servers(engine.role, disaggregated, ctx.tp, len(ctx.gpus), links.pop("busy_rdma"))
     return Transfer(role=engine.role, waiting=waiting, transfer_p50=p50, transfer_p99=p99, transfers=transfers,
-                    share=share, failures_per_s=window.rate(KV_FAILURES), spans=spans, **links)
+                    share=share, failures_per_s=window.rate(KV_FAILURES), spans=spans,
+                    parallel=bool(spans) and not disaggregated, **links)
 
 
 def numbers(t: Transfer) -> dict[str, Any]:
