@@ -35,6 +35,9 @@ def verdict(**signals) -> tuple[str, Signals]:
     (dict(spans=PD, net_errors=("mlx5_0:1 40 errors+drops/s",)), "interconnect"),
     (dict(net_errors=("eth0 40 errors+drops/s",)), "memory_bandwidth"),
     (dict(spans=PD, kv_failures_per_s=0.2), "interconnect"),
+    # A single GPU's PCIe link trained down is only noted (0.45): it must not hide the network's score.
+    (dict(role="decode", spans=PD, kv_waiting=6.0, degraded_links=("GPU0 gen1 x16 (max gen5 x16)",)),
+     "interconnect"),
     # Tensor parallel across servers: the GPU far below its roofs while its RDMA link is 70% busy.
     (dict(hbm_gpm=0.1, spans="the engine's RDMA links carry traffic (mlx5_0:1)", spans_parallel=True,
           net_util=0.7, net_util_what="mlx5_0:1 (roce)"), "interconnect"),

@@ -87,6 +87,23 @@ def test_every_scenario_with_a_verdict_is_judged_here():
     assert declared <= set(EXPECTED), declared - set(EXPECTED)
 
 
+@pytest.mark.parametrize(("engine_format", "instance"), [("sglang", "decode"), ("sglang", "prefill"),
+                                                       ("vllm", "prefill")])
+def test_both_instances_of_a_pd_pair(engine_format: str, instance: str):
+    """pd-transfer's decode instance in SGLang's format (its page has the PD queues but not the transfer
+    histogram, which upstream records on the prefill side) and its prefill instance (the inflight queue
+    stands while the link drains) read interconnect; vLLM's prefill instance has no PD queue or transfer
+    on its page, but its host's RDMA port, the engine's, is saturated by the KV it sends."""
+    harness = Harness("pd-transfer", engine_format=engine_format)
+    if instance == "prefill":
+        assert harness.twin.pair is not None
+        harness.twin = harness.twin.pair.prefill
+    harness.twin.fast_forward(60)
+    harness.run(10)
+    verdicts = Counter(diag["verdict"] for _, diag in harness.run(30))
+    assert verdicts == Counter({"interconnect": 30}), verdicts
+
+
 @pytest.mark.parametrize("scenario", sorted(EXPECTED))
 def test_scenario_verdict_is_expected_and_stable(scenario):
     warm_s, gpus = EXPECTED[scenario]

@@ -417,7 +417,7 @@ def _network(s: Signals, roof: float, ev: list[str] | None) -> float:
 def _interconnect(s: Signals, ev: list[str] | None, roof: float = 0.0) -> float:
     score = _network(s, roof, ev) if s.network else 0.0
     if s.degraded_links:
-        score = 0.9 if s.tp > 1 else 0.45
+        score = max(score, 0.9 if s.tp > 1 else 0.45)
         if ev is not None:
             ev.append("PCIe link trained down under load: " + ", ".join(s.degraded_links))
             if s.tp > 1:

@@ -138,7 +138,8 @@ def compute(ctx: Ctx, state: Windows) -> Transfer:
             p99 = histogram_quantile(0.99, hist.bounds, delta)
             ttft = (ctx.get("quantiles") or {}).get(TTFT)
             ttft50 = ttft.quantile(0.5) if ttft is not None else None
-            if p50 is not None and ttft50:
+            # A prefill instance's TTFT ends before its KV leaves: only a decode (or unknown) one's includes it.
+            if p50 is not None and ttft50 and engine.role != "prefill":
                 share = min(1.0, p50 / ttft50)
     links = _links(ctx.view.links, state.link_errors, state.link_util)
     waiting = window.mean(WAITING_KV)

@@ -33,6 +33,9 @@ CLOCK_EVENT_REASONS = (
 )
 
 
+IDLE_UTILIZATION = 0.05  # below this average a GPU counts as idle (derive.signals.BUSY_UTILIZATION)
+
+
 @dataclass(frozen=True, slots=True)
 class Thermal:
     ambient_c: float = 30.0
@@ -316,7 +319,9 @@ class GpuModel:
     def pcie_link(self, d: GpuDevice) -> dict[str, int]:
         spec = self.hw.gpu
         # An idle GPU drops its link to gen 1 to save power; under load it trains to what the slot allows.
-        gen = self.hw.link_gen if d.active else 1
+        # Idle means idle for a while (utilization, an average): a GPU between bursts keeps its link (a
+        # prefill instance waiting for its KV link to drain read as a link trained down under load).
+        gen = self.hw.link_gen if d.active or d.utilization >= IDLE_UTILIZATION else 1
         return {"gen_current": gen, "gen_max": spec.pcie_gen, "width_current": self.hw.link_width,
                 "width_max": spec.pcie_width}
 
