@@ -27,6 +27,7 @@ debs:
 	command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
 	command -v prometheus-node-exporter >/dev/null 2>&1 || missing="$$missing prometheus-node-exporter"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	updated=""; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
