@@ -303,6 +303,11 @@ class LiveEngine:
     port: int
     target: str = "live"
     interval: str = "2s"  # a busy vLLM on two cores can take most of a second to answer /metrics
+    # Prometheus scrapes the exporter at its own interval (its page changes only then), with a timeout of
+    # almost that: at 1s/900ms, a full CI run on two cores saw Prometheus and the exporter starved by the
+    # busy vLLM for 21 scrapes of the live story, and the burn alert resolved and paged again.
+    scrape_interval: str = "2s"
+    scrape_timeout: str = "1900ms"
     engine_timeout: str = "1800ms"
     # Prometheus tells Alertmanager an alert ends 4 x this after each send: on two cores a busy engine
     # can stall an evaluation for seconds, and at the twin's 1s every alert then "resolved" and fired
@@ -337,7 +342,8 @@ def full_stack(directory: pathlib.Path, *, live: LiveEngine | None = None,
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     prometheus_config = json.dumps({  # JSON is YAML
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+        "global": {"scrape_interval": live.scrape_interval if live else "1s", "evaluation_interval": "1s",
+                   "scrape_timeout": live.scrape_timeout if live else "900ms"},
         "rule_files": [str(directory / "rules" / "*.yaml")],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports['alertmanager']}"]}]}]},
         "scrape_configs": [{"job_name": "llm-exporter",
