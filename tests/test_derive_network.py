@@ -78,7 +78,7 @@ def test_what_says_the_work_crosses_servers():
 ENGINE = labels_of(target="decode", engine="sglang", model="m")
 
 
-def _snapshot(t: float, *, transfers: float, transfer_sum_s: float, waiting: float, util: float,
+def _snapshot(t: float, *, transfers: float, waiting: float, util: float,
               errors: float = 0.0) -> Snapshot:
     """A decode instance after `transfers` KV transfers of which 90% took under 0.5 s, with TTFT
     under 0.8 s for 90%; its host's RDMA port at `util`."""
@@ -108,7 +108,7 @@ def _snapshot(t: float, *, transfers: float, transfer_sum_s: float, waiting: flo
 def test_deriver_reads_transfer_and_links_into_the_diagnosis():
     deriver = build_deriver(Config(interval_s=1.0))
     for i in range(6):
-        deriver(_snapshot(float(i), transfers=10.0 * i, transfer_sum_s=4.0 * i, waiting=5.0, util=0.97,
+        deriver(_snapshot(float(i), transfers=10.0 * i, waiting=5.0, util=0.97,
                           errors=3.0), None)
     target = deriver.diagnosis()["targets"]["decode"]
     json.dumps(target, allow_nan=False)
