@@ -6,6 +6,7 @@ from __future__ import annotations
 from dashboards import verdict
 from dashboards.lib import (
     BOOL_UP,
+    TOKENS_PER_S,
     Promql,
     Row,
     RowBuilder,
@@ -128,7 +129,7 @@ limiting the GPU.
       target(TM.sel("llm_decode_tokens_per_second"), "decode tok/s {{target}} {{model}} ({{instance}})")],
             unit="percentunit", w=12, minimum=0, threshold_style="dashed",
             steps=thresholds((None, "transparent"), (verdict.CONSTRAINT_MIN, "red")),
-            overrides=[right_axis("^decode.*", "suffix: tok/s")]),
+            overrides=[right_axis("^decode.*", TOKENS_PER_S)]),
     )
 
 
