@@ -139,8 +139,7 @@ load). UIDs are the MD5 of the file name, so links and bookmarks survive regener
 |---|---|---|
 | `datasource` | Prometheus datasources (a Prometheus, or the central store: VictoriaMetrics, Thanos, Mimir) | every query |
 | `cluster` | `label_values(llm_exporter_build_info, cluster)` | every query |
-| `namespace` | `label_values(llm_exporter_build_info{cluster=~"$cluster"}, namespace)` | every query but the \
-per-cluster GPU count |
+| `namespace` | `label_values(llm_exporter_build_info{cluster=~"$cluster"}, namespace)` | every query |
 | `job` | `label_values(llm_exporter_build_info{...}, job)` | every per-replica query (the rules select \
 `job="llm-exporter"`) |
 | `instance` | `label_values(llm_exporter_build_info{...}, instance)` | one exporter = one engine host; \

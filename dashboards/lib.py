@@ -49,8 +49,8 @@ SELECTORS: dict[str, str] = {
     "target_gpu": f'{SCOPE}, job=~"$job", instance=~"$instance", target=~"$target", gpu=~"$gpu"',
     # Fleet recording rules per model (`model:...`): summed over replicas, so no job, instance or target.
     "model": f'{SCOPE}, model=~"$model"',
-    # Fleet recording rules per cluster (`cluster:...`): no namespace either (GPUs belong to nodes).
-    "cluster": 'cluster=~"$cluster"',
+    # Fleet recording rules per cluster (`cluster:...`, by cluster and the exporters' namespace).
+    "cluster": SCOPE,
 }
 
 RATE = "$__rate_interval"
