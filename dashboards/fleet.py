@@ -264,10 +264,11 @@ a different alert.
 """, [target(fleet_rule("llm_replicas_up:count"), "{{model}} {{cluster}} {{namespace}}")],
             unit="short", w=8, minimum=0, decimals=0),
         timeseries("GPUs up per cluster", """
-GPUs read through NVML (cluster:llm_gpus_up:count), per cluster and the exporters' namespace. $model does not
-apply: GPUs belong to nodes, not to a model. A drop without a replica drop is a GPU lost under a running engine (XID 79, a
-fallen-off bus): check the GPU board's health row.
-""", [target(C.sel("cluster:llm_gpus_up:count"), "GPUs {{cluster}} {{namespace}}")], unit="short", w=8, minimum=0, decimals=0),
+GPUs read through NVML (cluster:llm_gpus_up:count), per cluster and the exporters' namespace. $model does
+not apply: GPUs belong to nodes, not to a model. A drop without a replica drop is a GPU lost under a running
+engine (XID 79, a fallen-off bus): check the GPU board's health row.
+""", [target(C.sel("cluster:llm_gpus_up:count"), "GPUs {{cluster}} {{namespace}}")],
+            unit="short", w=8, minimum=0, decimals=0),
         timeseries("KV cache capacity per model", """
 Tokens of KV cache the model's replicas allocated, summed (model:llm_kv_cache_capacity_tokens:sum). It is
 what bounds concurrent context across the fleet: replicas lost, or restarted with a smaller pool, shrink it.

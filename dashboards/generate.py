@@ -137,7 +137,8 @@ load). UIDs are the MD5 of the file name, so links and bookmarks survive regener
 
 | variable | values from | scopes |
 |---|---|---|
-| `datasource` | Prometheus datasources (a Prometheus, or the central store: VictoriaMetrics, Thanos, Mimir) | every query |
+| `datasource` | Prometheus datasources (one Prometheus, or the central store: VictoriaMetrics, Thanos, \
+Mimir) | every query |
 | `cluster` | `label_values(llm_exporter_build_info, cluster)` | every query |
 | `namespace` | `label_values(llm_exporter_build_info{cluster=~"$cluster"}, namespace)` | every query |
 | `job` | `label_values(llm_exporter_build_info{...}, job)` | every per-replica query (the rules select \
