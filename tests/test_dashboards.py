@@ -839,3 +839,13 @@ def test_fleet_summary_table_rows_are_one_per_model():
     for t in p["targets"]:
         assert merged_labels(t["expr"]) == {"cluster", "namespace", "model"}, t["expr"]
         assert all(n.startswith("model:") for n in metric_names(t["expr"]) if ":" in n), t["expr"]
+
+
+def test_scenarios_name_real_panels():
+    """`llm-exporter demo --scenario X` tells the user which panels (or rows) show its signature: they exist."""
+    from exporter.simulator.scenarios import SCENARIOS
+
+    titles = {p["title"] for d in DASHBOARDS.values() for p in panels(d)}
+    for name, scenario in SCENARIOS.items():
+        if scenario.expect is not None:
+            assert set(scenario.expect.panels) <= titles, (name, set(scenario.expect.panels) - titles)
