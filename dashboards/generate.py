@@ -196,7 +196,9 @@ the fallback panels (prefix-cache gauge, TPOT, requests without a finish reason)
 fault panels (XID, ECC, row remapping, PCIe replays) and their alerts. The demo simulates the GPU and the
 host (their PCIe links and NUMA nodes included) and prices a GPU-hour at 4.00 for the cost panels. The
 queries that have no data in the healthy demos are listed in that test with the reason: no XID events;
-collection errors appear only after a failure.
+collection errors appear only after a failure; the twin has no draft model, so the speculative decoding
+panels stay empty (as for an engine without speculative decoding). The same test checks that the Fleet
+board's instance table joins every demo's replica into one row.
 """
 
 
