@@ -507,7 +507,7 @@ def test_a_real_alertmanager_pages_once_per_slo_breach_with_the_longer_burn_pair
                                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
                                 "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     burn = generate.CONFIG["slos"]["ttft"]["alert"]
-    fast, slow, ticket = generate.CONFIG["burn_rates"]
+    fast, slow, medium, ticket = generate.CONFIG["burn_rates"]
 
     def add(pair: dict, target: str = "vllm-a") -> None:
         result = run(amtool, "alert", "add", f"--alertmanager.url={url}", f"alertname={burn}",
@@ -521,18 +521,44 @@ def test_a_real_alertmanager_pages_once_per_slo_breach_with_the_longer_burn_pair
         assert result.returncode == 0, result.stderr
         return {a["labels"]["long"]: a["status"]["state"] for a in json.loads(result.stdout)}
 
+    def add_fleet(name: str, pair: dict, cluster: str) -> None:
+        result = run(amtool, "alert", "add", f"--alertmanager.url={url}", f"alertname={name}",
+                     f"severity={pair['severity']}", "slo=availability", f"long={pair['long']}",
+                     f"short={pair['short']}", f"cluster={cluster}", "namespace=serving", "model=llama-70b")
+        assert result.returncode == 0, result.stderr
+
+    def fleet_states(name: str, cluster: str) -> dict[str, str]:
+        result = run(amtool, "alert", "query", f"--alertmanager.url={url}", "--active", "--inhibited", "-o", "json",
+                     f"alertname={name}", f"cluster={cluster}")
+        assert result.returncode == 0, result.stderr
+        return {a["labels"]["long"]: a["status"]["state"] for a in json.loads(result.stdout)}
+
     try:
         assert wait_until(lambda: run(amtool, "config", "show", f"--alertmanager.url={url}").returncode == 0,
                           timeout=20, interval=0.2), "Alertmanager did not start"
         add(fast)
         assert wait_until(lambda: receiver.alerts(burn, status="firing", long=fast["long"]), timeout=10)
         add(slow)
+        add(medium)
         add(ticket)
         assert wait_until(lambda: states() == {fast["long"]: "suppressed", slow["long"]: "active",
-                                               ticket["long"]: "suppressed"}, timeout=10), states()
+                                               medium["long"]: "suppressed", ticket["long"]: "suppressed"},
+                          timeout=10), states()
         add(fast, target="vllm-b")  # same SLO, another target: its own page
         assert wait_until(lambda: states("vllm-b") == {fast["long"]: "active"}, timeout=10), states("vllm-b")
         assert wait_until(lambda: receiver.alerts(burn, status="firing", target="vllm-b"), timeout=10)
+        # The availability SLO's fleet alerts carry no job, instance or target: cluster a's slow pair
+        # mutes its own fast pair, never cluster b's (cluster is in the inhibitions' `equal`), and
+        # cluster b pages in its own group.
+        avail = generate.CONFIG["availability_slo"]["alert"]
+        add_fleet(avail, fast, "a")
+        add_fleet(avail, slow, "a")
+        add_fleet(avail, fast, "b")
+        assert wait_until(lambda: fleet_states(avail, "a") == {fast["long"]: "suppressed", slow["long"]: "active"},
+                          timeout=10), fleet_states(avail, "a")
+        assert wait_until(lambda: fleet_states(avail, "b") == {fast["long"]: "active"}, timeout=10), \
+            fleet_states(avail, "b")
+        assert wait_until(lambda: receiver.alerts(avail, status="firing", cluster="b"), timeout=10)
         time.sleep(2)  # two group intervals: nothing more may arrive for the suppressed pairs
         tickets = [r for r in receiver.alerts() if r.receiver == "/ticket"]
         assert not tickets, "the ticket pair went out while its SLO pages"
