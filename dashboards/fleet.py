@@ -29,10 +29,12 @@ from dashboards.lib import (
     value_map,
 )
 from dashboards.overview import (
+    ERROR_STEPS,
     FLEET,
     NO_TRAFFIC,
     RESOURCE_COLORS,
     WINDOW,
+    availability_burn_panel,
     fleet_rule,
     fleet_tbt_quantile,
     length_heatmaps,
@@ -106,8 +108,6 @@ def per_replica(expr: str, op: str = "max") -> str:
     return f"{op} {BY_REPLICA} (\n{expr}\n)"
 
 
-ERROR_STEPS = thresholds((None, "green"), (0.01, "orange"), (0.05, "red"))
-
 
 def summary_row() -> Row:
     q = f"p99_{WINDOW}"
@@ -145,7 +145,7 @@ kind). The red line is the TTFT SLO threshold ({TTFT.threshold_seconds} s); TBT'
 measure says whether TBT is inter-token latency (ITL) or time per output token (TPOT, engines without ITL).
 """, [target(fleet_rule(f"llm_time_to_first_token_seconds:{q}"), "TTFT {{model}} {{engine}} {{cluster}}"),
       target(fleet_tbt_quantile(99), "TBT ({{measure}}) {{model}} {{engine}} {{cluster}}")],
-            unit="s", w=12, minimum=0, threshold_style="dashed", no_value=NO_TRAFFIC,
+            unit="s", w=8, minimum=0, threshold_style="dashed", no_value=NO_TRAFFIC,
             steps=thresholds((None, "transparent"), (TTFT.threshold_seconds, "red"))),
         timeseries(f"Fleet requests/s and error ratio per model ({WINDOW})", """
 Finished requests per second per model over all replicas (left), and the share that ended in an error
@@ -154,8 +154,9 @@ traffic is a failing replica or model: the instance table's error column finds i
 """, [target(f"sum by (cluster, namespace, model) ({fleet_rule(f'llm_requests_finished:rate{WINDOW}')})",
              "req/s {{model}} {{cluster}}"),
       target(fleet_rule(f"llm_requests_error:ratio_rate{WINDOW}"), "errors {{model}} {{cluster}}")],
-            unit="reqps", w=12, minimum=0, no_value=NO_TRAFFIC,
+            unit="reqps", w=8, minimum=0, no_value=NO_TRAFFIC,
             overrides=[right_axis("^errors.*", "percentunit"), color_override("^errors.*", "red")]),
+        availability_burn_panel(w=8),
     )
 
 

@@ -157,14 +157,46 @@ def burn(metric: str, window: str, objective: float) -> str:
     return f"(1 - {rule(f'{metric}:slo_good_ratio_rate{window}')}) / {round(1 - objective, 10)}"
 
 
-def burn_panel(spec: slo.LatencySLO, w: int) -> Panel:
-    name = spec.key.upper()
+def burn_pairs() -> tuple[str, list[float]]:
+    """The alert pairs in words (highest factor first) and their factors (the panel's lines, lowest first)."""
     pairs = sorted(slo.BURN_RATES, key=lambda br: -br.factor)
     said = "; ".join(
         f"{br.severity}: above {fmt_num(br.factor)}x over both {br.long} and {br.short} "
         f"(budget gone in {slo.budget_lasts(slo.SLO_PERIOD, br.factor)})" for br in pairs)
     factors = sorted({br.factor for br in pairs})
     assert len(factors) <= len(BURN_COLORS), "one colour per burn-rate factor"
+    return said, factors
+
+
+AVAILABILITY = slo.AVAILABILITY
+AVAILABILITY_RULE = "llm_requests_availability:good_ratio_rate"
+
+
+def availability_burn_panel(w: int) -> Panel:
+    """The availability SLO's burn rate per model over the fleet, over every window its alert pairs read."""
+    said, factors = burn_pairs()
+    budget = round(1 - AVAILABILITY.objective, 10)
+    return timeseries("Availability error budget burn rate per model", f"""
+How fast each model's fleet spends the availability SLO's {slo.SLO_PERIOD} error budget ({AVAILABILITY.objective:.1%}
+of finished requests not failed by the server: bad = reason {' or '.join(AVAILABILITY.bad_reasons)}; client
+aborts do not count), over each window an alert reads ({', '.join(BURN_WINDOWS)}): (1 - good ratio) / {budget:g};
+1 = exactly on budget. One series per model and cluster, all replicas together, so one breach is one page
+({AVAILABILITY.alert}): a pair fires when both of its windows burn above its factor (the dashed lines); {said}.
+""", [target(f"(1 - {fleet_rule(AVAILABILITY_RULE + win)}) / {budget:g}", f"{win} {{{{model}}}} {{{{cluster}}}}")
+      for win in BURN_WINDOWS],
+        unit="suffix:x", w=w, h=8, minimum=0, threshold_style="dashed", no_value=NO_TRAFFIC,
+        steps=thresholds((None, "transparent"), *zip(factors, BURN_COLORS, strict=False)))
+
+
+# Error-ratio colours: green within the availability budget, orange above it, red where the fastest page
+# burns (the budget times its factor).
+ERROR_STEPS = thresholds((None, "green"), (round(1 - AVAILABILITY.objective, 10), "orange"),
+                         (round((1 - AVAILABILITY.objective) * max(br.factor for br in slo.BURN_RATES), 10), "red"))
+
+
+def burn_panel(spec: slo.LatencySLO, w: int) -> Panel:
+    name = spec.key.upper()
+    said, factors = burn_pairs()
     return timeseries(f"{name} error budget burn rate", f"""
 How fast the {name} SLO ({spec.objective:.0%} within {spec.threshold_seconds} s) spends its
 {slo.SLO_PERIOD} error budget, over each window an alert reads ({', '.join(BURN_WINDOWS)}): 1 = exactly on
@@ -426,14 +458,15 @@ usually after waiting too long), per engine target over {WINDOW}: the finish-rea
 rate / all finished (llm_requests_finished_total: vLLM, TGI, Triton, trtllm-serve, NIM; engines without
 finish reasons have no line). Errors are the engine's fault; aborts are latency seen by users: compare them
 with TTFT. No line at all means no finished requests in the window, not 0%.
-""", ratio_rule_targets("target"), unit="percentunit", w=12, minimum=0, no_value=NO_TRAFFIC,
+""", ratio_rule_targets("target"), unit="percentunit", w=8, minimum=0, no_value=NO_TRAFFIC,
             overrides=[color_override("^error.*", "red"), color_override("^abort.*", "orange")]),
         timeseries(f"Error and abort ratio per model, fleet ({WINDOW})", """
 The same shares over every replica of each model together (model:... rules, per cluster): what the
 availability SLO counts. One broken replica among many shows here diluted by its share of the traffic; the
 per-target panel and the fleet board's instance table name it.
-""", ratio_rule_targets("model"), unit="percentunit", w=12, minimum=0, no_value=NO_TRAFFIC,
+""", ratio_rule_targets("model"), unit="percentunit", w=8, minimum=0, no_value=NO_TRAFFIC,
             overrides=[color_override("^error.*", "red"), color_override("^abort.*", "orange")]),
+        availability_burn_panel(w=8),
     )
 
 

@@ -849,3 +849,26 @@ def test_scenarios_name_real_panels():
     for name, scenario in SCENARIOS.items():
         if scenario.expect is not None:
             assert set(scenario.expect.panels) <= titles, (name, set(scenario.expect.panels) - titles)
+
+
+def test_availability_burn_panel_shows_every_alert_pair():
+    """The availability SLO (exporter/slo.py AVAILABILITY, which its alert reads) per model over the fleet:
+    every burn pair's two windows read the fleet rule, and every factor is a line; on both boards."""
+    rules = generate.recording_rules()
+    for d in (OVERVIEW, FLEET_BOARD):
+        p = board_panel(d, "Availability error budget burn rate per model")
+        windows = set()
+        for t in p["targets"]:
+            (name,) = metric_names(t["expr"])
+            assert name in rules, name
+            m = re.fullmatch(r"model:llm_requests_availability:good_ratio_rate(\w+)", name)
+            assert m and t["legendFormat"].startswith(m.group(1) + " "), name
+            windows.add(m.group(1))
+        for br in slo.BURN_RATES:
+            assert {br.long, br.short} <= windows, br
+            assert br.factor in line_values(p), br
+        assert slo.AVAILABILITY.alert in p["description"]
+    # The error-ratio cells turn orange above the budget and red at the fastest page's burn.
+    budget = 1 - slo.AVAILABILITY.objective
+    assert [s["value"] for s in overview.ERROR_STEPS["steps"]][1:] == pytest.approx(
+        [budget, budget * max(br.factor for br in slo.BURN_RATES)])
