@@ -118,7 +118,7 @@ requests together (the model:... recording rules sum the replicas' buckets per e
 quantile; the worst engine kind when a model runs on several), finished requests/s, the error and abort
 shares of finished requests, output tokens/s, replicas up and requests waiting. A fleet p99 near the SLO
 ({TTFT.threshold_seconds} s TTFT, {TBT.threshold_seconds} s TBT) is a fleet problem; a fine fleet p99 with one
-bad replica in the instance table below is that replica's. Empty cells: no traffic in the window.
+bad replica in the instance table below is that replica's. "No traffic": nothing finished in the window.
 """, [target(f"max {BY_MODEL} ({fleet_rule(f'llm_time_to_first_token_seconds:{q}')})"),
       target(f"max {BY_MODEL} (\n{fleet_tbt_quantile(99)}\n)"),
       target(f"sum {BY_MODEL} ({fleet_rule(f'llm_requests_finished:rate{WINDOW}')})"),
@@ -127,7 +127,7 @@ bad replica in the instance table below is that replica's. Empty cells: no traff
       target(f"sum {BY_MODEL} ({fleet_rule(f'llm_generation_tokens:rate{WINDOW}')})"),
       target(f"sum {BY_MODEL} ({fleet_rule('llm_replicas_up:count')})"),
       target(f"sum {BY_MODEL} ({fleet_rule('llm_requests_waiting:sum')})")],
-            w=24, h=7, order=MODEL, sort_by="req/s",
+            w=24, h=7, order=MODEL, sort_by="req/s", no_value=NO_TRAFFIC,
             rename={"Value #A": "TTFT p99", "Value #B": "TBT p99", "Value #C": "req/s", "Value #D": "error ratio",
                     "Value #E": "abort ratio", "Value #F": "tok/s", "Value #G": "replicas", "Value #H": "waiting"},
             overrides=[
@@ -168,7 +168,7 @@ One row per replica (cluster, namespace, exporter instance, engine target, model
 (llm_bottleneck == 1), TTFT and TBT p99 over {WINDOW}, KV cache usage, requests waiting, output tokens/s and the
 error share of finished requests. Click a cell for that replica's Overview, GPU or Host board. Sort by a column
 to find the odd one: a replica whose verdict or latency differs from its model's others is the one to open.
-Empty latency and error cells: no finished request in the window.
+"No traffic" in a latency or error cell: no request finished there in the window.
 """, [target(verdict_per_replica()),
       target(per_replica(rule(f"llm_time_to_first_token_seconds:{q}"))),
       target(per_replica(tbt_quantile(99))),
@@ -176,7 +176,7 @@ Empty latency and error cells: no finished request in the window.
       target(per_replica(rule("llm_requests_waiting:sum"), "sum")),
       target(per_replica(rule(f"llm_generation_tokens:rate{WINDOW}"), "sum")),
       target(per_replica(rule(f"llm_requests_error:ratio_rate{WINDOW}")))],
-            w=24, h=12, order=REPLICA, sort_by="TTFT p99", links=replica_links(),
+            w=24, h=12, order=REPLICA, sort_by="TTFT p99", links=replica_links(), no_value=NO_TRAFFIC,
             rename={"Value #A": "verdict", "Value #B": "TTFT p99", "Value #C": "TBT p99", "Value #D": "KV usage",
                     "Value #E": "waiting", "Value #F": "tok/s", "Value #G": "error ratio"},
             overrides=[
@@ -193,7 +193,7 @@ Empty latency and error cells: no finished request in the window.
 
 
 def outlier_table(title: str, description: str, expr: str, value: str, unit: str) -> Panel:
-    return table(title, description, [target(expr)], w=6, h=7, order=REPLICA, sort_by=value,
+    return table(title, description, [target(expr)], w=6, h=7, order=REPLICA, sort_by=value, no_value=NO_TRAFFIC,
                  exclude=("Time", "__name__", "job", "engine"), rename={"Value": value},
                  links=replica_links(), overrides=[column(value, unit)])
 

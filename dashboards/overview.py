@@ -204,7 +204,7 @@ budget. An alert pair fires when both of its windows burn above its factor (the 
 traffic; {said}. Read a pair as its two lines both above their line.
 """, [target(burn(spec.metric, win, spec.objective), f"{win} {{{{target}}}} {{{{model}}}} ({{{{instance}}}})")
       for win in BURN_WINDOWS],
-        unit="suffix:x", w=w, h=8, minimum=0, threshold_style="dashed",
+        unit="suffix:x", w=w, h=8, minimum=0, threshold_style="dashed", no_value=NO_TRAFFIC,
         steps=thresholds((None, "transparent"), *zip(factors, BURN_COLORS, strict=False)))
 
 
@@ -328,7 +328,8 @@ vLLM, trtllm-serve, LMDeploy.
              name)
       for name, phase in (("queue", "llm_request_queue_time_seconds"), ("prefill", "llm_request_prefill_time_seconds"),
                           ("decode", "llm_request_decode_time_seconds"))],
-            unit="s", w=24, h=7, stack=True, fill=40, legend_calcs=("mean", "lastNotNull")), "target"),
+            unit="s", w=24, h=7, stack=True, fill=40, legend_calcs=("mean", "lastNotNull"), no_value=NO_TRAFFIC),
+        "target"),
         engine_heatmap("TTFT distribution ($engine)", """
 One heatmap per engine kind: requests per second in each TTFT bucket (the engine's own bucket bounds, which
 differ between engines, so they are never summed together). Two bands usually mean two kinds of traffic
@@ -375,7 +376,7 @@ recent traffic (nothing finished in the window), not 0%. TBT, as in the recordin
 latency histogram: none for TGI, trtllm-serve and SGLang (whose only per-gap histogram weights tokens).
 """, [target(TM.sel("llm_ttft_slo_attainment_ratio"), "TTFT <= {{bound}}s {{target}} ({{instance}})"),
       target(TM.sel("llm_tbt_slo_attainment_ratio"), "TBT <= {{bound}}s {{target}} ({{instance}})")],
-            unit="percentunit", w=12, decimals=3, maximum=1),
+            unit="percentunit", w=12, decimals=3, maximum=1, no_value=NO_TRAFFIC),
         timeseries("p99 tails in the exporter's window", """
 TTFT, TBT and end-to-end p99 computed by the exporter from its own window of the engine histograms
 (llm_*_window_seconds). They match histogram_quantile over the same window and need no recording rules.
@@ -538,7 +539,7 @@ derived from it). Few tokens per step on a busy engine means small batches: the 
 for little work.
 """, [target(per_step, "all tokens {{target}} {{model}} ({{instance}})"),
       target(decode_per_step, "decode {{target}} {{model}} ({{instance}})")],
-            unit=TOKENS, w=8, minimum=0),
+            unit=TOKENS, w=8, minimum=0, no_value=NO_TRAFFIC),
     )
 
 
@@ -665,6 +666,7 @@ Near zero on loopback. The red line is where LLMProbeLatencyGap starts to look (
 client's mean more than {gap.factor:g}x the server's). Negative values mean the engine's other requests are
 slower than the probe's short one (longer prompts), not a negative network.
 """, [target(rule(f"llm_probe_time_to_first_token_seconds:gap_mean{WINDOW}"), PROBE_WHO)], unit="s", w=12,
+            no_value=NO_TRAFFIC,
             threshold_style="dashed", steps=thresholds((None, "transparent"), (gap.gap_seconds, "red"))),
         timeseries(f"Probe inter-token latency and end-to-end (p95, {WINDOW})", """
 Client-side gaps between the probe's text chunks (ITL) and its whole request (e2e), p95. An ITL well above the

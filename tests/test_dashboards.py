@@ -736,7 +736,17 @@ def test_the_heatmap_check_would_catch_a_mixed_layout():
     assert not any('engine=~"$engine"' in m for _, m in named_selectors(f"sum by (le) ({mixed})"))
 
 
+RATIO_OR_MEAN_RULE = re.compile(r":(slo_good_ratio_rate|good_ratio_rate|ratio_rate|mean|gap_mean)\w*$")
+
+
 def test_slo_ratio_and_mean_tiles_say_no_traffic():
+    """A ratio or mean over no requests has no value (the rules return nothing rather than NaN): every panel
+    reading such a rule says "No traffic" then, instead of "No data" or NaN."""
+    readers = [(dash, p) for dash, p in all_panels() if any(
+        RATIO_OR_MEAN_RULE.search(n) for t in p.get("targets", []) for n in metric_names(t["expr"]))]
+    assert len(readers) >= 8
+    for dash, p in readers:
+        assert p["fieldConfig"]["defaults"].get("noValue") == "No traffic", (dash, p["title"])
     for title in ("TTFT SLO attainment (5m)", "TBT SLO attainment (5m)", "TTFT p99 (5m)", "TBT p99 (5m)"):
         defaults = board_panel(OVERVIEW, title)["fieldConfig"]["defaults"]
         assert defaults["noValue"] == "No traffic", title
