@@ -277,7 +277,8 @@ fabric's health summary; GPUs outside a fabric have no fabric rows. A row that s
 """, [target(G.sel("llm_gpu_recovery_action"), "GPU {{gpu}} ({{instance}}) recovery action"),
       target(G.sel("llm_gpu_fabric_state"), "GPU {{gpu}} ({{instance}}) fabric state"),
       target(G.sel("llm_gpu_fabric_health"), "GPU {{gpu}} ({{instance}}) fabric health")],
-            w=24, h=7), {"A": RECOVERY_MAP, "B": FABRIC_STATE_MAP, "C": FABRIC_HEALTH_MAP}),
+            w=24, h=7, steps=thresholds((None, "green"), (1, "orange"))),  # orange: a code newer than the maps
+            {"A": RECOVERY_MAP, "B": FABRIC_STATE_MAP, "C": FABRIC_HEALTH_MAP}),
         table("GPU inventory", """
 One row per GPU now: model name, UUID, PCI bus id, driver and CUDA driver version, MIG mode (from llm_gpu_info),
 with the enforced power limit and installed memory. Mixed driver versions across a fleet, a GPU with MIG on where
