@@ -118,6 +118,14 @@ CONFIG: dict = {
     "gpu_memory_ratio": 0.98,  # engines preallocate ~90% on purpose; this is "nothing left"
     "gpu_memory_for": "15m",
     "gpu_lost_for": "1m",
+    # The driver's recovery action (llm_gpu_recovery_action) and the NVLink fabric of NVSwitch
+    # systems (llm_gpu_fabric_*). The actions listed page: the GPU is unusable until someone resets
+    # or reboots it. Any other action but none (drain_p2p, recover_imex_domain, codes newer than
+    # this list) warns. Fabric registration runs for seconds to minutes after boot or a fabric
+    # manager restart, so it alerts only when still not done (or degraded) after fabric_for.
+    "recovery_action_critical": ("gpu_reset", "node_reboot", "drain_and_reset", "bus_reset", "system_reboot"),
+    "recovery_action_for": "1m",
+    "fabric_for": "10m",
     "numa_for": "15m",
     "bottleneck_resources": ("host_cpu", "power_thermal"),
     "bottleneck_for": "30m",

@@ -1,9 +1,65 @@
-"""Hardware alerts: XIDs, ECC, row remapping, throttling, PCIe links, GPU memory, NUMA, a stuck
-non-GPU bottleneck verdict."""
+"""Hardware alerts: XIDs, ECC, row remapping, the driver's recovery action, the NVLink fabric,
+throttling, PCIe links, GPU memory, NUMA, a stuck non-GPU bottleneck verdict."""
 
 from __future__ import annotations
 
 from alerts.lib import GPU, alert, fmt_num, fmt_pct, on_gpu_join, regex_of, sel
+from exporter.catalog.gpu import FABRIC_COMPLETED, FABRIC_HEALTH, FABRIC_HEALTHY, RECOVERY_ACTIONS
+
+
+def code_name(codes: tuple[tuple[int, str], ...]) -> str:
+    """An alert template that names a code-valued gauge's $value (`gpu_reset` for 1), so the page
+    says what the driver asks for without a lookup table."""
+    branches = "".join(f"{{{{ {'if' if i == 0 else 'else if'} eq $value {code:.1f} }}}}{name}"
+                       for i, (code, name) in enumerate(codes))
+    return branches + "{{ else }}code {{ $value }}{{ end }}"
+
+
+def equals_any(series: str, codes: list[int]) -> str:
+    """`S == 1 or S == 2 ...`: PromQL has no set membership for sample values."""
+    return "\nor\n".join(f"{series} == {code}" for code in codes)
+
+
+def recovery_and_fabric(cfg: dict) -> list[dict]:
+    """The driver's recovery action and the NVLink fabric state (NVSwitch systems)."""
+    names = {name: code for code, name in RECOVERY_ACTIONS}
+    wrong = sorted(set(cfg["recovery_action_critical"]) - set(names) | {"none"} & set(cfg["recovery_action_critical"]))
+    if wrong:
+        raise ValueError(f"recovery_action_critical: {wrong} are not actions that need doing; "
+                         f"choose from {', '.join(n for n in names if n != 'none')}")
+    action = sel("llm_gpu_recovery_action", cfg=cfg)
+    critical = equals_any(action, sorted(names[n] for n in cfg["recovery_action_critical"]))
+    up = f"{sel('llm_gpu_up', cfg=cfg)} == 1"
+    what = code_name(RECOVERY_ACTIONS)
+    fabric_for = cfg["fabric_for"]
+    return [
+        alert("LLMGPURecoveryActionRequired", critical,
+              "critical", f"GPU {{{{ $labels.gpu }}}} needs {what}.",
+              f"{GPU}: the driver asks for {what} (llm_gpu_recovery_action {{{{ $value }}}}) before the GPU can "
+              f"be used again. Drain its engine and do that; until then its work fails or is wrong.",
+              cfg["recovery_action_for"], cfg=cfg),
+        alert("LLMGPURecoveryActionAdvised", f"{action} > 0\nunless\n({critical})",
+              "warning", f"GPU {{{{ $labels.gpu }}}}: the driver advises {what}.",
+              f"{GPU}: the driver asks for {what} (llm_gpu_recovery_action {{{{ $value }}}}); the GPU still "
+              f"runs, but peer-to-peer or multi-node NVLink work on it may fail until that is done.",
+              cfg["recovery_action_for"], cfg=cfg),
+        # `and` binds tighter than `or` in PromQL: the parentheses are the rule.
+        alert("LLMGPUFabricNotReady",
+              f"(\n  {sel('llm_gpu_fabric_state', cfg=cfg)} != {FABRIC_COMPLETED}\n"
+              f"  or\n  {sel('llm_gpu_fabric_status', cfg=cfg)} != 0\n)\nand\n{up}",
+              "critical", "GPU {{ $labels.gpu }} has not joined the NVLink fabric.",
+              f"{GPU} has been up for {fabric_for} without a successful NVLink fabric registration: the "
+              f"fabric state is not completed (1 not started, 2 in progress) or it completed with a non-zero "
+              f"NVML status (value {{{{ $value }}}}). CUDA cannot use the GPU until then; check "
+              f"nvidia-fabricmanager and the NVSwitches.",
+              fabric_for, cfg=cfg),
+        alert("LLMGPUFabricDegraded",
+              f"{sel('llm_gpu_fabric_health', cfg=cfg)} != {FABRIC_HEALTHY}\nand\n{up}",
+              "warning", "NVLink fabric of GPU {{ $labels.gpu }} is degraded.",
+              f"{GPU}: the NVLink fabric reports {code_name(FABRIC_HEALTH)} for {fabric_for}: all-reduce "
+              f"between GPUs runs slower or over fewer links.",
+              fabric_for, cfg=cfg),
+    ]
 
 
 def groups(cfg: dict) -> list[dict]:
@@ -33,12 +89,19 @@ def groups(cfg: dict) -> list[dict]:
             f"{xw}).",
             labels=None, cfg=cfg,
         ))
+    ew = cfg["ecc_window"]
     rules += [
+        # As the XID alerts: increase() sees errors counted while the exporter watched; the second
+        # branch a count already there when the GPU was first scraped (no sample in the window before
+        # the last), which increase() of a new series reads as 0. It pages for one window, like a new
+        # error, and not again while the series stays.
         alert("LLMGPUUncorrectableECCErrors",
-              f"increase({ecc}[{cfg['ecc_window']}]) > 0",
-              "critical", "New uncorrectable ECC errors on GPU {{ $labels.gpu }}.",
-              f"{GPU} counted {{{{ $value | humanize }}}} new uncorrected (double-bit) ECC errors in "
-              f"the last {cfg['ecc_window']}.", cfg=cfg),
+              f"increase({ecc}[{ew}]) > 0\n"
+              f"or\n"
+              f"({ecc} > 0 unless max_over_time({ecc}[{ew}] offset {ew}))",
+              "critical", "Uncorrectable ECC errors on GPU {{ $labels.gpu }}.",
+              f"{GPU} counted {{{{ $value | humanize }}}} uncorrected (double-bit) ECC errors that are new in "
+              f"the last {ew} or were there when the exporter first saw the GPU.", cfg=cfg),
         alert("LLMGPURowRemapFailure",
               sel("llm_gpu_remapped_rows", 'state="failed"', cfg=cfg) + " > 0",
               "critical", "Row remapping failed on GPU {{ $labels.gpu }}.",
@@ -58,6 +121,7 @@ def groups(cfg: dict) -> list[dict]:
               f"by heat or power.",
               cfg["slowdown_for"], cfg=cfg),
     ]
+    rules += recovery_and_fabric(cfg)
     load = f"{sel('llm_gpu_utilization_ratio', cfg=cfg)} > {fmt_num(cfg['pcie_load_utilization'])}"
     for name, metric, what in (("LLMGPUPCIeLinkGenerationDegraded", "llm_gpu_pcie_link_generation",
                                 "generation"),

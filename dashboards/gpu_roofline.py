@@ -1,5 +1,6 @@
 """LLM Serving / GPU and roofline: what "utilization" means, how close decode is to the HBM roof,
-memory, power, clocks, interconnect and hardware errors."""
+memory, power, clocks, interconnect, hardware errors, the driver's recovery action and NVLink fabric
+state, and the GPU inventory."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dashboards import verdict
 from dashboards.lib import (
     BOOL_ACTIVE,
     BOOL_UP,
+    Panel,
     Promql,
     Row,
     RowBuilder,
@@ -22,7 +24,9 @@ from dashboards.lib import (
     text,
     thresholds,
     timeseries,
+    value_map,
 )
+from exporter.catalog.gpu import FABRIC_HEALTH, FABRIC_STATES, RECOVERY_ACTIONS
 
 FILENAME = "llm-serving-gpu-roofline.json"
 TITLE = "LLM Serving / GPU and roofline"
@@ -37,6 +41,16 @@ CURRENT, MAXIMUM, MODELLED = 'state="current"', 'state="max"', 'source="model"'
 # The codes LLMGPUXidCritical pages for, as the alert rules list them.
 XID = G.sel("llm_gpu_xid_errors_total")
 XID_CRITICAL = ", ".join(str(code) for code in ALERT_CONFIG["xid_critical"])
+# The labels of llm_gpu_info: one inventory row per GPU.
+INFO_LABELS = ("instance", "gpu", "name", "uuid", "pci_bus_id", "driver_version", "cuda_version", "mig_mode")
+# Colours of the code-valued health gauges, from the catalogue's codes and the alert CONFIG: red
+# where LLMGPURecoveryActionRequired pages, orange where the advisory alert warns.
+RECOVERY_MAP = value_map((code, name, "green" if code == 0 else
+                          "red" if name in ALERT_CONFIG["recovery_action_critical"] else "orange")
+                         for code, name in RECOVERY_ACTIONS)
+_FABRIC_COLORS = {"completed": "green", "in_progress": "yellow", "healthy": "green", "limited_capacity": "orange"}
+FABRIC_STATE_MAP = value_map((code, f"fabric {name}", _FABRIC_COLORS.get(name, "red")) for code, name in FABRIC_STATES)
+FABRIC_HEALTH_MAP = value_map((code, f"fabric {name}", _FABRIC_COLORS.get(name, "red")) for code, name in FABRIC_HEALTH)
 
 READING = """
 **Read the top row first.** *GPU utilization* is the share of time in which *any* kernel ran: a decode step
@@ -244,8 +258,52 @@ critical), remapped rows by state (pending waits for a GPU reset, failed needs s
     )
 
 
+def _mappings_by_query(panel: Panel, mappings: dict[str, list]) -> Panel:
+    """Per-query value mappings: the codes of different gauges overlap (1 is gpu_reset for the
+    recovery action and not_started for the fabric state), so one panel-wide mapping cannot name
+    them all."""
+    panel.body["fieldConfig"]["overrides"] = [
+        {"matcher": {"id": "byFrameRefID", "options": ref}, "properties": [{"id": "mappings", "value": value}]}
+        for ref, value in mappings.items()]
+    return panel
+
+
+def recovery_row() -> Row:
+    critical = ", ".join(ALERT_CONFIG["recovery_action_critical"])
+    return row("Recovery action, NVLink fabric and inventory",
+        _mappings_by_query(state_timeline("Recovery action and NVLink fabric state", f"""
+What the driver asks for before the GPU can be trusted again (llm_gpu_recovery_action): none is green;
+{critical} are red (the GPU is unusable until done, LLMGPURecoveryActionRequired pages); drain_p2p and
+recover_imex_domain are orange (LLMGPURecoveryActionAdvised). On NVSwitch systems (HGX/DGX, NVL72) the GPU's
+NVLink fabric registration (not_started, in_progress, completed: CUDA refuses the GPU before completed) and the
+fabric's health summary; GPUs outside a fabric have no fabric rows. A row that stops is a GPU that went down
+(see GPU reachable).
+""", [target(G.sel("llm_gpu_recovery_action"), "GPU {{gpu}} ({{instance}}) recovery action"),
+      target(G.sel("llm_gpu_fabric_state"), "GPU {{gpu}} ({{instance}}) fabric state"),
+      target(G.sel("llm_gpu_fabric_health"), "GPU {{gpu}} ({{instance}}) fabric health")],
+            w=24, h=7, steps=thresholds((None, "green"), (1, "orange"))),  # orange: a code newer than the maps
+            {"A": RECOVERY_MAP, "B": FABRIC_STATE_MAP, "C": FABRIC_HEALTH_MAP}),
+        table("GPU inventory", """
+One row per GPU now: model name, UUID, PCI bus id, driver and CUDA driver version, MIG mode (from llm_gpu_info),
+with the enforced power limit and installed memory. Mixed driver versions across a fleet, a GPU with MIG on where
+the engine expects a whole GPU, or a lowered power limit stand out here. A GPU that is lost keeps no row.
+""", [target(f"max by ({', '.join(INFO_LABELS)}) ({G.sel('llm_gpu_info')})"),
+      # No join onto llm_gpu_info: the table's merge matches rows on the labels both queries have,
+      # and a join would fail (many-to-many) in the scrape after the info labels change.
+      target(f"max by ({', '.join(INFO_LABELS[:4])}) ({G.sel('llm_gpu_power_limit_watts')})"),
+      target(f"max by ({', '.join(INFO_LABELS[:4])}) ({G.sel('llm_gpu_memory_total_bytes')})")],
+            w=24, h=7, exclude=("Time", "Value #A"),
+            rename={"Value #B": "power limit", "Value #C": "memory total", "pci_bus_id": "PCI bus id",
+                    "driver_version": "driver", "cuda_version": "CUDA", "mig_mode": "MIG"},
+            overrides=[{"matcher": {"id": "byName", "options": "power limit"},
+                        "properties": [{"id": "unit", "value": "watt"}]},
+                       {"matcher": {"id": "byName", "options": "memory total"},
+                        "properties": [{"id": "unit", "value": "bytes"}]}]),
+    )
+
+
 ROWS: tuple[RowBuilder, ...] = (reading_row, busy_row, roofline_row, memory_row, power_row, interconnect_row,
-                                health_row)
+                                health_row, recovery_row)
 
 
 def build() -> dict:

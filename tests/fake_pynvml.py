@@ -19,11 +19,18 @@ Scenarios: `fail(index, "nvmlDeviceGetPowerUsage", NVMLError_NotSupported)`, `lo
 `recover(index)`, `init_error = NVMLError_LibraryNotFound` (what pynvml raises when
 libnvidia-ml.so.1 is missing) or `NVMLError_DriverNotLoaded`, `old_driver = True` (no v2 memory,
 no TemperatureV / ClocksEvent symbols, and the process call raising NVMLLibraryMismatchError),
-`set_mig(index, True)`, `inject_xid(index, xid)`.
+`set_mig(index, True)`, `inject_xid(index, xid)`, `set_recovery_action(index, action)`,
+`set_fabric(index, state=..., status=..., health=...)`, `fabric_v3 = False` (a driver before 550:
+the versioned fabric call refuses the v3 struct with ArgumentVersionMismatch).
+
+The driver's recovery action (field 230) is 0 on every model (an old driver: NotSupported). NVLink
+fabric: h100 and h200 sit in an NVSwitch fabric (HGX), registered and healthy; the a100 answers
+NotSupported (the fabric API is Hopper and newer) and the l4 answers state NOT_SUPPORTED.
 """
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 import time
@@ -90,6 +97,23 @@ NVML_FI_DEV_REMAPPED_PENDING = 144
 NVML_FI_DEV_REMAPPED_FAILURE = 145
 NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
 NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+
+NVML_GPU_RECOVERY_ACTION_NONE = 0
+NVML_GPU_RECOVERY_ACTION_GPU_RESET = 1
+NVML_GPU_RECOVERY_ACTION_NODE_REBOOT = 2
+NVML_GPU_RECOVERY_ACTION_DRAIN_P2P = 3
+NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET = 4
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
+NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY = 1
+NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY = 2
+NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY = 3
+nvmlGpuFabricInfo_v2 = 0x02000024
+nvmlGpuFabricInfo_v3 = 0x3000028
 
 NVML_GPM_METRICS_GET_VERSION = 1
 NVML_GPM_SUPPORT_VERSION = 1
@@ -188,6 +212,7 @@ class GpuModel:
     remapped_rows: bool = True
     pcie_counters: bool = True
     clock_reasons_supported: int = 0x1FF
+    fabric: str = "unsupported"  # "nvswitch": in an NVSwitch fabric; "state0": answers state NOT_SUPPORTED
     default_power_limit_mw: int = 0  # 0: the power_limit_mw the model was made with (a test lowers that)
 
     def __post_init__(self) -> None:
@@ -197,14 +222,14 @@ class GpuModel:
 
 MODELS = {
     "h100": GpuModel("h100", "NVIDIA H100 80GB HBM3", "5a9d1e00", 81559 * MIB, 520 * MIB, 700_000,
-                     1980, 2619, 5, 16, 18, True),
+                     1980, 2619, 5, 16, 18, True, fabric="nvswitch"),
     "h200": GpuModel("h200", "NVIDIA H200", "7c3b2f00", 143771 * MIB, 560 * MIB, 700_000,
-                     1980, 3201, 5, 16, 18, True),
+                     1980, 3201, 5, 16, 18, True, fabric="nvswitch"),
     "a100": GpuModel("a100", "NVIDIA A100-SXM4-80GB", "1f6a8e00", 81920 * MIB, 480 * MIB, 400_000,
                      1410, 1593, 4, 16, 12, False, pcie_counters=False),
     "l4": GpuModel("l4", "NVIDIA L4", "3e4d5c00", 23034 * MIB, 350 * MIB, 72_000,
                    2040, 6251, 4, 16, 0, False, mem_temp=False, remapped_rows=False,
-                   clock_reasons_supported=0x16F),
+                   clock_reasons_supported=0x16F, fabric="state0"),
 }
 
 ENGINE_PID = 4242
@@ -312,6 +337,30 @@ class c_nvmlFieldValue_t:
         self.value = c_nvmlValue_t()
 
 
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):
+    """Laid out as pynvml's (ctypes, so the source can pass ctypes.byref of it as it does for real)."""
+
+    _fields_ = [("clusterUuid", ctypes.c_uint8 * 16), ("status", ctypes.c_uint), ("cliqueId", ctypes.c_uint32),
+                ("state", ctypes.c_uint)]
+
+
+class c_nvmlGpuFabricInfo_v2_t(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * 16), ("status", ctypes.c_uint),
+                ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint), ("healthMask", ctypes.c_uint32)]
+
+    def __init__(self) -> None:
+        super().__init__(version=nvmlGpuFabricInfo_v2)
+
+
+class c_nvmlGpuFabricInfo_v3_t(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * 16), ("status", ctypes.c_uint),
+                ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint), ("healthMask", ctypes.c_uint32),
+                ("healthSummary", ctypes.c_uint8)]
+
+    def __init__(self) -> None:
+        super().__init__(version=nvmlGpuFabricInfo_v3)
+
+
 @dataclass
 class c_metricInfo_t:
     shortName: str | None = None
@@ -395,6 +444,10 @@ class FakeDevice:
     ecc_uncorrected: int = 0
     pcie_replays: int = 0
     remapped: tuple[int, int, int, int] = (0, 0, 0, 0)
+    recovery_action: int = NVML_GPU_RECOVERY_ACTION_NONE
+    fabric_state: int = NVML_GPU_FABRIC_STATE_COMPLETED  # on models in an NVSwitch fabric
+    fabric_status: int = NVML_SUCCESS
+    fabric_health: int = NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
 
     @property
     def uuid(self) -> str:
@@ -459,7 +512,9 @@ _FIELD_READERS: dict[int, tuple[int, str, Any]] = {
                                       lambda dev, scope: dev.pcie_tx_bytes if dev.model.pcie_counters else None),
     NVML_FI_DEV_PCIE_COUNT_RX_BYTES: (_ULL, "ullVal",
                                       lambda dev, scope: dev.pcie_rx_bytes if dev.model.pcie_counters else None),
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: (_UINT, "uiVal", lambda dev, scope: dev.recovery_action),
 }
+_NEW_FIELDS = frozenset({NVML_FI_DEV_GET_GPU_RECOVERY_ACTION})  # NotSupported on an old driver
 
 # GPM metric id -> (counter of FakeGpmSample.counters, divisor): the metric is the counter's rate
 # over the window between the two samples, divided into NVML's unit (MiB/s for the byte rates).
@@ -490,6 +545,7 @@ class FakeNvml:
         self._field_timestamp = 0  # microseconds, set by each nvmlDeviceGetFieldValues
         self.init_error: BaseException | type | None = None
         self.old_driver = False
+        self.fabric_v3 = True  # the versioned fabric call takes the v3 struct (health summary)
         self.calls: Counter[str] = Counter()
         self.inits = 0
         self.refcount = 0
@@ -502,7 +558,8 @@ class FakeNvml:
         # Error classes and constants, reachable the way pynvml's are (N.NVMLError_NotSupported).
         module = sys.modules[__name__]
         for name in dir(module):
-            if name.startswith(("NVML", "nvmlMemory", "nvmlTemperature", "nvmlEventType", "c_nvml")):
+            if name.startswith(("NVML", "nvmlMemory", "nvmlTemperature", "nvmlEventType", "nvmlGpuFabricInfo",
+                                "c_nvml")):
                 setattr(self, name, getattr(module, name))
 
     # -- scenario controls --
@@ -530,6 +587,19 @@ class FakeNvml:
     def set_load(self, index: int, **changes: Any) -> None:
         dev = self.devices[index]
         dev.load = replace(dev.load, **changes)
+
+    def set_recovery_action(self, index: int, action: int) -> None:
+        self.devices[index].recovery_action = action
+
+    def set_fabric(self, index: int, *, state: int | None = None, status: int | None = None,
+                   health: int | None = None) -> None:
+        dev = self.devices[index]
+        if state is not None:
+            dev.fabric_state = state
+        if status is not None:
+            dev.fabric_status = status
+        if health is not None:
+            dev.fabric_health = health
 
     def inject_xid(self, index: int, xid: int) -> None:
         handle = self.devices[index].handle
@@ -735,7 +805,7 @@ class FakeNvml:
     def _field(self, dev: FakeDevice, fid: int, scope: int) -> c_nvmlFieldValue_t:
         out = c_nvmlFieldValue_t(fid, scope, self._field_timestamp)
         entry = _FIELD_READERS.get(fid)
-        value = None if entry is None else entry[2](dev, scope)
+        value = None if entry is None or (self.old_driver and fid in _NEW_FIELDS) else entry[2](dev, scope)
         if value is None:
             out.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
         elif value is _BAD_SCOPE:
@@ -744,6 +814,33 @@ class FakeNvml:
             out.valueType = entry[0]  # type: ignore[index]
             setattr(out.value, entry[1], int(value))  # type: ignore[index]
         return out
+
+    def _fill_fabric(self, dev: FakeDevice, ref: Any) -> int:
+        """Fill the struct behind ctypes.byref(...) as the driver would; NVML_SUCCESS like pynvml."""
+        info = getattr(ref, "_obj", ref)
+        if dev.model.fabric == "unsupported":
+            raise NVMLError_NotSupported()
+        if dev.model.fabric == "state0":
+            info.state = NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+            return NVML_SUCCESS
+        info.state = dev.fabric_state
+        info.status = dev.fabric_status if dev.fabric_state == NVML_GPU_FABRIC_STATE_COMPLETED else NVML_SUCCESS
+        if hasattr(info, "healthSummary"):
+            info.healthSummary = dev.fabric_health
+        return NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: FakeHandle, ref: Any) -> int:
+        dev = self._dev(handle, "nvmlDeviceGetGpuFabricInfoV")
+        self._new_symbol("nvmlDeviceGetGpuFabricInfoV")
+        info = getattr(ref, "_obj", ref)
+        if info.version not in (nvmlGpuFabricInfo_v2, nvmlGpuFabricInfo_v3) or (
+                info.version == nvmlGpuFabricInfo_v3 and not self.fabric_v3):
+            raise NVMLError_ArgumentVersionMismatch()
+        return self._fill_fabric(dev, ref)
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: FakeHandle, ref: Any) -> int:
+        """Deprecated, but the only form before driver 535."""
+        return self._fill_fabric(self._dev(handle, "nvmlDeviceGetGpuFabricInfo"), ref)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[FakeProcess]:
         dev = self._dev(handle, "nvmlDeviceGetComputeRunningProcesses")

@@ -377,9 +377,11 @@ def test_pd_and_network_panels_show_the_pd_transfer_scenario(stack: Stack):
 def test_fault_panels_and_alerts_show_the_faults_scenario(stack: Stack):
     """`--scenario faults` injects its errors within its first 25 s: the XID table lists a warning and a
     critical code, the ECC panel an uncorrected error and a pending row remap, PCIe replays have a rate,
-    and the hardware alerts fire for that exporter only (the healthy demos keep every counter at 0)."""
+    the recovery-action timeline shows the driver asking for a GPU reset (1) on that exporter only, and
+    the hardware alerts fire for that exporter only (the healthy demos keep every counter at 0)."""
     instance = stack.instances[FAULTS]
     ecc = "ECC errors, row remapping and PCIe replays"
+    recovery = "Recovery action and NVLink fabric state"
 
     def labelled(title: str, ref: str, label: str) -> dict[str, float]:
         return {r["metric"].get(label, ""): float(r["value"][1]) for r in _series(stack, title, ref, instance=instance)}
@@ -397,6 +399,7 @@ def test_fault_panels_and_alerts_show_the_faults_scenario(stack: Stack):
                 and labelled(ecc, "A", "type").get("uncorrected", 0) >= 1
                 and labelled(ecc, "B", "state").get("pending", 0) == 1
                 and max(labelled(ecc, "C", "gpu").values(), default=0) > 0
+                and labelled(recovery, "A", "gpu").get("0") == 1
                 and firing(instance) >= alerts)
 
     if not wait_until(shown, timeout=DEADLINE_S, interval=1.0):
@@ -405,6 +408,9 @@ def test_fault_panels_and_alerts_show_the_faults_scenario(stack: Stack):
         pytest.fail(f"faults not shown: {panels}, alerts firing {firing(instance)}")
     healthy = stack.instances["decode-heavy"]
     assert not firing(healthy) & alerts
+    actions = {r["metric"]["gpu"]: float(r["value"][1])
+               for r in _series(stack, recovery, "A", instance=healthy)}
+    assert actions and set(actions.values()) == {0.0}, actions
     assert {float(r["value"][1]) for r in _series(stack, ecc, "A", instance=healthy)} == {0.0}
 
 

@@ -22,7 +22,7 @@ from exporter.catalog import gpu as gpu_catalog
 from exporter.expose import render
 from exporter.sources.base import SourceData, SourceError
 from exporter.sources.gpu._counters import CounterRates, ResetSafeTotals
-from exporter.sources.gpu._device import POWER_LIMIT_REFRESH_S, normalise_bus_id
+from exporter.sources.gpu._device import FABRIC_REFRESH_S, POWER_LIMIT_REFRESH_S, normalise_bus_id
 from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
 from tests.support import promtool_check_metrics
 
@@ -712,6 +712,8 @@ def test_a_steady_cycle_asks_nvml_once_per_reading() -> None:
     expected["nvmlDeviceGetClockInfo"] = 4.0  # SM and memory clock
     expected["nvmlGpmSampleGet"] = expected["nvmlGpmMetricsGet"] = 1.0  # the H100 only
     expected["nvmlDeviceGetEnforcedPowerLimit"] = 2 / POWER_LIMIT_REFRESH_S
+    # The H100 sits in an NVSwitch fabric; the A100 refused the fabric call once and is not asked again.
+    expected["nvmlDeviceGetGpuFabricInfoV"] = 1 / FABRIC_REFRESH_S
     assert per_cycle == pytest.approx(expected)
 
 
@@ -866,6 +868,129 @@ def test_field_batch_decodes_pynvml_ctypes_structs() -> None:
             close(source)
 
     assert render_two_cycles(as_ctypes=True) == render_two_cycles(as_ctypes=False)
+
+
+# -- recovery action and NVLink fabric -------------------------------------------------------------
+
+def test_recovery_action_and_fabric_state_follow_the_driver() -> None:
+    """An HGX H100: the recovery action from the field batch, the fabric state refreshed every
+    FABRIC_REFRESH_S; the status appears once registration completed, the health summary with v3."""
+    fake = FakeNvml(["h100", "h100"], "busy")
+    source = make_source(fake, xid_events=False)
+    data = collect(source)
+    assert values(data, "llm_gpu_recovery_action") == [0.0, 0.0]
+    assert values(data, "llm_gpu_fabric_state") == [3.0, 3.0]
+    assert values(data, "llm_gpu_fabric_status") == [0.0, 0.0]
+    assert values(data, "llm_gpu_fabric_health") == [1.0, 1.0]
+    # The driver asks for a reset of GPU 1 (e.g. after an uncontained ECC error): seen next cycle.
+    fake.set_recovery_action(1, F.NVML_GPU_RECOVERY_ACTION_GPU_RESET)
+    fake.set_fabric(0, state=F.NVML_GPU_FABRIC_STATE_IN_PROGRESS, health=F.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY)
+    fake.advance(1.0)
+    data = collect(source)
+    assert one(data, "llm_gpu_recovery_action", gpu="1") == 1.0
+    assert one(data, "llm_gpu_recovery_action", gpu="0") == 0.0
+    assert one(data, "llm_gpu_fabric_state", gpu="0") == 3.0  # the last reading, reused until the refresh
+    fake.advance(FABRIC_REFRESH_S)
+    data = collect(source)
+    assert one(data, "llm_gpu_fabric_state", gpu="0") == 2.0
+    assert values(data, "llm_gpu_fabric_status", gpu="0") == []  # only meaningful once completed
+    assert one(data, "llm_gpu_fabric_health", gpu="0") == 2.0
+    # Registration completes, but failed: the status carries NVML's error code.
+    fake.set_fabric(0, state=F.NVML_GPU_FABRIC_STATE_COMPLETED, status=F.NVML_ERROR_NOT_READY)
+    fake.advance(FABRIC_REFRESH_S)
+    data = collect(source)
+    assert one(data, "llm_gpu_fabric_state", gpu="0") == 3.0
+    assert one(data, "llm_gpu_fabric_status", gpu="0") == float(F.NVML_ERROR_NOT_READY)
+    close(source)
+
+
+def test_gpus_outside_an_nvswitch_fabric_have_no_fabric_series_and_are_asked_once(caplog) -> None:
+    """A100 (the fabric call answers NotSupported) and L4 (it answers state NOT_SUPPORTED): no
+    fabric series, never a made-up 0, one log line each, and no fabric call after the first."""
+    fake = FakeNvml(["a100", "l4"], "busy")
+    source = make_source(fake, xid_events=False)
+    with caplog.at_level(logging.INFO, logger="exporter.sources.gpu"):
+        for _ in range(3):
+            data = collect(source)
+            fake.advance(FABRIC_REFRESH_S)
+    close(source)
+    names = {s.name for s in data.samples}
+    assert not names & {"llm_gpu_fabric_state", "llm_gpu_fabric_status", "llm_gpu_fabric_health"}
+    assert values(data, "llm_gpu_recovery_action") == [0.0, 0.0]  # the field is there on both
+    fabric_calls = fake.calls["nvmlDeviceGetGpuFabricInfoV"] + fake.calls["nvmlDeviceGetGpuFabricInfo"]
+    # Once per generation: the A100 refuses each of the three forms once, the L4 answers v3 with state 0.
+    assert fabric_calls == 3 + 1
+    fabric_logs = [r for r in caplog.records if "fabric" in r.getMessage()]
+    assert len(fabric_logs) == 2, [r.getMessage() for r in fabric_logs]
+
+
+def test_an_older_driver_falls_back_to_older_fabric_forms() -> None:
+    """Driver before 550: v3 refused (ArgumentVersionMismatch), v2 answers state and status without
+    a health summary. Before 535 (no versioned symbol, no recovery-action field): the deprecated
+    call answers; the recovery action is absent."""
+    fake = FakeNvml(["h100"], "busy")
+    fake.fabric_v3 = False
+    source = make_source(fake, xid_events=False)
+    data = collect(source)
+    close(source)
+    assert one(data, "llm_gpu_fabric_state") == 3.0 and one(data, "llm_gpu_fabric_status") == 0.0
+    assert values(data, "llm_gpu_fabric_health") == []
+    assert one(data, "llm_gpu_recovery_action") == 0.0
+
+    fake = FakeNvml(["h100"], "busy")
+    fake.old_driver = True
+    source = make_source(fake, xid_events=False)
+    data = collect(source)
+    fake.advance(FABRIC_REFRESH_S)
+    data = collect(source)
+    close(source)
+    assert one(data, "llm_gpu_fabric_state") == 3.0
+    assert values(data, "llm_gpu_fabric_health") == [] and values(data, "llm_gpu_recovery_action") == []
+    assert fake.calls["nvmlDeviceGetGpuFabricInfoV"] == 2  # FunctionNotFound for v3 and v2: not asked again
+    assert fake.calls["nvmlDeviceGetGpuFabricInfo"] == 2
+
+
+def test_fabric_read_errors_skip_a_cycle_or_mark_the_gpu_lost() -> None:
+    fake = FakeNvml(["h100", "h100"], "busy")
+    source = make_source(fake, xid_events=False)
+    collect(source)
+    # A transient failure: no fabric series this cycle (not a stale or made-up one), back next cycle.
+    fake.fail(0, "nvmlDeviceGetGpuFabricInfoV", F.NVMLError_NoData)
+    fake.advance(FABRIC_REFRESH_S)
+    data = collect(source)
+    assert values(data, "llm_gpu_fabric_state", gpu="0") == [] and one(data, "llm_gpu_up", gpu="0") == 1.0
+    del fake.devices[0].failures["nvmlDeviceGetGpuFabricInfoV"]
+    fake.advance(1.0)
+    assert one(collect(source), "llm_gpu_fabric_state", gpu="0") == 3.0
+    # GpuIsLost from the fabric call: that GPU is down, the other still served.
+    fake.fail(1, "nvmlDeviceGetGpuFabricInfoV", F.NVMLError_GpuIsLost)
+    fake.advance(FABRIC_REFRESH_S)
+    data = collect(source)
+    close(source)
+    assert one(data, "llm_gpu_up", gpu="1") == 0.0 and values(data, "llm_gpu_fabric_state", gpu="1") == []
+    assert one(data, "llm_gpu_fabric_state", gpu="0") == 3.0
+
+
+def test_fabric_info_is_read_through_pynvml_ctypes_structs() -> None:
+    """With pynvml's own struct classes (as on a real host) the source passes ctypes.byref and reads
+    the same values as with the fake's."""
+    import pynvml
+
+    def fabric_samples(real_structs: bool) -> list[tuple[str, float]]:
+        fake = FakeNvml(["h200"], "busy")
+        fake.set_fabric(0, health=F.NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY)
+        if real_structs:
+            for name in ("c_nvmlGpuFabricInfo_t", "c_nvmlGpuFabricInfo_v2_t", "c_nvmlGpuFabricInfo_v3_t"):
+                setattr(fake, name, getattr(pynvml, name))
+        source = make_source(fake, xid_events=False)
+        try:
+            data = collect(source)
+        finally:
+            close(source)
+        return sorted((s.name, s.value) for s in data.samples if s.name.startswith("llm_gpu_fabric"))
+
+    assert fabric_samples(real_structs=True) == fabric_samples(real_structs=False) == [
+        ("llm_gpu_fabric_health", 3.0), ("llm_gpu_fabric_state", 3.0), ("llm_gpu_fabric_status", 0.0)]
 
 
 # -- XID ---------------------------------------------------------------------------------------

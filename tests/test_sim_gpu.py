@@ -13,7 +13,7 @@ import pytest
 
 from exporter.catalog import FAMILIES, family_of
 from exporter.simulator import Twin, TwinConfig
-from exporter.simulator.gpu import CLOCK_EVENT_REASONS
+from exporter.simulator.gpu import CLOCK_EVENT_REASONS, GpuFault
 from exporter.sources.base import SourceError
 from exporter.sources.gpu.sim import MAX_SIM_GPU_BYTES, SimGpuSource
 from tests.support import free_port, send_body, serve_in_background
@@ -183,6 +183,45 @@ def test_faults_are_timed_from_the_switch_into_the_scenario() -> None:
     assert _errors(twin)[("llm_gpu_xid_errors_total", "48")] == 1
 
 
+def _health(twin: Twin) -> dict[tuple[str, str], float]:
+    return {(s.name, s.label("gpu")): s.value for s in _collect(SimGpuSource(twin)).samples
+            if s.name == "llm_gpu_recovery_action" or s.name.startswith("llm_gpu_fabric_")}
+
+
+def test_the_faults_scenario_ends_with_the_driver_asking_for_a_gpu_reset() -> None:
+    """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: none on a healthy card, gpu_reset (1) once the row remap
+    is pending at 12 s; it stays until the GPU is reset, which the twin never does."""
+    twin = Twin(TwinConfig(scenario="faults", epoch=0.0))  # an H100 SXM: in an NVSwitch fabric
+    twin.fast_forward(11)
+    assert _health(twin) == {("llm_gpu_recovery_action", "0"): 0.0, ("llm_gpu_fabric_state", "0"): 3.0,
+                             ("llm_gpu_fabric_status", "0"): 0.0, ("llm_gpu_fabric_health", "0"): 1.0}
+    twin.fast_forward(2)
+    assert _health(twin)[("llm_gpu_recovery_action", "0")] == 1.0
+    twin.set_scenario("decode-heavy")
+    twin.fast_forward(30)
+    assert _health(twin)[("llm_gpu_recovery_action", "0")] == 1.0
+
+
+def test_a_gpu_fault_can_take_one_gpu_out_of_the_nvlink_fabric() -> None:
+    """A fabric fault on one GPU of a TP group: its state and health change, its status (only
+    meaningful once registration completed) goes away, the other GPU is untouched."""
+    twin = _twin(gpus=2)
+    twin.gpu.set_faults((GpuFault(1.0, gpu=1, fabric_state="in_progress", fabric_health="limited_capacity"),))
+    twin.fast_forward(2)
+    health = _health(twin)
+    assert health[("llm_gpu_fabric_state", "1")] == 2.0 and health[("llm_gpu_fabric_health", "1")] == 3.0
+    assert ("llm_gpu_fabric_status", "1") not in health
+    assert health[("llm_gpu_fabric_state", "0")] == 3.0 and health[("llm_gpu_fabric_status", "0")] == 0.0
+    with pytest.raises(ValueError, match="not one of"):
+        GpuFault(1.0, recovery_action="reboot_please")
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA L4", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB"])
+def test_gpus_outside_an_nvswitch_fabric_have_a_recovery_action_but_no_fabric_series(gpu: str) -> None:
+    health = _health(_twin(gpu=gpu, model="qwen2.5-7b"))
+    assert health == {("llm_gpu_recovery_action", "0"): 0.0}
+
+
 def test_no_nvlink_series_for_a_gpu_without_nvlink() -> None:
     data = _collect(SimGpuSource(_twin(gpu="NVIDIA L4", model="qwen2.5-7b")))
     names = {s.name for s in data.samples}
@@ -243,3 +282,57 @@ def test_a_twin_url_that_answers_too_late_is_a_timeout() -> None:
 
 def test_catalog_has_the_gpu_families() -> None:
     assert set(FAMILIES) >= EXPECTED
+
+
+def test_demo_process_serves_recovery_action_and_fabric_state_with_their_help() -> None:
+    """`llm-exporter demo --scenario faults` as a user runs it: on /metrics, the H100 SXM's fabric
+    is registered and healthy from the start, and the recovery action turns to gpu_reset (1) when
+    the scenario's row remap becomes pending (12 s of twin time, real time in the demo)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.support import wait_until
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter.cli", "demo", "--listen", f"127.0.0.1:{port}", "--interval", "500ms",
+         "--scenario", "faults", "--gpus", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    families: dict[str, object] = {}
+
+    def health() -> dict[tuple[str, str], float]:
+        try:
+            response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+        except httpx.HTTPError:
+            return {}
+        if response.status_code != 200:  # 503 until the first collection
+            return {}
+        text = response.text
+        found = {}
+        for fam in text_string_to_metric_families(text):
+            if fam.name == "llm_gpu_recovery_action" or fam.name.startswith("llm_gpu_fabric_"):
+                families[fam.name] = fam
+                found.update({(s.name, s.labels["gpu"]): s.value for s in fam.samples})
+        return found
+
+    try:
+        assert wait_until(lambda: health().get(("llm_gpu_fabric_state", "1")) == 3.0, timeout=60), health()
+        seen = health()
+        assert seen[("llm_gpu_fabric_health", "0")] == 1.0 and seen[("llm_gpu_fabric_status", "0")] == 0.0
+        # GPU 0 of the TP group takes the faults; GPU 1 stays healthy.
+        assert wait_until(lambda: health().get(("llm_gpu_recovery_action", "0")) == 1.0, timeout=90), health()
+        assert health()[("llm_gpu_recovery_action", "1")] == 0.0
+        assert "1 gpu_reset" in families["llm_gpu_recovery_action"].documentation
+        assert families["llm_gpu_fabric_state"].type == "gauge"
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    assert process.returncode == 0, process.stderr.read()

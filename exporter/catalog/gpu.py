@@ -9,6 +9,42 @@ from exporter.catalog.base import family
 
 G = ("gpu", "uuid", "name")
 
+# NVML enums exported as numeric codes: one gauge per GPU that an alert compares with a number and a
+# state-timeline maps to words, instead of one series per state. Declared here once; the help texts,
+# the simulated GPU, the alert rules and the dashboards' value mappings are all built from them.
+RECOVERY_ACTIONS: tuple[tuple[int, str], ...] = (
+    (0, "none"),
+    (1, "gpu_reset"),
+    (2, "node_reboot"),
+    (3, "drain_p2p"),
+    (4, "drain_and_reset"),
+    (5, "recover_imex_domain"),
+    (6, "bus_reset"),
+    (7, "system_reboot"),
+)
+"""nvmlDeviceGpuRecoveryAction_t (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): what the driver says the GPU
+needs before it can be used again."""
+FABRIC_STATES: tuple[tuple[int, str], ...] = (
+    (1, "not_started"),
+    (2, "in_progress"),
+    (3, "completed"),
+)
+"""nvmlGpuFabricState_t without NOT_SUPPORTED (0): a GPU outside an NVSwitch fabric has no series."""
+FABRIC_COMPLETED = 3
+FABRIC_HEALTH: tuple[tuple[int, str], ...] = (
+    (1, "healthy"),
+    (2, "unhealthy"),
+    (3, "limited_capacity"),
+)
+"""NVML_GPU_FABRIC_HEALTH_SUMMARY_* without NOT_SUPPORTED (0)."""
+FABRIC_HEALTHY = 1
+
+
+def code_list(codes: tuple[tuple[int, str], ...]) -> str:
+    """`0 none, 1 gpu_reset, ...` for a help text."""
+    return ", ".join(f"{code} {name}" for code, name in codes)
+
+
 FAMILIES = (
     family("llm_gpu_up", "gauge", "bool",
            "1 when the GPU was read through NVML this cycle, 0 when it is lost or unreadable "
@@ -93,6 +129,20 @@ FAMILIES = (
            "\"uncorrectable\" count rows remapped for each cause; state=\"pending\" is 1 when a "
            "remap waits for a GPU reset; state=\"failed\" is 1 when a remap failed.",
            G + ("state",), "nvml"),
+    family("llm_gpu_recovery_action", "gauge", "code",
+           "The recovery action the driver asks for before the GPU can be trusted again "
+           f"(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): {code_list(RECOVERY_ACTIONS)}. Anything but 0 "
+           "means the GPU needs attention; absent on drivers that do not report it.", G, "nvml"),
+    family("llm_gpu_fabric_state", "gauge", "code",
+           "NVLink fabric (NVSwitch) registration state of the GPU (nvmlDeviceGetGpuFabricInfoV): "
+           f"{code_list(FABRIC_STATES)}. CUDA cannot use the GPU before it is 3. Absent on GPUs "
+           "outside an NVSwitch fabric (PCIe cards, NVLink bridges).", G, "nvml"),
+    family("llm_gpu_fabric_status", "gauge", "code",
+           "Result of the GPU's fabric registration once llm_gpu_fabric_state is 3 (completed): 0 "
+           "succeeded, else the NVML error code it failed with. Absent before it completes.", G, "nvml"),
+    family("llm_gpu_fabric_health", "gauge", "code",
+           f"NVLink fabric health summary of the GPU: {code_list(FABRIC_HEALTH)}. Absent where the "
+           "driver gives no summary (nvmlGpuFabricInfo_v3, driver 550 and newer).", G, "nvml"),
     family("llm_gpu_xid_errors_total", "counter", "errors",
            "XID critical errors seen since the exporter started, by XID code (values beyond 32 "
            "distinct codes per GPU are counted as xid=\"other\"). A series appears with the first "

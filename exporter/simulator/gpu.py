@@ -8,7 +8,9 @@ the group.
 
 NVML's error counters (volatile ECC, remapped rows, PCIe replays, XID events) start at 0 on a
 healthy card and move only through scheduled `GpuFault`s (the `faults` scenario); like a real
-GPU's, they survive an engine restart and a scenario switch.
+GPU's, they survive an engine restart and a scenario switch. So do the driver's recovery action
+(none on a healthy card) and, on boards in an NVSwitch fabric, the fabric state (completed and
+healthy), which a `GpuFault` can set.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import random
 import uuid as uuidlib
 from dataclasses import dataclass, field
 
+from exporter.catalog.gpu import FABRIC_HEALTH, FABRIC_STATES, RECOVERY_ACTIONS
 from exporter.simulator.costs import Hardware
 
 CLOCK_EVENT_REASONS = (
@@ -32,6 +35,14 @@ CLOCK_EVENT_REASONS = (
     "display_clock_setting",
 )
 
+
+# Boards whose GPUs register with an NVSwitch fabric (HGX/DGX and NVL72 SXM boards of Hopper and
+# newer): NVML reports a fabric state for them. PCIe cards, NVLink-bridged NVL pairs and Ampere
+# (the fabric API is Hopper and newer) have none, so their fabric series are absent.
+NVSWITCH_GPUS = frozenset({"h100-sxm", "h200-sxm", "h20", "b200", "gb200"})
+_RECOVERY_CODES = {name: code for code, name in RECOVERY_ACTIONS}
+_FABRIC_STATE_CODES = {name: code for code, name in FABRIC_STATES}
+_FABRIC_HEALTH_CODES = {name: code for code, name in FABRIC_HEALTH}
 
 IDLE_UTILIZATION = 0.05  # below this average a GPU counts as idle (derive.signals.BUSY_UTILIZATION)
 
@@ -63,6 +74,18 @@ class GpuFault:
     # `pending` set until the GPU is reset (the twin never resets its GPUs).
     remap_pending: bool = False
     pcie_replays_per_s: float | None = None  # from now on, link-level replays per second while the link carries traffic
+    # From now on, the driver's recovery action (a RECOVERY_ACTIONS name, e.g. "gpu_reset"; the twin
+    # never resets its GPUs, so it stays until a later fault sets "none"), and on NVSwitch boards the
+    # fabric state and health (FABRIC_STATES / FABRIC_HEALTH names).
+    recovery_action: str | None = None
+    fabric_state: str | None = None
+    fabric_health: str | None = None
+
+    def __post_init__(self) -> None:
+        for value, names in ((self.recovery_action, _RECOVERY_CODES), (self.fabric_state, _FABRIC_STATE_CODES),
+                             (self.fabric_health, _FABRIC_HEALTH_CODES)):
+            if value is not None and value not in names:
+                raise ValueError(f"GpuFault: {value!r} is not one of {', '.join(names)}")
 
 
 # Memory the driver and firmware reserve (NVML v2 `reserved`): a fixed part plus a share of the
@@ -142,6 +165,9 @@ class GpuDevice:
     pcie_replays: float = 0.0
     pcie_replays_per_s: float = 0.0
     xids: dict[str, int] = field(default_factory=dict)  # XID code -> events since the twin started
+    recovery_action: int = 0  # NVML code (RECOVERY_ACTIONS): 0 none
+    fabric_state: int = _FABRIC_STATE_CODES["completed"]
+    fabric_health: int = _FABRIC_HEALTH_CODES["healthy"]
 
 
 def _power_clock(headroom_w: float, dynamic_w: float) -> float:
@@ -205,6 +231,12 @@ class GpuModel:
                 d.remap_pending = True
             if f.pcie_replays_per_s is not None:
                 d.pcie_replays_per_s = f.pcie_replays_per_s
+            if f.recovery_action is not None:
+                d.recovery_action = _RECOVERY_CODES[f.recovery_action]
+            if f.fabric_state is not None:
+                d.fabric_state = _FABRIC_STATE_CODES[f.fabric_state]
+            if f.fabric_health is not None:
+                d.fabric_health = _FABRIC_HEALTH_CODES[f.fabric_health]
 
     @property
     def has_hbm(self) -> bool:
@@ -331,6 +363,7 @@ class GpuModel:
         # NVML v2: used + reserved + free = total; the engine's preallocation is all of `used`.
         used = int(min(self.memory_used_bytes, spec.memory_bytes - reserved))
         hbm, ecc = self.has_hbm, self.has_ecc
+        fabric = spec.key in NVSWITCH_GPUS
         out: list[dict[str, object]] = []
         for d in self.devices:
             out.append({
@@ -369,5 +402,10 @@ class GpuModel:
                     "correctable": d.remapped_correctable, "uncorrectable": d.remapped_uncorrectable,
                     "pending": int(d.remap_pending), "failed": int(d.remap_failed)},
                 "xid_errors": dict(sorted(d.xids.items(), key=lambda kv: int(kv[0]))),
+                "recovery_action": d.recovery_action,
+                # status: NVML's result of the registration (0 success), once the state is completed.
+                "fabric": None if not fabric else {
+                    "state": d.fabric_state, "health": d.fabric_health,
+                    "status": 0 if d.fabric_state == _FABRIC_STATE_CODES["completed"] else None},
             })
         return out

@@ -195,21 +195,23 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
     ),
     Scenario(
         "faults", "Chat traffic on a GPU that starts failing: ECC errors, XID events, a pending row "
-        "remap and PCIe replays within the first 25 s.",
+        "remap, PCIe replays and the driver asking for a GPU reset within the first 25 s.",
         "corrected ECC errors at 4 s, XID 13 at 6 s and again at 20 s, PCIe replays from 8 s on, a "
-        "double-bit (uncorrected) ECC error with XID 48, a pending row remap and XID 63 at 12 s; "
-        "traffic and speed unaffected",
+        "double-bit (uncorrected) ECC error with XID 48, a pending row remap, XID 63 and recovery "
+        "action gpu_reset at 12 s; traffic and speed unaffected",
         "none (hardware errors: the alerts and fault panels, not the verdict)",
         Workload(CHAT_PROMPT, CHAT_OUTPUT, load=0.6, prefix_hit_rate=0.2),
         expect=Expect(None, panels=("XID errors in the time range", "ECC errors, row remapping and PCIe replays"),
-                      why_no_verdict="the faults are errors, not a bottleneck: LLMGPUXidWarning, LLMGPUXidCritical "
-                      "and LLMGPUUncorrectableECCErrors fire instead"),
+                      why_no_verdict="the faults are errors, not a bottleneck: LLMGPUXidWarning, LLMGPUXidCritical, "
+                      "LLMGPUUncorrectableECCErrors and LLMGPURecoveryActionRequired fire instead"),
         gpu_faults=(
             GpuFault(4.0, ecc_corrected=3),
             GpuFault(6.0, xid=13),
             GpuFault(8.0, pcie_replays_per_s=20.0),
             GpuFault(12.0, xid=48, ecc_uncorrected=1, remap_pending=True),
             GpuFault(12.0, xid=63),
+            # The remap applies only at a reset: the driver says so (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION).
+            GpuFault(12.0, recovery_action="gpu_reset"),
             GpuFault(20.0, xid=13, ecc_corrected=2),
         ),
     ),

@@ -11,11 +11,13 @@ work each), so a cycle makes as few as it can: the counters NVML also serves as 
 one nvmlDeviceGetFieldValues call per GPU; what cannot change within a generation (maxima, the
 supported clock-event reasons, identity) is read when the GPU is opened and its samples built then;
 the enforced power limit, which only an operator or the BMC changes, is asked for every
-POWER_LIMIT_REFRESH_S.
+POWER_LIMIT_REFRESH_S, and the NVLink fabric state (NVSwitch systems only) every FABRIC_REFRESH_S.
+The driver's recovery action rides in the field batch.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +49,7 @@ FI_REMAPPED_PENDING = 144
 FI_REMAPPED_FAILURE = 145
 FI_PCIE_TX_BYTES = 197  # cumulative bytes, may wrap
 FI_PCIE_RX_BYTES = 198
+FI_GPU_RECOVERY_ACTION = 230  # nvmlDeviceGpuRecoveryAction_t: 0 none, 1 GPU reset, 2 node reboot, ...
 _NVLINK_FIELDS = (FI_NVLINK_DATA_TX, FI_NVLINK_DATA_RX)
 _NVLINK_RATES = ("llm_gpu_nvlink_tx_bytes_per_second", "llm_gpu_nvlink_rx_bytes_per_second")
 
@@ -85,6 +88,13 @@ before its dedicated call takes over: a transient miss costs one sample, a lasti
 
 POWER_LIMIT_REFRESH_S = 10.0
 """How long a reading of the enforced power limit is reused (it changes only when a cap is set)."""
+
+FABRIC_REFRESH_S = 10.0
+"""How long a reading of the NVLink fabric state is reused: it moves once at boot (not started, in
+progress, completed) and otherwise only when the fabric degrades; its alerts wait minutes."""
+FABRIC_NOT_SUPPORTED = 0  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: not in an NVSwitch fabric
+FABRIC_COMPLETED = 3
+HEALTH_NOT_SUPPORTED = 0  # NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED
 
 # What a field's value becomes (FieldSpec.sink).
 GAUGE = 0  # one sample of the value as it is
@@ -181,6 +191,8 @@ class Device:
     temperature_calls: tuple[Call, ...] = ()
     reason_calls: tuple[Call, ...] = ()
     process_calls: tuple[Call, ...] = ()
+    # (key, function, struct) per fabric-info form, newest first; NVML fills the struct in place.
+    fabric_calls: tuple[tuple[str, str, Any], ...] = ()
     # The field batch: what each entry becomes, and the (fieldId, scopeId) list NVML is given.
     field_specs: tuple[FieldSpec, ...] = ()
     fields: list[tuple[int, int]] = field(default_factory=list)
@@ -194,6 +206,8 @@ class Device:
     power_limit: Sample | None = None
     power_limit_due: float = 0.0  # when to ask for the enforced power limit again
     power_default: Sample | None = None  # the board's default limit: fixed, asked until it answers once
+    fabric: tuple[Sample, ...] = ()  # the last fabric reading's samples
+    fabric_due: float = 0.0  # when to ask for the fabric state again
     _label_cache: dict[tuple[str, str], Labels] = field(default_factory=dict)
 
     def with_label(self, key: str, value: str) -> Labels:
@@ -422,6 +436,16 @@ class DeviceReader:
             ("processes", "nvmlDeviceGetComputeRunningProcesses", (h,)),
             ("processes_v2", "nvmlDeviceGetComputeRunningProcesses_v2", (h,)),
         )
+        # Fabric info: the versioned call with v3 (health summary, driver 550+), then v2 (state and
+        # status), then the deprecated unversioned call. Bindings without a struct skip that form.
+        fabric = []
+        for key, fname, struct_name in (("fabric_v3", "nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v3_t"),
+                                        ("fabric_v2", "nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v2_t"),
+                                        ("fabric", "nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
+            struct = getattr(self.nvml, struct_name, None)
+            if struct is not None and hasattr(self.nvml, fname):
+                fabric.append((key, fname, struct()))  # the versioned structs set .version themselves
+        dev.fabric_calls = tuple(fabric)
 
     def plan_fields(self, dev: Device) -> None:
         """Choose what the GPU's one nvmlDeviceGetFieldValues call asks for; again whenever a field
@@ -430,7 +454,8 @@ class DeviceReader:
         if "field_values" in dev.absent:
             specs: tuple[FieldSpec, ...] = ()
         else:
-            wanted = [FieldSpec(FI_MEMORY_TEMP, 0, "", GAUGE, "llm_gpu_memory_temperature_celsius", dev.labels)]
+            wanted = [FieldSpec(FI_MEMORY_TEMP, 0, "", GAUGE, "llm_gpu_memory_temperature_celsius", dev.labels),
+                      FieldSpec(FI_GPU_RECOVERY_ACTION, 0, "", GAUGE, "llm_gpu_recovery_action", dev.labels)]
             wanted += [FieldSpec(e.fid, 0, e.group, e.sink, e.family,
                                  dev.with_label(*e.extra) if e.extra else dev.labels)
                        for e in _CALL_BACKED if e.group not in dev.by_call]
@@ -456,6 +481,8 @@ class DeviceReader:
         self._read_temperature(dev, out)
         self._read_clocks(dev, out)
         self._read_pcie_link(dev, out)
+        if dev.fabric_calls:
+            self._read_fabric(dev, now, out)
         self._read_gpm(dev, now, out)  # first: if GPM turns out absent, counters are read this cycle
         if dev.by_call:
             # Before the batch: a group the batch refuses this cycle is read by call from the next,
@@ -544,6 +571,47 @@ class DeviceReader:
         width = self.call(dev, "pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", h)
         if width is not None:
             out.append(Sample("llm_gpu_pcie_link_width", dev.with_label("state", "current"), float(width)))
+
+    def _read_fabric(self, dev: Device, now: float, out: list[Sample]) -> None:
+        """NVLink fabric state, the registration's status once completed and the health summary,
+        asked every FABRIC_REFRESH_S. A GPU outside an NVSwitch fabric (NotSupported, or state
+        NOT_SUPPORTED) is asked once per generation and has no fabric series."""
+        if now >= dev.fabric_due:
+            dev.fabric = self._fabric_samples(dev)
+            if dev.fabric:
+                dev.fabric_due = now + FABRIC_REFRESH_S
+        out.extend(dev.fabric)
+
+    def _fabric_samples(self, dev: Device) -> tuple[Sample, ...]:
+        info = None
+        for i, (key, fname, struct) in enumerate(dev.fabric_calls):
+            if key in dev.absent:
+                continue
+            # Only the last form's absence is logged: an older driver refusing v3 is not news.
+            answer = self.call(dev, key, fname, dev.handle, ctypes.byref(struct),
+                               log=i == len(dev.fabric_calls) - 1)
+            if key in dev.absent:
+                continue  # this form is missing from the driver: try the older one now
+            if answer is None:
+                return ()  # failed this cycle: no fabric series until it answers again
+            info = struct
+            break
+        if info is None:
+            dev.fabric_calls = ()
+            return ()
+        state = int(info.state)
+        if state == FABRIC_NOT_SUPPORTED:
+            self._log_absent(dev, "fabric", "the GPU is not in an NVSwitch fabric (state NOT_SUPPORTED)")
+            dev.fabric_calls = ()  # asked again when NVML is re-initialised
+            return ()
+        out = [Sample("llm_gpu_fabric_state", dev.labels, float(state))]
+        if state == FABRIC_COMPLETED:
+            # NVML: status is the probe's result, valid once the state is completed.
+            out.append(Sample("llm_gpu_fabric_status", dev.labels, float(int(info.status))))
+        summary = getattr(info, "healthSummary", HEALTH_NOT_SUPPORTED)
+        if int(summary) != HEALTH_NOT_SUPPORTED:
+            out.append(Sample("llm_gpu_fabric_health", dev.labels, float(int(summary))))
+        return tuple(out)
 
     def _read_by_call(self, dev: Device, out: list[Sample]) -> None:
         """The call-backed values the field batch refused, one dedicated call each."""

@@ -89,6 +89,15 @@ def samples_from_state(state: Mapping[str, Any]) -> list[Sample]:
         # A code's series appears with its first event, as the NVML source's do.
         for code, count in g["xid_errors"].items():
             out.append(Sample("llm_gpu_xid_errors_total", make_labels(base + (("xid", str(code)),)), float(count)))
+        # Absent keys or nulls: a driver that does not report them, a GPU outside an NVSwitch fabric.
+        if g.get("recovery_action") is not None:
+            out.append(Sample("llm_gpu_recovery_action", base, float(g["recovery_action"])))
+        fabric = g.get("fabric")
+        if fabric:
+            for key, family in (("state", "llm_gpu_fabric_state"), ("status", "llm_gpu_fabric_status"),
+                                ("health", "llm_gpu_fabric_health")):
+                if fabric.get(key) is not None:
+                    out.append(Sample(family, base, float(fabric[key])))
         for reason, active in g["clock_event_reasons"].items():
             out.append(Sample("llm_gpu_clock_event_active", make_labels(base + (("reason", reason),)),
                               float(active)))
