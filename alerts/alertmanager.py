@@ -40,10 +40,12 @@ def burn_inhibitions(names: list[str], cfg: dict = CONFIG) -> list[dict]:
     of one SLO (one Alertmanager group) flip in and out as their windows fill and empty, and
     every flip is a new notification."""
     rank = {"critical": 2, "warning": 1, "info": 0}
-    scope = [*cfg["exporter_labels"], "target", "model", "slo"]
+    # cluster and namespace: one cluster's page must not mute another's (a central store holds both);
+    # the availability SLO's alerts carry no target or exporter labels, which then match as empty.
+    scope = [*cfg["fleet_labels"], *cfg["exporter_labels"], "target", "model", "slo"]
     pairs = sorted(cfg["burn_rates"], key=lambda br: duration_seconds(nominal(br["long"])))
     out = []
-    for spec in cfg["slos"].values():
+    for spec in (*cfg["slos"].values(), cfg["availability_slo"]):
         if spec["alert"] not in names:
             continue
         for source in pairs:

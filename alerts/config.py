@@ -47,8 +47,26 @@ CONFIG: dict = {
     # Each burn-rate alert keeps firing for its pair's short window after its condition clears
     # (Prometheus keep_firing_for, 2.42+): one page per breach instead of one per flip.
     "burn_keep_firing": True,
+    # Availability SLO (exporter/slo.py AvailabilitySLO), per (cluster, namespace, model): the same
+    # burn-rate pairs as the latency SLOs, read from the fleet area's good-ratio rules.
+    "availability_slo": {
+        "key": slo.AVAILABILITY.key, "alert": slo.AVAILABILITY.alert,
+        "objective": slo.AVAILABILITY.objective, "bad_reasons": slo.AVAILABILITY.bad_reasons,
+        "abort_reasons": slo.AVAILABILITY.abort_reasons,
+    },
     # Latency and SLO alerts stay quiet below this many requests/s; for SLO alerts over the long window.
     "min_request_rate": slo.MIN_REQUEST_RATE,
+    # Fleet (alerts/fleet.py): the labels kept by every per-model rule (`sum by`); present when a
+    # Prometheus per cluster sets them (external_labels, Kubernetes scrapes), empty otherwise.
+    "fleet_labels": slo.FLEET_LABELS,
+    # Capacity loss: a model's up replicas (GPUs up, per cluster and namespace) against their most
+    # within fleet_capacity_lookback. LLMFleetReplicasLost / LLMFleetGPUsLost: below it for
+    # fleet_lost_for; LLMFleetCapacityHalved: at most fleet_capacity_critical_ratio of it for
+    # fleet_halved_for. A deliberate scale-down warns too, until the lookback forgets the old maximum.
+    "fleet_capacity_lookback": "1h",
+    "fleet_lost_for": "10m",
+    "fleet_capacity_critical_ratio": 0.5,
+    "fleet_halved_for": "5m",
     # Plain tail alerts for teams without SLOs.
     "ttft_p99_seconds": 5.0,
     "tbt_p99_seconds": 0.2,
@@ -155,7 +173,9 @@ CONFIG: dict = {
     "alertmanager": {
         "pager_url": "http://alert-pager.example.invalid/llm-exporter",
         "ticket_url": "http://alert-tickets.example.invalid/llm-exporter",
-        "group_by": ("alertname", "target", "model"),
+        # cluster and namespace: one notification per cluster's breach, not one for every cluster
+        # whose model shares a name; absent labels group as empty.
+        "group_by": ("alertname", "cluster", "namespace", "target", "model"),
         "group_wait": "30s",
         "group_interval": "5m",
         "repeat_interval_critical": "1h",

@@ -10,6 +10,12 @@ from exporter.slo import duration_seconds
 
 # Who an alert is about, for descriptions.
 TM = "{{ $labels.target }} ({{ $labels.model }})"
+# Who a fleet alert is about: a model, in its cluster and namespace when the series carry them.
+FLEET = ("{{ $labels.model }}{{ with $labels.cluster }} in cluster {{ . }}{{ end }}"
+         "{{ with $labels.namespace }} (namespace {{ . }}){{ end }}")
+# Who a per-cluster alert (GPUs) is about.
+CLUSTER = ("{{ with $labels.cluster }}cluster {{ . }}{{ else }}this Prometheus{{ end }}"
+           "{{ with $labels.namespace }} (namespace {{ . }}){{ end }}")
 GPU = "GPU {{ $labels.gpu }} ({{ $labels.name }}, {{ $labels.uuid }}) on {{ $labels.instance }}"
 
 # The latency histograms the recording rules summarise, by short name.
@@ -64,6 +70,19 @@ def le_matcher(seconds: float) -> str:
 
 def without(*extra: str, cfg: dict = CONFIG) -> str:
     return f"without ({', '.join((*cfg['aggregate_away'], *extra))})"
+
+
+def by_fleet(*extra: str, cfg: dict = CONFIG) -> str:
+    """`by (cluster, namespace, <extra>)`: a fleet rule names what it keeps, so nothing else leaks in
+    (a `without` would keep every label a scrape adds); absent labels are empty and harmless."""
+    return f"by ({', '.join((*cfg['fleet_labels'], *extra))})"
+
+
+def when_positive(expr: str) -> str:
+    """`((expr) > 0)`: a denominator that drops the series at zero traffic, so a ratio or mean has no
+    sample ("No traffic") instead of 0/0 = NaN, and no alert can read one. The outer parentheses
+    matter: `a / b > 0` is `(a / b) > 0`, which would drop a good ratio of 0 (every request bad)."""
+    return f"(({expr}) > 0)"
 
 
 def on_gpu_join(cfg: dict = CONFIG) -> str:
@@ -141,3 +160,33 @@ def slo_windows(cfg: dict) -> list[str]:
         for w in (br["short"], br["long"]):
             seen.setdefault(nominal(w), w)
     return sorted(seen.values(), key=lambda w: duration_seconds(nominal(w)))
+
+
+def quantile_of(q: float, bucket_rule: str) -> str:
+    """histogram_quantile over the recorded bucket rates of series that saw requests: at zero traffic
+    every bucket rate is 0 and histogram_quantile returns NaN; keeping only the histograms whose
+    +Inf bucket (every request) rose leaves no sample instead."""
+    return (f"histogram_quantile({q}, {bucket_rule}\n"
+            f"  and ignoring (le) {bucket_rule}{{le=\"+Inf\"}} > 0)")
+
+
+def fleet_bucket_rule(metric: str, window: str) -> str:
+    return f"model:{metric}_bucket:rate{nominal(window)}"
+
+
+def fleet_quantile_rule(metric: str, q: float, window: str) -> str:
+    return f"model:{metric}:{pct(q)}_{nominal(window)}"
+
+
+def finished_rate_rule(window: str) -> str:
+    """Finished requests/s per (cluster, namespace, model, reason): the fleet's ratios and the
+    availability SLO's traffic floor read it."""
+    return f"model:llm_requests_finished:rate{nominal(window)}"
+
+
+def availability_good_ratio_rule(window: str) -> str:
+    return f"model:llm_requests_availability:good_ratio_rate{nominal(window)}"
+
+
+REPLICAS_UP = "model:llm_replicas_up:count"
+GPUS_UP = "cluster:llm_gpus_up:count"

@@ -1,5 +1,9 @@
 """Recording rules: per-(target, model) latency quantiles and means, throughput, the SLO
-good-event ratios the slo area's burn-rate alerts read, and the client probe's TTFT gap."""
+good-event ratios the slo area's burn-rate alerts read, and the client probe's TTFT gap.
+
+Zero traffic gives no sample, never NaN: every ratio and mean divides by a denominator kept only
+where it is above 0, and a quantile only reads histograms that saw a request (lib.quantile_of), so a
+panel says "No traffic" and no alert compares a NaN. The per-model (fleet) rules are alerts/fleet.py's."""
 
 from __future__ import annotations
 
@@ -11,11 +15,13 @@ from alerts.lib import (
     nominal,
     probe_gap_rule,
     probe_mean_rule,
+    quantile_of,
     quantile_rule,
     rec,
     request_rate_rule,
     sel,
     slo_windows,
+    when_positive,
     without,
 )
 
@@ -39,9 +45,9 @@ def groups(cfg: dict) -> list[dict]:
         bucket_rule = f"target_model:{metric}_bucket:rate{n}"
         latency.append(rec(bucket_rule, sum_rate(metric + "_bucket", w)))
         for q in cfg["quantiles"] if short in ALL_QUANTILES else (0.99,):
-            latency.append(rec(quantile_rule(metric, q, w), f"histogram_quantile({q}, {bucket_rule})"))
+            latency.append(rec(quantile_rule(metric, q, w), quantile_of(q, bucket_rule)))
         latency.append(rec(engine_mean_rule(metric, w),
-                           f"{sum_rate(metric + '_sum', w)}\n/\n{sum_rate(metric + '_count', w)}"))
+                           f"{sum_rate(metric + '_sum', w)}\n/\n{when_positive(sum_rate(metric + '_count', w))}"))
 
     throughput = [
         rec(f"target_model:llm_prompt_tokens:rate{n}", sum_rate("llm_prompt_tokens_total", w)),
@@ -59,7 +65,7 @@ def groups(cfg: dict) -> list[dict]:
         for window in slo_windows(cfg):
             slo.append(rec(good_ratio_rule(metric, window),
                            f"{sum_rate(metric + '_bucket', window, le, away=('le',))}\n/\n"
-                           f"{sum_rate(metric + '_count', window)}"))
+                           f"{when_positive(sum_rate(metric + '_count', window))}"))
     # The client probe (--probe): its mean TTFT, and the gap to the engine's own mean TTFT over the
     # same window, "what lies in front of the engine" (network, proxy, queueing). A recording rule
     # rather than an exporter-side derivation: both are cumulative histograms, whose window means
@@ -70,7 +76,7 @@ def groups(cfg: dict) -> list[dict]:
     ttft = "llm_time_to_first_token_seconds"
     probe = [
         rec(probe_mean_rule(w), f"{sum_rate('llm_probe_time_to_first_token_seconds_sum', w)}\n/\n"
-                                f"{sum_rate('llm_probe_time_to_first_token_seconds_count', w)}"),
+                                f"{when_positive(sum_rate('llm_probe_time_to_first_token_seconds_count', w))}"),
         rec(probe_gap_rule(w), f"{probe_mean_rule(w)}\n- ignoring (engine) group_left\n{engine_mean_rule(ttft, w)}"),
     ]
     return [

@@ -1,11 +1,17 @@
-"""SLO alerts: multi-window, multi-burn-rate pairs per latency SLO (exporter/slo.py), and the
-check that each SLO threshold is a bucket bound of the engine's histogram."""
+"""SLO alerts: multi-window, multi-burn-rate pairs per latency SLO (exporter/slo.py) per target and
+model, the same pairs for the availability SLO per model's fleet (cluster, namespace, model; its
+good ratios are alerts/fleet.py's), and the check that each latency SLO threshold is a bucket bound
+of the engine's histogram."""
 
 from __future__ import annotations
 
 from alerts.lib import (
+    FLEET,
     TM,
     alert,
+    availability_good_ratio_rule,
+    by_fleet,
+    finished_rate_rule,
     fmt_num,
     fmt_pct,
     good_ratio_rule,
@@ -46,6 +52,7 @@ def groups(cfg: dict) -> list[dict]:
                 # notification. Kept for one short window, it resolves that much later.
                 keep_firing_for=short if cfg["burn_keep_firing"] else None,
             ))
+    rules += availability(cfg)
     bw = cfg["bucket_bound_window"]
     for key, spec in cfg["slos"].items():
         metric, le = spec["metric"], le_matcher(spec["threshold_seconds"])
@@ -63,3 +70,36 @@ def groups(cfg: dict) -> list[dict]:
             cfg["bucket_bound_for"], {"slo": key}, cfg=cfg,
         ))
     return [{"name": "llm-exporter.slo.alerts", "rules": rules}]
+
+
+def availability(cfg: dict) -> list[dict]:
+    """LLMAvailabilityErrorBudgetBurn: the burn-rate pairs over a model's fleet. Aggregated per
+    (cluster, namespace, model), so a breach across 40 replicas is one alert, not 40; the traffic
+    floor is the fleet's finished requests/s over the long window. No traffic: the good ratios have
+    no sample (fleet.py), so nothing compares and nothing fires."""
+    spec = cfg["availability_slo"]
+    budget = round(1 - spec["objective"], 10)
+    floor = fmt_num(cfg["min_request_rate"])
+    bad = " or ".join(spec["bad_reasons"])
+    rules = []
+    for br in cfg["burn_rates"]:
+        long, short, factor = br["long"], br["short"], br["factor"]
+        expr = (
+            f"(1 - {availability_good_ratio_rule(long)}) / {fmt_num(budget)} > {fmt_num(factor)}\n"
+            f"and\n"
+            f"(1 - {availability_good_ratio_rule(short)}) / {fmt_num(budget)} > {fmt_num(factor)}\n"
+            f"and\n"
+            f"sum {by_fleet('model', cfg=cfg)} ({finished_rate_rule(long)}) >= {floor}"
+        )
+        page = br["severity"] == "critical"
+        rules.append(alert(
+            spec["alert"], expr, br["severity"],
+            f"Availability SLO error budget burning {'fast' if page else 'slowly'}.",
+            f"{FLEET}: {{{{ $value | humanize }}}}x the sustainable error rate over {long} (and over "
+            f"{short}) for the SLO \"{fmt_pct(spec['objective'])} of finished requests not failed "
+            f"by the server ({bad})\" over {cfg['slo_period']}. At {fmt_num(factor)}x the "
+            f"budget lasts {budget_lasts(cfg['slo_period'], factor)}.",
+            br["for"], {"slo": spec["key"], "long": long, "short": short}, cfg=cfg,
+            keep_firing_for=short if cfg["burn_keep_firing"] else None,
+        ))
+    return rules

@@ -8,7 +8,7 @@
                                              neither a catalogue sample name (exporter/catalog)
                                              nor a recording rule in alerts/rules/*.yaml
 
-One module per dashboard (overview.py, gpu_roofline.py, host.py), each a tuple ROWS of row functions
+One module per dashboard (fleet.py, overview.py, gpu_roofline.py, host.py), each a tuple ROWS of row functions
 (each returns lib.Row: a title and its panels) and build() -> dict; lib.py holds the builders and the
 selector dict. Grafana loads the JSON through file provisioning
 (deploy/grafana/provisioning/dashboards/llm-exporter.yaml, which mounts this folder) or the
@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:  # run as a script: make `dashboards` and `exporte
 
 import yaml  # noqa: E402
 
-from dashboards import gpu_roofline, host, overview  # noqa: E402
+from dashboards import fleet, gpu_roofline, host, overview  # noqa: E402
 from dashboards.promql import PromqlSyntaxError, metric_names  # noqa: E402
 from exporter import catalog  # noqa: E402
 
@@ -38,12 +38,8 @@ OUT_DIR = ROOT / "dashboards"
 RULES_DIR = ROOT / "alerts" / "rules"
 DOCS = ROOT / "docs" / "dashboards.md"
 
-DASHBOARDS: dict[str, Callable[[], dict]] = {
-    overview.FILENAME: overview.build,
-    gpu_roofline.FILENAME: gpu_roofline.build,
-    host.FILENAME: host.build,
-}
-MODULES = {overview.FILENAME: overview, gpu_roofline.FILENAME: gpu_roofline, host.FILENAME: host}
+MODULES = {module.FILENAME: module for module in (fleet, overview, gpu_roofline, host)}
+DASHBOARDS: dict[str, Callable[[], dict]] = {name: module.build for name, module in MODULES.items()}
 
 # Files in dashboards/ that are sources, not outputs.
 SOURCE_SUFFIXES = (".py",)
@@ -141,13 +137,27 @@ load). UIDs are the MD5 of the file name, so links and bookmarks survive regener
 
 | variable | values from | scopes |
 |---|---|---|
-| `datasource` | Prometheus datasources | every query |
-| `job` | `label_values(llm_exporter_build_info, job)` | every query (the rules select `job="llm-exporter"`) |
-| `instance` | `label_values(llm_exporter_build_info{job=~"$job"}, instance)` | one exporter = one engine host; \
+| `datasource` | Prometheus datasources (one Prometheus, or the central store: VictoriaMetrics, Thanos, \
+Mimir) | every query |
+| `cluster` | `label_values(llm_exporter_build_info, cluster)` | every query |
+| `namespace` | `label_values(llm_exporter_build_info{cluster=~"$cluster"}, namespace)` | every query |
+| `job` | `label_values(llm_exporter_build_info{...}, job)` | every per-replica query (the rules select \
+`job="llm-exporter"`) |
+| `instance` | `label_values(llm_exporter_build_info{...}, instance)` | one exporter = one engine host; \
 GPU and host series carry no `target`, so this is how they are scoped |
 | `target` | `label_values(llm_engine_up{...}, target)` | engine and derived series |
-| `model` | `label_values(llm_requests_running{...}, model)` | engine series and derived series with a model |
+| `model` | `label_values(llm_requests_running{...}, model)` | engine series, derived series with a model, \
+the fleet rules (`model:...`) |
+| `engine` | `label_values(llm_engine_up{...}, engine)` (Overview, Fleet) | the heatmaps, one per engine kind |
 | `gpu` | `label_values(llm_gpu_up{...}, gpu)` (GPU dashboard) | per-GPU series |
+| `filter` | ad hoc filters: any `label op value` the user adds | every query (Grafana splices them in) |
+
+`cluster`, `namespace` and every variable after them default to All, whose value is `.*`: a regex
+matcher `cluster=~".*"` also matches a series without the label, so the boards work unchanged on a
+Prometheus that scrapes one cluster and attaches `cluster` only as an external label (on remote write,
+federation and alerts), and on a central store where every series carries it. The fleet rules
+(`model:...`, `cluster:...`) have no `job`, `instance` or `target`: those variables do not scope them.
+An ad hoc filter on a label the fleet rules drop (`instance`, `pod`) empties their panels.
 
 Several exporters may name their targets alike (the Kubernetes sidecar calls every target `engine`)
 and every exporter has a GPU 0, so every series split by target or GPU keeps `instance` too, in its
@@ -158,11 +168,25 @@ per engine target (`or on (instance, target, model)`) and its description says w
 series. Threshold lines of the bottleneck verdict come from `exporter/derive/bottleneck.py`
 (`dashboards/verdict.py`).
 
+Heatmaps never sum the buckets of different engine kinds (their bucket bounds differ, and summing
+them per `le` draws cells that are no distribution): each heatmap repeats once per selected `$engine`.
+
 The selectors live in one dict, `SELECTORS` in `dashboards/lib.py`. SLO thresholds, objectives and
 saturation thresholds drawn on the panels come from `exporter/slo.py`, which the alert rules read too,
 so the lines are where the alerts fire. Latency quantiles, SLO ratios and token rates read the
-recording rules of `alerts/rules/recording.yaml` (`target_model:...`), so the panels and the alerts
-see the same numbers.
+recording rules of `alerts/rules/recording.yaml` (`target_model:...` per replica, `model:...` per model
+over the fleet), so the panels and the alerts see the same numbers. The Overview's TTFT and TBT p99
+tiles are the fleet's p99 per model (all replicas' requests in one distribution), not the worst
+replica's; the Fleet board's outlier tables name the worst replicas. SLO ratios and means show "No
+traffic" when nothing finished in the window.
+
+## The fleet board
+
+`LLM Serving / Fleet` is the entry point for many replicas across clusters (linked from the Overview's
+header, and linking to it): a per-model summary from the fleet rules, an instance table with one row per
+replica (cluster, namespace, instance, target, model) whose cells open that replica's Overview, GPU and
+Host boards with `var-instance`, `var-target` and `var-model` set from the row, the top-k outliers, the
+verdict mix, the workload's prompt and output lengths, and replicas, GPUs and KV capacity over time.
 
 ## What the demo shows
 
@@ -172,7 +196,9 @@ the fallback panels (prefix-cache gauge, TPOT, requests without a finish reason)
 fault panels (XID, ECC, row remapping, PCIe replays) and their alerts. The demo simulates the GPU and the
 host (their PCIe links and NUMA nodes included) and prices a GPU-hour at 4.00 for the cost panels. The
 queries that have no data in the healthy demos are listed in that test with the reason: no XID events;
-collection errors appear only after a failure.
+collection errors appear only after a failure; the twin has no draft model, so the speculative decoding
+panels stay empty (as for an engine without speculative decoding). The same test checks that the Fleet
+board's instance table joins every demo's replica into one row.
 """
 
 

@@ -31,6 +31,8 @@ G = Promql("gpu")
 TG = Promql("target_gpu")
 TM = Promql("target_model")
 EX = Promql("exporter")
+# One exporter: instance names repeat across clusters (pod IPs), so cluster and namespace are kept beside it.
+BY_EXPORTER = "by (cluster, namespace, job, instance)"
 CURRENT, MAXIMUM, MODELLED = 'state="current"', 'state="max"', 'source="model"'
 # The codes LLMGPUXidCritical pages for, as the alert rules list them.
 XID = G.sel("llm_gpu_xid_errors_total")
@@ -83,9 +85,11 @@ estimate of bytes read and written per GPU (vLLM estimated_read/write_bytes_per_
 spec, per exporter and GPU index, so mixed cards keep their own roofs. When achieved sits near peak, decode is at
 the memory roof: only fewer bytes per step (quantized weights or KV) or more sequences per weight read (bigger
 batch) raise tokens/s.
-""", [target(f"max by (instance, target, gpu, source) ({TG.sel('llm_hbm_bandwidth_bytes_per_second')})",
+""", [target(f"max by (cluster, namespace, instance, target, gpu, source) "
+             f"({TG.sel('llm_hbm_bandwidth_bytes_per_second')})",
              "{{source}} GPU {{gpu}} {{target}} ({{instance}})"),
-      target(f"max by (instance, gpu) (\n  {TG.sel('llm_hbm_bandwidth_bytes_per_second', MODELLED)}\n"
+      target(f"max by (cluster, namespace, instance, gpu) (\n"
+             f"  {TG.sel('llm_hbm_bandwidth_bytes_per_second', MODELLED)}\n"
              f"  / ({TG.sel('llm_hbm_bandwidth_efficiency_ratio', MODELLED)} > 0)\n)",
              "peak GPU {{gpu}} ({{instance}})")],
             unit="Bps", w=12, minimum=0, overrides=[color_override("^peak.*", "red", dashed=True)]),
@@ -144,10 +148,10 @@ and the rest of used memory (weights, activations, CUDA graphs, other processes)
 Only $job and $instance apply: GPU memory carries no target or model label, so both sides of the subtraction
 take every target, model and GPU of the exporter ($target, $model and $gpu do not narrow this panel). KV, not
 weights, decides concurrency: a bigger pool (quantized weights, higher memory fraction) fits more sequences.
-""", [target(f"sum by (job, instance) ({EX.sel('llm_kv_cache_capacity_bytes')})", "KV pool {{instance}}"),
-      target(f"sum by (job, instance) ({EX.sel('llm_kv_cache_used_bytes')})", "KV in use {{instance}}"),
-      target(f"sum by (job, instance) ({EX.sel('llm_gpu_memory_used_bytes')})\n"
-             f"- on (job, instance)\nsum by (job, instance) ({EX.sel('llm_kv_cache_capacity_bytes')})",
+""", [target(f"sum {BY_EXPORTER} ({EX.sel('llm_kv_cache_capacity_bytes')})", "KV pool {{instance}}"),
+      target(f"sum {BY_EXPORTER} ({EX.sel('llm_kv_cache_used_bytes')})", "KV in use {{instance}}"),
+      target(f"sum {BY_EXPORTER} ({EX.sel('llm_gpu_memory_used_bytes')})\n"
+             f"- {BY_EXPORTER.replace('by', 'on', 1)}\nsum {BY_EXPORTER} ({EX.sel('llm_kv_cache_capacity_bytes')})",
              "weights + activations + other {{instance}}")],
             unit="bytes", w=12, minimum=0),
     )
@@ -205,10 +209,10 @@ NVLink keeps that off PCIe. Zero traffic with TP > 1 means the GPUs talk over PC
         table("PCIe link: generation and width vs max", """
 The PCIe link as trained now against the most the GPU and slot support. Idle GPUs train down to save power
 (normal); current below max under load is a bad riser, slot or BIOS setting and halves host transfers.
-""", [target(f"max by (instance, gpu) ({G.sel('llm_gpu_pcie_link_generation', CURRENT)})"),
-      target(f"max by (instance, gpu) ({G.sel('llm_gpu_pcie_link_generation', MAXIMUM)})"),
-      target(f"max by (instance, gpu) ({G.sel('llm_gpu_pcie_link_width', CURRENT)})"),
-      target(f"max by (instance, gpu) ({G.sel('llm_gpu_pcie_link_width', MAXIMUM)})")],
+""", [target(f"max by (cluster, namespace, instance, gpu) ({G.sel('llm_gpu_pcie_link_generation', CURRENT)})"),
+      target(f"max by (cluster, namespace, instance, gpu) ({G.sel('llm_gpu_pcie_link_generation', MAXIMUM)})"),
+      target(f"max by (cluster, namespace, instance, gpu) ({G.sel('llm_gpu_pcie_link_width', CURRENT)})"),
+      target(f"max by (cluster, namespace, instance, gpu) ({G.sel('llm_gpu_pcie_link_width', MAXIMUM)})")],
             w=8, rename={"Value #A": "gen now", "Value #B": "gen max", "Value #C": "width now",
                          "Value #D": "width max"}),
     )
@@ -226,7 +230,7 @@ XID events per GPU and code over the dashboard's time range. {XID_CRITICAL} are
 critical (uncorrectable memory, fallen off the bus, GSP errors); 13, 31, 43, 45 are usually application faults.
 See docs/alerts.md for the lists. A code's series starts with its first event, which increase() reads as 0,
 so a series that started in the range counts from 0 (the alerts do the same).
-""", [target(f"sum by (instance, gpu, xid) ((increase({XID}[$__range]) > 0) or clamp_min({XID} - "
+""", [target(f"sum by (cluster, namespace, instance, gpu, xid) ((increase({XID}[$__range]) > 0) or clamp_min({XID} - "
              f"({XID} offset $__range or {XID} * 0), 0))")],
             w=12, h=6, rename={"Value": "events"}),
         timeseries("ECC errors, row remapping and PCIe replays", """

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dashboards import verdict
 from dashboards.lib import (
     BOOL_UP,
+    TOKENS_PER_S,
     Promql,
     Row,
     RowBuilder,
@@ -39,7 +40,7 @@ The whole host's busy share against its busiest core. A host at 30% with one cor
 single-threaded bottleneck (tokenizer, scheduler, HTTP/JSON loop): more cores will not help, a faster core or
 moving the work off that thread will.
 """, [target(EX.sel("llm_host_cpu_busy_ratio", 'cpu="all"'), "all cores {{instance}}"),
-      target(f"max by (job, instance) ({EX.sel('llm_host_cpu_busy_ratio', NOT_ALL)})",
+      target(f"max by (cluster, namespace, job, instance) ({EX.sel('llm_host_cpu_busy_ratio', NOT_ALL)})",
              "busiest core {{instance}}")],
             unit="percentunit", w=12, minimum=0, maximum=1,
             overrides=[color_override("^busiest.*", "orange")]),
@@ -70,7 +71,7 @@ means tasks wait for a CPU; PSI below says how long.
 """, [target(EX.sel("llm_host_load1"), "load1 {{instance}}"),
       target(EX.sel("llm_host_load5"), "load5 {{instance}}"),
       target(EX.sel("llm_host_load15"), "load15 {{instance}}"),
-      target(f"count by (job, instance) ({EX.sel('llm_host_cpu_busy_ratio', NOT_ALL)})",
+      target(f"count by (cluster, namespace, job, instance) ({EX.sel('llm_host_cpu_busy_ratio', NOT_ALL)})",
              "cores {{instance}}")],
             unit="short", w=12, minimum=0, overrides=[color_override("^cores.*", "red", dashed=True)]),
         timeseries("Engine process: threads and resident memory", """
@@ -93,7 +94,7 @@ GPUs' node.
         table("GPU NUMA nodes (sysfs)", """
 The NUMA node each NVIDIA GPU's PCI device is attached to. Pin the engine to the CPUs of that node; with GPUs
 on both nodes, pin each tensor-parallel rank to its GPU's node.
-""", [target(f"max by (instance, pci) ({EX.sel('llm_host_gpu_numa_node')})")], w=12, h=6,
+""", [target(f"max by (cluster, namespace, instance, pci) ({EX.sel('llm_host_gpu_numa_node')})")], w=12, h=6,
             rename={"Value": "NUMA node", "pci": "PCI address"}),
         timeseries("Memory per NUMA node", """
 Used (total - free; page cache counts as used) and total RAM of each NUMA node. One node full and the other
@@ -128,7 +129,7 @@ limiting the GPU.
       target(TM.sel("llm_decode_tokens_per_second"), "decode tok/s {{target}} {{model}} ({{instance}})")],
             unit="percentunit", w=12, minimum=0, threshold_style="dashed",
             steps=thresholds((None, "transparent"), (verdict.CONSTRAINT_MIN, "red")),
-            overrides=[right_axis("^decode.*", "suffix: tok/s")]),
+            overrides=[right_axis("^decode.*", TOKENS_PER_S)]),
     )
 
 
@@ -138,21 +139,22 @@ def pcie_sysfs_row() -> Row:
 Each NVIDIA GPU's PCIe link speed (GT/s: 8 = Gen3, 16 = Gen4, 32 = Gen5) and width, as trained now and at
 most. Read without NVML, so it works when the driver is wedged; current below max under load is a degraded
 link (see the GPU dashboard's NVML view).
-""", [target(f"max by (instance, pci) ({EX.sel('llm_host_gpu_pcie_link_speed_gts', CURRENT)})"),
-      target(f"max by (instance, pci) ({EX.sel('llm_host_gpu_pcie_link_speed_gts', MAXIMUM)})"),
-      target(f"max by (instance, pci) ({EX.sel('llm_host_gpu_pcie_link_width', CURRENT)})"),
-      target(f"max by (instance, pci) ({EX.sel('llm_host_gpu_pcie_link_width', MAXIMUM)})")],
+""", [target(f"max by (cluster, namespace, instance, pci) ({EX.sel('llm_host_gpu_pcie_link_speed_gts', CURRENT)})"),
+      target(f"max by (cluster, namespace, instance, pci) ({EX.sel('llm_host_gpu_pcie_link_speed_gts', MAXIMUM)})"),
+      target(f"max by (cluster, namespace, instance, pci) ({EX.sel('llm_host_gpu_pcie_link_width', CURRENT)})"),
+      target(f"max by (cluster, namespace, instance, pci) ({EX.sel('llm_host_gpu_pcie_link_width', MAXIMUM)})")],
         w=24, h=6, rename={"Value #A": "GT/s now", "Value #B": "GT/s max", "Value #C": "width now",
                            "Value #D": "width max", "pci": "PCI address"}),
     )
 
 
-NET = ("instance", "device")
+# One link of one exporter's host (instance names repeat across clusters, so cluster and namespace too).
+NET = ("cluster", "namespace", "instance", "device")
 
 
 def network_row() -> Row:
     engine_info = EX.sel("llm_host_network_info", 'engine="true"')
-    link = f"max by (instance, device, kind) ({engine_info})"
+    link = f"max by (cluster, namespace, instance, device, kind) ({engine_info})"
     return row("Network links (NIC and RDMA)",
         timeseries("Network link utilization", f"""
 Each NIC and RDMA port's traffic over the last cycle as a share of its link rate, per direction (receive,
@@ -161,9 +163,9 @@ Solid lines are the links the exporter counts as the engine's (its NUMA node, it
 configured): the ones tensor parallelism across servers and prefill/decode KV transfer cross. The verdict calls
 interconnect from {verdict.pct(verdict.NET_UTIL_VERDICT)} on an engine link when the engine's work is known to
 cross servers (red line); without that it is only a lead.
-""", [target(EX.sel("llm_host_network_utilization_ratio") + f"\n* on (instance, device) group_left (kind) {link}",
+""", [target(EX.sel("llm_host_network_utilization_ratio") + f"\n* on ({', '.join(NET)}) group_left (kind) {link}",
              "{{device}} {{direction}} engine ({{instance}})"),
-      target(EX.sel("llm_host_network_utilization_ratio") + f"\nunless on (instance, device) {link}",
+      target(EX.sel("llm_host_network_utilization_ratio") + f"\nunless on ({', '.join(NET)}) {link}",
              "{{device}} {{direction}} ({{instance}})")],
             unit="percentunit", w=12, minimum=0, maximum=1, threshold_style="dashed",
             steps=thresholds((None, "transparent"), (verdict.NET_UTIL_VERDICT, "red")),
@@ -173,7 +175,7 @@ Errors and drops per second on each link, both directions summed (sysfs rx/tx er
 port the receive errors, transmit discards and symbol errors). Any sustained rate on a link that carries tensor
 parallel or KV transfer traffic slows every step or transfer (retransmits, NCCL timeouts): check cables,
 transceivers and the switch port (LLMNetworkLinkErrors).
-""", [target(f"sum by (instance, device) ({EX.rate(f'llm_host_network_{d}_{k}_total')})",
+""", [target(f"sum by (cluster, namespace, instance, device) ({EX.rate(f'llm_host_network_{d}_{k}_total')})",
              f"{d} {k} {{{{device}}}} ({{{{instance}}}})")
       for d in ("receive", "transmit") for k in ("errors", "drops")], unit="short", w=12, minimum=0),
         table("Network links: state and rate", """
@@ -210,7 +212,7 @@ engine); a source that fails on and off shows as a saw-tooth (LLMExporterSourceF
         timeseries("Collection errors by reason", """
 Failed collections per second by source and reason code (timeout, connection, parse, ...). Pair with Source
 status: a steady trickle of timeouts on one engine target usually means its /metrics page is too large or slow.
-""", [target(f"sum by (instance, source, reason) ({EX.rate('llm_exporter_collect_errors_total')})",
+""", [target(f"sum by (cluster, namespace, instance, source, reason) ({EX.rate('llm_exporter_collect_errors_total')})",
              "{{source}} {{reason}} {{instance}}")], unit="short", w=8, minimum=0),
         timeseries("Requests refused and series dropped", """
 What the exporter refused to protect itself (docs/security.md has each limit): /metrics requests and
@@ -230,8 +232,8 @@ the exporter cannot trust.
         table("Exporter build", """
 Version of each exporter and its Python; collection cycles completed since start. Mixed versions across
 exporters explain panels that are blank on some instances only.
-""", [target(f"max by (instance, version, python) ({EX.sel('llm_exporter_build_info')})"),
-      target(f"max by (instance) ({EX.sel('llm_exporter_collections_total')})")],
+""", [target(f"max by (cluster, namespace, instance, version, python) ({EX.sel('llm_exporter_build_info')})"),
+      target(f"max by (cluster, namespace, instance) ({EX.sel('llm_exporter_collections_total')})")],
         w=24, h=5, rename={"Value #A": "build_info", "Value #B": "cycles"}, exclude=("Time", "Value #A")),
     )
 

@@ -29,20 +29,34 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # ----------------------------------------------------------------------------------------------
 # Selectors: the one place that scopes every query.
 # ----------------------------------------------------------------------------------------------
+# Every selector starts with the cluster and namespace scope. A series without these labels (a
+# Prometheus that scrapes one cluster and adds `cluster` only as an external label, on remote write)
+# still matches at "All": the variables' allValue is ".*", and `cluster=~".*"` matches an absent label.
+SCOPE = 'cluster=~"$cluster", namespace=~"$namespace"'
 SELECTORS: dict[str, str] = {
     # Every llm_* series comes from the exporter's scrape job; instance is one exporter (sidecar).
-    "exporter": 'job=~"$job", instance=~"$instance"',
+    "exporter": f'{SCOPE}, job=~"$job", instance=~"$instance"',
     # Engine and derived series of the chosen engine targets.
-    "target": 'job=~"$job", instance=~"$instance", target=~"$target"',
+    "target": f'{SCOPE}, job=~"$job", instance=~"$instance", target=~"$target"',
     # ... and models (engine families, derived families with (target, model), recording rules).
-    "target_model": 'job=~"$job", instance=~"$instance", target=~"$target", model=~"$model"',
+    "target_model": f'{SCOPE}, job=~"$job", instance=~"$instance", target=~"$target", model=~"$model"',
+    # ... and one engine kind (heatmaps: engines' bucket bounds differ, so buckets are summed per engine only).
+    "target_model_engine": f'{SCOPE}, job=~"$job", instance=~"$instance", target=~"$target", model=~"$model", '
+                           'engine=~"$engine"',
     # Per-GPU series (no target label: GPUs belong to the exporter that reads them).
-    "gpu": 'job=~"$job", instance=~"$instance", gpu=~"$gpu"',
+    "gpu": f'{SCOPE}, job=~"$job", instance=~"$instance", gpu=~"$gpu"',
     # Derived per-GPU series that also name their target (roofline).
-    "target_gpu": 'job=~"$job", instance=~"$instance", target=~"$target", gpu=~"$gpu"',
+    "target_gpu": f'{SCOPE}, job=~"$job", instance=~"$instance", target=~"$target", gpu=~"$gpu"',
+    # Fleet recording rules per model (`model:...`): summed over replicas, so no job, instance or target.
+    "model": f'{SCOPE}, model=~"$model"',
+    # Fleet recording rules per cluster (`cluster:...`, by cluster and the exporters' namespace).
+    "cluster": SCOPE,
 }
 
 RATE = "$__rate_interval"
+# Grafana's custom SI units: 1200 reads "1.2 ktok/s", 3e6 "3 Mtok/s" ("suffix:" would never scale).
+TOKENS_PER_S = "si:tok/s"
+TOKENS = "si:tok"
 
 
 class Promql:
@@ -119,7 +133,8 @@ class Panel:
 def _base(kind: str, title: str, description: str, targets: Sequence[dict], *, unit: str = "short",
           decimals: int | None = None, minimum: float | None = None, maximum: float | None = None,
           steps: dict | None = None, mappings: list | None = None, custom: dict | None = None,
-          options: dict | None = None, overrides: list | None = None, color: dict | None = None) -> dict:
+          options: dict | None = None, overrides: list | None = None, color: dict | None = None,
+          no_value: str | None = None, links: Sequence[dict] = ()) -> dict:
     if not description.strip():
         raise ValueError(f"panel {title!r} needs a description that says how to read it")
     defaults: dict[str, Any] = {"unit": unit, "mappings": mappings or []}
@@ -133,6 +148,14 @@ def _base(kind: str, title: str, description: str, targets: Sequence[dict], *, u
     if custom is not None:
         defaults["custom"] = custom
     defaults["color"] = color or {"mode": "palette-classic"}
+    if no_value is not None:
+        # Shown instead of "No data" when the query returns nothing, and instead of NaN (a 0/0 ratio from
+        # rules evaluated before they stopped dividing by zero) through the mapping.
+        defaults["noValue"] = no_value
+        defaults["mappings"] = [*defaults["mappings"],
+                                {"type": "special", "options": {"match": "nan", "result": {"text": no_value}}}]
+    if links:
+        defaults["links"] = list(links)
     refs = []
     for i, t in enumerate(targets):
         refs.append({
@@ -165,7 +188,8 @@ def timeseries(title: str, description: str, targets: Sequence[dict], *, unit: s
                w: int = 12, h: int = 8, minimum: float | None = None, maximum: float | None = None,
                steps: dict | None = None, threshold_style: str = "off", stack: bool = False,
                fill: int = 10, bars: bool = False, decimals: int | None = None, overrides: list | None = None,
-               legend_calcs: Sequence[str] = ("mean", "max", "lastNotNull"), log_scale: bool = False) -> Panel:
+               legend_calcs: Sequence[str] = ("mean", "max", "lastNotNull"), log_scale: bool = False,
+               no_value: str | None = None, links: Sequence[dict] = ()) -> Panel:
     custom = {
         "axisBorderShow": False, "axisCenteredZero": False, "axisColorMode": "text", "axisLabel": "",
         "axisPlacement": "auto", "barAlignment": 0, "drawStyle": "bars" if bars else "line",
@@ -179,7 +203,8 @@ def timeseries(title: str, description: str, targets: Sequence[dict], *, unit: s
         "thresholdsStyle": {"mode": threshold_style},
     }
     body = _base("timeseries", title, description, targets, unit=unit, minimum=minimum, maximum=maximum,
-                 steps=steps, custom=custom, decimals=decimals, overrides=overrides,
+                 steps=steps, custom=custom, decimals=decimals, overrides=overrides, no_value=no_value,
+                 links=links,
                  options={"legend": _legend(calcs=legend_calcs), "tooltip": {"mode": "multi", "sort": "desc"}})
     return Panel(body, w, h)
 
@@ -187,9 +212,10 @@ def timeseries(title: str, description: str, targets: Sequence[dict], *, unit: s
 def stat(title: str, description: str, targets: Sequence[dict], *, unit: str = "short", w: int = 4,
          h: int = 4, steps: dict | None = None, decimals: int | None = None, mappings: list | None = None,
          text_mode: str = "value_and_name", color_mode: str = "value", reduce: str = "lastNotNull",
-         minimum: float | None = None, maximum: float | None = None, graph: bool = True) -> Panel:
+         minimum: float | None = None, maximum: float | None = None, graph: bool = True,
+         no_value: str | None = None) -> Panel:
     body = _base("stat", title, description, targets, unit=unit, steps=steps, decimals=decimals,
-                 mappings=mappings, minimum=minimum, maximum=maximum,
+                 mappings=mappings, minimum=minimum, maximum=maximum, no_value=no_value,
                  color={"mode": "thresholds"},
                  options={"colorMode": color_mode, "graphMode": "area" if graph else "none",
                           "justifyMode": "auto", "orientation": "auto", "textMode": text_mode,
@@ -232,17 +258,26 @@ def heatmap(title: str, description: str, targets: Sequence[dict], *, unit: str 
 
 def table(title: str, description: str, targets: Sequence[dict], *, w: int = 12, h: int = 8,
           rename: dict[str, str] | None = None, exclude: Sequence[str] = ("Time",), unit: str = "short",
-          overrides: list | None = None, steps: dict | None = None, mappings: list | None = None) -> Panel:
-    """Instant queries formatted as tables and merged on their labels into one row per series."""
+          overrides: list | None = None, steps: dict | None = None, mappings: list | None = None,
+          links: Sequence[dict] = (), order: Sequence[str] = (), sort_by: str | None = None,
+          no_value: str | None = None) -> Panel:
+    """Instant queries formatted as tables and merged on their labels into one row per series: every
+    query must return the same label set, or its rows stay apart. `order` puts those columns first,
+    in that order (the names before renaming: a label or "Value #A"); `sort_by` sorts the rows by a
+    column (its name after renaming), highest first."""
     targets = [{**t, "instant": True, "format": "table"} for t in targets]
     body = _base("table", title, description, targets, unit=unit, overrides=overrides, steps=steps,
-                 mappings=mappings, custom={"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False})
+                 mappings=mappings, links=links, no_value=no_value,
+                 custom={"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False})
     body["options"] = {"cellHeight": "sm", "footer": {"countRows": False, "fields": "", "reducer": ["sum"],
                                                       "show": False}, "showHeader": True}
+    if sort_by is not None:
+        body["options"]["sortBy"] = [{"desc": True, "displayName": sort_by}]
     body["transformations"] = [
         {"id": "merge", "options": {}},
         {"id": "organize", "options": {"excludeByName": {name: True for name in exclude},
-                                       "indexByName": {}, "renameByName": rename or {}}},
+                                       "indexByName": {name: i for i, name in enumerate(order)},
+                                       "renameByName": rename or {}}},
     ]
     return Panel(body, w, h)
 
@@ -366,32 +401,57 @@ def query_variable(name: str, label: str, query: str, *, multi: bool = True, inc
     return var
 
 
+def cluster_variable() -> dict:
+    return query_variable("cluster", "Cluster", "label_values(llm_exporter_build_info, cluster)")
+
+
+def namespace_variable() -> dict:
+    return query_variable("namespace", "Namespace",
+                          'label_values(llm_exporter_build_info{cluster=~"$cluster"}, namespace)')
+
+
 def job_variable() -> dict:
-    return query_variable("job", "Job", "label_values(llm_exporter_build_info, job)")
+    return query_variable("job", "Job", f"label_values(llm_exporter_build_info{{{SCOPE}}}, job)")
 
 
 def instance_variable() -> dict:
-    return query_variable("instance", "Exporter", 'label_values(llm_exporter_build_info{job=~"$job"}, instance)')
+    return query_variable("instance", "Exporter",
+                          f'label_values(llm_exporter_build_info{{{SCOPE}, job=~"$job"}}, instance)')
 
 
 def target_variable() -> dict:
     return query_variable("target", "Engine target",
-                          'label_values(llm_engine_up{job=~"$job", instance=~"$instance"}, target)')
+                          f'label_values(llm_engine_up{{{SELECTORS["exporter"]}}}, target)')
 
 
 def model_variable() -> dict:
-    return query_variable("model", "Model", 'label_values(llm_requests_running{job=~"$job", '
-                          'instance=~"$instance", target=~"$target"}, model)')
+    return query_variable("model", "Model", f'label_values(llm_requests_running{{{SELECTORS["target"]}}}, model)')
+
+
+def engine_variable() -> dict:
+    """The engine kinds (vllm, sglang, ...): panels that must not mix bucket layouts repeat per engine."""
+    return query_variable("engine", "Engine", f'label_values(llm_engine_up{{{SELECTORS["target"]}}}, engine)')
 
 
 def gpu_variable() -> dict:
-    return query_variable("gpu", "GPU", 'label_values(llm_gpu_up{job=~"$job", instance=~"$instance"}, gpu)')
+    return query_variable("gpu", "GPU", f'label_values(llm_gpu_up{{{SELECTORS["exporter"]}}}, gpu)')
 
 
-def standard_variables(*, gpu: bool = False) -> list[dict]:
-    out = [datasource_variable(), job_variable(), instance_variable(), target_variable(), model_variable()]
+def adhoc_variable() -> dict:
+    """Grafana's ad hoc filters: label matchers the user adds at will, which Grafana splices into every
+    query of this datasource (a tenant label, a node, a pod); no panel names it."""
+    return {"name": "filter", "label": "Filter", "type": "adhoc", "datasource": DATASOURCE, "filters": [],
+            "hide": 0, "skipUrlSync": False}
+
+
+def standard_variables(*, gpu: bool = False, engine: bool = False) -> list[dict]:
+    out = [datasource_variable(), cluster_variable(), namespace_variable(), job_variable(), instance_variable(),
+           target_variable(), model_variable()]
+    if engine:
+        out.append(engine_variable())
     if gpu:
         out.append(gpu_variable())
+    out.append(adhoc_variable())
     return out
 
 
@@ -403,8 +463,15 @@ def uid_for(filename: str) -> str:
     return hashlib.md5(filename.encode()).hexdigest()
 
 
+def dashboard_link(title: str, filename: str, tooltip: str) -> dict:
+    """A link in the dashboard's header to another of ours, keeping the time range and the variables."""
+    return {"asDropdown": False, "icon": "dashboard", "includeVars": True, "keepTime": True, "tags": [],
+            "targetBlank": False, "title": title, "tooltip": tooltip, "type": "link",
+            "url": f"/d/{uid_for(filename)}"}
+
+
 def dashboard(filename: str, title: str, description: str, layout: Layout, variables: list[dict],
-              *, refresh: str = "30s", time_from: str = "now-1h") -> dict:
+              *, refresh: str = "30s", time_from: str = "now-1h", links: Sequence[dict] = ()) -> dict:
     return {
         "annotations": {"list": [{
             "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
@@ -417,7 +484,7 @@ def dashboard(filename: str, title: str, description: str, layout: Layout, varia
         "id": None,
         "links": [{"asDropdown": False, "icon": "external link", "includeVars": True, "keepTime": True,
                    "tags": list(TAGS), "targetBlank": False, "title": "LLM Serving", "tooltip": "",
-                   "type": "dashboards", "url": ""}],
+                   "type": "dashboards", "url": ""}, *links],
         "panels": layout.panels,
         "refresh": refresh,
         "schemaVersion": SCHEMA_VERSION,

@@ -5,12 +5,15 @@ from __future__ import annotations
 from alerts.lib import fmt_num
 from dashboards import verdict
 from dashboards.lib import (
+    TOKENS,
+    TOKENS_PER_S,
     Panel,
     Promql,
     Row,
     RowBuilder,
     color_override,
     dashboard,
+    dashboard_link,
     divide,
     heatmap,
     layout,
@@ -36,6 +39,8 @@ TITLE = "LLM Serving / Overview"
 
 T = Promql("target")
 TM = Promql("target_model")
+TME = Promql("target_model_engine")
+M = Promql("model")
 
 TTFT = slo.TTFT
 TBT = slo.TBT
@@ -44,7 +49,7 @@ ITL = "llm_inter_token_latency_seconds"
 TPOT = "llm_time_per_output_token_seconds"
 # One engine's series: the labels fallbacks (`or on (...)`) match on, so a fallback fills in per
 # engine target, not for the whole selection.
-ENGINE = ("instance", "target", "model")
+ENGINE = ("cluster", "namespace", "instance", "target", "model")
 ON_ENGINE = f"on ({', '.join(ENGINE)})"
 BY_ENGINE = f"by ({', '.join(ENGINE)})"
 # The burn-rate windows of the alert pairs (exporter/slo.py BURN_RATES), shortest first.
@@ -64,6 +69,21 @@ def rule(name: str, *extra: str) -> str:
     return TM.sel(f"target_model:{name}", *extra)
 
 
+def fleet_rule(name: str, *extra: str) -> str:
+    """A per-model recording rule (`model:...`, summed over every replica of the model in a cluster and
+    namespace, engines kept apart): the fleet's numbers, not any one replica's."""
+    return M.sel(f"model:{name}", *extra)
+
+
+# The fleet recording rules' labels: one series per model and engine kind in each cluster and namespace.
+FLEET = ("cluster", "namespace", "model", "engine")
+NO_TRAFFIC = "No traffic"
+# Events per second that Grafana scales (1.2 k/s), for counters read as rates.
+PER_S = "si:/s"
+# --gpu-price-per-hour is a bare number: the cost is in whatever currency the price was given in.
+CURRENCY = "currency of --gpu-price-per-hour"
+
+
 def verdict_code_expr() -> str:
     """One value per target: the index (1-based) of the resource whose llm_bottleneck is 1, so a
     state timeline shows one row per target whose colour and text is the verdict."""
@@ -71,7 +91,7 @@ def verdict_code_expr() -> str:
     for i, resource in enumerate(RESOURCES, start=1):
         matcher = 'resource="' + resource + '"'
         terms.append(f"{T.sel('llm_bottleneck', matcher)} * {i}")
-    return "sum by (instance, target) (\n  " + "\n  or ".join(terms) + "\n)"
+    return "sum by (cluster, namespace, instance, target) (\n  " + "\n  or ".join(terms) + "\n)"
 
 
 QUANTILES = tuple(round(q * 100) for q in slo.QUANTILES)  # the recording rules' quantiles: 50, 95, 99
@@ -97,6 +117,29 @@ def tbt_quantile(q: int) -> str:
     return f"{labelled(itl, 'measure', 'ITL')}\nor {ON_ENGINE}\n{labelled(tpot, 'measure', 'TPOT')}"
 
 
+def fleet_tbt_quantile(q: int) -> str:
+    """The fleet's q-th percentile time between tokens per model and engine kind: the ITL rule over all
+    replicas' summed buckets, else (engines without ITL: TGI, trtllm-serve) the TPOT buckets summed the same
+    way, per engine kind, so bucket layouts never mix."""
+    itl = fleet_rule(f"{ITL}:p{q}_{WINDOW}")
+    tpot = (f"histogram_quantile({q / 100:g}, sum by ({', '.join((*FLEET, 'le'))}) "
+            f"({TM.rate(TPOT + '_bucket', window=WINDOW)}))")
+    return (f"{labelled(itl, 'measure', 'ITL')}\nor on ({', '.join(FLEET)})\n"
+            f"{labelled(tpot, 'measure', 'TPOT')}")
+
+
+def engine_heatmap(title: str, description: str, histogram: str, *, unit: str, fallback: str | None = None) -> Panel:
+    """One heatmap per engine kind ($engine repeats it): engines' bucket bounds differ (vLLM's TTFT buckets are
+    not SGLang's), and summing buckets of different layouts per `le` draws cells that are no distribution at
+    all (negative ones once the cumulative counts are differenced). `fallback` is a histogram read, per
+    engine target, where the target lacks `histogram`."""
+    expr = TME.rate(histogram + "_bucket")
+    if fallback is not None:
+        expr = f"\n  {expr}\n  or {ON_ENGINE}\n  {TME.rate(fallback + '_bucket')}\n"
+    return repeat_per(heatmap(title, description, [target(f"sum by (le) ({expr})")], unit=unit, w=24, h=7),
+                      "engine", max_per_row=3)
+
+
 NO_REASON = "unreported"
 
 
@@ -114,14 +157,46 @@ def burn(metric: str, window: str, objective: float) -> str:
     return f"(1 - {rule(f'{metric}:slo_good_ratio_rate{window}')}) / {round(1 - objective, 10)}"
 
 
-def burn_panel(spec: slo.LatencySLO, w: int) -> Panel:
-    name = spec.key.upper()
+def burn_pairs() -> tuple[str, list[float]]:
+    """The alert pairs in words (highest factor first) and their factors (the panel's lines, lowest first)."""
     pairs = sorted(slo.BURN_RATES, key=lambda br: -br.factor)
     said = "; ".join(
         f"{br.severity}: above {fmt_num(br.factor)}x over both {br.long} and {br.short} "
         f"(budget gone in {slo.budget_lasts(slo.SLO_PERIOD, br.factor)})" for br in pairs)
     factors = sorted({br.factor for br in pairs})
     assert len(factors) <= len(BURN_COLORS), "one colour per burn-rate factor"
+    return said, factors
+
+
+AVAILABILITY = slo.AVAILABILITY
+AVAILABILITY_RULE = "llm_requests_availability:good_ratio_rate"
+
+
+def availability_burn_panel(w: int) -> Panel:
+    """The availability SLO's burn rate per model over the fleet, over every window its alert pairs read."""
+    said, factors = burn_pairs()
+    budget = round(1 - AVAILABILITY.objective, 10)
+    return timeseries("Availability error budget burn rate per model", f"""
+How fast each model's fleet spends the availability SLO's {slo.SLO_PERIOD} error budget ({AVAILABILITY.objective:.1%}
+of finished requests not failed by the server: bad = reason {' or '.join(AVAILABILITY.bad_reasons)}; client
+aborts do not count), over each window an alert reads ({', '.join(BURN_WINDOWS)}): (1 - good ratio) / {budget:g};
+1 = exactly on budget. One series per model and cluster, all replicas together, so one breach is one page
+({AVAILABILITY.alert}): a pair fires when both of its windows burn above its factor (the dashed lines); {said}.
+""", [target(f"(1 - {fleet_rule(AVAILABILITY_RULE + win)}) / {budget:g}", f"{win} {{{{model}}}} {{{{cluster}}}}")
+      for win in BURN_WINDOWS],
+        unit="suffix:x", w=w, h=8, minimum=0, threshold_style="dashed", no_value=NO_TRAFFIC,
+        steps=thresholds((None, "transparent"), *zip(factors, BURN_COLORS, strict=False)))
+
+
+# Error-ratio colours: green within the availability budget, orange above it, red where the fastest page
+# burns (the budget times its factor).
+ERROR_STEPS = thresholds((None, "green"), (round(1 - AVAILABILITY.objective, 10), "orange"),
+                         (round((1 - AVAILABILITY.objective) * max(br.factor for br in slo.BURN_RATES), 10), "red"))
+
+
+def burn_panel(spec: slo.LatencySLO, w: int) -> Panel:
+    name = spec.key.upper()
+    said, factors = burn_pairs()
     return timeseries(f"{name} error budget burn rate", f"""
 How fast the {name} SLO ({spec.objective:.0%} within {spec.threshold_seconds} s) spends its
 {slo.SLO_PERIOD} error budget, over each window an alert reads ({', '.join(BURN_WINDOWS)}): 1 = exactly on
@@ -129,7 +204,7 @@ budget. An alert pair fires when both of its windows burn above its factor (the 
 traffic; {said}. Read a pair as its two lines both above their line.
 """, [target(burn(spec.metric, win, spec.objective), f"{win} {{{{target}}}} {{{{model}}}} ({{{{instance}}}})")
       for win in BURN_WINDOWS],
-        unit="suffix:x", w=w, h=8, minimum=0, threshold_style="dashed",
+        unit="suffix:x", w=w, h=8, minimum=0, threshold_style="dashed", no_value=NO_TRAFFIC,
         steps=thresholds((None, "transparent"), *zip(factors, BURN_COLORS, strict=False)))
 
 
@@ -151,18 +226,24 @@ Engine targets whose /metrics the exporter scraped and parsed this cycle, out of
         stat("Decode tokens/s", f"""
 Output tokens generated per second over {WINDOW}, all selected targets. Tokens/s is a system-level result:
 batching raises it, usually at the cost of TTFT and time between tokens.
-""", [target(f'sum({rule(f"llm_generation_tokens:rate{WINDOW}")})', "tokens/s")], unit="suffix: tok/s", w=3),
+""", [target(f'sum({rule(f"llm_generation_tokens:rate{WINDOW}")})', "tokens/s")], unit=TOKENS_PER_S, w=3),
         stat(f"TTFT p99 ({WINDOW})", f"""
-Worst p99 time to first token over {WINDOW} among the selected targets. Red at the SLO threshold
+The fleet's p99 time to first token over {WINDOW}, per model: the quantile of all its replicas' requests
+together (model:...:p99_{WINDOW}, from the buckets summed over replicas, per engine kind; the worst cluster or
+engine kind when several are selected). One slow replica serving a request a minute barely moves it, as it
+barely moves what users see; the fleet board's outlier tables name such a replica. Red at the SLO threshold
 ({TTFT.threshold_seconds} s): beyond it the SLO's error budget is being spent.
-""", [target(f'max({rule(f"llm_time_to_first_token_seconds:p99_{WINDOW}")})', "p99")], unit="s", w=3,
+""", [target(f'max by (model) ({fleet_rule(f"llm_time_to_first_token_seconds:p99_{WINDOW}")})', "{{model}}")],
+             unit="s", w=3, no_value=NO_TRAFFIC,
              steps=thresholds((None, "green"), (TTFT.threshold_seconds * 0.8, "orange"),
                               (TTFT.threshold_seconds, "red"))),
         stat(f"TBT p99 ({WINDOW})", f"""
-Worst p99 time between tokens over {WINDOW}: inter-token latency (vLLM, SGLang, LMDeploy, NIM), else time per
-output token (TGI, trtllm-serve: each request's mean gap, so its tail is lower than the gaps'). Red at the SLO
-threshold ({TBT.threshold_seconds} s): the stream visibly stutters for readers.
-""", [target(f"max(\n{tbt_quantile(99)}\n)", "p99")], unit="s", w=3,
+The fleet's p99 time between tokens over {WINDOW}, per model (all its replicas' token gaps together, per
+engine kind; the worst cluster or engine kind when several are selected): inter-token latency (vLLM, SGLang,
+LMDeploy, NIM), else time per output token (TGI, trtllm-serve: each request's mean gap, so its tail is lower
+than the gaps'). Red at the SLO threshold ({TBT.threshold_seconds} s): the stream visibly stutters for readers.
+""", [target(f"max by (model) (\n{fleet_tbt_quantile(99)}\n)", "{{model}}")], unit="s", w=3,
+             no_value=NO_TRAFFIC,
              steps=thresholds((None, "green"), (TBT.threshold_seconds * 0.8, "orange"),
                               (TBT.threshold_seconds, "red"))),
         stat("KV cache usage (max)", f"""
@@ -247,19 +328,24 @@ vLLM, trtllm-serve, LMDeploy.
              name)
       for name, phase in (("queue", "llm_request_queue_time_seconds"), ("prefill", "llm_request_prefill_time_seconds"),
                           ("decode", "llm_request_decode_time_seconds"))],
-            unit="s", w=24, h=7, stack=True, fill=40, legend_calcs=("mean", "lastNotNull")), "target"),
-        heatmap("TTFT distribution", """
-Requests per second in each TTFT bucket (the engine's own bucket bounds). Two bands usually mean two kinds
-of traffic (short chat and long RAG prompts) and deserve separate SLOs or routing.
-""", [target(f"sum by (le) ({TM.rate('llm_time_to_first_token_seconds_bucket')})")], w=12),
-        heatmap("Time-between-tokens distribution", """
-Token gaps per second in each inter-token-latency bucket (vLLM, SGLang, LMDeploy, NIM); for an engine target
-without that histogram, requests per second in each time-per-output-token bucket instead (TGI, trtllm-serve:
-one observation per request, its mean gap). With both kinds of engine selected the heatmap mixes the two;
-select one $target to read one. A second band well above the main one is decode steps that also carried a
-prefill (no chunked prefill) or preemption recompute.
-""", [target(f"sum by (le) (\n  {TM.rate(ITL + '_bucket')}\n  or {ON_ENGINE}\n  {TM.rate(TPOT + '_bucket')}\n)")],
-            w=12),
+            unit="s", w=24, h=7, stack=True, fill=40, legend_calcs=("mean", "lastNotNull"), no_value=NO_TRAFFIC),
+        "target"),
+        engine_heatmap("TTFT distribution ($engine)", """
+One heatmap per engine kind: requests per second in each TTFT bucket (the engine's own bucket bounds, which
+differ between engines, so they are never summed together). Two bands usually mean two kinds of traffic
+(short chat and long RAG prompts) and deserve separate SLOs or routing.
+""", "llm_time_to_first_token_seconds", unit="s"),
+        engine_heatmap("Time-between-tokens distribution ($engine)", """
+One heatmap per engine kind: token gaps per second in each inter-token-latency bucket (vLLM, SGLang, LMDeploy,
+NIM); for an engine target without that histogram, requests per second in each time-per-output-token bucket
+instead (TGI, trtllm-serve: one observation per request, its mean gap). A second band well above the main one
+is decode steps that also carried a prefill (no chunked prefill) or preemption recompute.
+""", ITL, unit="s", fallback=TPOT),
+        engine_heatmap("End-to-end latency distribution ($engine)", """
+One heatmap per engine kind: finished requests per second in each end-to-end latency bucket (arrival to last
+token). Its bands follow the output lengths more than the engine: compare with the output length
+distribution below before blaming the engine.
+""", "llm_e2e_request_latency_seconds", unit="s"),
     )
 
 
@@ -270,7 +356,7 @@ Share of requests with TTFT <= {TTFT.threshold_seconds} s over {WINDOW} (bucket 
 Red below the objective ({TTFT.objective:.2%}).
 """, [target(rule(f"llm_time_to_first_token_seconds:slo_good_ratio_rate{WINDOW}"),
               "{{target}} {{model}} ({{instance}})")],
-             unit="percentunit", w=4, h=8, decimals=2, minimum=0, maximum=1,
+             unit="percentunit", w=4, h=8, decimals=2, minimum=0, maximum=1, no_value=NO_TRAFFIC,
              steps=thresholds((None, "red"), (TTFT.objective, "green"))),
         stat(f"TBT SLO attainment ({WINDOW})", f"""
 Share of token gaps <= {TBT.threshold_seconds} s over {WINDOW}. Red below the objective
@@ -278,7 +364,7 @@ Share of token gaps <= {TBT.threshold_seconds} s over {WINDOW}. Red below the ob
 LMDeploy, NIM); engines with only time per output token (TGI, trtllm-serve) have no TBT SLO.
 """, [target(rule(f"llm_inter_token_latency_seconds:slo_good_ratio_rate{WINDOW}"),
               "{{target}} {{model}} ({{instance}})")],
-             unit="percentunit", w=4, h=8, decimals=2, minimum=0, maximum=1,
+             unit="percentunit", w=4, h=8, decimals=2, minimum=0, maximum=1, no_value=NO_TRAFFIC,
              steps=thresholds((None, "red"), (TBT.objective, "green"))),
         burn_panel(TTFT, w=8),
         burn_panel(TBT, w=8),
@@ -290,7 +376,7 @@ recent traffic (nothing finished in the window), not 0%. TBT, as in the recordin
 latency histogram: none for TGI, trtllm-serve and SGLang (whose only per-gap histogram weights tokens).
 """, [target(TM.sel("llm_ttft_slo_attainment_ratio"), "TTFT <= {{bound}}s {{target}} ({{instance}})"),
       target(TM.sel("llm_tbt_slo_attainment_ratio"), "TBT <= {{bound}}s {{target}} ({{instance}})")],
-            unit="percentunit", w=12, decimals=3, maximum=1),
+            unit="percentunit", w=12, decimals=3, maximum=1, no_value=NO_TRAFFIC),
         timeseries("p99 tails in the exporter's window", """
 TTFT, TBT and end-to-end p99 computed by the exporter from its own window of the engine histograms
 (llm_*_window_seconds). They match histogram_quantile over the same window and need no recording rules.
@@ -312,7 +398,7 @@ HBM bandwidth. Solid: the exporter's short window; dashed: the {WINDOW} recordin
       target(TM.sel("llm_decode_tokens_per_second"), "decode {{target}} ({{instance}})"),
       target(rule(f"llm_prompt_tokens:rate{WINDOW}"), f"prefill {WINDOW} {{{{target}}}} ({{{{instance}}}})"),
       target(rule(f"llm_generation_tokens:rate{WINDOW}"), f"decode {WINDOW} {{{{target}}}} ({{{{instance}}}})")],
-            unit="suffix: tok/s", w=8,
+            unit=TOKENS_PER_S, w=8,
             overrides=[color_override(f"^prefill {WINDOW}.*", "blue", dashed=True),
                        color_override(f"^decode {WINDOW}.*", "green", dashed=True),
                        color_override("^prefill [^0-9].*", "blue"), color_override("^decode [^0-9].*", "green")]),
@@ -324,11 +410,12 @@ size is the exporter's average of running over its window.
       target(rule("llm_requests_waiting:sum"), "waiting {{target}} ({{instance}})"),
       target(TM.sel("llm_mean_batch_size"), "mean batch {{target}} ({{instance}})")], unit="short", w=8,
             overrides=[color_override("^waiting.*", "orange")]),
-        timeseries(f"Preemptions ({WINDOW})", """
-Sequences preempted (vLLM) or retracted (SGLang) per second because the KV cache ran out. Each one is
+        timeseries(f"Preemptions per second ({WINDOW})", """
+Sequences preempted (vLLM) or retracted (SGLang) per second because the KV cache ran out (a rate over the
+window, not a count). Each one is
 recomputed or swapped later: tokens/s is wasted and tail latency jumps. Anything above 0 means the KV cache,
 not compute, caps concurrency.
-""", [target(rule(f"llm_preemptions:rate{WINDOW}"), "{{target}} {{model}} ({{instance}})")], unit="short", w=8,
+""", [target(rule(f"llm_preemptions:rate{WINDOW}"), "{{target}} {{model}} ({{instance}})")], unit=PER_S, w=8,
             minimum=0, threshold_style="area", steps=thresholds((None, "transparent"), (1e-9, "red"))),
         repeat_per(
         timeseries("Share of engine time: prefill vs decode ($target)", """
@@ -351,6 +438,108 @@ per finished request (LMDeploy). Exporters that report the same target name are 
             legend_calcs=("mean", "lastNotNull"),
             overrides=[color_override("^abort.*", "orange"), color_override("^error.*", "red"),
                        color_override(f"^{NO_REASON}$", "text")]), "target"),
+    )
+
+
+def ratio_rule_targets(scope: str) -> list[dict]:
+    """The error and abort ratios of finished requests: per engine target (`target_model:`) or per model over
+    the fleet (`model:`), from the recording rules (0 at zero traffic would be a lie; they return nothing)."""
+    if scope == "target":
+        who = "{{target}} {{model}} ({{instance}})"
+        return [target(rule(f"llm_requests_{kind}:ratio_rate{WINDOW}"), f"{kind} {who}") for kind in ("error", "abort")]
+    return [target(fleet_rule(f"llm_requests_{kind}:ratio_rate{WINDOW}"), f"{kind} {{{{model}}}} {{{{cluster}}}}")
+            for kind in ("error", "abort")]
+
+
+def outcomes_row() -> Row:
+    return row("Request outcomes",
+        timeseries(f"Error and abort ratio per target ({WINDOW})", f"""
+Share of finished requests that ended in an error (the engine failed them) or an abort (the client gave up,
+usually after waiting too long), per engine target over {WINDOW}: the finish-reason counter's error or abort
+rate / all finished (llm_requests_finished_total: vLLM, TGI, Triton, trtllm-serve, NIM; engines without
+finish reasons have no line). Errors are the engine's fault; aborts are latency seen by users: compare them
+with TTFT. No line at all means no finished requests in the window, not 0%.
+""", ratio_rule_targets("target"), unit="percentunit", w=8, minimum=0, no_value=NO_TRAFFIC,
+            overrides=[color_override("^error.*", "red"), color_override("^abort.*", "orange")]),
+        timeseries(f"Error and abort ratio per model, fleet ({WINDOW})", """
+The same shares over every replica of each model together (model:... rules, per cluster): what the
+availability SLO counts. One broken replica among many shows here diluted by its share of the traffic; the
+per-target panel and the fleet board's instance table name it.
+""", ratio_rule_targets("model"), unit="percentunit", w=8, minimum=0, no_value=NO_TRAFFIC,
+            overrides=[color_override("^error.*", "red"), color_override("^abort.*", "orange")]),
+        availability_burn_panel(w=8),
+    )
+
+
+def length_heatmaps() -> tuple[Panel, Panel]:
+    """Prompt and output length distributions, one heatmap per engine kind (used by the fleet board too)."""
+    return (
+        engine_heatmap("Prompt length distribution ($engine)", """
+One heatmap per engine kind: finished requests per second in each prompt-length bucket (tokens; the
+engine's own bounds). Prompt length drives prefill work and TTFT: a new band of long prompts (RAG, long
+system prompts) explains a TTFT rise that no engine setting caused. vLLM, SGLang, TGI, LMDeploy, NIM.
+""", "llm_request_prompt_tokens", unit=TOKENS),
+        engine_heatmap("Output length distribution ($engine)", """
+One heatmap per engine kind: finished requests per second in each output-length bucket (tokens generated).
+Output length drives decode time and end-to-end latency, and how long each request holds its KV cache:
+longer answers at the same request rate fill the KV cache. vLLM, SGLang, TGI, LMDeploy, NIM.
+""", "llm_request_generation_tokens", unit=TOKENS),
+    )
+
+
+def workload_row() -> Row:
+    mean = [target(divide(TM.sum_rate(f"llm_request_{kind}_tokens_sum", by=ENGINE, window=WINDOW),
+                          TM.sum_rate(f"llm_request_{kind}_tokens_count", by=ENGINE, window=WINDOW)),
+                   f"{kind} {{{{target}}}} {{{{model}}}} ({{{{instance}}}})") for kind in ("prompt", "generation")]
+    return row("Workload shape",
+        timeseries(f"Mean prompt and output length ({WINDOW})", f"""
+Mean tokens per finished request over {WINDOW}: prompt (prefill) and generation (output), from the length
+histograms' _sum / _count. Compare a latency change with these first: longer prompts raise TTFT, longer
+outputs raise end-to-end latency, both fill the KV cache, with no change in the engine.
+""", mean, unit=TOKENS, w=24, minimum=0, no_value=NO_TRAFFIC,
+            overrides=[color_override("^generation.*", "green")]),
+        *length_heatmaps(),
+    )
+
+
+def decoding_row() -> Row:
+    accepted = TM.sum_rate("llm_spec_decode_accepted_tokens_total", by=ENGINE, window=WINDOW)
+    drafted = TM.sum_rate("llm_spec_decode_draft_tokens_total", by=ENGINE, window=WINDOW)
+    drafts = TM.sum_rate("llm_spec_decode_drafts_total", by=ENGINE, window=WINDOW)
+    length = (f"1 + {divide(accepted, drafts)}\nor {ON_ENGINE}\n"
+              f"avg {BY_ENGINE} ({TM.sel('llm_spec_decode_acceptance_length')})")
+    per_step = divide(TM.sum_rate("llm_iteration_tokens_sum", by=ENGINE, window=WINDOW),
+                      TM.sum_rate("llm_iteration_tokens_count", by=ENGINE, window=WINDOW))
+    decode_per_step = divide(f"sum {BY_ENGINE} ({TM.sel('llm_decode_tokens_per_second')})",
+                             f"sum {BY_ENGINE} ({TM.sel('llm_decode_steps_per_second')})")
+    return row("Speculative decoding and batch shape",
+        timeseries("Speculative decoding: acceptance ratio and length", """
+Acceptance ratio (left axis): draft tokens the target model accepted / draft tokens proposed, over the
+exporter's window (llm_spec_decode_acceptance_ratio; vLLM, llama.cpp, trtllm-serve, LMDeploy). Under about
+0.5 the draft model costs more than it saves and decoding gets slower (LLMSpecDecodeLowAcceptance).
+Acceptance length (right axis): tokens a request gains per verification step, 1 + accepted / drafts where the
+engine counts both (vLLM, llama.cpp, LMDeploy), else the engine's own mean (SGLang, trtllm-serve).
+Empty without speculative decoding.
+""", [target(TM.sel("llm_spec_decode_acceptance_ratio"), "ratio {{target}} {{model}} ({{instance}})"),
+      target(length, "length {{target}} {{model}} ({{instance}})")],
+            unit="percentunit", w=8, minimum=0, overrides=[right_axis("^length.*", TOKENS)]),
+        timeseries(f"Speculative decoding: draft and accepted tokens/s ({WINDOW})", f"""
+Draft tokens proposed and accepted per second over {WINDOW} (vLLM, llama.cpp, trtllm-serve, LMDeploy). The
+gap between the lines is verification work spent on rejected drafts; accepted tokens are output the target
+model did not have to step for one by one. Empty without speculative decoding.
+""", [target(drafted, "drafted {{target}} {{model}} ({{instance}})"),
+      target(accepted, "accepted {{target}} {{model}} ({{instance}})")],
+            unit=TOKENS_PER_S, w=8, minimum=0, overrides=[color_override("^accepted.*", "green")]),
+        timeseries(f"Tokens per engine step ({WINDOW})", f"""
+How much work each forward pass carries. all tokens: prefill + decode tokens per engine step, the mean of the
+iteration-tokens histogram over {WINDOW} (vLLM): chunked prefill fills steps up to the token budget, a pure
+decode step carries one token per running sequence. decode: decode tokens/s / engine steps/s from the
+exporter: where the engine counts its steps (llama.cpp) tokens per step, else the mean batch (steps are then
+derived from it). Few tokens per step on a busy engine means small batches: the GPU re-reads the weights
+for little work.
+""", [target(per_step, "all tokens {{target}} {{model}} ({{instance}})"),
+      target(decode_per_step, "decode {{target}} {{model}} ({{instance}})")],
+            unit=TOKENS, w=8, minimum=0, no_value=NO_TRAFFIC),
     )
 
 
@@ -436,13 +625,13 @@ GPU energy per output token: GPU energy rate of the target's GPUs / decode token
 each step's energy across more tokens, so it falls with batch size until latency limits stop you.
 """, [target(TM.sel("llm_energy_joules_per_token"), "{{target}} {{model}} ({{instance}})")], unit="joule", w=12,
             minimum=0),
-        timeseries("Cost per 1M generated tokens", """
+        timeseries(f"Cost per 1M generated tokens ({CURRENCY})", """
 Price per GPU-hour x GPUs / 3600 / decode tokens/s x 1e6 (the hourly price of the target's GPUs per second,
 over the tokens generated in that second, for a million tokens), in the currency of --gpu-price-per-hour
 (absent when no price is configured). Compare it across batch limits and quantization settings, not across
 time of day.
 """, [target(TM.sel("llm_cost_per_million_tokens"), "{{target}} {{model}} ({{instance}})")],
-            unit="none", w=12, decimals=3, minimum=0),
+            unit=f"suffix: per 1M tok ({CURRENCY})", w=12, decimals=3, minimum=0),
     )
 
 
@@ -477,6 +666,7 @@ Near zero on loopback. The red line is where LLMProbeLatencyGap starts to look (
 client's mean more than {gap.factor:g}x the server's). Negative values mean the engine's other requests are
 slower than the probe's short one (longer prompts), not a negative network.
 """, [target(rule(f"llm_probe_time_to_first_token_seconds:gap_mean{WINDOW}"), PROBE_WHO)], unit="s", w=12,
+            no_value=NO_TRAFFIC,
             threshold_style="dashed", steps=thresholds((None, "transparent"), (gap.gap_seconds, "red"))),
         timeseries(f"Probe inter-token latency and end-to-end (p95, {WINDOW})", """
 Client-side gaps between the probe's text chunks (ITL) and its whole request (e2e), p95. An ITL well above the
@@ -500,10 +690,15 @@ The runbook of LLMProbeFailing says what each means.
     )
 
 
-ROWS: tuple[RowBuilder, ...] = (now_row, verdict_row, latency_row, slo_row, throughput_row, kv_cache_row,
-                                pd_row, cost_row, probe_row)
+ROWS: tuple[RowBuilder, ...] = (now_row, verdict_row, latency_row, slo_row, outcomes_row, throughput_row,
+                                workload_row, decoding_row, kv_cache_row, pd_row, cost_row, probe_row)
 
 
 def build() -> dict:
+    from dashboards import fleet  # the fleet board links back here
+
     return dashboard(FILENAME, TITLE, "Where the bottleneck is, latency against the SLO, throughput, KV cache "
-                     "and cost, per engine target (llm-exporter).", layout(ROWS), standard_variables())
+                     "and cost, per engine target (llm-exporter).", layout(ROWS), standard_variables(engine=True),
+                     links=[dashboard_link("Fleet view", fleet.FILENAME,
+                                           "Every replica of every model across clusters: summary, instance table, "
+                                           "outliers")])

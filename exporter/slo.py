@@ -93,13 +93,44 @@ TBT = LatencySLO("tbt", "llm_inter_token_latency_seconds", "time between tokens"
 SLOS: tuple[LatencySLO, ...] = (TTFT, TBT)
 
 # A 30-day budget; the pairs page for a budget gone in 50 hours (1h/5m) or 5 days (6h/30m), and
-# open a ticket for one gone within the period (3d/6h).
+# open a ticket for one gone in 10 days (1d/2h, the SRE workbook's medium tier: 10% of the budget in
+# a day) or within the period (3d/6h). Order: the paging pairs first, then the tickets, each
+# shortest long window first (tests and the live story read the first two as the fast and slow pages).
 SLO_PERIOD = "30d"
 BURN_RATES: tuple[BurnRate, ...] = (
     BurnRate("critical", long="1h", short="5m", factor=14.4, for_="2m"),
     BurnRate("critical", long="6h", short="30m", factor=6, for_="15m"),
+    BurnRate("warning", long="1d", short="2h", factor=3, for_="1h"),
     BurnRate("warning", long="3d", short="6h", factor=1, for_="3h"),
 )
+
+
+
+@dataclass(frozen=True, slots=True)
+class AvailabilitySLO:
+    """"`objective` of the requests a model's fleet finishes are not the server's fault", per
+    (cluster, namespace, model): one SLO for all replicas of a model, so one breach is one page.
+
+    Read from llm_requests_finished_total{reason} (exporter/catalog/engine.py FINISH_REASONS). Bad:
+    `error` (the engine or its backend failed the request) and `rejected` (refused without being
+    run: a full or timed-out queue, overload); both are the service failing a request it was sent.
+    Not bad: `abort` (the client left or cancelled: its choice, and counting it would page on
+    impatient clients), `stop`, `length` (normal ends) and `other`. tests/test_alerts.py checks that
+    these are FINISH_REASONS (a leaf module cannot import the catalogue)."""
+
+    key: str  # the `slo` label of its alerts
+    alert: str
+    objective: float
+    bad_reasons: tuple[str, ...]  # the server's fault: counted against the SLO
+    abort_reasons: tuple[str, ...]  # the client's choice: the abort ratio, never the SLO
+
+
+AVAILABILITY = AvailabilitySLO("availability", "LLMAvailabilityErrorBudgetBurn", objective=0.999,
+                               bad_reasons=("error", "rejected"), abort_reasons=("abort",))
+
+# The labels the fleet recording rules and alerts keep (`sum by`): a Prometheus per cluster sets
+# `cluster` in its external_labels, Kubernetes scrapes set `namespace`; absent ones are simply empty.
+FLEET_LABELS: tuple[str, ...] = ("cluster", "namespace")
 
 # Window and quantiles of the quantile and throughput recording rules the dashboards read.
 RATE_WINDOW = "5m"

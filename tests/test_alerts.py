@@ -84,6 +84,8 @@ def test_each_area_module_builds_only_its_own_groups():
         names = [g["name"] for g in groups]
         if area == "recording":
             assert names and all(n.endswith(".rules") for n in names), names
+        elif area == "fleet":  # its per-model rules, then the alerts on them
+            assert names == ["llm-exporter.fleet.rules", "llm-exporter.fleet.alerts"], names
         else:
             assert names == [f"llm-exporter.{area}.alerts"], names
 
@@ -119,7 +121,7 @@ def test_time_scale_scales_every_duration_and_keeps_rule_names_and_descriptions_
     # The burn inhibitions name the pairs by the scaled `long` label the scaled alerts carry.
     longs = {m for r in am["inhibit_rules"] for m in r["source_matchers"] + r["target_matchers"]
              if m.startswith("long=")}
-    assert longs == {'long="1m12s"', 'long="7m12s"', 'long="1h26m24s"'}, longs
+    assert longs == {'long="1m12s"', 'long="7m12s"', 'long="28m48s"', 'long="1h26m24s"'}, longs
 
 
 def test_area_modules_write_no_duration_literally():
@@ -308,12 +310,45 @@ def test_every_metric_in_a_rule_is_in_the_catalogue_and_docs_or_a_recording_rule
     assert not problems, "\n".join(problems)
 
 
+# Recording-rule metrics that are no family but say what they count: the fleet's replicas and GPUs
+# up, and the finished requests' error, abort and availability (alerts/fleet.py).
+FLEET_METRICS = {"llm_replicas_up": "llm_engine_up", "llm_gpus_up": "llm_gpu_up",
+                 "llm_requests_error": "llm_requests_finished_total",
+                 "llm_requests_abort": "llm_requests_finished_total",
+                 "llm_requests_availability": "llm_requests_finished_total"}
+
+
 def test_recording_rule_names_follow_level_metric_operations():
+    """level:metric:operations, the level saying what the rule keeps: target_model (every label but
+    aggregate_away), model (cluster, namespace, model: the fleet), cluster (cluster, namespace)."""
     for name in recording_names():
         level, metric, ops = name.split(":")
-        assert level == "target_model" and metric.startswith("llm_") and ops, name
-        base = metric.removesuffix("_bucket").removesuffix("_count")
+        assert level in ("target_model", "model", "cluster") and metric.startswith("llm_") and ops, name
+        base = FLEET_METRICS.get(metric, metric.removesuffix("_bucket").removesuffix("_count"))
         assert base in catalog.FAMILIES or base + "_total" in catalog.FAMILIES, name
+    for metric, family in FLEET_METRICS.items():
+        assert family in catalog.FAMILIES, (metric, family)
+
+
+def test_fleet_rules_aggregate_by_cluster_namespace_model_and_never_divide_by_zero():
+    """Every model:/cluster: rule names what it keeps (`by (cluster, namespace, ...)`, never a
+    `without` that lets scrape labels leak), and every division's denominator is kept above 0."""
+    fleet = [r for r in rules() if "record" in r and r["record"].split(":")[0] in ("model", "cluster")]
+    assert len(fleet) > 20, fleet
+    for rule in fleet:
+        if "sum" in rule["expr"] or "count" in rule["expr"]:
+            assert "without" not in rule["expr"], rule
+            assert re.search(r"(sum|count) by \(cluster, namespace[,)]", rule["expr"]), rule
+    for rule in (r for r in rules() if "record" in r):
+        for denominator in re.findall(r"\n/\n(.*)", rule["expr"], re.S):
+            assert denominator.startswith("((") and denominator.rstrip().endswith(") > 0)"), rule
+
+
+def test_availability_reasons_are_finish_reasons():
+    from exporter.catalog.engine import FINISH_REASONS
+    a = slo.AVAILABILITY
+    assert set(a.bad_reasons) <= set(FINISH_REASONS) and set(a.abort_reasons) <= set(FINISH_REASONS)
+    assert not set(a.bad_reasons) & set(a.abort_reasons)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -409,7 +444,9 @@ def test_alertmanager_routes_by_severity_and_inhibits_known_alerts():
     routes = {tuple(r["matchers"]): r["receiver"] for r in am["route"]["routes"]}
     assert routes == {('severity="critical"',): "pager", ('severity="warning"',): "ticket",
                       ('severity="info"',): "null"}
-    assert am["route"]["group_by"] == ["alertname", "target", "model"]
+    # A fleet alert has no `target`: it groups by alertname, cluster, namespace and model, one
+    # notification per cluster's breach of a model.
+    assert am["route"]["group_by"] == ["alertname", "cluster", "namespace", "target", "model"]
     names = {r["alert"] for r in alert_rules()}
     for rule in am["inhibit_rules"]:
         for matcher in rule["source_matchers"] + rule["target_matchers"]:
@@ -470,7 +507,7 @@ def test_a_real_alertmanager_pages_once_per_slo_breach_with_the_longer_burn_pair
                                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
                                 "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     burn = generate.CONFIG["slos"]["ttft"]["alert"]
-    fast, slow, ticket = generate.CONFIG["burn_rates"]
+    fast, slow, medium, ticket = generate.CONFIG["burn_rates"]
 
     def add(pair: dict, target: str = "vllm-a") -> None:
         result = run(amtool, "alert", "add", f"--alertmanager.url={url}", f"alertname={burn}",
@@ -484,18 +521,44 @@ def test_a_real_alertmanager_pages_once_per_slo_breach_with_the_longer_burn_pair
         assert result.returncode == 0, result.stderr
         return {a["labels"]["long"]: a["status"]["state"] for a in json.loads(result.stdout)}
 
+    def add_fleet(name: str, pair: dict, cluster: str) -> None:
+        result = run(amtool, "alert", "add", f"--alertmanager.url={url}", f"alertname={name}",
+                     f"severity={pair['severity']}", "slo=availability", f"long={pair['long']}",
+                     f"short={pair['short']}", f"cluster={cluster}", "namespace=serving", "model=llama-70b")
+        assert result.returncode == 0, result.stderr
+
+    def fleet_states(name: str, cluster: str) -> dict[str, str]:
+        result = run(amtool, "alert", "query", f"--alertmanager.url={url}", "--active", "--inhibited", "-o", "json",
+                     f"alertname={name}", f"cluster={cluster}")
+        assert result.returncode == 0, result.stderr
+        return {a["labels"]["long"]: a["status"]["state"] for a in json.loads(result.stdout)}
+
     try:
         assert wait_until(lambda: run(amtool, "config", "show", f"--alertmanager.url={url}").returncode == 0,
                           timeout=20, interval=0.2), "Alertmanager did not start"
         add(fast)
         assert wait_until(lambda: receiver.alerts(burn, status="firing", long=fast["long"]), timeout=10)
         add(slow)
+        add(medium)
         add(ticket)
         assert wait_until(lambda: states() == {fast["long"]: "suppressed", slow["long"]: "active",
-                                               ticket["long"]: "suppressed"}, timeout=10), states()
+                                               medium["long"]: "suppressed", ticket["long"]: "suppressed"},
+                          timeout=10), states()
         add(fast, target="vllm-b")  # same SLO, another target: its own page
         assert wait_until(lambda: states("vllm-b") == {fast["long"]: "active"}, timeout=10), states("vllm-b")
         assert wait_until(lambda: receiver.alerts(burn, status="firing", target="vllm-b"), timeout=10)
+        # The availability SLO's fleet alerts carry no job, instance or target: cluster a's slow pair
+        # mutes its own fast pair, never cluster b's (cluster is in the inhibitions' `equal`), and
+        # cluster b pages in its own group.
+        avail = generate.CONFIG["availability_slo"]["alert"]
+        add_fleet(avail, fast, "a")
+        add_fleet(avail, slow, "a")
+        add_fleet(avail, fast, "b")
+        assert wait_until(lambda: fleet_states(avail, "a") == {fast["long"]: "suppressed", slow["long"]: "active"},
+                          timeout=10), fleet_states(avail, "a")
+        assert wait_until(lambda: fleet_states(avail, "b") == {fast["long"]: "active"}, timeout=10), \
+            fleet_states(avail, "b")
+        assert wait_until(lambda: receiver.alerts(avail, status="firing", cluster="b"), timeout=10)
         time.sleep(2)  # two group intervals: nothing more may arrive for the suppressed pairs
         tickets = [r for r in receiver.alerts() if r.receiver == "/ticket"]
         assert not tickets, "the ticket pair went out while its SLO pages"

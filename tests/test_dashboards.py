@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from dashboards import generate, gpu_roofline, host, lib, overview
+from dashboards import fleet, generate, gpu_roofline, host, lib, overview
 from dashboards.promql import PromqlSyntaxError, metric_names
 from exporter import catalog, slo
 from exporter.derive import bottleneck
@@ -22,7 +22,9 @@ from tests.conftest import ROOT
 
 DASHBOARDS = {name: json.loads(text) for name, text in generate.build_all().items()}
 BUILTIN_VARIABLES = {"__rate_interval", "__interval", "__range", "__interval_ms", "__range_s", "__from", "__to",
-                     "__all", "__name", "__dashboard", "__user", "__org"}
+                     "__all", "__name", "__dashboard", "__user", "__org",
+                     # data links: the clicked row's fields and the dashboard's time range
+                     "__data", "__url_time_range", "__field", "__value", "__series"}
 
 
 def panels(dash: dict) -> list[dict]:
@@ -36,7 +38,8 @@ def test_check_passes_on_the_committed_json():
     result = subprocess.run([sys.executable, "dashboards/generate.py", "--check"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "3 dashboards up to date" in result.stdout
+    assert f"{len(generate.DASHBOARDS)} dashboards up to date" in result.stdout
+    assert len(generate.DASHBOARDS) == 4
 
 
 def test_check_reports_stale_missing_and_stray_files(tmp_path):
@@ -143,7 +146,10 @@ def test_every_variable_used_is_defined_and_every_defined_one_used(dash):
     used = set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", text)) | set(re.findall(r"\[\[(\w+)", text))
     assert used - BUILTIN_VARIABLES <= set(defined), used - BUILTIN_VARIABLES - set(defined)
     panel_text = json.dumps(d["panels"])
-    for name in defined:
+    for var in d["templating"]["list"]:
+        if var["type"] == "adhoc":  # Grafana splices ad hoc filters into every query; no panel names them
+            continue
+        name = var["name"]
         assert re.search(r"\$\{?" + name + r"\b", panel_text), f"variable {name} defined but unused"
     # Variables only refer to variables defined before them (Grafana resolves them in order).
     for i, var in enumerate(d["templating"]["list"]):
@@ -153,18 +159,66 @@ def test_every_variable_used_is_defined_and_every_defined_one_used(dash):
 
 def test_dashboards_have_the_variables_the_issue_asks_for(dash):
     name, d = dash
-    defined = {v["name"] for v in d["templating"]["list"]}
-    assert {"datasource", "job", "target", "model"} <= defined
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert {"datasource", "cluster", "namespace", "job", "target", "model", "filter"} <= set(variables)
     if "gpu" in name:
-        assert "gpu" in defined
+        assert "gpu" in variables
+    # cluster and namespace at All match series without the label (a Prometheus whose series carry the
+    # cluster only as an external label): the All value is the regex .*, and the matchers are regex ones.
+    for scope in ("cluster", "namespace"):
+        var = variables[scope]
+        assert var["includeAll"] and var["allValue"] == ".*" and var["multi"], var
+        assert var["current"]["value"] == ["$__all"], var
+        assert var["query"].startswith("label_values(llm_exporter_build_info"), var
+    assert variables["cluster"]["query"] == "label_values(llm_exporter_build_info, cluster)"
+    assert 'cluster=~"$cluster"' in variables["namespace"]["query"]
+    adhoc = variables["filter"]
+    assert adhoc["type"] == "adhoc" and adhoc["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    # Every query variable after the scope is itself scoped by it (one cluster's jobs, instances, ...).
+    for var in d["templating"]["list"]:
+        if var["type"] == "query" and var["name"] not in ("cluster", "namespace"):
+            assert 'cluster=~"$cluster", namespace=~"$namespace"' in var["query"], var["name"]
 
 
-def test_every_query_selects_by_job():
-    """Every metric selector is scoped: the selector dict, not ad-hoc matchers, decides what is read."""
+# The labels a recording rule's series carry, by its level (alerts/rules/*.yaml): per replica, per model
+# over the fleet, per cluster.
+RULE_LABELS = {
+    "target_model": {"cluster", "namespace", "job", "instance", "target", "engine", "model"},
+    "model": {"cluster", "namespace", "model", "engine"},
+    "cluster": {"cluster", "namespace"},
+}
+FLEET_LEVELS = ("model", "cluster")
+
+
+def series_labels(name: str) -> set[str]:
+    """The labels that can scope the series of `name`: a recording rule's by its level, a catalogue family's
+    own plus the target labels every scrape adds (job, instance) and a multi-cluster setup adds."""
+    level = name.split(":")[0] if ":" in name else None
+    if level is not None:
+        return RULE_LABELS[level]
+    fam = catalog.family_of(name)
+    assert fam is not None, name
+    return {*fam.labels, "job", "instance", "cluster", "namespace"}
+
+
+def named_selectors(expr: str) -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) for m in re.finditer(r"([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}", expr)]
+
+
+def test_every_selector_is_scoped_by_cluster_namespace_and_job():
+    """Every metric selector is scoped: the selector dict, not ad-hoc matchers, decides what is read. The
+    cluster and namespace scope applies everywhere; job (and the replica's instance/target) everywhere but on
+    the fleet rules, which sum them away."""
+    assert all(s.startswith(lib.SCOPE) for s in lib.SELECTORS.values()), lib.SELECTORS
+    count = 0
     for d in DASHBOARDS.values():
         for panel, t in generate.iter_exprs(d):
-            for m in re.finditer(r"([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}", t["expr"]):
-                assert 'job=~"$job"' in m.group(2), (panel["title"], m.group(0))
+            for name, matchers in named_selectors(t["expr"]):
+                count += 1
+                assert 'cluster=~"$cluster", namespace=~"$namespace"' in matchers, (panel["title"], name)
+                fleet_rule = name.split(":")[0] in FLEET_LEVELS
+                assert ('job=~"$job"' in matchers) != fleet_rule, (panel["title"], name, matchers)
+    assert count > 200
 
 
 # ------------------------------------------------------------------------------------------------
@@ -308,7 +362,7 @@ def split_on(expr: str, keyword: str) -> list[str]:
 
 def family_read(name: str) -> str:
     """The catalogue family a sample name or a recording rule (target_model:<sample>:<op>) reads."""
-    sample = name.split(":")[1] if name.startswith("target_model:") else name
+    sample = name.split(":")[1] if name.split(":")[0] in RULE_LABELS else name
     for candidate in (sample, sample + "_total"):
         fam = catalog.FAMILIES.get(candidate) or catalog.family_of(candidate)
         if fam is not None:
@@ -375,11 +429,21 @@ def test_every_aggregation_and_legend_over_gpu_or_target_series_keeps_instance()
 
 def test_every_query_scopes_all_its_selectors_alike():
     """Both sides of a binary operation read the same selection: a filter on one side only (KV pools
-    of $target subtracted from every GPU of the exporter) mixes engines."""
+    of $target subtracted from every GPU of the exporter) mixes engines. A selector leaves out only the
+    variables of labels its series do not carry (llm_bottleneck has no model, a fleet rule no instance)."""
     for dash, p in all_panels():
         for t in p.get("targets", []):
-            variables = {frozenset(re.findall(r"\$(\w+)", s)) for s in selectors(t["expr"])}
-            assert len(variables) <= 1, (dash, p["title"], t["refId"], variables)
+            found = [(name, set(re.findall(r"\$(\w+)", m))) for name, m in named_selectors(t["expr"])]
+            used = set().union(*(v for _, v in found)) if found else set()
+            for name, variables in found:
+                expected = {v for v in used if v in series_labels(name)}
+                assert expected <= variables, (dash, p["title"], t["refId"], name, expected - variables)
+
+
+def test_the_selector_check_knows_what_each_series_carries():
+    assert "model" not in series_labels("llm_bottleneck")
+    assert series_labels("model:llm_requests_error:ratio_rate5m") == {"cluster", "namespace", "model", "engine"}
+    assert {"job", "instance", "gpu", "cluster"} <= series_labels("llm_gpu_up")
 
 
 def test_panels_that_ignore_a_variable_say_so():
@@ -434,8 +498,12 @@ def test_stacked_panels_stack_the_parts_of_one_target():
                and p["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] != "none"]
     assert len(stacked) >= 3
     for dash, p in stacked:
-        assert p.get("repeat") == "target" and p["repeatDirection"] == "h", (dash, p["title"])
-        assert p["gridPos"]["w"] == 24 and p["gridPos"]["x"] == 0, (dash, p["title"])
+        operands = [op for t in p["targets"] for op in outer_aggregations(t["expr"])]
+        if all(agg == "count" for agg, _ in operands):
+            pass  # a count of the fleet's replicas by one label (the verdict mix): its parts add up to the fleet
+        else:
+            assert p.get("repeat") == "target" and p["repeatDirection"] == "h", (dash, p["title"])
+            assert p["gridPos"]["w"] == 24 and p["gridPos"]["x"] == 0, (dash, p["title"])
         for t in p["targets"]:
             operands = outer_aggregations(t["expr"])
             for agg, labels in operands:
@@ -522,7 +590,8 @@ COVERED_PANELS = {
     "TBT p99 (5m)": {"llm_inter_token_latency_seconds", "llm_time_per_output_token_seconds"},
     "Time between tokens (p50/p95/p99, 5m)": {"llm_inter_token_latency_seconds",
                                               "llm_time_per_output_token_seconds"},
-    "Time-between-tokens distribution": {"llm_inter_token_latency_seconds", "llm_time_per_output_token_seconds"},
+    "Time-between-tokens distribution ($engine)": {"llm_inter_token_latency_seconds",
+                                                   "llm_time_per_output_token_seconds"},
     "Finished requests by reason ($target)": {"llm_requests_finished_total", "llm_requests_total",
                                               "llm_e2e_request_latency_seconds"},
 }
@@ -549,7 +618,10 @@ def test_cost_description_states_the_formula_the_exporter_applies():
     help_text = " ".join(catalog.family_of("llm_cost_per_million_tokens").help.split())
     formula = re.search(r"= (.*?);", help_text).group(1)
     assert "/ 3600" in formula
-    text = " ".join(panel("Cost per 1M generated tokens")["description"].split())
+    p = panel(f"Cost per 1M generated tokens ({overview.CURRENCY})")
+    text = " ".join(p["description"].split())
+    # The price flag carries no currency: title and unit say the cost is in the price's own.
+    assert "--gpu-price-per-hour" in p["title"] and "--gpu-price-per-hour" in p["fieldConfig"]["defaults"]["unit"]
     assert formula.lower() in text.lower(), (formula, text)
 
 
@@ -578,7 +650,7 @@ def test_burn_rate_panel_shows_every_alert_pair(spec):
         assert f"{br.factor:g}x over both {br.long} and {br.short}" in text, br
 
 
-@pytest.mark.parametrize("module", [overview, gpu_roofline, host], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [fleet, overview, gpu_roofline, host], ids=lambda m: m.__name__)
 def test_a_dashboard_is_its_row_functions_in_order(module):
     """Each dashboard module lists its rows once (ROWS); the JSON has exactly those row headers in that
     order, each followed by that row's panels, so a panel added to a row function lands in that row."""
@@ -608,3 +680,205 @@ def test_dashboards_draw_the_thresholds_the_alerts_fire_on():
         return [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]]
     assert slo.TTFT.threshold_seconds in steps(f"TTFT p99 ({slo.RATE_WINDOW})")
     assert slo.SATURATION.kv_cache_usage_ratio in steps("KV cache usage (max)")
+
+
+# ------------------------------------------------------------------------------------------------
+# The fleet view (issue 29): fleet tiles, the fleet board, heatmaps per engine, "No traffic", units
+# ------------------------------------------------------------------------------------------------
+FLEET_BOARD = DASHBOARDS[fleet.FILENAME]
+OVERVIEW = DASHBOARDS[overview.FILENAME]
+
+
+def board_panel(d: dict, title: str) -> dict:
+    found = [p for p in panels(d) if p["title"] == title]
+    assert len(found) == 1, (title, [p["title"] for p in panels(d)])
+    return found[0]
+
+
+@pytest.mark.parametrize("title", ["TTFT p99 (5m)", "TBT p99 (5m)"])
+def test_overview_latency_tiles_are_the_fleet_p99_not_the_worst_replica(title):
+    """The tiles read the per-model rules (the quantile of all replicas' requests together) and reduce
+    over models only: never the max over per-replica quantiles (target_model:...:p99)."""
+    p = board_panel(OVERVIEW, title)
+    (t,) = p["targets"]
+    names = metric_names(t["expr"])
+    assert any(n.startswith("model:") and n.endswith(":p99_5m") for n in names), names
+    assert not any(n.startswith("target_model:") for n in names), names
+    assert re.match(r"max by \(model\) \(", t["expr"]), t["expr"]
+    assert p["fieldConfig"]["defaults"]["noValue"] == "No traffic"
+    assert generate.recording_rules() >= {n for n in names if ":" in n}
+
+
+def heatmap_panels() -> list[tuple[str, dict]]:
+    return [(d["title"], p) for d in DASHBOARDS.values() for p in panels(d) if p["type"] == "heatmap"]
+
+
+def test_no_heatmap_sums_buckets_across_engines():
+    """Engines' bucket bounds differ: every heatmap repeats per $engine and each of its bucket selectors is
+    scoped to that one engine, so `sum by (le)` only ever adds buckets of one layout."""
+    found = heatmap_panels()
+    assert {p["title"] for _, p in found} >= {
+        "TTFT distribution ($engine)", "Time-between-tokens distribution ($engine)",
+        "End-to-end latency distribution ($engine)", "Prompt length distribution ($engine)",
+        "Output length distribution ($engine)"}
+    for dash, p in found:
+        assert p.get("repeat") == "engine", (dash, p["title"])
+        for t in p["targets"]:
+            assert t["format"] == "heatmap"
+            buckets = [(n, m) for n, m in named_selectors(t["expr"]) if n.endswith("_bucket")]
+            assert buckets, (dash, p["title"])
+            for name, matchers in buckets:
+                assert 'engine=~"$engine"' in matchers, (dash, p["title"], name)
+
+
+def test_the_heatmap_check_would_catch_a_mixed_layout():
+    mixed = overview.TM.rate("llm_time_to_first_token_seconds_bucket")
+    assert not any('engine=~"$engine"' in m for _, m in named_selectors(f"sum by (le) ({mixed})"))
+
+
+RATIO_OR_MEAN_RULE = re.compile(r":(slo_good_ratio_rate|good_ratio_rate|ratio_rate|mean|gap_mean)\w*$")
+
+
+def test_slo_ratio_and_mean_tiles_say_no_traffic():
+    """A ratio or mean over no requests has no value (the rules return nothing rather than NaN): every panel
+    reading such a rule says "No traffic" then, instead of "No data" or NaN."""
+    readers = [(dash, p) for dash, p in all_panels() if any(
+        RATIO_OR_MEAN_RULE.search(n) for t in p.get("targets", []) for n in metric_names(t["expr"]))]
+    assert len(readers) >= 8
+    for dash, p in readers:
+        assert p["fieldConfig"]["defaults"].get("noValue") == "No traffic", (dash, p["title"])
+    for title in ("TTFT SLO attainment (5m)", "TBT SLO attainment (5m)", "TTFT p99 (5m)", "TBT p99 (5m)"):
+        defaults = board_panel(OVERVIEW, title)["fieldConfig"]["defaults"]
+        assert defaults["noValue"] == "No traffic", title
+        assert {"type": "special", "options": {"match": "nan", "result": {"text": "No traffic"}}} in \
+            defaults["mappings"], title
+
+
+def test_units_rates_scale_and_preemptions_are_a_rate():
+    preempt = board_panel(OVERVIEW, "Preemptions per second (5m)")
+    assert preempt["fieldConfig"]["defaults"]["unit"] == "si:/s"
+    units = [p["fieldConfig"]["defaults"]["unit"] for d in DASHBOARDS.values() for p in panels(d)
+             if p["type"] != "row" and "fieldConfig" in p]
+    assert not any("suffix: tok/s" in u or u == "suffix:tok/s" for u in units)
+    assert board_panel(OVERVIEW, "Decode tokens/s")["fieldConfig"]["defaults"]["unit"] == "si:tok/s"
+
+
+def test_overview_has_the_new_panels():
+    titles = {p["title"] for p in panels(OVERVIEW)}
+    assert {"Error and abort ratio per target (5m)", "Error and abort ratio per model, fleet (5m)",
+            "Speculative decoding: acceptance ratio and length",
+            "Speculative decoding: draft and accepted tokens/s (5m)", "Tokens per engine step (5m)",
+            "Mean prompt and output length (5m)"} <= titles
+    spec = board_panel(OVERVIEW, "Speculative decoding: acceptance ratio and length")
+    reads = set().union(*(metric_names(t["expr"]) for t in spec["targets"]))
+    assert {"llm_spec_decode_acceptance_ratio", "llm_spec_decode_acceptance_length"} <= reads
+    per_step = board_panel(OVERVIEW, "Tokens per engine step (5m)")
+    reads = set().union(*(metric_names(t["expr"]) for t in per_step["targets"]))
+    assert {"llm_iteration_tokens_sum", "llm_decode_steps_per_second"} <= reads
+
+
+def test_overview_links_to_the_fleet_board_and_back():
+    def linked(d: dict) -> set[str]:
+        return {link["url"] for link in d["links"] if link["type"] == "link"}
+    assert f"/d/{FLEET_BOARD['uid']}" in linked(OVERVIEW)
+    assert f"/d/{OVERVIEW['uid']}" in linked(FLEET_BOARD)
+    for d in (OVERVIEW, FLEET_BOARD):
+        for link in d["links"]:
+            assert link["includeVars"] and link["keepTime"], link
+
+
+def test_fleet_board_rows():
+    rows = [p["title"] for p in FLEET_BOARD["panels"] if p["type"] == "row"]
+    assert rows == ["Per model", "Instances", "Outliers", "Verdict mix", "Workload shape", "Capacity"]
+    summary = board_panel(FLEET_BOARD, "Models: fleet latency, traffic and errors (5m)")
+    reads = set().union(*(metric_names(t["expr"]) for t in summary["targets"]))
+    assert {"model:llm_time_to_first_token_seconds:p99_5m", "model:llm_inter_token_latency_seconds:p99_5m",
+            "model:llm_requests_finished:rate5m", "model:llm_requests_error:ratio_rate5m",
+            "model:llm_requests_abort:ratio_rate5m", "model:llm_generation_tokens:rate5m",
+            "model:llm_replicas_up:count"} <= reads
+    capacity = set().union(*(metric_names(t["expr"]) for p in panels(FLEET_BOARD) if p["title"] in (
+        "Replicas up per model", "GPUs up per cluster", "KV cache capacity per model") for t in p["targets"]))
+    assert capacity == {"model:llm_replicas_up:count", "cluster:llm_gpus_up:count",
+                        "model:llm_kv_cache_capacity_tokens:sum"}
+    mix = board_panel(FLEET_BOARD, "Replicas by bottleneck verdict")
+    assert [t["expr"] for t in mix["targets"]] == [f"count by (resource) ({fleet.T.sel('llm_bottleneck')} == 1)"]
+    outliers = [p for p in panels(FLEET_BOARD) if p["title"].startswith(("Slowest", "Fullest", "Lowest"))]
+    assert sorted(t["expr"].split("(", 1)[0] for p in outliers for t in p["targets"]) == [
+        "bottomk", "topk", "topk", "topk"]
+
+
+def merged_labels(expr: str) -> set[str] | None:
+    """The `by` labels of expr's outermost aggregation (None when it has none)."""
+    m = re.match(r"\s*(?:max|sum|min|group|count)\s+by\s*\(([^)]*)\)", expr)
+    return {x.strip() for x in m.group(1).split(",")} if m else None
+
+
+def test_fleet_instance_table_is_one_row_per_replica_with_links():
+    """Every query of the instance table returns one series per (cluster, namespace, instance, target, model),
+    so Grafana's merge joins them into one row per replica; instant table queries; the verdict from
+    llm_bottleneck == 1 shown by name; each cell links to the replica's own boards with its instance,
+    target and model."""
+    p = board_panel(FLEET_BOARD, "Instances: one row per replica")
+    assert p["type"] == "table"
+    assert [tr["id"] for tr in p["transformations"]] == ["merge", "organize"]
+    replica = set(fleet.REPLICA)
+    for t in p["targets"]:
+        assert t["instant"] and t["format"] == "table"
+        assert merged_labels(t["expr"]) == replica, t["expr"]
+    assert "llm_bottleneck" in metric_names(p["targets"][0]["expr"])
+    assert "== 1" in p["targets"][0]["expr"]
+    renamed = p["transformations"][1]["options"]["renameByName"]
+    assert set(renamed.values()) == {"verdict", "TTFT p99", "TBT p99", "KV usage", "waiting", "tok/s",
+                                     "error ratio"}
+    verdict = next(o for o in p["fieldConfig"]["overrides"] if o["matcher"]["options"] == "verdict")
+    mapping = next(x["value"] for x in verdict["properties"] if x["id"] == "mappings")[0]["options"]
+    assert {v["text"] for v in mapping.values()} == set(overview.RESOURCES)
+    links = p["fieldConfig"]["defaults"]["links"]
+    targets = {lib.uid_for(m.FILENAME) for m in (overview, gpu_roofline, host)}
+    assert {re.match(r"/d/(\w+)\?", link["url"]).group(1) for link in links} == targets
+    for link in links:
+        for var in ("instance", "target", "model"):
+            assert f"var-{var}=${{__data.fields.{var}}}" in link["url"], link
+        assert "${__url_time_range}" in link["url"] and "${cluster:queryparam}" in link["url"]
+    for o in (q for q in panels(FLEET_BOARD) if q["title"].startswith(("Slowest", "Fullest", "Lowest"))):
+        assert o["fieldConfig"]["defaults"]["links"] == links, o["title"]
+
+
+def test_fleet_summary_table_rows_are_one_per_model():
+    p = board_panel(FLEET_BOARD, "Models: fleet latency, traffic and errors (5m)")
+    for t in p["targets"]:
+        assert merged_labels(t["expr"]) == {"cluster", "namespace", "model"}, t["expr"]
+        assert all(n.startswith("model:") for n in metric_names(t["expr"]) if ":" in n), t["expr"]
+
+
+def test_scenarios_name_real_panels():
+    """`llm-exporter demo --scenario X` tells the user which panels (or rows) show its signature: they exist."""
+    from exporter.simulator.scenarios import SCENARIOS
+
+    titles = {p["title"] for d in DASHBOARDS.values() for p in panels(d)}
+    for name, scenario in SCENARIOS.items():
+        if scenario.expect is not None:
+            assert set(scenario.expect.panels) <= titles, (name, set(scenario.expect.panels) - titles)
+
+
+def test_availability_burn_panel_shows_every_alert_pair():
+    """The availability SLO (exporter/slo.py AVAILABILITY, which its alert reads) per model over the fleet:
+    every burn pair's two windows read the fleet rule, and every factor is a line; on both boards."""
+    rules = generate.recording_rules()
+    for d in (OVERVIEW, FLEET_BOARD):
+        p = board_panel(d, "Availability error budget burn rate per model")
+        windows = set()
+        for t in p["targets"]:
+            (name,) = metric_names(t["expr"])
+            assert name in rules, name
+            m = re.fullmatch(r"model:llm_requests_availability:good_ratio_rate(\w+)", name)
+            assert m and t["legendFormat"].startswith(m.group(1) + " "), name
+            windows.add(m.group(1))
+        for br in slo.BURN_RATES:
+            assert {br.long, br.short} <= windows, br
+            assert br.factor in line_values(p), br
+        assert slo.AVAILABILITY.alert in p["description"]
+    # The error-ratio cells turn orange above the budget and red at the fastest page's burn.
+    budget = 1 - slo.AVAILABILITY.objective
+    assert [s["value"] for s in overview.ERROR_STEPS["steps"]][1:] == pytest.approx(
+        [budget, budget * max(br.factor for br in slo.BURN_RATES)])

@@ -85,6 +85,11 @@ NO_DATA: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("LLM Serving / Host", "Network link utilization", "A"): (
         "the twin's single-node hosts have only a management link, not the engine's: the PD test checks the "
         "engine's RDMA port", True),
+    **{("LLM Serving / Overview", title, ref): (
+        "the twin does not simulate speculative decoding (no draft model): the families are absent, as from an "
+        "engine without it", True)
+       for title in ("Speculative decoding: acceptance ratio and length",
+                     "Speculative decoding: draft and accepted tokens/s (5m)") for ref in "AB"},
     ("LLM Serving / Host", "Collection errors by reason", "A"):
         ("llm_exporter_collect_errors_total appears only after a failed collection; the demo's sources "
          "do not fail", False),
@@ -191,7 +196,9 @@ def stack(tmp_path_factory):
 
 def substitute(expr: str, *, instance: str, model: str, time_range: str = "1m") -> str:
     """Grafana's variable interpolation with the demo's concrete values."""
+    # cluster, namespace and engine at All (".*"): one Prometheus, whose series carry no cluster label.
     values = {"job": "llm-exporter", "instance": instance, "target": "demo-0", "model": model, "gpu": "0",
+              "cluster": ".*", "namespace": ".*", "engine": ".*",
               "__rate_interval": "15s", "__interval": "1s", "__range": time_range, "datasource": "prometheus"}
 
     def one(m: re.Match) -> str:
@@ -263,15 +270,15 @@ def test_saturation_panels_tell_the_two_scenarios_apart(stack: Stack):
 
     def saturated() -> bool:
         return ((_value(stack, "kv-pressure", "KV cache usage (max)") or 0) > 0.9
-                and (_value(stack, "kv-pressure", "Preemptions (5m)") or 0) > 0
+                and (_value(stack, "kv-pressure", "Preemptions per second (5m)") or 0) > 0
                 and (_value(stack, "kv-pressure", "Requests waiting") or 0) > 0
                 and _value(stack, "kv-pressure", verdict) == kv_code)
 
     assert wait_until(saturated, timeout=DEADLINE_S, interval=1.0), {
         title: _value(stack, "kv-pressure", title)
-        for title in ("KV cache usage (max)", "Preemptions (5m)", "Requests waiting", verdict)}
+        for title in ("KV cache usage (max)", "Preemptions per second (5m)", "Requests waiting", verdict)}
     assert (_value(stack, "decode-heavy", "KV cache usage (max)") or 0) < 0.9
-    assert _value(stack, "decode-heavy", "Preemptions (5m)") == 0
+    assert _value(stack, "decode-heavy", "Preemptions per second (5m)") == 0
     assert _value(stack, "decode-heavy", verdict) != kv_code
 
 
@@ -292,7 +299,7 @@ def _eventually(predicate, what: str) -> None:
     ("tgi", "Finished requests by reason ($target)", {}),
     ("tgi", "TBT p99 (5m)", {}),
     ("tgi", "Time between tokens (p50/p95/p99, 5m)", {"measure": "TPOT"}),
-    ("tgi", "Time-between-tokens distribution", {}),
+    ("tgi", "Time-between-tokens distribution ($engine)", {}),
 ])
 def test_fallback_panels_show_engines_without_the_vllm_families(stack: Stack, engine_format: str, title: str,
                                                                  expect: dict[str, str]):
@@ -399,3 +406,39 @@ def test_fault_panels_and_alerts_show_the_faults_scenario(stack: Stack):
     healthy = stack.instances["decode-heavy"]
     assert not firing(healthy) & alerts
     assert {float(r["value"][1]) for r in _series(stack, ecc, "A", instance=healthy)} == {0.0}
+
+
+@pytest.mark.timeout(150)
+def test_fleet_instance_table_joins_every_replica(stack: Stack):
+    """The fleet board's instance table with every variable at All: the verdict column lists every exporter
+    the stack runs, each with a verdict Grafana's mapping names, and every other column's rows carry exactly
+    the replica labels of a verdict row, so Grafana's merge joins them into one row per replica."""
+    from dashboards import fleet
+
+    title = "Instances: one row per replica"
+    every = "|".join(stack.instances.values())
+    refs = [q[2] for q in all_queries() if q[1] == title]
+    assert refs == list("ABCDEFG")
+
+    def key(r: dict) -> tuple[str, ...]:
+        return tuple(r["metric"].get(label, "") for label in fleet.REPLICA)
+
+    def listed() -> bool:
+        rows = _series(stack, title, "A", instance=every)
+        return {r["metric"]["instance"] for r in rows} >= set(stack.instances.values())
+
+    _eventually(listed, f"{title}: {_series(stack, title, 'A', instance=every)}")
+    verdicts = _series(stack, title, "A", instance=every)
+    assert len({key(r) for r in verdicts}) == len(verdicts)
+    assert {float(r["value"][1]) for r in verdicts} <= set(range(1, len(RESOURCES) + 1))
+    # A label the replica's series lack (no cluster on one Prometheus, no model from some engines) is absent
+    # from every column alike.
+    labels = {key(r): set(r["metric"]) for r in verdicts}
+    assert all(labels.values()) and all(ls <= set(fleet.REPLICA) for ls in labels.values()), labels
+    for ref in refs[1:]:
+        rows = _series(stack, title, ref, instance=every)
+        assert {key(r) for r in rows} <= set(labels), (ref, [r["metric"] for r in rows])
+        assert all(set(r["metric"]) == labels[key(r)] for r in rows), (ref, [r["metric"] for r in rows])
+    # The fleet tiles: one value per model, whatever the number of replicas behind it.
+    tile = _series(stack, "TTFT p99 (5m)", instance=every)
+    assert tile and len(tile) == len({r["metric"]["model"] for r in tile})

@@ -105,8 +105,8 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         # Arrivals well above what the pool holds at full length: it fills within ~30 s of start.
         Workload(LengthDist(mean=10000, sigma=0.5, lo=1024, hi=24000),
                  LengthDist(mean=1200, sigma=0.4, lo=64, hi=4096), load=1.8),
-        expect=Expect("kv_capacity", 45, ("KV cache usage", "Preemptions (5m)", "Requests running and waiting",
-                                          "KV headroom: sequences that still fit")),
+        expect=Expect("kv_capacity", 45, ("KV cache usage", "Preemptions per second (5m)",
+                                          "Requests running and waiting", "KV headroom: sequences that still fit")),
     ),
     Scenario(
         "cpu-bound", "The engine pinned to 2 CPUs; JSON-mode requests build their token masks on "
@@ -167,7 +167,7 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         "interconnect (the KV-transfer network link)",
         Workload(LengthDist(mean=3000, sigma=0.4, lo=512, hi=12000), CHAT_OUTPUT, load=0.95),
         pd=NetworkLink(device="mlx5_0:1", kind="roce", bytes_per_s=3.125e9, latency_s=20e-6, numa_node=0),
-        expect=Expect("interconnect", 60, ("KV transfer time vs TTFT", "Requests waiting for KV transfer",
+        expect=Expect("interconnect", 60, ("KV transfer time vs TTFT (p50/p99, 5m)", "Requests waiting for KV transfer",
                                            "Network link utilization", "Network errors and drops")),
     ),
     Scenario(
