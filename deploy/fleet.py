@@ -311,6 +311,7 @@ def plan(directory: pathlib.Path, opts: FleetOptions, ports: Ports) -> tuple[Fle
         _binary("vmalert"), f"-rule={rules['central']}", f"-datasource.url={url['vm']}",
         f"-remoteWrite.url={url['vm']}", f"-remoteRead.url={url['vm']}", f"-notifier.url={url['am']}",
         f"-evaluationInterval={interval}", f"-httpListenAddr=127.0.0.1:{ports.vmalert}",
+        f"-external.url={url['vmalert']}",  # the alerts' source links (default: this host's name)
         # Alertmanager resolves an alert 4 x this after the last send unless resent: scaled like the rules.
         f"-rule.resendDelay={interval}", "-loggerLevel=WARN"], url["vmalert"], "/health", ports.vmalert))
     prometheus = {}
