@@ -69,8 +69,38 @@ def _samples(text: str) -> int:
     return sum(1 for line in text.splitlines() if line and not line.startswith("#"))
 
 
+_FAMILY_SUFFIX = re.compile(r"_(bucket|sum|count|created)$")
+
+
+def family_series(text: str) -> dict[str, tuple[str, int]]:
+    """family -> (type, series) of an exposition (a histogram's _bucket, _sum and _count count for it)."""
+    types: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()[:4]
+            types[name] = kind
+        elif line and not line.startswith("#"):
+            name = re.match(r"[A-Za-z_:][A-Za-z0-9_:]*", line).group(0)
+            base = _FAMILY_SUFFIX.sub("", name)
+            family = base if base in types else name
+            counts[family] = counts.get(family, 0) + 1
+    return {name: (types.get(name, "untyped"), n) for name, n in counts.items()}
+
+
+def referenced_families(families: Sequence[str]) -> set[str]:
+    """The families some board query or rule expression names (dashboards/*.json, alerts/rules/*.yaml)."""
+    text = "\n".join(p.read_text() for p in [*sorted((ROOT / "dashboards").glob("*.json")),
+                                             *sorted((ROOT / "alerts" / "rules").glob("*.yaml"))])
+    names = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", text))
+    return {f for f in families if f in names or any(f"{f}_{s}" in names for s in ("bucket", "sum", "count"))}
+
+
+_pages: dict[tuple[str, int], str] = {}
+
+
 def series_per_replica(engine_format: str, gpus: int) -> tuple[int, int]:
-    """(series, families) of one demo replica's /metrics once stable."""
+    """(series, families) of one demo replica's /metrics once stable (the page kept in _pages)."""
     port = free_port()
     argv = [sys.executable, "-m", "exporter.cli", "demo", "--engines", "1", "--listen", f"127.0.0.1:{port}",
             "--no-probe", "--interval", "1s", "--engine-format", engine_format, "--gpus", str(gpus)]
@@ -90,8 +120,8 @@ def series_per_replica(engine_format: str, gpus: int) -> tuple[int, int]:
         # Histograms and counters appear with the first requests; three equal scrapes 1 s apart after that.
         if not wait_until(stable, timeout=60, interval=1.0):
             raise RuntimeError(f"{engine_format} x{gpus}: /metrics never settled: {counts[-5:]}")
-        families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-        return counts[-1] + PROMETHEUS_PER_TARGET, len(families)
+        _pages[(engine_format, gpus)] = text
+        return counts[-1] + PROMETHEUS_PER_TARGET, len(family_series(text))
     finally:
         process.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -254,6 +284,7 @@ def section() -> str:
                      f"{c.rows_per_s:.0f} | {c.eval_cores:.4f} | {c.eval_round_s:.3f} | {c.vm_rss_mb:.0f} | "
                      f"{c.vmalert_rss_mb:.0f} | {c.prometheus_rss_mb:.0f} | {c.vm_cores:.3f} | "
                      f"{c.replica_cores:.3f} |")
+    lines += knobs()
     ns = [c.replicas for c in r.costs]
     _, series_slope = _fit(ns, [c.series for c in r.costs])
     _, recorded_slope = _fit(ns, [c.recorded for c in r.costs])
@@ -281,6 +312,27 @@ def section() -> str:
               "are exact multiples. docs/deploy.md (\"Cutting the cost\") lists the knobs: which families to drop "
               "with metric_relabel_configs, which recording rules to keep centrally, the scrape interval."]
     return "\n".join(lines) + "\n"
+
+
+def knobs(engine_format: str = "vllm", gpus: int = 8) -> list[str]:
+    """What each knob of docs/deploy.md ("Cutting the cost") saves on one replica's page."""
+    page = _pages[(engine_format, gpus)]
+    fams = family_series(page)
+    total = sum(n for _, n in fams.values())
+    used = referenced_families(list(fams))
+    unused = sorted(((n, f) for f, (_, n) in fams.items() if f not in used), reverse=True)
+    hist = sum(n for kind, n in fams.values() if kind == "histogram")
+    per_gpu = sum(n for f, (_, n) in fams.items() if f.startswith("llm_gpu_")) / gpus
+    top = sorted(((n, f, kind) for f, (kind, n) in fams.items()), reverse=True)[:8]
+    lines = ["", f"Where one replica's series go ({engine_format}, {gpus} GPUs: {total} series on its page):", "",
+             "| family | type | series |", "|---|---|---|"]
+    lines += [f"| `{f}` | {kind} | {n} |" for n, f, kind in top]
+    lines += ["", f"- histograms: {hist} series ({hist / total:.0%}); `llm_gpu_*`: {per_gpu:.0f} per GPU;",
+              f"- families no board query and no rule reads ({len(unused)}, {sum(n for n, _ in unused)} series, "
+              f"{sum(n for n, _ in unused) / total:.0%}): "
+              + ", ".join(f"`{f}` ({n})" for n, f in unused[:12]) + (", ..." if len(unused) > 12 else "")
+              + ". Dropping them centrally (write_relabel_configs) costs no panel and no alert."]
+    return lines
 
 
 def _seconds(duration: str) -> float:
