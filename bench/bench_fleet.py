@@ -52,7 +52,6 @@ INTERVAL = "3s"
 WARMUP_S = float(os.environ.get("LLM_EXPORTER_FLEET_WARMUP_S", 90))
 WINDOW_S = float(os.environ.get("LLM_EXPORTER_FLEET_WINDOW_S", 60))
 AT_SCALE = 1000
-SECTION = "fleet"
 
 
 def _fleet_module():
