@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 APT_PKGS := prometheus prometheus-alertmanager prometheus-node-exporter chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test test-fast test-live venv debs demo run bench lint fmt golden generate docs dashboards dashboards-check alerts-test stack stack-down clean
+.PHONY: test test-fast test-live test-fleet fleet fleet-down fleet-debs venv debs demo run bench lint fmt golden generate docs dashboards dashboards-check alerts-test stack stack-down clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
@@ -64,10 +64,35 @@ test-live: venv
 	$(BIN)/python -m tests.live.engines install
 	LLM_EXPORTER_LIVE=1 $(BIN)/python -m pytest tests/live -p no:cacheprovider -v
 
+# The fleet tier (tests/fleet, about 5 min on 2 cores): deploy/fleet.py's simulated fleet with two
+# Prometheus servers, the central store (VictoriaMetrics + vmalert) and Alertmanager; docs/deploy.md.
+test-fleet: venv debs fleet-debs
+	LLM_EXPORTER_FLEET=1 $(BIN)/python -m pytest tests/fleet -p no:cacheprovider -v
+
+# Debian's victoria-metrics (victoria-metrics, vmagent, vmalert) when missing; its service stopped, as
+# `debs` does for prometheus: the fleet runs its own store on its own ports.
+fleet-debs:
+	@if ! command -v victoria-metrics >/dev/null 2>&1 || ! command -v vmalert >/dev/null 2>&1; then \
+	  echo "installing Debian package: victoria-metrics"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends victoria-metrics; \
+	  if [ -d /run/systemd/system ]; then \
+	    echo "stopping the victoria-metrics service the package started (the fleet runs its own, on free ports)"; \
+	    $(SUDO) systemctl disable --now victoria-metrics >/dev/null 2>&1 || true; \
+	  fi; \
+	fi
+
+# A simulated fleet on loopback (FLEET_REPLICAS, FLEET_DIE_AFTER, FLEET_INTERVAL, FLEET_BASE_PORT in the
+# environment; `python deploy/fleet.py up --help`); pids, logs and data under .fleet/. It prints the URLs.
+fleet: venv debs fleet-debs
+	$(BIN)/python deploy/fleet.py up
+
+fleet-down:
+	$(BIN)/python deploy/fleet.py down
+
 demo: venv
 	$(BIN)/llm-exporter demo
 
-bench: venv debs
+bench: venv debs fleet-debs
 	$(BIN)/python -m bench
 
 lint: venv

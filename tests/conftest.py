@@ -20,6 +20,10 @@ GOLDEN = ROOT / "tests" / "golden"
 # The live tier (tests/live: real engines, minutes to install and start) runs only from
 # `make test-live`, which sets LLM_EXPORTER_LIVE=1; `make test` and `make test-fast` leave it out.
 collect_ignore_glob = [] if os.environ.get("LLM_EXPORTER_LIVE") == "1" else ["live/*"]
+# The fleet tier (tests/fleet: a simulated fleet, two Prometheus servers, VictoriaMetrics and vmalert,
+# about 5 minutes) runs only from `make test-fleet`, which sets LLM_EXPORTER_FLEET=1.
+if os.environ.get("LLM_EXPORTER_FLEET") != "1":
+    collect_ignore_glob.append("fleet/*")
 
 
 # test file (or "file::test function") -> its tier: e2e (a whole stack, a browser, or the CLI's own

@@ -1,0 +1,303 @@
+"""The fleet tier: deploy/fleet.py's simulated fleet (N >= 6 sidecar pairs in clusters a and b), a
+Prometheus per cluster remote-writing raw series to the central store (VictoriaMetrics), vmalert
+running the rules there, Alertmanager notifying a webhook receiver in this process.
+
+- every query of the fleet board and the overview, Grafana's variables resolved the way Grafana
+  resolves them, is evaluated against the central store and each cluster's Prometheus: none errors,
+  none is empty unless NO_DATA says why (a small, explicit list: a strict entry must stay empty);
+- the instance table lists every replica of both clusters on the central store;
+- the replica that dies raises the capacity-loss alert through vmalert and Alertmanager.
+
+Rules run at TIME_SCALE (alerts/generate.py render_scaled): 5m windows take 15 s, `for: 10m` 30 s.
+Run by `make test-fleet` (LLM_EXPORTER_FLEET=1); `make test` leaves the folder out. The machine may
+be loaded: everything polls against generous deadlines; no duration is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from dashboards import generate as boards
+from tests.fullstack import WebhookReceiver, _module, logs
+from tests.support import free_ports, wait_until
+
+pytestmark = [pytest.mark.fleet]
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+fleet_launcher = _module("deploy_fleet", ROOT / "deploy" / "fleet.py")
+
+REPLICAS = 6
+TIME_SCALE = 0.05  # 5m -> 15s, 1h -> 3m
+INTERVAL = "2s"  # collection, scrape and evaluation: 6 demos, 2 Prometheus servers and the store on 2 cores
+DIE_AFTER_S = 100.0  # the last replica's life: long enough for its series to count in the recent maximum
+DEADLINE_S = 150.0  # for data to reach every panel of every store
+ALERT_DEADLINE_S = 240.0  # from the death to the notification, on a loaded machine
+# Grafana's $__rate_interval: max(4 x scrape interval, $__interval + scrape interval), here 8 s; 20 s
+# keeps a rate window over several remote-written samples when the store lags a scrape or two.
+RATE_INTERVAL = "20s"
+FLEET_BOARD = "llm-serving-fleet.json"
+OVERVIEW = "llm-serving-overview.json"
+CAPACITY_ALERT = "LLMFleetReplicasLost"
+
+# (dashboard file, panel title, refId) -> (reason, strict). strict: must stay empty in this fleet (what
+# no replica runs); not strict: depends on timing. Everything else must have data on every store.
+PD_PANELS = {"KV transfer time vs TTFT (p50/p99, 5m)": "AB", "Requests waiting for KV transfer": "A",
+             "KV transfer throughput and failures (5m)": "AB"}
+NO_DATA: dict[tuple[str, str, str], tuple[str, bool]] = {
+    **{(OVERVIEW, title, ref): ("prefill/decode disaggregation only: no replica of the fleet runs a PD pair "
+                                "(tests/test_dashboards_live.py checks these on its pd-transfer demo)", True)
+       for title, refs in PD_PANELS.items() for ref in refs},
+    **{(OVERVIEW, title, ref): ("speculative decoding: the simulator's engines do not draft tokens, so no replica "
+                                "exports the spec-decode families", True)
+       for title in ("Speculative decoding: acceptance ratio and length",
+                     "Speculative decoding: draft and accepted tokens/s (5m)") for ref in "AB"},
+    (OVERVIEW, "Probe errors by reason", "A"):
+        ("the panel draws reasons with errors only (> 0); the probed replicas' probes succeed unless the machine "
+         "is so loaded that one times out", False),
+}
+
+
+@dataclass
+class Store:
+    name: str  # central | prometheus-a | prometheus-b
+    url: str  # base of /api/v1/query
+    cluster: str | None  # None: every cluster (the central store)
+
+
+@dataclass
+class FleetUnderTest:
+    fleet: object  # deploy/fleet.py Fleet
+    receiver: WebhookReceiver
+    stores: dict[str, Store]
+    started: float  # time.monotonic() when the replicas were launched
+    client: httpx.Client
+
+    def query(self, store: Store, expr: str) -> list[dict]:
+        response = self.client.get(f"{store.url}/api/v1/query", params={"query": expr})
+        body = response.json()
+        assert body.get("status") == "success", (
+            f"{store.name}: {expr}\n-> {body.get('errorType')}: {body.get('error')}")
+        result = body["data"]["result"]
+        if body["data"]["resultType"] == "scalar":
+            return [{"metric": {}, "value": result}]
+        return result
+
+    def time_range(self) -> str:
+        return f"{max(60, int(time.monotonic() - self.started) + 15)}s"
+
+
+def _has_data(result: list[dict]) -> bool:
+    return any(math.isfinite(float(r["value"][1])) for r in result)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Iterator[FleetUnderTest]:
+    directory = tmp_path_factory.mktemp("fleet")
+    names = [f"r{i}" for i in range(REPLICAS)] + ["prometheus-a", "prometheus-b", "vm", "vmalert", "am", "sink"]
+    free = free_ports(names)
+    ports = fleet_launcher.Ports([free[f"r{i}"] for i in range(REPLICAS)],
+                                 {"a": free["prometheus-a"], "b": free["prometheus-b"]},
+                                 free["vm"], free["vmalert"], free["am"], free["sink"])
+    receiver = WebhookReceiver()
+    opts = fleet_launcher.FleetOptions(replicas=REPLICAS, die_after_s=DIE_AFTER_S, time_scale=TIME_SCALE,
+                                       interval=INTERVAL, webhook=receiver.url)
+    the_fleet, procs = fleet_launcher.plan(directory, opts, ports)
+    started = time.monotonic()
+    client = httpx.Client(timeout=20)
+    try:
+        fleet_launcher.start(the_fleet, procs, timeout_s=90)
+        stores = {"central": Store("central", the_fleet.central, None),
+                  **{f"prometheus-{c}": Store(f"prometheus-{c}", url, c) for c, url in the_fleet.prometheus.items()}}
+        under_test = FleetUnderTest(the_fleet, receiver, stores, started, client)
+        # Data flows: every replica's engine is up in its cluster's Prometheus and in the central store.
+        every = {(r.cluster, r.instance) for r in the_fleet.replicas}
+
+        def flowing() -> bool:
+            central = {(m["metric"].get("cluster"), m["metric"]["instance"]) for m in under_test.query(
+                stores["central"], 'llm_engine_up{job="llm-exporter"} == 1')}
+            local = {(c, m["metric"]["instance"]) for c in ("a", "b") for m in under_test.query(
+                stores[f"prometheus-{c}"], 'llm_engine_up{job="llm-exporter"} == 1')}
+            return central >= every and local >= every
+
+        assert wait_until(flowing, timeout=90, interval=1.0), f"data never reached every store\n{logs(directory)}"
+        yield under_test
+    finally:
+        fleet_launcher.stop(directory)
+        receiver.close()
+        client.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Grafana's variables
+# ------------------------------------------------------------------------------------------------
+def boards_under_test() -> dict[str, dict]:
+    """The fleet board and the overview (dashboards/*.json as generated from this checkout)."""
+    built = {name: json.loads(text) for name, text in boards.build_all().items()}
+    return {name: built[name] for name in (FLEET_BOARD, OVERVIEW) if name in built}
+
+
+def _label_values(ft: FleetUnderTest, store: Store, query: str) -> list[str]:
+    """label_values(selector, label) as Grafana's Prometheus datasource runs it (series of the selector)."""
+    m = re.fullmatch(r"\s*label_values\((.*),\s*(\w+)\)\s*", query)
+    assert m, f"unsupported variable query {query}"
+    selector, label = m.groups()
+    result = ft.query(store, f"group by ({label}) ({selector})")
+    return sorted({r["metric"][label] for r in result if label in r["metric"]})
+
+
+def variables(ft: FleetUnderTest, store: Store, board: dict) -> dict[str, str]:
+    """Each template variable at "All" (what the fleet view opens with), resolved in order: a variable
+    with an allValue takes it; one without takes its values from the store, joined as a regex."""
+    values = {"__rate_interval": RATE_INTERVAL, "__interval": INTERVAL, "__range": ft.time_range()}
+    for var in board.get("templating", {}).get("list", []):
+        name, kind = var["name"], var.get("type")
+        if kind == "datasource":
+            values[name] = "central-store"
+        elif kind == "adhoc":
+            continue  # Grafana adds ad hoc filters to each query itself; none set: nothing to add
+        elif kind == "query":
+            if var.get("includeAll") and var.get("allValue"):
+                values[name] = var["allValue"]
+            else:
+                found = _label_values(ft, store, substitute(str(var.get("query", "")), values))
+                values[name] = "|".join(re.escape(v) for v in found) if var.get("multi") or var.get(
+                    "includeAll") else (found[0] if found else "")
+        else:  # custom, constant, interval, textbox: the current value
+            current = var.get("current", {}).get("value")
+            values[name] = current if isinstance(current, str) else "|".join(current or [])
+    return values
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    def one(m: re.Match) -> str:
+        name = m.group(1) or m.group(2)
+        if name not in values:
+            raise AssertionError(f"no value for variable ${name} in {expr}")
+        return values[name]
+
+    return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)", one, expr)
+
+
+def board_queries(board: dict) -> list[tuple[str, str, str]]:
+    """(panel title, refId, expr) of every panel query of `board`."""
+    return [(panel["title"], t["refId"], t["expr"]) for panel, t in boards.iter_exprs(board)]
+
+
+def test_no_data_list_names_real_panel_queries():
+    known = {(name, title, ref) for name, board in boards_under_test().items()
+             for title, ref, _ in board_queries(board)}
+    assert set(NO_DATA) <= known, set(NO_DATA) - known
+
+
+# ------------------------------------------------------------------------------------------------
+# The tests
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("store_name", ["central", "prometheus-a", "prometheus-b"])
+def test_every_board_query_has_data_on_every_store(fleet: FleetUnderTest, store_name: str):
+    store = fleet.stores[store_name]
+    pending: dict[tuple[str, str, str], str] = {}
+    allowed: dict[tuple[str, str, str], str] = {}
+    for name, board in boards_under_test().items():
+        values = variables(fleet, store, board)
+        for title, ref, expr in board_queries(board):
+            key = (name, title, ref)
+            (allowed if key in NO_DATA else pending)[key] = substitute(expr, values)
+    assert len(boards_under_test()) >= 1 and pending
+    deadline = time.monotonic() + DEADLINE_S
+    while pending and time.monotonic() < deadline:
+        for key, expr in list(pending.items()):
+            if _has_data(fleet.query(store, expr)):
+                del pending[key]
+        if pending:
+            time.sleep(2.0)
+    missing = "\n".join(f"  {' / '.join(k)}:\n    {e}" for k, e in pending.items())
+    assert not pending, f"{store_name}: panel queries without data after {DEADLINE_S:.0f} s:\n{missing}"
+    for key, expr in allowed.items():
+        result = fleet.query(store, expr)  # still a valid query on this store
+        reason, strict = NO_DATA[key]
+        if strict:
+            assert not _has_data(result), f"{' / '.join(key)} has data now; remove it from NO_DATA ({reason})"
+
+
+INSTANCE_TABLE = "Instances: one row per replica"
+
+
+def _instance_rows(fleet: FleetUnderTest, ref: str) -> list[dict]:
+    """Rows (finite samples) of one column of the fleet board's instance table, on the central store."""
+    board = boards_under_test()[FLEET_BOARD]
+    store = fleet.stores["central"]
+    expr = next(t["expr"] for panel, t in boards.iter_exprs(board)
+                if panel["title"] == INSTANCE_TABLE and t["refId"] == ref)
+    return [r for r in fleet.query(store, substitute(expr, variables(fleet, store, board)))
+            if math.isfinite(float(r["value"][1]))]
+
+
+@pytest.mark.timeout(300)
+def test_the_instance_table_lists_every_replica_of_both_clusters(fleet: FleetUnderTest):
+    """On the central store, the fleet board's instance table (every variable at All): its first column
+    (the verdict) has one row per live replica of both clusters, each with its cluster and namespace (the
+    instance label alone may repeat across clusters), and every other column's rows carry the labels of a
+    verdict row, so Grafana's merge joins them into one row per replica."""
+    from dashboards import fleet as fleet_board
+
+    board = boards_under_test().get(FLEET_BOARD)
+    assert board is not None, f"dashboards/{FLEET_BOARD} is not generated by this checkout"
+    refs = [t["refId"] for panel, t in boards.iter_exprs(board) if panel["title"] == INSTANCE_TABLE]
+    assert len(refs) >= 2, refs
+    living = {(r.cluster, r.namespace, r.instance) for r in fleet.fleet.replicas if r.dies_after_s is None}
+
+    def key(r: dict) -> tuple[str, ...]:
+        return tuple(r["metric"].get(label, "") for label in fleet_board.REPLICA)
+
+    def listed() -> set[tuple[str, str, str]]:
+        return {(r["metric"].get("cluster"), r["metric"].get("namespace"), r["metric"].get("instance"))
+                for r in _instance_rows(fleet, refs[0])}
+
+    assert wait_until(lambda: listed() >= living, timeout=DEADLINE_S, interval=2.0), sorted(living - listed())
+    verdicts = {key(r) for r in _instance_rows(fleet, refs[0])}
+    for ref in refs[1:]:
+        def joined(ref: str = ref) -> bool:
+            rows = _instance_rows(fleet, ref)
+            return bool(rows) and {key(r) for r in rows} <= verdicts and {r["metric"].get("cluster")
+                                                                          for r in rows} == {"a", "b"}
+
+        assert wait_until(joined, timeout=60, interval=2.0), (ref, [r["metric"] for r in _instance_rows(fleet, ref)])
+
+
+@pytest.mark.timeout(600)
+def test_the_dying_replica_raises_the_capacity_alert_through_alertmanager(fleet: FleetUnderTest):
+    """The last replica is SIGKILLed DIE_AFTER_S after it started. vmalert, on the central store, fires
+    the per-replica LLMExporterDown for it and the fleet's capacity-loss alert for its cluster; both reach
+    the webhook through Alertmanager. The other replicas raise no LLMExporterDown."""
+    dying = next(r for r in fleet.fleet.replicas if r.dies_after_s is not None)
+    assert wait_until(lambda: fleet.query(fleet.stores[f"prometheus-{dying.cluster}"],
+                                          f'up{{instance="{dying.instance}"}} == 0') != [],
+                      timeout=DIE_AFTER_S + 60, interval=2.0), "the replica never died"
+
+    def notified(name: str, **labels: str) -> bool:
+        return any(a.status == "firing" for a in fleet.receiver.alerts(name, **labels))
+
+    def both() -> bool:
+        return notified("LLMExporterDown", instance=dying.instance) and notified(CAPACITY_ALERT)
+
+    if not wait_until(both, timeout=ALERT_DEADLINE_S, interval=2.0):
+        vmalert = fleet.client.get(f"{fleet.fleet.vmalert}/api/v1/alerts").json()
+        pytest.fail(f"not notified: {[(a.name, a.status, a.labels) for a in fleet.receiver.alerts()]}\n"
+                    f"vmalert: {json.dumps(vmalert)[:3000]}")
+    # Its series ended (Prometheus' staleness markers, remote-written): the instance table drops it.
+    assert wait_until(lambda: dying.instance not in {r["metric"].get("instance") for r in _instance_rows(
+        fleet, "A")}, timeout=60, interval=2.0), "the dead replica is still listed on the central store"
+    capacity = [a for a in fleet.receiver.alerts(CAPACITY_ALERT) if a.status == "firing"]
+    # The capacity alert names the cluster that lost the replica (one page per fleet breach).
+    assert {a.labels.get("cluster") for a in capacity} <= {dying.cluster, None}, capacity
+    others = {a.labels.get("instance") for a in fleet.receiver.alerts("LLMExporterDown")} - {dying.instance}
+    assert not others, others
