@@ -26,7 +26,7 @@ from dashboards.lib import (
     timeseries,
     value_map,
 )
-from exporter.catalog.gpu import FABRIC_HEALTH, FABRIC_STATES, RECOVERY_ACTIONS
+from exporter.specs.nvml_codes import FABRIC_HEALTH, FABRIC_STATES, RECOVERY_ACTIONS
 
 FILENAME = "llm-serving-gpu-roofline.json"
 TITLE = "LLM Serving / GPU and roofline"

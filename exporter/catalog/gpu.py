@@ -6,38 +6,12 @@ omitted for that GPU, never exported as 0 or NaN.
 """
 
 from exporter.catalog.base import family
+from exporter.specs.nvml_codes import FABRIC_HEALTH, FABRIC_STATES, RECOVERY_ACTIONS
 
 G = ("gpu", "uuid", "name")
 
-# NVML enums exported as numeric codes: one gauge per GPU that an alert compares with a number and a
-# state-timeline maps to words, instead of one series per state. Declared here once; the help texts,
-# the simulated GPU, the alert rules and the dashboards' value mappings are all built from them.
-RECOVERY_ACTIONS: tuple[tuple[int, str], ...] = (
-    (0, "none"),
-    (1, "gpu_reset"),
-    (2, "node_reboot"),
-    (3, "drain_p2p"),
-    (4, "drain_and_reset"),
-    (5, "recover_imex_domain"),
-    (6, "bus_reset"),
-    (7, "system_reboot"),
-)
-"""nvmlDeviceGpuRecoveryAction_t (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): what the driver says the GPU
-needs before it can be used again."""
-FABRIC_STATES: tuple[tuple[int, str], ...] = (
-    (1, "not_started"),
-    (2, "in_progress"),
-    (3, "completed"),
-)
-"""nvmlGpuFabricState_t without NOT_SUPPORTED (0): a GPU outside an NVSwitch fabric has no series."""
-FABRIC_COMPLETED = 3
-FABRIC_HEALTH: tuple[tuple[int, str], ...] = (
-    (1, "healthy"),
-    (2, "unhealthy"),
-    (3, "limited_capacity"),
-)
-"""NVML_GPU_FABRIC_HEALTH_SUMMARY_* without NOT_SUPPORTED (0)."""
-FABRIC_HEALTHY = 1
+# NVML enums exported as numeric codes (exporter/specs/nvml_codes.py): one gauge per GPU that an
+# alert compares with a number and a state-timeline maps to words, instead of one series per state.
 
 
 def code_list(codes: tuple[tuple[int, str], ...]) -> str:

@@ -20,8 +20,8 @@ import random
 import uuid as uuidlib
 from dataclasses import dataclass, field
 
-from exporter.catalog.gpu import FABRIC_HEALTH, FABRIC_STATES, RECOVERY_ACTIONS
 from exporter.simulator.costs import Hardware
+from exporter.specs.nvml_codes import FABRIC_HEALTH, FABRIC_STATES, RECOVERY_ACTIONS
 
 CLOCK_EVENT_REASONS = (
     "gpu_idle",

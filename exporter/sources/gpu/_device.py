@@ -34,6 +34,7 @@ from exporter.sources.gpu._errors import (
     describe,
 )
 from exporter.sources.gpu._gpm import NVLINK_METRICS, PCIE_METRICS, RATIO_METRICS, GpmSampler
+from exporter.specs.nvml_codes import FABRIC_COMPLETED
 
 # Field ids and enum values are NVML ABI; pynvml names them, fallbacks keep old bindings working.
 FI_ECC_SBE_VOL_TOTAL = 3  # volatile corrected (single-bit) ECC errors, as nvmlDeviceGetTotalEccErrors
@@ -93,7 +94,6 @@ FABRIC_REFRESH_S = 10.0
 """How long a reading of the NVLink fabric state is reused: it moves once at boot (not started, in
 progress, completed) and otherwise only when the fabric degrades; its alerts wait minutes."""
 FABRIC_NOT_SUPPORTED = 0  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: not in an NVSwitch fabric
-FABRIC_COMPLETED = 3
 HEALTH_NOT_SUPPORTED = 0  # NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED
 
 # What a field's value becomes (FieldSpec.sink).
