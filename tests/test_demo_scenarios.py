@@ -29,6 +29,7 @@ pytestmark = pytest.mark.e2e
 
 VERDICT_BUDGET_S = 90.0  # wall seconds from the demo's start to its scenario's verdict
 HOLD_S = 10.0  # and it stays the verdict this long after
+MIN_HOLD_READINGS = 3  # read as the verdict at least this often within HOLD_S
 POLL_S = 0.5
 
 
@@ -106,13 +107,21 @@ def _observe(w: Watch) -> None:
         return
     hold_until = time.monotonic() + HOLD_S
     held_from = probe_requests(w.base)
+    held = 0
     while time.monotonic() < hold_until:
         verdict = bottleneck(w.base)
-        if verdict != w.expected:
-            w.left_to = verdict or "(no verdict)"
+        # No reading (the page or the engine scrape late on a loaded machine: 8 demos on 2 cores) is
+        # not another verdict; a full CI run saw one such gap in pd-transfer's hold. Another
+        # resource is, and so is a hold with too few readings to say it held.
+        if verdict is not None and verdict != w.expected:
+            w.left_to = verdict
             w.seen.append(w.left_to)
             return
+        held += verdict == w.expected
         time.sleep(POLL_S)
+    if held < MIN_HOLD_READINGS:
+        w.left_to = f"(no verdict: {held} readings of it in {HOLD_S:.0f} s)"
+        w.seen.append(w.left_to)
     w.probe_requests = (held_from, probe_requests(w.base))
 
 
