@@ -5,6 +5,8 @@ of the engine's histogram."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from alerts.lib import (
     FLEET,
     TM,
@@ -23,6 +25,13 @@ from alerts.lib import (
 from exporter.slo import budget_lasts
 
 
+def burn_expr(good_ratio: Callable[[str], str], budget: float, br: dict, traffic_floor: str) -> str:
+    """Both windows of a burn-rate pair burn faster than its factor, with enough traffic: the good
+    ratio over a window comes from `good_ratio(window)` (a recording rule's name)."""
+    burns = [f"(1 - {good_ratio(br[w])}) / {fmt_num(budget)} > {fmt_num(br['factor'])}" for w in ("long", "short")]
+    return "\nand\n".join((*burns, traffic_floor))
+
+
 def groups(cfg: dict) -> list[dict]:
     rules: list[dict] = []
     floor = fmt_num(cfg["min_request_rate"])
@@ -31,13 +40,8 @@ def groups(cfg: dict) -> list[dict]:
         budget = round(1 - objective, 10)
         for br in cfg["burn_rates"]:
             long, short, factor = br["long"], br["short"], br["factor"]
-            expr = (
-                f"(1 - {good_ratio_rule(metric, long)}) / {fmt_num(budget)} > {fmt_num(factor)}\n"
-                f"and\n"
-                f"(1 - {good_ratio_rule(metric, short)}) / {fmt_num(budget)} > {fmt_num(factor)}\n"
-                f"and\n"
-                f"{request_rate_rule(long)} >= {floor}"
-            )
+            expr = burn_expr(lambda w, metric=metric: good_ratio_rule(metric, w), budget, br,
+                             f"{request_rate_rule(long)} >= {floor}")
             page = br["severity"] == "critical"
             rules.append(alert(
                 spec["alert"], expr, br["severity"],
@@ -84,13 +88,8 @@ def availability(cfg: dict) -> list[dict]:
     rules = []
     for br in cfg["burn_rates"]:
         long, short, factor = br["long"], br["short"], br["factor"]
-        expr = (
-            f"(1 - {availability_good_ratio_rule(long)}) / {fmt_num(budget)} > {fmt_num(factor)}\n"
-            f"and\n"
-            f"(1 - {availability_good_ratio_rule(short)}) / {fmt_num(budget)} > {fmt_num(factor)}\n"
-            f"and\n"
-            f"sum {by_fleet('model', cfg=cfg)} ({finished_rate_rule(long)}) >= {floor}"
-        )
+        expr = burn_expr(availability_good_ratio_rule, budget, br,
+                         f"sum {by_fleet('model', cfg=cfg)} ({finished_rate_rule(long)}) >= {floor}")
         page = br["severity"] == "critical"
         rules.append(alert(
             spec["alert"], expr, br["severity"],
