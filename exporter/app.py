@@ -260,7 +260,9 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
     twins = await start_twins(scenario=scenario, engines=engines, gpus=gpus, engine_format=engine_format,
                               gpu_name=gpu_name, model=model, seed=seed, speed=speed, numa_mismatch=numa_mismatch)
     try:
-        targets = tuple(EngineTarget(url=t.url + "/metrics", name=f"demo-{i}", kind=None,
+        # Each target declares the model its twin serves, as a user of an engine whose page names
+        # none (llama.cpp) does with `model=`; a page that names it wins.
+        targets = tuple(EngineTarget(url=t.url + "/metrics", name=f"demo-{i}", kind=None, model=t.twin.model.name,
                                      timeout_s=config.engine_timeout_s) for i, t in enumerate(twins))
         probes = config.probes or tuple(
             ProbeTarget(url=t.url, target=target.name, engine=target, every_s=probe_every_s,

@@ -40,7 +40,9 @@ from exporter.settings import (
     ENV_PREFIX,
     EXTENSION_PREFIX,
     HOST_BLOCK,
+    MAX_MODEL_NAME,
     MIN_PROBE_EVERY_S,
+    MODEL_NAME_RE,
     SETTINGS,
     TARGET_NAME_RE,
     Choice,
@@ -72,6 +74,7 @@ class EngineTarget:
     kind: str | None = None  # None: auto-detect from the exposition
     timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
     role: str | None = None  # PD role (catalog ROLES) where the page does not name it; None: not declared
+    model: str | None = None  # the `model` label where the page names none (llama.cpp); None: not declared
     bearer_token_file: str | None = None
     bearer_token_env: str | None = None  # the variable's name; its value is in `env_secret`
     basic_auth_username: str | None = None
@@ -205,6 +208,9 @@ _TARGET_OPTIONS: Mapping[str, str] = MappingProxyType({
     "role": "the instance's part in prefill/decode disaggregated serving: prefill, decode or both (the `role` of "
             "llm_engine_info), for engines whose page does not say (vLLM, Triton, Dynamo, llm-d); a role the page "
             "names (SGLang `engine_type`) wins; default: both",
+    "model": "the `model` label of the target's series, for engines whose page names no model (llama.cpp): "
+             "without it their replicas group under an empty model on the fleet board and in the per-model "
+             "rules; a model the page names wins; default: none",
     "bearer_token_file": "file holding a bearer token, re-read on every scrape",
     "bearer_token_env": "name of an environment variable holding a bearer token",
     "username": "basic-auth user name (with password_file or password_env)",
@@ -307,6 +313,10 @@ def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float,
     role = _opt(options, "role")
     if role is not None and role not in ROLES:
         raise ConfigError("engine.role", role, f"expected one of {', '.join(ROLES)}")
+    model = _opt(options, "model")
+    if model is not None and not MODEL_NAME_RE.match(model):
+        raise ConfigError("engine.model", model[:80], "printable characters without quotes or backslashes, "
+                                                      f"1-{MAX_MODEL_NAME} characters")
     name = str(options.get("name") or _default_target_name(url))
     if not TARGET_NAME_RE.match(name):
         raise ConfigError("engine.name", name, "letters, digits and _.:- only, 1-64 characters")
@@ -314,7 +324,8 @@ def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float,
     if "timeout" in options:
         timeout = parse_duration(options["timeout"], "engine.timeout")
     credentials = _target_credentials(url, options, os.environ if env is None else env)
-    return EngineTarget(url=url, name=name, kind=kind, timeout_s=timeout, role=role, **credentials)
+    return EngineTarget(url=url, name=name, kind=kind, timeout_s=timeout, role=role, model=model,
+                        **credentials)
 
 
 def _opt(options: Mapping[str, Any], key: str) -> str | None:
@@ -432,7 +443,8 @@ def parse_probe_spec(spec: str | Mapping[str, Any], engines: tuple[EngineTarget,
         url, options = _split_spec(str(spec), "probe")
     url = url.strip()
     # Credential and TLS options of an engine target: refused by name, with the way to get them.
-    secret = sorted(set(options) & (INLINE_SECRET_KEYS | (set(_TARGET_OPTIONS) - {"kind", "name", "timeout", "role"})))
+    plain = {"kind", "name", "timeout", "role", "model"}
+    secret = sorted(set(options) & (INLINE_SECRET_KEYS | (set(_TARGET_OPTIONS) - plain)))
     if secret:
         raise ConfigError("probe", redact_url(url), f"{secret[0]}: a probe takes no credentials or TLS options; it "
                           "uses those of the engine target named by target=")

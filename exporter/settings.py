@@ -34,6 +34,10 @@ DEFAULT_PROBE_TIMEOUT_S = 10.0
 MIN_PROBE_EVERY_S = 1.0
 MAX_TARGET_GPUS = 1024  # GPU indices one target may list in target_gpus (a node has at most a few dozen)
 TARGET_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
+MAX_MODEL_NAME = 256
+# A model name as engines print it (org/name, paths, versions), bounded, printable, and free of what
+# would need escaping in a label value or a terminal: no quotes, backslashes or control characters.
+MODEL_NAME_RE = re.compile(rf"[^\x00-\x1f\x7f-\x9f\"\\]{{1,{MAX_MODEL_NAME}}}\Z")
 
 
 class ConfigError(ValueError):

@@ -362,3 +362,19 @@ def test_engine_role_option():
     with pytest.raises(ConfigError) as caught:  # a probe has no role: an unknown option, not a credential
         load_config({"engines": ["http://e:1/metrics,name=e"], "probes": ["http://e:1,role=decode"]}, {})
     assert caught.value.field == "probe" and "unknown option" in str(caught.value)
+
+
+def test_engine_model_option_bounded_and_printable():
+    config = load_config({"engines": ["http://e:1/metrics,name=l,model=unsloth/Llama-3.2-1B-GGUF:Q4_K_M",
+                                      {"url": "http://e:2/metrics", "model": "Qwen/Qwen2.5-7B-Instruct"},
+                                      "http://e:3/metrics,name=x"]}, {})
+    assert [t.model for t in config.engines] == ["unsloth/Llama-3.2-1B-GGUF:Q4_K_M", "Qwen/Qwen2.5-7B-Instruct", None]
+    # It becomes a label value and is printed by doctor: no escapes, quotes, C1 controls or endless names.
+    for hostile in ("a\x1b[31mHEALTHY", 'a"b', "a\\b", "a\x9bb", "m" * 257):
+        with pytest.raises(ConfigError) as caught:
+            load_config({"engines": [{"url": "http://e:1/metrics", "model": hostile}]}, {})
+        assert caught.value.field == "engine.model"
+        assert "\x1b" not in str(caught.value) and len(str(caught.value)) < 400
+    # A probe's own model= (the request's model field) is not taken for the target option.
+    config = load_config({"engines": ["http://e:1/metrics,name=e"], "probes": ["http://e:1,target=e,model=m"]}, {})
+    assert config.probes[0].model == "m"

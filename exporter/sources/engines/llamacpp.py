@@ -55,7 +55,8 @@ SPEC = EngineSpec(
         "llamacpp:kv_cache_tokens_count": "older builds: as kv_cache_tokens",
     },
     notes=(
-        "No labels, so no model label and no rank.",
+        "No labels, so no model label and no rank: declare the model with the target's `model=` option "
+        "(docs/configuration.md), or a fleet's per-model rules and boards group the replica under an empty model.",
         "`prompt_tokens_total` counts only the prompt tokens computed (its HELP: \"excluding cached "
         "tokens\"); builds with `prompt_tokens_cached_total` give the rest, and llm_prompt_tokens_total is "
         "their sum (every prompt token, as for vLLM and SGLang), with the cached ones as prefix-cache "

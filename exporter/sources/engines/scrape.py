@@ -13,9 +13,10 @@ import urllib.parse
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from exporter.catalog import family_of
 from exporter.config import EngineTarget
 from exporter.redact import CredentialError, redact_url
-from exporter.snapshot import Sample, labels_of
+from exporter.snapshot import Labels, Sample, labels_of, make_labels
 from exporter.sources.base import SourceData, SourceError, SourceKind
 from exporter.sources.engines.auth import TargetAuth, ssl_context
 from exporter.sources.engines.exposition import ExpositionError
@@ -38,6 +39,32 @@ INLINE_MAX_GROWTH = 1.1
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 log = logging.getLogger("llm_exporter.engine")
+
+
+class ModelLabels:
+    """The target's `model` option as the `model` label of every engine series whose family has one,
+    for pages that name no model (llama.cpp). The engine's label sets repeat every cycle, so each
+    rewrite is cached; the cache is bounded like the normalizer's and simply cleared when full."""
+
+    MAX_CACHED = 20_000
+
+    def __init__(self) -> None:
+        self._labels: dict[tuple[str, Labels], Labels] = {}
+
+    def fill(self, samples: tuple[Sample, ...], model: str) -> tuple[Sample, ...]:
+        cache = self._labels
+        if len(cache) > self.MAX_CACHED:
+            cache.clear()
+        out = []
+        for sample in samples:
+            key = (sample.name, sample.labels)
+            labels = cache.get(key)
+            if labels is None:
+                family = family_of(sample.name)
+                has = family is not None and "model" in family.labels and all(k != "model" for k, _ in sample.labels)
+                labels = cache[key] = make_labels((*sample.labels, ("model", model))) if has else sample.labels
+            out.append(sample if labels is sample.labels else sample._replace(labels=labels))
+        return tuple(out)
 
 
 class EngineSource:
@@ -72,6 +99,7 @@ class EngineSource:
         if target.insecure_skip_verify:
             log.warning("target %s: TLS certificate verification is off (insecure_skip_verify)", target.name)
         self._state = NormalizerState()
+        self._model_labels = ModelLabels()
         self._last_normalize: tuple[int, float] | None = None  # (page characters, CPU seconds)
         self._last_kind = target.kind or "unknown"
         # Series dropped since the start, by reason (cardinality always shown, 0 until it happens),
@@ -136,6 +164,9 @@ class EngineSource:
         self._note_families(scrape)
         families = scrape.families
         role = self._role(scrape)
+        samples, model = scrape.samples, scrape.model
+        if not model and self.target.model:
+            samples, model = self._model_labels.fill(samples, self.target.model), self.target.model
         extra = [
             Sample("llm_engine_info",
                    labels_of(target=self.target.name, engine=scrape.kind, flavor=scrape.flavor, role=role), 1.0),
@@ -145,9 +176,9 @@ class EngineSource:
                                                                 state=state), float(count))
               for state, count in families.counts().items()),
         ]
-        attrs = {"engine": scrape.kind, "flavor": scrape.flavor, "model": scrape.model, "role": role,
+        attrs = {"engine": scrape.kind, "flavor": scrape.flavor, "model": model, "role": role,
                  "unaccounted_families": " ".join(families.names)}
-        return SourceData(scrape.samples + tuple(extra), attrs)
+        return SourceData(samples + tuple(extra), attrs)
 
     def _role(self, scrape: NormalizedScrape) -> str:
         """The instance's PD role: the page's where it names one (the engine knows what it runs as),
