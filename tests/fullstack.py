@@ -134,14 +134,20 @@ class WebhookReceiver:
         return [n for n in items if n.group.get("alertname") == alertname and n.at >= since
                 and all(n.group.get(k) == v for k, v in group.items())]
 
-    def pages(self, alertname: str, /, *, since: float = 0.0, **group: str) -> list[Notification]:
-        """The notifications that opened a page: a group's first firing one, and each firing one
-        after it was resolved. Updates of a firing group are not new pages."""
-        out, firing = [], False
+    def pages(self, alertname: str, /, *, since: float = 0.0, receiver: str | None = None,
+              **group: str) -> list[Notification]:
+        """The notifications that opened a page or ticket (only `receiver`'s, when given): a group's
+        first firing one, and each firing one after it was resolved, per receiver and group as pager
+        and ticket systems key them. Updates of a firing group are not new pages. (One state across
+        receivers once counted a slow-burn ticket opening just after the page resolved as a page.)"""
+        out, firing = [], set()
         for n in self.notified(alertname, since=since, **group):
-            if n.status == "firing" and not firing:
+            if receiver is not None and n.receiver != receiver:
+                continue
+            key = (n.receiver, tuple(sorted(n.group.items())))
+            if n.status == "firing" and key not in firing:
                 out.append(n)
-            firing = n.status == "firing"
+            (firing.add if n.status == "firing" else firing.discard)(key)
         return out
 
     def open_groups(self) -> list[Notification]:

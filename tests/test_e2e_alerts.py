@@ -130,7 +130,7 @@ def test_engine_killed_pages_engine_down_and_opens_nothing_else(stack: FullStack
     # One breach, one page: the slow pair joining is an update of the same group's notification, and
     # the fast pair's short window emptying and filling again does not re-page (keep_firing_for and
     # the burn inhibitions, alerts/alertmanager.py).
-    pages = stack.receiver.pages(TTFT_BURN, since=stack.marks["overload"], target=TARGET)
+    pages = stack.receiver.pages(TTFT_BURN, since=stack.marks["overload"], target=TARGET, receiver="/pager")
     notified = stack.receiver.notified(TTFT_BURN, since=stack.marks["overload"], target=TARGET)
     assert len(pages) == 1, [(n.status, n.alerts) for n in notified]
     # What Prometheus already had pending or firing may still arrive; nothing else may open.
