@@ -44,26 +44,25 @@ log = logging.getLogger("llm_exporter.engine")
 class ModelLabels:
     """The target's `model` option as the `model` label of every engine series whose family has one,
     for pages that name no model (llama.cpp). The engine's label sets repeat every cycle, so each
-    rewrite is cached; the cache is bounded like the normalizer's and simply cleared when full."""
-
-    MAX_CACHED = 20_000
+    rewrite is kept for the next page; only the last page's are kept, so what this holds between
+    cycles is bounded by that page (max_series and the payload's byte cap), not by a count of its own."""
 
     def __init__(self) -> None:
-        self._labels: dict[tuple[str, Labels], Labels] = {}
+        self._last: dict[tuple[str, Labels], Labels] = {}
 
     def fill(self, samples: tuple[Sample, ...], model: str) -> tuple[Sample, ...]:
-        cache = self._labels
-        if len(cache) > self.MAX_CACHED:
-            cache.clear()
+        last, kept = self._last, {}
         out = []
         for sample in samples:
             key = (sample.name, sample.labels)
-            labels = cache.get(key)
+            labels = last.get(key)
             if labels is None:
                 family = family_of(sample.name)
                 has = family is not None and "model" in family.labels and all(k != "model" for k, _ in sample.labels)
-                labels = cache[key] = make_labels((*sample.labels, ("model", model))) if has else sample.labels
+                labels = make_labels((*sample.labels, ("model", model))) if has else sample.labels
+            kept[key] = labels
             out.append(sample if labels is sample.labels else sample._replace(labels=labels))
+        self._last = kept
         return tuple(out)
 
 
