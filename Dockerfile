@@ -12,6 +12,13 @@
 #
 # The final stage has no compiler and no build tools, runs as uid 10001 and writes nothing at run
 # time, so `--read-only` (readOnlyRootFilesystem in Kubernetes) works without any tmpfs.
+#
+# `make image` builds it with podman or docker (deploy/container.py). PYTHON_IMAGE is any image with
+# Python 3.10+ and its venv module: the public python:3.11-slim by default, or, where no registry
+# answers, a Debian bookworm base that `make image` makes locally with debootstrap. A build behind a
+# TLS-intercepting proxy passes its CA bundle as the build secret `ca-certificates`
+# (`--secret id=ca-certificates,src=/etc/ssl/certs/ca-certificates.crt`): pip trusts it in the build
+# stage only, and nothing of it reaches the image.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -24,11 +31,16 @@ WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
 COPY exporter ./exporter
 # Binary wheels only for the dependencies: one that would need a compiler fails the build instead
-# of pulling one in. pip byte-compiles the venv here, so nothing is written at run time.
-RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
- && python -m venv /opt/venv \
+# of pulling one in. pip byte-compiles the venv here, so nothing is written at run time, then leaves
+# (the image installs nothing at run time). python3, not python: a Debian base has no `python`
+# outside the venv.
+RUN --mount=type=secret,id=ca-certificates,required=false \
+    if [ -s /run/secrets/ca-certificates ]; then export PIP_CERT=/run/secrets/ca-certificates; fi \
+ && python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip wheel --no-deps --wheel-dir /wheels . \
  && /opt/venv/bin/pip install --only-binary=:all: -c constraints.txt /wheels/llm_exporter-*.whl \
- && /opt/venv/bin/llm-exporter --version
+ && /opt/venv/bin/llm-exporter --version \
+ && /opt/venv/bin/python -m pip uninstall -q -y pip setuptools
 
 # --- final: slim runtime, non-root ---------------------------------------------------------------
 FROM ${PYTHON_IMAGE}
