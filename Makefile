@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 APT_PKGS := prometheus prometheus-alertmanager prometheus-node-exporter chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test test-fast test-live test-fleet fleet fleet-down fleet-debs venv debs demo run bench lint fmt golden generate docs dashboards dashboards-check alerts-test stack stack-down clean
+.PHONY: test test-fast test-live test-fleet test-deploy image container-debs fleet fleet-down fleet-debs venv debs demo run bench lint fmt golden generate docs dashboards dashboards-check alerts-test stack stack-down clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
@@ -79,6 +79,31 @@ fleet-debs:
 	    echo "stopping the victoria-metrics service the package started (the fleet runs its own, on free ports)"; \
 	    $(SUDO) systemctl disable --now victoria-metrics >/dev/null 2>&1 || true; \
 	  fi; \
+	fi
+
+# The image (Dockerfile) with podman, or docker where podman is absent: on python:3.11-slim where a
+# registry answers, else on a Debian base made here with debootstrap (deploy/container.py; about
+# 1 min the first time, seconds after). IMAGE_TAG names it (default llm-exporter:local).
+IMAGE_TAG ?= llm-exporter:local
+image: venv container-debs
+	$(BIN)/python deploy/container.py build --tag $(IMAGE_TAG)
+
+# The deploy tier (tests/deploy, about 6 min on 2 cores): the image hardened, the sidecar pod from
+# deploy/kubernetes under `podman kube play` scraped by a real Prometheus through the PodMonitor and
+# paging through Alertmanager, the compose demo services as containers. docs/deploy.md.
+test-deploy: venv debs container-debs image
+	LLM_EXPORTER_DEPLOY=1 LLM_EXPORTER_IMAGE=$(IMAGE_TAG) $(BIN)/python -m pytest tests/deploy -p no:cacheprovider -v
+
+# Debian's podman and what it needs to build and run pods here (buildah, runc, catatonit for the pod's
+# pause image, the CNI plugins and dnsname for service names, debootstrap for a local base, kubectl
+# for kustomize) when podman or one of them is missing. docker users need none of it for `make image`.
+CONTAINER_PKGS := podman buildah runc catatonit containernetworking-plugins golang-github-containernetworking-plugin-dnsname debootstrap kubectl
+container-debs:
+	@if [ -n "$$LLM_EXPORTER_CONTAINER_ENGINE" ] && [ "$$LLM_EXPORTER_CONTAINER_ENGINE" != podman ]; then exit 0; fi; \
+	missing=""; for pkg in $(CONTAINER_PKGS); do dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ] && ! { command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1 && [ -z "$$LLM_EXPORTER_CONTAINER_ENGINE" ]; }; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
 # A simulated fleet on loopback (FLEET_REPLICAS, FLEET_DIE_AFTER, FLEET_INTERVAL, FLEET_BASE_PORT in the

@@ -24,6 +24,10 @@ collect_ignore_glob = [] if os.environ.get("LLM_EXPORTER_LIVE") == "1" else ["li
 # about 5 minutes) runs only from `make test-fleet`, which sets LLM_EXPORTER_FLEET=1.
 if os.environ.get("LLM_EXPORTER_FLEET") != "1":
     collect_ignore_glob.append("fleet/*")
+# The deploy tier (tests/deploy: the image under podman, the sidecar pod under `podman kube play`, the
+# compose services as containers) runs only from `make test-deploy`, which sets LLM_EXPORTER_DEPLOY=1.
+if os.environ.get("LLM_EXPORTER_DEPLOY") != "1":
+    collect_ignore_glob.append("deploy/*")
 
 
 # test file (or "file::test function") -> its tier: e2e (a whole stack, a browser, or the CLI's own
