@@ -7,7 +7,6 @@ removes them all, before a run (leftovers of a killed one) and after.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import pathlib
@@ -54,6 +53,20 @@ class Podman:
         networks = self.inspect(name)["NetworkSettings"]["Networks"]
         return next(n["IPAddress"] for n in networks.values() if n.get("IPAddress"))
 
+    def fill_secret_volume(self, name: str, files: dict[str, bytes]) -> None:
+        """Writes a Secret's files into the named volume podman mounts for it, as the kubelet would.
+        podman 4.3's kube play writes a Secret's `data` into that volume still base64-encoded (the
+        kubelet decodes it) and writes nothing for `stringData`, into a volume it reuses when one
+        exists. So the test's Secret carries `stringData` (podman needs the Secret to exist) and its
+        files are written here first; the Secret volume, its mount and the exporter reading it stay
+        the manifest's."""
+        self("volume", "rm", "-f", name, check=False)
+        self("volume", "create", name)
+        mountpoint = pathlib.Path(self("volume", "inspect", name, "--format", "{{.Mountpoint}}").stdout.strip())
+        for key, value in files.items():
+            (mountpoint / key).write_bytes(value)
+            (mountpoint / key).chmod(0o444)
+
     def logs(self, name: str, lines: int = 30) -> str:
         result = self("logs", "--tail", str(lines), name, check=False)
         return f"--- {name}\n{result.stdout}{result.stderr}"
@@ -85,10 +98,10 @@ def one(objects: list[dict], kind: str) -> dict:
     return found[0]
 
 
-def secret(name: str, files: dict[str, bytes | str]) -> dict:
-    """A Secret as `kubectl create secret generic --from-file` makes it."""
+def secret(name: str, files: dict[str, bytes]) -> dict:
+    """A Secret of text files in `stringData`, for podman (see Podman.fill_secret_volume)."""
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque",
-            "data": {k: base64.b64encode(v.encode() if isinstance(v, str) else v).decode() for k, v in files.items()}}
+            "stringData": {k: v.decode() for k, v in files.items()}}
 
 
 def container_port(deployment: dict, container_name: str, port: int | str) -> int:
