@@ -38,7 +38,8 @@ DOCKERFILE = ROOT / "Dockerfile"
 PROMETHEUS_YML = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 ALERTMANAGER_YML = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 K8S = ROOT / "deploy" / "kubernetes"
-KUSTOMIZATIONS = ("base", "overlays/vllm", "overlays/sglang", "variants/servicemonitor", "daemonset")
+KUSTOMIZATIONS = ("base", "overlays/vllm", "overlays/sglang", "variants/servicemonitor", "variants/web-config",
+                  "daemonset")
 K8S_VERSION = "1.32.0"
 SYSTEMD_UNIT = ROOT / "deploy" / "systemd" / "llm-exporter.service"
 CONFIG_DOC = ROOT / "docs" / "configuration.md"
@@ -271,7 +272,8 @@ def standalone_objects() -> list[tuple[str, dict]]:
     """Every manifest file that is a whole object (not a patch, not a kustomization)."""
     out = []
     for path in sorted(K8S.rglob("*.yaml")):
-        if path.name == "kustomization.yaml" or path.parent.parent.name == "overlays":
+        patch = path.parent.parent.name == "overlays" or path.name.endswith("-patch.yaml")
+        if path.name == "kustomization.yaml" or patch:
             continue
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
@@ -301,7 +303,16 @@ _RELABEL = {"type": "object", "additionalProperties": False, "properties": {
     "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$"}},
     "separator": {"type": "string"}, "targetLabel": {"type": "string"}, "regex": {"type": "string"},
     "modulus": {"type": "integer"}, "replacement": {"type": "string"}}}
+_SECRET_KEY = {"type": "object", "required": ["name", "key"], "additionalProperties": False,
+               "properties": {"name": {"type": "string"}, "key": {"type": "string"}, "optional": {"type": "boolean"}}}
+_SECRET_OR_CONFIGMAP = {"type": "object", "additionalProperties": False, "maxProperties": 1,
+                        "properties": {"secret": _SECRET_KEY, "configMap": _SECRET_KEY}}
 _ENDPOINT_COMMON = {
+    "tlsConfig": {"type": "object", "additionalProperties": False, "properties": {
+        "ca": _SECRET_OR_CONFIGMAP, "cert": _SECRET_OR_CONFIGMAP, "keySecret": _SECRET_KEY,
+        "serverName": {"type": "string"}, "insecureSkipVerify": {"type": "boolean"}}},
+    "basicAuth": {"type": "object", "additionalProperties": False, "required": ["username", "password"],
+                  "properties": {"username": _SECRET_KEY, "password": _SECRET_KEY}},
     "path": {"type": "string", "pattern": "^/"}, "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
     "interval": {"type": "string", "pattern": DURATION}, "scrapeTimeout": {"type": "string", "pattern": DURATION},
     "honorLabels": {"type": "boolean"}, "relabelings": {"type": "array", "items": _RELABEL},

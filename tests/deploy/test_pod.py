@@ -178,6 +178,7 @@ def test_the_runtime_applied_the_manifests_security_and_limits(sidecar: Sidecar)
             assert host["CpuQuota"] / host["CpuPeriod"] == int(limits["cpu"].removesuffix("m")) / 1000
 
 
+@pytest.mark.timeout(PAGE_TIMEOUT_S + 180)
 def test_prometheus_scrapes_through_the_podmonitor_and_the_rules_page(sidecar: Sidecar, tmp_path: pathlib.Path):
     receiver = WebhookReceiver()
     ports = free_ports(("alertmanager", "prometheus"))
