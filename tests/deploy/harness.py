@@ -3,6 +3,9 @@ rendered kustomizations, and the Prometheus Operator's translation of a PodMonit
 
 Every container, pod, network and volume a test makes carries PREFIX in its name, and `cleanup`
 removes them all, before a run (leftovers of a killed one) and after.
+
+The `podman` fixture lives here, not in a conftest.py: a second conftest.py would take the module
+name `conftest` that tests/test_*.py import their paths from.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 
+import pytest
 import yaml
 
 from tests.fullstack import ROOT, _module
@@ -193,3 +198,16 @@ def wait_for(url: str, timeout: float = 60, **kwargs) -> tuple[int, str]:
         time.sleep(0.25)
         status, body = get(url, **kwargs)
     return status, body
+
+
+@pytest.fixture(scope="session")
+def podman() -> Iterator[Podman]:
+    """podman for the deploy tier: the image must exist (`make image`); leftovers go first and last."""
+    tool = Podman()
+    assert tool("image", "inspect", IMAGE, check=False).returncode == 0, \
+        f"no image {IMAGE}: run `make image` (make test-deploy does)"
+    tool.cleanup()
+    try:
+        yield tool
+    finally:
+        tool.cleanup()

@@ -21,11 +21,12 @@ import urllib.parse
 import pytest
 import yaml
 
-from tests.deploy.harness import IMAGE, PREFIX, Podman, container, get, wait_for
+from tests.deploy.harness import IMAGE, PREFIX, Podman, container, get, podman, wait_for
 from tests.fullstack import ROOT, launcher
 from tests.support import free_ports, wait_until
 
 pytestmark = pytest.mark.deploy
+__all__ = ["podman"]  # the session fixture, from the harness
 
 PROFILE = "demo"
 NETWORK = f"{PREFIX}-compose"

@@ -10,10 +10,11 @@ import time
 
 import pytest
 
-from tests.deploy.harness import IMAGE, PREFIX, Podman, get, wait_for
+from tests.deploy.harness import IMAGE, PREFIX, Podman, get, podman, wait_for
 from tests.support import free_port
 
 pytestmark = pytest.mark.deploy
+__all__ = ["podman"]  # the session fixture, from the harness
 
 HARDENED = ("--read-only", "--user", "10001:10001", "--cap-drop", "ALL", "--security-opt", "no-new-privileges")
 # Kubernetes' default terminationGracePeriodSeconds; the exporter should need a small part of it.

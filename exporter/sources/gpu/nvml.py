@@ -188,10 +188,12 @@ class NvmlSource:
         """No NVML this cycle. In auto mode, no library/driver/GPU on a machine that never had one is
         a normal state; GPUs seen before are reported down; anything else is an error."""
         normal = not self._options.required and failure.state in _ABSENT_STATES and not self._known
+        if self._options.required or (not normal and not self._known):
+            # The collector logs the source's state change, once: a line here would be a second
+            # one for the same event (seen in the sidecar pod's log under --gpu-backend nvml).
+            raise SourceError(failure.state, failure.message)
         self._once.log(logging.INFO if normal else logging.WARNING, ("init", failure.state),
                        "GPU source: %s%s", failure.message, "; no GPU series" if normal else "")
-        if self._options.required or (not normal and not self._known):
-            raise SourceError(failure.state, failure.message)
         idents = [self._known[i] for i in sorted(self._known)]
         samples = [Sample("llm_gpu_up", ident.labels(), 0.0) for ident in idents]
         for ident in idents:
