@@ -27,8 +27,6 @@ from tests.fullstack import ROOT, _module
 container = _module("deploy_container", ROOT / "deploy" / "container.py")
 K8S = ROOT / "deploy" / "kubernetes"
 IMAGE = os.environ.get("LLM_EXPORTER_IMAGE", container.DEFAULT_TAG)
-# The name kustomize gives the image (base/kustomization.yaml `images:`): the test tags the built
-# image with it, so the rendered manifest runs as rendered, as after a `docker push`.
 PREFIX = "llmx-test"
 
 
@@ -57,6 +55,21 @@ class Podman:
     def container_ip(self, name: str) -> str:
         networks = self.inspect(name)["NetworkSettings"]["Networks"]
         return next(n["IPAddress"] for n in networks.values() if n.get("IPAddress"))
+
+    def kube_play(self, manifest: pathlib.Path, deployment: dict) -> None:
+        """`podman kube play` of a manifest holding `deployment`, with the image tagged as kustomize
+        names it. podman 4.3 also publishes every containerPort on the host at the same number (no
+        flag turns that off; Kubernetes publishes nothing without hostPort), so a port in use on
+        the host fails the play: said plainly here rather than as podman's bind error."""
+        self("tag", IMAGE, kustomize_image())
+        busy = []
+        for spec in containers(deployment):
+            for port in spec.get("ports", []):
+                with socket.socket() as probe:
+                    if probe.connect_ex(("127.0.0.1", port["containerPort"])) == 0:
+                        busy.append(f"{spec['name']} {port['containerPort']}")
+        assert not busy, f"podman kube play publishes containerPorts on the host, and these are in use: {busy}"
+        self("kube", "play", str(manifest), timeout=180)
 
     def fill_secret_volume(self, name: str, files: dict[str, bytes]) -> None:
         """Writes a Secret's files into the named volume podman mounts for it, as the kubelet would.
@@ -95,6 +108,17 @@ def kustomize(name: str) -> list[dict]:
     out = subprocess.run(["kubectl", "kustomize", str(K8S / name)], capture_output=True, text=True, timeout=60,
                          check=True).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def kustomize_image() -> str:
+    """The image name kustomize gives `llm-exporter` (base/kustomization.yaml `images:`)."""
+    base = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
+    image = next(i for i in base["images"] if i["name"] == "llm-exporter")
+    return f"{image['newName']}:{image['newTag']}"
+
+
+def containers(deployment: dict) -> list[dict]:
+    return deployment["spec"]["template"]["spec"]["containers"]
 
 
 def one(objects: list[dict], kind: str) -> dict:

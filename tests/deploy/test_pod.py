@@ -26,11 +26,10 @@ import trustme
 import yaml
 
 from tests.deploy.harness import (
-    IMAGE,
-    K8S,
     PREFIX,
     Podman,
     container_port,
+    containers,
     get,
     kustomize,
     one,
@@ -55,12 +54,6 @@ DEPLOYMENT = f"{PREFIX}-llm-engine"
 POD = f"{DEPLOYMENT}-pod-0"  # podman kube play's name for a Deployment's one replica
 # LLMEngineDown's `for` (2m) + one PodMonitor interval (15s) + Alertmanager's group_wait (30s) + slack.
 PAGE_TIMEOUT_S = 300
-
-
-def _kustomize_image() -> str:
-    base = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
-    image = next(i for i in base["images"] if i["name"] == "llm-exporter")
-    return f"{image['newName']}:{image['newTag']}"
 
 
 class Sidecar:
@@ -93,10 +86,9 @@ class Sidecar:
         self.ip = ""
 
     def play(self) -> None:
-        self.podman("tag", IMAGE, _kustomize_image())
         self.podman("kube", "play", str(self.secret_manifest))
         self.podman.fill_secret_volume("llm-exporter-web", self.secrets["llm-exporter-web"])
-        self.podman("kube", "play", str(self.manifest), timeout=180)
+        self.podman.kube_play(self.manifest, self.deployment)
         self.ip = self.podman.pod_ip(POD)
 
     def down(self) -> None:
@@ -133,12 +125,8 @@ def sidecar(podman: Podman, tmp_path_factory: pytest.TempPathFactory):
         pod.down()
 
 
-def _containers(deployment: dict) -> list[dict]:
-    return deployment["spec"]["template"]["spec"]["containers"]
-
-
 def test_every_probe_answers_where_the_manifest_points(sidecar: Sidecar):
-    probes = [(c["name"], kind, c[kind]["httpGet"]) for c in _containers(sidecar.deployment)
+    probes = [(c["name"], kind, c[kind]["httpGet"]) for c in containers(sidecar.deployment)
               for kind in ("livenessProbe", "readinessProbe", "startupProbe") if kind in c]
     assert len(probes) >= 3
     for name, kind, http_get in probes:
@@ -165,7 +153,7 @@ def test_the_web_config_from_the_secret_holds(sidecar: Sidecar):
 
 
 def test_the_runtime_applied_the_manifests_security_and_limits(sidecar: Sidecar):
-    for spec in _containers(sidecar.deployment):
+    for spec in containers(sidecar.deployment):
         name = sidecar.container(spec["name"])
         host = sidecar.podman.inspect(name)["HostConfig"]
         context = spec["securityContext"]
@@ -241,43 +229,3 @@ def test_prometheus_scrapes_through_the_podmonitor_and_the_rules_page(sidecar: S
         launcher.stop(tmp_path)
         receiver.close()
 
-
-def test_the_vllm_overlays_sidecar_beside_the_twin_falls_back_without_a_gpu(podman: Podman, tmp_path: pathlib.Path):
-    """overlays/vllm as rendered, its engine container replaced by the base's twin (no GPU, no model
-    here): the sidecar as the overlay configures it (kind=vllm, NVML required) reaches the engine,
-    says in its own metrics and one log line that NVML is missing, and keeps serving."""
-    objects = kustomize("overlays/vllm")
-    deployment = one(objects, "Deployment")
-    deployment["metadata"]["name"] = f"{PREFIX}-vllm"
-    pod = f"{PREFIX}-vllm-pod-0"
-    twin = next(c for c in _containers(one(kustomize("base"), "Deployment")) if c["name"] == "engine")
-    spec = deployment["spec"]["template"]["spec"]
-    spec["containers"] = [twin if c["name"] == "engine" else c for c in spec["containers"]]
-    spec.pop("volumes", None)  # the engine's model cache and /dev/shm, which the twin does not mount
-    exporter = next(c for c in spec["containers"] if c["name"] == "llm-exporter")
-    env = {e["name"]: e.get("value") for e in exporter["env"]}
-    assert env["LLM_EXPORTER_GPU_BACKEND"] == "nvml" and "kind=vllm" in env["LLM_EXPORTER_ENGINES"]
-    manifest = tmp_path / "vllm.yaml"
-    manifest.write_text(yaml.safe_dump(deployment))
-    podman("tag", IMAGE, _kustomize_image())
-    try:
-        podman("kube", "play", str(manifest), timeout=180)
-        ip = podman.pod_ip(pod)
-        port = container_port(deployment, "llm-exporter", "metrics")
-        status, _ = wait_for(f"http://{ip}:{port}/readyz", timeout=90)
-        assert status == 200, podman.logs(f"{pod}-llm-exporter")
-
-        def body() -> str:
-            return get(f"http://{ip}:{port}/metrics")[1]
-
-        assert wait_until(lambda: 'llm_engine_up{engine="vllm",target="vllm"} 1.0' in body(), timeout=30,
-                          interval=0.5), podman.logs(f"{pod}-llm-exporter")
-        text = body()
-        assert 'llm_exporter_source_up{source="gpu"} 0.0' in text
-        assert 'llm_exporter_collect_errors_total{reason="nvml_missing",source="gpu"}' in text
-        assert "llm_gpu_up{" not in text
-        logs = podman("logs", f"{pod}-llm-exporter").stderr
-        # One line for the state change, however many cycles it lasts.
-        assert logs.count("NVML unavailable") == 1 and "Traceback" not in logs, logs[-3000:]
-    finally:
-        podman("kube", "down", str(manifest), check=False, timeout=120)
