@@ -97,7 +97,7 @@ test-deploy: venv debs container-debs image
 # Debian's podman and what it needs to build and run pods here (buildah, runc, catatonit for the pod's
 # pause image, the CNI plugins and dnsname for service names, debootstrap for a local base, kubectl
 # for kustomize) when podman or one of them is missing. docker users need none of it for `make image`.
-CONTAINER_PKGS := podman buildah runc catatonit containernetworking-plugins golang-github-containernetworking-plugin-dnsname debootstrap kubectl
+CONTAINER_PKGS := podman buildah runc catatonit containernetworking-plugins golang-github-containernetworking-plugin-dnsname iptables debootstrap kubectl
 container-debs:
 	@if [ -n "$$LLM_EXPORTER_CONTAINER_ENGINE" ] && [ "$$LLM_EXPORTER_CONTAINER_ENGINE" != podman ]; then exit 0; fi; \
 	missing=""; for pkg in $(CONTAINER_PKGS); do dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
