@@ -1,4 +1,4 @@
-"""Command line: `llm-exporter run | demo | doctor | loadtest`. main() calls run(argv, env), which tests call too."""
+"""Command line: `llm-exporter run | demo | doctor | loadtest | plan`. main() calls run(argv, env), as tests do."""
 
 from __future__ import annotations
 
@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     from exporter.probe import loadtest_cmd
 
     loadtest_cmd.add_parser(commands)
+    from exporter.planner import cmd as plan_cmd
+
+    plan_cmd.add_parser(commands)
     return parser
 
 
@@ -169,6 +172,10 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
         from exporter.probe.loadtest_cmd import command_loadtest
 
         return command_loadtest(args, env)
+    if args.command == "plan":
+        from exporter.planner.cmd import command_plan
+
+        return command_plan(args, env)
     raise AssertionError(f"unhandled command {args.command}")
 
 

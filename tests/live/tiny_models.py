@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
+from typing import NamedTuple
 
 # The shapes the issue measured with. head_dim * heads = hidden, and 2 KV heads make it grouped-query, so
 # the exporter's KV-bytes-per-token arithmetic (2 * layers * kv_heads * head_dim * dtype bytes) is exercised.
@@ -95,18 +96,19 @@ def train_tokenizer():  # -> tokenizers.Tokenizer
     return tok
 
 
-def write_hf(tok, out: pathlib.Path) -> None:
+def write_hf(tok, out: pathlib.Path, shape: Shape | None = None) -> None:
+    shape = shape or TINY
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTERMEDIATE,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM,
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
         "vocab_size": VOCAB,
         "max_position_embeddings": MAX_POSITIONS,
         "rms_norm_eps": RMS_EPS,
@@ -153,15 +155,60 @@ def _merges(tok) -> list[str]:
     return [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
 
 
-def write_gguf(tok, path: pathlib.Path) -> None:
+class Shape(NamedTuple):
+    """A Llama's shapes, as both the HF config and the GGUF declare them."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+
+
+TINY = Shape(LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE)
+# The planner's validation model (issue 31): about 134 M parameters, 270 MB in F16, so a decode step streams
+# far more than the CPU's caches hold (32 MiB L3 here) and llama.cpp is memory-bound at small batches, as a
+# GPU engine is. The same seeded weights are written as F16, Q8_0 and Q4_0.
+PLAN = Shape(layers=12, hidden=1024, heads=16, kv_heads=4, head_dim=64, intermediate=2816)
+PLAN_TYPES = ("f16", "q8_0", "q4_0")
+
+
+def plan_gguf_name(wtype: str) -> str:
+    return f"plan-llama-{wtype}.gguf"
+
+
+def write_gguf(tok, path: pathlib.Path, shape: Shape = TINY, wtype: str = "f32", name: str = "tiny-llama") -> None:
     import gguf
     import numpy as np
 
-    rng = np.random.default_rng(SEED)
+    qtypes = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+              "q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+    file_types = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}
+    qtype = qtypes[wtype]
+    counter = iter(range(1 << 20))
+    # The tiny model keeps its one sequential generator, so its weights (and the text the captured pages
+    # came from) are those of recipe 2.
+    shared = np.random.default_rng(SEED) if shape == TINY else None
 
-    def weight(rows: int, cols: int) -> np.ndarray:
+    def weight(rows: int, cols: int) -> tuple[np.ndarray, object]:
+        # One generator per tensor, seeded by its position: every weight type gets the same numbers.
         # numpy (out, in); GGUFWriter reverses the dims, giving llama.cpp's ne0 = in.
-        return (rng.standard_normal((rows, cols)) * 0.02).astype(np.float32)
+        if shared is not None:
+            data = (shared.standard_normal((rows, cols)) * 0.02).astype(np.float32)
+        else:
+            rng = np.random.default_rng([SEED, next(counter)])
+            data = rng.standard_normal((rows, cols), dtype=np.float32) * 0.02
+        if wtype == "f32":
+            return data, None
+        if wtype == "f16":
+            return data.astype(np.float16), None
+        return gguf.quants.quantize(data, qtype), qtype
+
+    def add(w, tensor_name: str, rows: int, cols: int) -> None:
+        data, raw = weight(rows, cols)
+        w.add_tensor(tensor_name, data, raw_dtype=raw)
 
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
@@ -176,17 +223,17 @@ def write_gguf(tok, path: pathlib.Path) -> None:
     types = [gguf.TokenType.CONTROL if i in special_ids else gguf.TokenType.NORMAL for i in range(VOCAB)]
 
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-llama")
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_name(name)
+    w.add_file_type(file_types[wtype])
     w.add_context_length(MAX_POSITIONS)
-    w.add_embedding_length(HIDDEN)
-    w.add_block_count(LAYERS)
-    w.add_feed_forward_length(INTERMEDIATE)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_key_length(HEAD_DIM)
-    w.add_value_length(HEAD_DIM)
-    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_embedding_length(shape.hidden)
+    w.add_block_count(shape.layers)
+    w.add_feed_forward_length(shape.intermediate)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_rope_dimension_count(shape.head_dim)
     w.add_rope_freq_base(ROPE_THETA)
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_vocab_size(VOCAB)
@@ -204,19 +251,20 @@ def write_gguf(tok, path: pathlib.Path) -> None:
     w.add_add_eos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
 
-    w.add_tensor("token_embd.weight", weight(VOCAB, HIDDEN))
-    for b in range(LAYERS):
-        w.add_tensor(f"blk.{b}.attn_norm.weight", ones(HIDDEN))
-        w.add_tensor(f"blk.{b}.attn_q.weight", weight(HEADS * HEAD_DIM, HIDDEN))
-        w.add_tensor(f"blk.{b}.attn_k.weight", weight(KV_HEADS * HEAD_DIM, HIDDEN))
-        w.add_tensor(f"blk.{b}.attn_v.weight", weight(KV_HEADS * HEAD_DIM, HIDDEN))
-        w.add_tensor(f"blk.{b}.attn_output.weight", weight(HIDDEN, HEADS * HEAD_DIM))
-        w.add_tensor(f"blk.{b}.ffn_norm.weight", ones(HIDDEN))
-        w.add_tensor(f"blk.{b}.ffn_gate.weight", weight(INTERMEDIATE, HIDDEN))
-        w.add_tensor(f"blk.{b}.ffn_up.weight", weight(INTERMEDIATE, HIDDEN))
-        w.add_tensor(f"blk.{b}.ffn_down.weight", weight(HIDDEN, INTERMEDIATE))
-    w.add_tensor("output_norm.weight", ones(HIDDEN))
-    w.add_tensor("output.weight", weight(VOCAB, HIDDEN))
+    h, q, kv, ff = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
+    add(w, "token_embd.weight", VOCAB, h)
+    for b in range(shape.layers):
+        w.add_tensor(f"blk.{b}.attn_norm.weight", ones(h))
+        add(w, f"blk.{b}.attn_q.weight", q, h)
+        add(w, f"blk.{b}.attn_k.weight", kv, h)
+        add(w, f"blk.{b}.attn_v.weight", kv, h)
+        add(w, f"blk.{b}.attn_output.weight", h, q)
+        w.add_tensor(f"blk.{b}.ffn_norm.weight", ones(h))
+        add(w, f"blk.{b}.ffn_gate.weight", ff, h)
+        add(w, f"blk.{b}.ffn_up.weight", ff, h)
+        add(w, f"blk.{b}.ffn_down.weight", h, ff)
+    w.add_tensor("output_norm.weight", ones(h))
+    add(w, "output.weight", VOCAB, h)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -232,6 +280,9 @@ def main(argv: list[str]) -> int:
     tok = train_tokenizer()
     write_hf(tok, out / "hf")
     write_gguf(tok, out / "tiny-llama-f32.gguf")
+    write_hf(tok, out / "plan-hf", PLAN)
+    for wtype in PLAN_TYPES:
+        write_gguf(tok, out / plan_gguf_name(wtype), PLAN, wtype, name="plan-llama")
     print(json.dumps({"vocab": tok.get_vocab_size(), "merges": len(_merges(tok)), "out": str(out)}))
     return 0
 

@@ -1,0 +1,418 @@
+"""The planner's model: a configuration (device, parallelism, dtypes, limits), its calibrated step cost
+and a replay of a workload through the twin's engine (exporter/simulator/engine.py).
+
+Calibration fits four numbers of the twin's roofline (exporter/simulator/costs.py) to the observed
+points: the fraction of the device's peak memory bandwidth a decode step reaches, the fractions of its
+peak FLOPs decode and prefill reach, and the per-step overhead. A candidate keeps the fractions (same
+engine, same kernels) and changes the physics: bytes per weight, FLOPs peak for the dtype, GPUs,
+threads, limits, traffic. On a device the spec table does not know (a CPU), the fractions are of a
+nominal peak and only mean something on that same device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from exporter.planner.observe import Point
+from exporter.simulator.costs import Batch, Hardware, decode_batch, prefill_batch, step_cost
+from exporter.simulator.engine import Engine, EngineConfig, HostConfig, Request, StepRecord, kv_pool_blocks
+from exporter.simulator.workload import LengthDist, Workload
+from exporter.specs.gpus import GpuSpec, known_gpus, lookup_gpu
+from exporter.specs.models import FP4, FP8, INT8, WEIGHT_ONLY, ModelShape, weight_bytes
+
+GiB = 1 << 30
+
+
+class PlanError(ValueError):
+    """A candidate or an input the planner cannot use; one line, exit 2."""
+
+
+@dataclass(frozen=True, slots=True)
+class DType:
+    bytes: float  # per element, with the block scales of the format
+    quantization: str  # ModelShape.quantization: which matmul the weights run on
+
+
+# Declared once: `--dtype`, `dtype=`, `kv_dtype=`, the docs and the JSON read this table. GGUF block
+# formats carry one fp16 scale per 32 weights (Q8_0: 34 bytes per 32, Q4_0: 18 per 32).
+DTYPES: Mapping[str, DType] = {
+    "f32": DType(4.0, "none"), "f16": DType(2.0, "none"), "bf16": DType(2.0, "none"),
+    "fp8": DType(1.0, FP8), "int8": DType(1.0, INT8), "fp4": DType(0.5625, FP4),
+    # GGUF blocks: llama.cpp dequantizes per block inside its dot products; no faster FLOPs peak is assumed
+    # (its integer kernels were measured both faster and slower than F16 on the same CPU: docs/planner.md).
+    "q8_0": DType(34 / 32, WEIGHT_ONLY), "q4_0": DType(18 / 32, WEIGHT_ONLY),
+    "int4": DType(0.53, WEIGHT_ONLY), "awq": DType(0.53, WEIGHT_ONLY), "gptq": DType(0.53, WEIGHT_ONLY),
+}
+KV_DTYPES: Mapping[str, float] = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "fp8": 1.0, "q8_0": 34 / 32,
+                                  "q4_0": 18 / 32}
+
+# A device the spec table does not know (the CPU a llama.cpp or vLLM-CPU engine runs on): nominal peaks
+# per thread, so that calibrated fractions stay in 0..1-ish and threads scale compute. Bandwidth is the
+# socket's: more threads issue more loads, but one core already streams most of what two reach.
+CPU_NOMINAL_BANDWIDTH = 100e9
+CPU_NOMINAL_FLOPS_PER_THREAD = 100e9
+CPU_MEMORY_BYTES = 64 * GiB
+PRIOR_OVERHEAD_S = {"gpu": 0.3e-3, "cpu": 0.5e-3}
+PRIOR_EFFICIENCY = {"bw": 0.9, "compute": 0.6, "prefill": 0.6}
+IDLE_POWER_SHARE = 0.3  # of TDP, for the energy estimate: a serving GPU idles near a third of its TDP
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    name: str
+    kind: str  # gpu | cpu
+    bandwidth: float  # peak bytes/s per device
+    flops: float  # peak dense 16-bit FLOP/s per device (all threads for a CPU)
+    fp8_flops: float | None
+    memory_bytes: int
+    tdp_w: float | None
+    threads: int = 0  # CPU: the engine's threads
+    spec: GpuSpec | None = None
+
+    def peak_flops(self, model: ModelShape) -> float:
+        if model.matmul_kind in ("fp8", "int8", "fp4") and self.fp8_flops:
+            return self.fp8_flops
+        return self.flops
+
+
+def gpu_device(name: str) -> Device:
+    spec = lookup_gpu(name)
+    if spec is None:
+        known = ", ".join(g.key for g in known_gpus())
+        raise PlanError(f"unknown GPU {name!r}: one of {known} (or a name NVML reports for one)")
+    return Device(spec.display, "gpu", spec.mem_bandwidth_bytes_per_s, spec.bf16_dense_flops, spec.fp8_dense_flops,
+                  spec.memory_bytes, spec.tdp_watts, spec=spec)
+
+
+def cpu_device(threads: int) -> Device:
+    if not 1 <= threads <= 1024:
+        raise PlanError(f"threads {threads}: 1..1024")
+    return Device(f"CPU ({threads} threads)", "cpu", CPU_NOMINAL_BANDWIDTH, CPU_NOMINAL_FLOPS_PER_THREAD * threads,
+                  None, CPU_MEMORY_BYTES, None, threads)
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """One configuration of the deployment: what a candidate changes."""
+
+    device: Device
+    model: ModelShape
+    tp: int = 1
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+    price_per_gpu_hour: float | None = None
+
+    def with_dtype(self, dtype: str | None, kv_dtype: str | None) -> Setup:
+        model = self.model
+        if dtype is not None:
+            d = DTYPES[dtype]
+            model = dataclasses.replace(model, dtype_bytes=d.bytes, quantization=d.quantization)
+        if kv_dtype is not None:
+            model = dataclasses.replace(model, kv_dtype_bytes=KV_DTYPES[kv_dtype])
+        return dataclasses.replace(self, model=model)
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    bw: float  # fraction of peak bandwidth decode steps reach
+    compute: float  # fraction of peak FLOPs decode reaches
+    prefill: float  # fraction of peak FLOPs prefill reaches
+    overhead_s: float  # per step
+    ci: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # 95% intervals
+
+    def as_dict(self) -> dict[str, object]:
+        return {"bandwidth_efficiency": _r(self.bw), "decode_compute_efficiency": _r(self.compute),
+                "prefill_compute_efficiency": _r(self.prefill), "step_overhead_seconds": _r(self.overhead_s, 6),
+                "ci95": {k: [_r(lo), _r(hi)] for k, (lo, hi) in self.ci.items()}}
+
+
+def _r(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, digits)
+
+
+def hardware(setup: Setup, cal: Calibration) -> Hardware:
+    dev = setup.device
+    if dev.spec is not None:
+        spec = dataclasses.replace(dev.spec, bf16_dense_flops=dev.peak_flops(setup.model))
+    else:
+        spec = GpuSpec(key="cpu", display=dev.name, nvml_name=dev.name, memory_bytes=dev.memory_bytes,
+                       memory_type="DDR", mem_bandwidth_bytes_per_s=dev.bandwidth,
+                       bf16_dense_flops=dev.peak_flops(setup.model),
+                       fp8_dense_flops=None, nvlink_bytes_per_s=None, pcie_gen=4, pcie_width=16, tdp_watts=0.0,
+                       max_sm_clock_hz=1e9, max_mem_clock_hz=1e9)
+    return Hardware(gpu=spec, tp=setup.tp, bw_efficiency=cal.bw, compute_efficiency=cal.compute,
+                    prefill_efficiency=cal.prefill, step_overhead_s=cal.overhead_s)
+
+
+def engine_config(setup: Setup) -> EngineConfig:
+    cpu = setup.device.kind == "cpu"
+    return EngineConfig(max_num_seqs=setup.max_num_seqs, max_batched_tokens=setup.max_batched_tokens,
+                        gpu_memory_utilization=setup.gpu_memory_utilization,
+                        cuda_context_bytes=0 if cpu else GiB // 2,
+                        activation_reserve_bytes=GiB // 4 if cpu else 2 * GiB)
+
+
+def fit_check(setup: Setup) -> tuple[int, float]:
+    """KV capacity in tokens and the weights' share of the device memory; PlanError when the weights
+    do not fit."""
+    hw = hardware(setup, Calibration(1.0, 1.0, 1.0, 0.0))
+    blocks = kv_pool_blocks(hw, setup.model, engine_config(setup))
+    share = weight_bytes(setup.model) / setup.tp / setup.device.memory_bytes
+    if blocks < 1:
+        raise PlanError(f"{setup.model.name} at {setup.model.dtype_bytes:g} bytes/weight "
+                        f"({weight_bytes(setup.model) / GiB:.1f} GiB) does not fit on {setup.tp} x {setup.device.name} "
+                        f"({setup.device.memory_bytes / GiB:.0f} GiB each): more GPUs (tp=) or a smaller dtype")
+    return blocks * engine_config(setup).block_size, share
+
+
+# --- closed form: one step ----------------------------------------------------------------------------
+
+def decode_step_s(setup: Setup, cal: Calibration, batch: float, context: float) -> float:
+    b = max(1, round(batch))
+    return step_cost(hardware(setup, cal), setup.model, decode_batch(b, int(context))).time_s
+
+
+def prefill_s(setup: Setup, cal: Calibration, prompt: float) -> float:
+    return step_cost(hardware(setup, cal), setup.model, prefill_batch(max(1, int(prompt)))).time_s
+
+
+def _decode_batch(point: Point, setup: Setup) -> float:
+    return max(1.0, min(point.in_flight or point.level, setup.max_num_seqs))
+
+
+def _context(point: Point) -> float:
+    return point.prompt_tokens + point.output_tokens / 2
+
+
+# --- calibration --------------------------------------------------------------------------------------
+
+GRID = [math.exp(math.log(1e-4) + i * (math.log(4.0) - math.log(1e-4)) / 120) for i in range(121)]
+
+
+def calibrate(setup: Setup, points: Sequence[Point], *, refine: bool = True, seed: int = 0) -> Calibration:
+    """Fit the step cost to the points: closed form on each point's mean decode batch, then corrected
+    by a search that replays the points through the twin (queueing, prefill interleaving)."""
+    if not points:
+        raise PlanError("nothing observed to calibrate on")
+    overhead = PRIOR_OVERHEAD_S[setup.device.kind]
+    obs = [(p, p.tpot.p50) for p in points if p.tpot.p50]
+    if not obs:
+        raise PlanError("no observed TPOT to calibrate on")
+
+    def decode_error(bw: float, comp: float) -> float:
+        cal = Calibration(bw, comp, comp, overhead)
+        err = sum((math.log(decode_step_s(setup, cal, _decode_batch(p, setup), _context(p)) / t)) ** 2 for p, t in obs)
+        # With one point (or points that do not separate memory from compute) many pairs fit: keep the
+        # pair closest to the prior's ratio, so an unobserved regime scales with the observed one.
+        prior = math.log((bw / PRIOR_EFFICIENCY["bw"]) / (comp / PRIOR_EFFICIENCY["compute"])) ** 2
+        return err + 1e-4 * prior
+
+    # Coarse grid, then a finer one around the best.
+    best = min((decode_error(bw, c), bw, c) for bw in GRID[::4] for c in GRID[::4])
+    i_bw, i_c = GRID.index(best[1]), GRID.index(best[2])
+    fine = [GRID[j] for j in range(max(0, i_bw - 4), min(len(GRID), i_bw + 5))]
+    fine_c = [GRID[j] for j in range(max(0, i_c - 4), min(len(GRID), i_c + 5))]
+    _, bw, comp = min((decode_error(b, c), b, c) for b in fine for c in fine_c)
+
+    def prefill_error(eff: float) -> float:
+        cal = Calibration(bw, comp, eff, overhead)
+        return sum((math.log(prefill_s(setup, cal, p.prompt_tokens) / p.ttft.p50)) ** 2
+                   for p in points if p.ttft.p50)
+    prefill = min(GRID, key=prefill_error) if any(p.ttft.p50 for p in points) else comp
+
+    cal = _refine(setup, points, Calibration(bw, comp, prefill, overhead), seed) if refine else \
+        Calibration(bw, comp, prefill, overhead)
+    rse_t = max((p.tpot.rse() for p in points), default=0.0)
+    rse_f = max((p.ttft.rse() for p in points), default=0.0)
+    ci = {"bandwidth_efficiency": _interval(cal.bw, rse_t), "decode_compute_efficiency": _interval(cal.compute, rse_t),
+          "prefill_compute_efficiency": _interval(cal.prefill, rse_f)}
+    return dataclasses.replace(cal, ci=ci)
+
+
+SEARCH_FACTORS = (1.41, 1.19, 1.09, 1.04)
+SEARCH_PASSES = 3  # per factor: the closed form starts near the answer
+
+
+def _refine(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int) -> Calibration:
+    """Coordinate search on the three fractions of peak, each step scored by replaying every point
+    through the twin: the closed form cannot see prefill chunks slowing the decodes they share steps
+    with, or requests queueing for a slot; the replay does."""
+    def score(c: Calibration) -> float:
+        total = 0.0
+        for p in points:
+            pred = replay(setup, c, p, seed=seed)
+            if pred.tpot_p50 and p.tpot.p50:
+                total += math.log(pred.tpot_p50 / p.tpot.p50) ** 2
+            if pred.ttft_p50 and p.ttft.p50:
+                total += math.log(pred.ttft_p50 / p.ttft.p50) ** 2
+        prior = math.log((c.bw / PRIOR_EFFICIENCY["bw"]) / (c.compute / PRIOR_EFFICIENCY["compute"])) ** 2
+        return total + 1e-4 * prior
+
+    best = score(cal)
+    for factor in SEARCH_FACTORS:
+        for _ in range(SEARCH_PASSES):
+            improved = False
+            for name in ("bw", "compute", "prefill"):
+                for f in (factor, 1 / factor):
+                    trial = dataclasses.replace(cal, **{name: getattr(cal, name) * f})
+                    value = score(trial)
+                    if value < best - 1e-9:
+                        cal, best, improved = trial, value, True
+                        break
+            if not improved:
+                break
+    return cal
+
+
+
+
+def _interval(value: float, rse: float) -> tuple[float, float]:
+    """A fraction of peak is inversely proportional to the time it was fitted on: +-1.96 standard
+    errors of that time's median."""
+    return value / (1 + 1.96 * rse), value / max(0.05, 1 - 1.96 * rse)
+
+
+# --- replay -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    ttft_p50: float | None
+    ttft_p99: float | None
+    tpot_p50: float | None
+    tpot_p99: float | None
+    output_tps: float
+    requests_per_s: float
+    goodput_share: float | None  # requests meeting both SLOs
+    gpu_busy: float  # share of the time the device computed
+    memory_share: float  # of busy time, the memory-bound share
+    preemptions: int
+    waiting_share: float  # share of steps with requests waiting
+    full_share: float  # share of steps with max_num_seqs running
+    kv_peak: float  # KV pool peak use 0..1
+
+
+class _Recorder:
+    """The twin's observer, keeping what the planner reports (the engine calls every hook)."""
+
+    def __init__(self, skip: int) -> None:
+        self.skip = skip
+        self.done: list[Request] = []
+        self.steps = 0
+        self.waiting_steps = 0
+        self.full_steps = 0
+        self.preemptions = 0
+        self.max_num_seqs = 1
+
+    def on_arrival(self, req: Request, now: float) -> None: ...
+    def on_itl(self, value: float, count: int) -> None: ...
+    def on_first_token(self, req: Request, now: float) -> None: ...
+    def on_prefix_cache(self, queries: int, hits: int) -> None: ...
+    def on_abort(self, req: Request, now: float) -> None: ...
+    def on_kv_sent(self, req: Request, now: float) -> None: ...
+    def on_kv_received(self, req: Request, now: float) -> None: ...
+
+    def on_preempt(self, req: Request, now: float) -> None:
+        self.preemptions += 1
+
+    def on_step(self, rec: StepRecord) -> None:
+        self.steps += 1
+        self.waiting_steps += rec.waiting > 0
+        self.full_steps += rec.running >= self.max_num_seqs
+
+    def on_finish(self, req: Request, now: float, reason: str) -> None:
+        req.finished_at = now
+        self.done.append(req)
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def workload_for(point: Point, *, rate_scale: float = 1.0, prompt_scale: float = 1.0, output_scale: float = 1.0,
+                 concurrency: int | None = None, prefix_hit_rate: float = 0.0) -> Workload:
+    prompt = LengthDist(max(1.0, point.prompt_tokens * prompt_scale), kind="fixed")
+    output = LengthDist(max(1.0, point.output_tokens * output_scale), kind="fixed")
+    if concurrency is not None or (point.mode == "concurrency" and rate_scale == 1.0):
+        level = concurrency if concurrency is not None else max(1, round(point.level))
+        return Workload(prompt, output, arrival="fixed", concurrency=level, prefix_hit_rate=prefix_hit_rate)
+    rate = max(1e-6, (point.requests_per_s or point.level) * rate_scale)
+    return Workload(prompt, output, arrival="poisson", rate_rps=rate, load=1.0, prefix_hit_rate=prefix_hit_rate)
+
+
+MAX_REPLAY_REQUESTS = 4000
+MAX_REPLAY_SIM_S = 3600.0
+MAX_REPLAY_STEPS = 200_000  # about 4 s of CPU: the bound on one replay whatever the candidate
+
+
+def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload | None = None, seed: int = 0,
+           requests: int | None = None, ttft_slo_s: float = 2.5, tpot_slo_s: float = 0.1) -> Prediction:
+    """Run the twin's engine under `setup` with the point's workload until `requests` finish (after a
+    warm-up), bounded in requests and simulated time; the latencies are the twin's own."""
+    work = workload or workload_for(point)
+    closed = work.arrival == "fixed"
+    level = work.concurrency if closed else 1
+    # A closed loop of fixed lengths settles into a repeating pattern after a couple of rounds: a few
+    # rounds measure it. Poisson arrivals need a couple of hundred requests for a stable median.
+    want = requests or (max(24, 3 * level) if closed else 200)
+    want = min(MAX_REPLAY_REQUESTS, want)
+    skip = max(level * 2, want // 10)
+    rec = _Recorder(skip)
+    rec.max_num_seqs = setup.max_num_seqs
+    # Open-loop arrivals at far more than the device serves would queue without end: the time cap stops it.
+    engine = Engine(hardware(setup, cal), setup.model, engine_config(setup), HostConfig(cpu_budget_cores=64.0),
+                    work, random.Random(seed), rec)
+    chunk = 1.0
+    peak_kv = 0.0
+    while len(rec.done) < want + skip and engine.t < MAX_REPLAY_SIM_S and rec.steps < MAX_REPLAY_STEPS:
+        engine.advance_to(engine.t + chunk)
+        used = engine.num_blocks - engine.free_blocks
+        peak_kv = max(peak_kv, used / engine.num_blocks if engine.num_blocks else 0.0)
+        chunk = min(chunk * 1.5, 30.0)
+    measured = rec.done[skip:]
+    if not measured:
+        return Prediction(None, None, None, None, 0.0, 0.0, None, 0.0, 0.0, rec.preemptions, 1.0, 0.0, peak_kv)
+    start = min(r.arrival for r in measured)
+    first_done = rec.done[skip - 1].finished_at if skip else start
+    end = measured[-1].finished_at
+    span = max(1e-9, end - first_done)
+    ttft = [r.first_token - r.arrival for r in measured]
+    tpot = [(r.finished_at - r.first_token) / (r.generated - 1) for r in measured if r.generated > 1]
+    tokens = sum(r.generated for r in measured)
+    good = sum(1 for r in measured if r.first_token - r.arrival <= ttft_slo_s
+               and (r.generated <= 1 or (r.finished_at - r.first_token) / (r.generated - 1) <= tpot_slo_s))
+    act = engine.activity
+    busy = act.gpu_busy_s / engine.t if engine.t else 0.0
+    steps = max(1, rec.steps)
+    return Prediction(
+        ttft_p50=_quantile(ttft, 0.5), ttft_p99=_quantile(ttft, 0.99), tpot_p50=_quantile(tpot, 0.5),
+        tpot_p99=_quantile(tpot, 0.99), output_tps=tokens / span, requests_per_s=len(measured) / span,
+        goodput_share=good / len(measured), gpu_busy=min(1.0, busy),
+        memory_share=act.memory_s / max(1e-12, act.memory_s + act.compute_s),
+        preemptions=rec.preemptions, waiting_share=rec.waiting_steps / steps, full_share=rec.full_steps / steps,
+        kv_peak=peak_kv)
+
+
+def verdict(pred: Prediction) -> str:
+    """The exporter's verdict words (exporter/derive/bottleneck.py) for what bounds the replay."""
+    if pred.gpu_busy < 0.3 and pred.waiting_share < 0.05:
+        return "idle" if pred.gpu_busy < 0.05 else "headroom"
+    if pred.preemptions or (pred.kv_peak > 0.95 and pred.waiting_share > 0.2):
+        return "kv_capacity"
+    if pred.full_share > 0.5 and pred.waiting_share > 0.5:
+        return "scheduler"
+    return "memory_bandwidth" if pred.memory_share >= 0.5 else "compute"
+
+
+def batch_of(point: Point) -> Batch:
+    return decode_batch(max(1, round(point.in_flight)), int(_context(point)))

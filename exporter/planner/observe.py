@@ -1,0 +1,295 @@
+"""What the deployment did: operating points read from a running exporter or a load-test JSON.
+
+An operating point is one steady load (a concurrency or a request rate) with the workload it carried
+(prompt and output tokens per request) and what it got (TTFT and TPOT percentiles, output tokens/s).
+The planner calibrates on these and nothing else: it never sees a candidate's measured answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter import jsonsafe
+
+MAX_POINTS = 32  # a load test has at most 32 steps (loadtest.MAX_STEPS)
+MAX_JSON_BYTES = 64 << 20
+MAX_METRICS_BYTES = 32 << 20
+MAX_DIAGNOSIS_BYTES = 8 << 20
+MAX_WINDOW_S = 3600.0
+SAMPLE_EVERY_S = 1.0
+
+
+class ObserveError(ValueError):
+    """The source cannot give an operating point; the message says why, in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """A latency as the source reports it: median, tail, and how many values it came from."""
+
+    p50: float | None
+    p99: float | None = None
+    count: int = 0
+    spread: float | None = None  # relative spread (p95/p50 - 1) for the confidence intervals
+
+    def rse(self) -> float:
+        """Relative standard error of the median: 1.2533 sigma / (sqrt(n) median), sigma from the
+        p50-p95 spread of a lognormal-ish latency; 0 when unknown."""
+        if not self.count or self.spread is None:
+            return 0.0
+        return 1.2533 * (self.spread / 1.645) / math.sqrt(self.count)
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    label: str
+    mode: str  # concurrency (closed loop) | rate (open loop)
+    level: float  # requests in flight (concurrency) or requests/s (rate)
+    in_flight: float  # mean requests in flight
+    requests_per_s: float
+    prompt_tokens: float  # mean per request
+    output_tokens: float
+    ttft: Stat
+    tpot: Stat
+    output_tps: float
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    source: str  # what was read (URL or file), for the report
+    points: tuple[Point, ...]
+    engine: str | None = None
+    model: str | None = None
+    gpu_name: str | None = None
+    gpu_count: int = 0
+    power_w: float | None = None  # mean board power over the window, all GPUs
+    price_per_gpu_hour: float | None = None
+    prefix_hit_rate: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
+        else None
+
+
+# --- a load test's JSON ------------------------------------------------------------------------------
+
+def from_loadtest(doc: Mapping[str, Any], source: str) -> Observed:
+    """One point per step that recorded requests (docs/loadtest.md, schema llm-exporter-loadtest/1)."""
+    if not isinstance(doc, Mapping) or not str(doc.get("schema", "")).startswith("llm-exporter-loadtest/"):
+        raise ObserveError(f"{source}: not a load-test report (no schema llm-exporter-loadtest/1)")
+    steps = doc.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise ObserveError(f"{source}: the report has no steps")
+    points = []
+    for step in steps[:MAX_POINTS]:
+        if not isinstance(step, Mapping):
+            continue
+        ok = _num((step.get("requests") or {}).get("ok")) or 0
+        lat = step.get("latency_s") or {}
+        thr = step.get("throughput") or {}
+        ttft, tpot = lat.get("ttft") or {}, lat.get("tpot") or {}
+        if ok < 1 or _num(tpot.get("p50")) is None or _num(ttft.get("p50")) is None:
+            continue
+        mode = "rate" if step.get("mode") == "rate" else "concurrency"
+        level = _num(step.get("level")) or 0.0
+        points.append(Point(
+            label=f"{'c' if mode == 'concurrency' else 'r'}={level:g}", mode=mode, level=level,
+            in_flight=_num((step.get("in_flight") or {}).get("mean")) or level,
+            requests_per_s=_num(thr.get("requests_per_s")) or 0.0,
+            prompt_tokens=(_num(thr.get("input_tokens")) or 0.0) / ok,
+            output_tokens=(_num(thr.get("output_tokens")) or 0.0) / ok,
+            ttft=_stat(ttft), tpot=_stat(tpot),
+            output_tps=_num(thr.get("output_tokens_per_s")) or 0.0,
+            duration_s=_num(step.get("elapsed_s")) or 0.0))
+    if not points:
+        raise ObserveError(f"{source}: no step recorded a request with its TTFT and TPOT")
+    config = doc.get("config") or {}
+    model = config.get("model") if isinstance(config.get("model"), str) else None
+    gpu = config.get("gpu") if isinstance(config.get("gpu"), str) else None
+    return Observed(source=source, points=tuple(points), model=model, gpu_name=gpu, gpu_count=1 if gpu else 0)
+
+
+def _stat(d: Mapping[str, Any]) -> Stat:
+    p50, p95 = _num(d.get("p50")), _num(d.get("p95"))
+    spread = (p95 / p50 - 1.0) if p50 and p95 is not None else None
+    return Stat(p50, _num(d.get("p99")), int(_num(d.get("count")) or 0), spread)
+
+
+def read_loadtest(path: str) -> Observed:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JSON_BYTES + 1)
+    except OSError as error:
+        raise ObserveError(f"{path}: {error.strerror or error}") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise ObserveError(f"{path}: larger than {MAX_JSON_BYTES >> 20} MiB")
+    try:
+        doc = jsonsafe.loads(raw)
+    except (ValueError, jsonsafe.JsonTooDeep) as error:
+        raise ObserveError(f"{path}: not JSON ({error})") from None
+    return from_loadtest(doc, path)
+
+
+# --- a running exporter ------------------------------------------------------------------------------
+
+COUNTERS = ("llm_requests_finished_total", "llm_prompt_tokens_total", "llm_generation_tokens_total",
+            "llm_prefill_seconds_total", "llm_decode_seconds_total", "llm_prefix_cache_hits_total",
+            "llm_prefix_cache_queries_total")
+HISTOGRAMS = {"ttft": "llm_time_to_first_token_seconds", "tpot": "llm_time_per_output_token_seconds",
+              "itl": "llm_inter_token_latency_seconds"}
+GAUGES = ("llm_requests_running", "llm_gpu_power_watts")
+
+
+@dataclass(slots=True)
+class Scrape:
+    """The families the planner reads, summed over the chosen target's series."""
+
+    counters: dict[str, float] = field(default_factory=dict)
+    buckets: dict[str, dict[float, float]] = field(default_factory=dict)  # family -> le -> cumulative
+    gauges: dict[str, float] = field(default_factory=dict)
+    gpus: int = 0
+
+
+def parse_scrape(text: str, target: str | None) -> Scrape:
+    from exporter.sources.engines.exposition import parse
+
+    wanted = set(COUNTERS) | set(GAUGES) | {f"{h}_bucket" for h in HISTOGRAMS.values()}
+    out = Scrape()
+    gpus: set[str] = set()
+    for name, labels, value, _ in parse(text, keep=wanted.__contains__).samples:
+        lab = dict(labels)
+        if not math.isfinite(value):
+            continue
+        if name == "llm_gpu_power_watts":
+            gpus.add(lab.get("gpu", ""))
+            out.gauges[name] = out.gauges.get(name, 0.0) + value
+        elif target is not None and lab.get("target") != target:
+            continue
+        elif name.endswith("_bucket"):
+            try:
+                le = float(lab.get("le", "nan").replace("+Inf", "inf"))
+            except ValueError:
+                continue
+            fam = out.buckets.setdefault(name[: -len("_bucket")], {})
+            fam[le] = fam.get(le, 0.0) + value
+        elif name in COUNTERS:
+            out.counters[name] = out.counters.get(name, 0.0) + value
+        else:
+            out.gauges[name] = out.gauges.get(name, 0.0) + value
+    out.gpus = len(gpus)
+    return out
+
+
+def _delta_quantile(q: float, before: Mapping[float, float], after: Mapping[float, float]) -> tuple[float | None, int]:
+    from exporter.derive.quantiles import histogram_quantile
+
+    bounds = sorted(after)
+    cumulative = [max(0.0, after[b] - before.get(b, 0.0)) for b in bounds]
+    count = int(cumulative[-1]) if cumulative else 0
+    if count == 0:
+        return None, 0
+    return histogram_quantile(q, bounds, cumulative), count
+
+
+def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], window_s: float,
+                       label: str) -> tuple[Point, float]:
+    """The window between two scrapes as one open-loop point, and its prefix-cache hit share."""
+    def inc(name: str) -> float:
+        return max(0.0, last.counters.get(name, 0.0) - first.counters.get(name, 0.0))
+
+    done = inc("llm_requests_finished_total")
+    if done < 1:
+        raise ObserveError("no request finished in the window: nothing to calibrate on (send traffic or "
+                           "widen --window)")
+    gen = inc("llm_generation_tokens_total")
+    stats: dict[str, Stat] = {}
+    for key, fam in HISTOGRAMS.items():
+        if fam in last.buckets:
+            p50, n = _delta_quantile(0.5, first.buckets.get(fam, {}), last.buckets[fam])
+            p95, _ = _delta_quantile(0.95, first.buckets.get(fam, {}), last.buckets[fam])
+            p99, _ = _delta_quantile(0.99, first.buckets.get(fam, {}), last.buckets[fam])
+            if p50 is not None:
+                stats[key] = Stat(p50, p99, n, (p95 / p50 - 1.0) if p95 and p50 else None)
+    tpot = stats.get("tpot") or stats.get("itl")
+    if tpot is None and gen > done and inc("llm_decode_seconds_total") > 0:
+        # llama.cpp: no latency histograms, but decode seconds summed over slots per generated token.
+        tpot = Stat(inc("llm_decode_seconds_total") / max(1.0, gen - done), None, int(gen))
+    ttft = stats.get("ttft")
+    if ttft is None and inc("llm_prefill_seconds_total") > 0:
+        ttft = Stat(inc("llm_prefill_seconds_total") / done, None, int(done))
+    if tpot is None or ttft is None:
+        raise ObserveError("the exporter has no TTFT or TPOT for this target (no latency histograms and no "
+                           "prefill/decode seconds): calibrate from a load test (--from loadtest.json)")
+    queries = inc("llm_prefix_cache_queries_total")
+    hit = inc("llm_prefix_cache_hits_total") / queries if queries else 0.0
+    in_flight = sum(running) / len(running) if running else 0.0
+    point = Point(label=label, mode="rate", level=done / window_s, in_flight=in_flight,
+                  requests_per_s=done / window_s, prompt_tokens=inc("llm_prompt_tokens_total") / done,
+                  output_tokens=gen / done, ttft=ttft, tpot=tpot, output_tps=gen / window_s, duration_s=window_s)
+    return point, min(0.95, max(0.0, hit))
+
+
+async def observe_exporter(base_url: str, window_s: float, *, target: str | None = None,
+                           clock: Callable[[], float] = time.monotonic) -> Observed:
+    """Scrape the exporter's /metrics at the start and end of `window_s` (and its running gauge about
+    once a second between), read /api/v1/diagnosis for the target, model and GPUs. Only these two
+    URLs are fetched, each bounded in time and bytes (the engine scrapes' HTTP client)."""
+    from exporter.probe.loadtest import pick_target
+    from exporter.sources.base import SourceError
+    from exporter.sources.engines.http import HttpClient
+
+    if not 1.0 <= window_s <= MAX_WINDOW_S:
+        raise ObserveError(f"--window must be between 1s and {MAX_WINDOW_S:g}s")
+    base = base_url.rstrip("/")
+    diag_client = HttpClient(base + "/api/v1/diagnosis", timeout_s=5.0)
+    metrics_client = HttpClient(base + "/metrics", timeout_s=5.0, headers={"Accept": "text/plain"})
+    try:
+        try:
+            diagnosis = jsonsafe.loads(await diag_client.get(max_body=MAX_DIAGNOSIS_BYTES))
+        except SourceError as error:
+            raise ObserveError(f"{base}/api/v1/diagnosis: {error.reason}: {error.message}") from None
+        except (ValueError, jsonsafe.JsonTooDeep):
+            raise ObserveError(f"{base}/api/v1/diagnosis is not JSON: is this an llm-exporter?") from None
+        chosen = pick_target(diagnosis, target) if isinstance(diagnosis, Mapping) else None
+        if chosen is None:
+            raise ObserveError(f"{base}: no engine target{f' named {target!r}' if target else ''} in its diagnosis")
+        entry = diagnosis["targets"][chosen] or {}
+
+        async def scrape() -> Scrape:
+            try:
+                body = await metrics_client.get(max_body=MAX_METRICS_BYTES)
+            except SourceError as error:
+                raise ObserveError(f"{base}/metrics: {error.reason}: {error.message}") from None
+            return parse_scrape(body.decode("utf-8", "replace"), chosen)
+
+        first = await scrape()
+        start = clock()
+        running: list[float] = []
+        powers: list[float] = []
+        last = first
+        while clock() - start < window_s:
+            await asyncio.sleep(min(SAMPLE_EVERY_S, max(0.0, window_s - (clock() - start))))
+            last = await scrape()
+            running.append(last.gauges.get("llm_requests_running", 0.0))
+            if "llm_gpu_power_watts" in last.gauges:
+                powers.append(last.gauges["llm_gpu_power_watts"])
+    finally:
+        await diag_client.aclose()
+        await metrics_client.aclose()
+    point, hit = point_from_scrapes(first, last, running, clock() - start, f"window {window_s:g}s")
+    gpus = entry.get("gpus") or []
+    gpu_name = gpus[0].get("name") if gpus and isinstance(gpus[0], Mapping) else None
+    engine, model = entry.get("engine"), entry.get("model")
+    return Observed(source=base, points=(point,), engine=engine if isinstance(engine, str) else None,
+                    model=model if isinstance(model, str) else None,
+                    gpu_name=gpu_name if isinstance(gpu_name, str) else None, gpu_count=len(gpus) or last.gpus,
+                    power_w=sum(powers) / len(powers) if powers else None,
+                    prefix_hit_rate=hit)

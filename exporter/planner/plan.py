@@ -1,0 +1,249 @@
+"""Calibrate, then predict each candidate: the planner's one pipeline, and its JSON (schema
+llm-exporter-plan/1, docs/planner.md). The command line (cmd.py) and the live validation call this."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.planner.model import (
+    DTYPES,
+    IDLE_POWER_SHARE,
+    KV_DTYPES,
+    Calibration,
+    Device,
+    PlanError,
+    Prediction,
+    Setup,
+    calibrate,
+    cpu_device,
+    fit_check,
+    gpu_device,
+    replay,
+    verdict,
+    workload_for,
+)
+from exporter.planner.observe import Observed, Point
+
+SCHEMA_ID = "llm-exporter-plan/1"
+MAX_CANDIDATES = 16
+RATE_SEARCH_STEPS = 7
+
+
+def _positive(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError("must be positive")
+        return value
+    return parse
+
+
+def _choice(table: Mapping[str, object]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        key = text.strip().lower()
+        if key not in table:
+            raise ValueError(f"one of {', '.join(table)}")
+        return key
+    return parse
+
+
+# Declared once: `--candidate` parses these, `plan --help` and docs/planner.md list them.
+CANDIDATE_KEYS: Mapping[str, tuple[Callable[[str], Any], str]] = {
+    "name": (str, "label in the report"),
+    "gpu": (str, "GPU from the spec table (h100-sxm, H200, L4...)"),
+    "threads": (_positive(int), "CPU threads of the engine (CPU deployments)"),
+    "tp": (_positive(int), "GPUs per replica (tensor parallel)"),
+    "dtype": (_choice(DTYPES), "weight dtype: " + ", ".join(DTYPES)),
+    "kv_dtype": (_choice(KV_DTYPES), "KV-cache dtype: " + ", ".join(KV_DTYPES)),
+    "max_num_seqs": (_positive(int), "running-sequence limit (vLLM --max-num-seqs, llama.cpp -np)"),
+    "rate": (_positive(float), "request rate multiplier (open loop)"),
+    "concurrency": (_positive(int), "requests in flight (closed loop), instead of the observed level"),
+    "prompt": (_positive(float), "prompt length multiplier"),
+    "output": (_positive(float), "output length multiplier"),
+    "price": (_positive(float), "price of one GPU-hour"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    name: str
+    changes: Mapping[str, Any]
+
+
+def parse_candidate(text: str, index: int) -> Candidate:
+    changes: dict[str, Any] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in CANDIDATE_KEYS:
+            raise PlanError(f"candidate {text!r}: {part!r} is not KEY=VALUE with KEY one of "
+                            f"{', '.join(CANDIDATE_KEYS)}")
+        try:
+            changes[key] = CANDIDATE_KEYS[key][0](value.strip())
+        except ValueError as error:
+            raise PlanError(f"candidate {text!r}: {key}={value}: {error}") from None
+    if "gpu" in changes and "threads" in changes:
+        raise PlanError(f"candidate {text!r}: gpu= and threads= name two devices")
+    if "gpu" in changes:
+        gpu_device(changes["gpu"])  # unknown GPU: the error now, not after calibrating
+    name = str(changes.pop("name", "") or text or f"candidate {index + 1}")
+    return Candidate(name, changes)
+
+
+def apply(base: Setup, cand: Candidate) -> Setup:
+    c = cand.changes
+    device: Device = base.device
+    if "gpu" in c:
+        device = gpu_device(c["gpu"])
+    elif "threads" in c:
+        if base.device.kind != "cpu":
+            raise PlanError(f"candidate {cand.name!r}: threads= is for CPU deployments; this one runs on "
+                            f"{base.device.name}")
+        device = cpu_device(c["threads"])
+    setup = dataclasses.replace(base, device=device, tp=c.get("tp", base.tp),
+                                max_num_seqs=c.get("max_num_seqs", base.max_num_seqs),
+                                price_per_gpu_hour=c.get("price", base.price_per_gpu_hour))
+    return setup.with_dtype(c.get("dtype"), c.get("kv_dtype"))
+
+
+def transfer(base: Setup, cal: Calibration, setup: Setup) -> Calibration:
+    """The calibrated fractions of peak carry over to the same kind of device (same engine, same
+    kernels); moving between a device the table does not know and a GPU, nothing observed applies, so
+    the twin's priors do."""
+    if setup.device.kind == base.device.kind:
+        return cal
+    from exporter.planner.model import PRIOR_EFFICIENCY, PRIOR_OVERHEAD_S
+
+    return Calibration(PRIOR_EFFICIENCY["bw"], PRIOR_EFFICIENCY["compute"], PRIOR_EFFICIENCY["prefill"],
+                       PRIOR_OVERHEAD_S[setup.device.kind])
+
+
+def _r(value: float | None, digits: int = 6) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, digits)
+
+
+def prediction_dict(pred: Prediction) -> dict[str, Any]:
+    return {"ttft_p50_s": _r(pred.ttft_p50), "ttft_p99_s": _r(pred.ttft_p99), "tpot_p50_s": _r(pred.tpot_p50),
+            "tpot_p99_s": _r(pred.tpot_p99), "output_tokens_per_s": _r(pred.output_tps, 3),
+            "requests_per_s": _r(pred.requests_per_s, 4), "goodput_share": _r(pred.goodput_share, 4),
+            "device_busy": _r(pred.gpu_busy, 4), "kv_peak": _r(pred.kv_peak, 4), "preemptions": pred.preemptions,
+            "verdict": verdict(pred)}
+
+
+def _err(pred: float | None, obs: float | None) -> float | None:
+    return None if pred is None or not obs else _r(pred / obs - 1.0, 4)
+
+
+def max_rate(setup: Setup, cal: Calibration, point: Point, scales: Mapping[str, float], ttft_slo: float,
+             tpot_slo: float, seed: int) -> float | None:
+    """The highest Poisson rate whose replay keeps TTFT p99 and TPOT p99 within the SLOs: doubling,
+    then bisection, RATE_SEARCH_STEPS replays each way at most."""
+    base_rate = point.requests_per_s or point.level or 1.0
+
+    def ok(rate: float) -> bool:
+        work = workload_for(dataclasses.replace(point, mode="rate", requests_per_s=rate), prompt_scale=scales["prompt"],
+                            output_scale=scales["output"])
+        p = replay(setup, cal, point, workload=work, seed=seed, requests=300, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
+        return (p.ttft_p99 is not None and p.tpot_p99 is not None and p.ttft_p99 <= ttft_slo
+                and p.tpot_p99 <= tpot_slo)
+    lo, hi = 0.0, base_rate
+    for _ in range(RATE_SEARCH_STEPS):
+        if not ok(hi):
+            break
+        lo, hi = hi, hi * 2
+    else:
+        return _r(lo, 4)
+    for _ in range(RATE_SEARCH_STEPS):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return _r(lo, 4) if lo > 0 else None
+
+
+def economics(setup: Setup, pred: Prediction) -> dict[str, Any]:
+    gpus = setup.tp if setup.device.kind == "gpu" else 0
+    cost = None
+    if setup.price_per_gpu_hour and gpus and pred.output_tps > 0:
+        cost = setup.price_per_gpu_hour * gpus / 3600.0 / pred.output_tps * 1e6
+    energy = None
+    if setup.device.tdp_w and gpus and pred.output_tps > 0:
+        watts = setup.device.tdp_w * (IDLE_POWER_SHARE + (1 - IDLE_POWER_SHARE) * pred.gpu_busy) * gpus
+        energy = watts / pred.output_tps
+    return {"cost_per_million_tokens": _r(cost, 4), "energy_joules_per_token": _r(energy, 4)}
+
+
+def plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, ttft_slo: float, tpot_slo: float,
+         seed: int = 0, search_rate: bool = True) -> dict[str, Any]:
+    """The whole plan as the JSON document (schema llm-exporter-plan/1)."""
+    kv_capacity, weight_share = fit_check(base)
+    cal = calibrate(base, observed.points, seed=seed)
+    current = []
+    for p in observed.points:
+        pred = replay(base, cal, p, seed=seed, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo,
+                      workload=workload_for(p, prefix_hit_rate=observed.prefix_hit_rate))
+        current.append({"point": p.label, "mode": p.mode, "level": p.level,
+                        "observed": {"ttft_p50_s": _r(p.ttft.p50), "ttft_p99_s": _r(p.ttft.p99),
+                                     "tpot_p50_s": _r(p.tpot.p50), "tpot_p99_s": _r(p.tpot.p99),
+                                     "output_tokens_per_s": _r(p.output_tps, 3)},
+                        "predicted": prediction_dict(pred),
+                        "error": {"ttft_p50": _err(pred.ttft_p50, p.ttft.p50),
+                                  "tpot_p50": _err(pred.tpot_p50, p.tpot.p50),
+                                  "output_tokens_per_s": _err(pred.output_tps, p.output_tps)}})
+    primary = observed.points[-1]
+    rows = []
+    for cand in list(candidates)[:MAX_CANDIDATES]:
+        setup = apply(base, cand)
+        capacity, share = fit_check(setup)
+        ccal = transfer(base, cal, setup)
+        scales = {"rate": cand.changes.get("rate", 1.0), "prompt": cand.changes.get("prompt", 1.0),
+                  "output": cand.changes.get("output", 1.0)}
+        work = workload_for(primary, rate_scale=scales["rate"], prompt_scale=scales["prompt"],
+                            output_scale=scales["output"], concurrency=cand.changes.get("concurrency"),
+                            prefix_hit_rate=observed.prefix_hit_rate)
+        pred = replay(setup, ccal, primary, workload=work, seed=seed, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
+        context = primary.prompt_tokens * scales["prompt"] + primary.output_tokens * scales["output"]
+        rows.append({
+            "name": cand.name, "changes": dict(cand.changes), "device": setup.device.name, "tp": setup.tp,
+            "weight_bytes_per_element": _r(setup.model.dtype_bytes, 4), "max_num_seqs": setup.max_num_seqs,
+            "calibration": "observed" if ccal is cal else "prior (another kind of device)",
+            "predicted": prediction_dict(pred),
+            "max_rate_within_slo_rps": max_rate(setup, ccal, primary, scales, ttft_slo, tpot_slo, seed)
+            if search_rate else None,
+            "kv": {"capacity_tokens": capacity, "weights_share_of_memory": _r(share, 4),
+                   "sequences_at_mean_context": int(capacity // max(1.0, context)),
+                   "headroom_vs_max_num_seqs": _r(capacity / max(1.0, context) / setup.max_num_seqs, 3)},
+            **economics(setup, pred)})
+    return {
+        "schema": SCHEMA_ID,
+        "source": observed.source,
+        "observed": {"engine": observed.engine, "model": observed.model, "gpu": observed.gpu_name,
+                     "prefix_hit_rate": _r(observed.prefix_hit_rate, 4),
+                     "points": [{"label": p.label, "mode": p.mode, "level": p.level, "in_flight": _r(p.in_flight, 3),
+                                 "prompt_tokens": _r(p.prompt_tokens, 1), "output_tokens": _r(p.output_tokens, 1),
+                                 "requests_per_s": _r(p.requests_per_s, 4)} for p in observed.points]},
+        "base": {"device": base.device.name, "tp": base.tp, "model": base.model.name,
+                 "weight_bytes_per_element": _r(base.model.dtype_bytes, 4),
+                 "kv_bytes_per_element": _r(base.model.kv_dtype_bytes, 4), "max_num_seqs": base.max_num_seqs,
+                 "kv_capacity_tokens": kv_capacity, "weights_share_of_memory": _r(weight_share, 4)},
+        "slo": {"ttft_s": ttft_slo, "tpot_s": tpot_slo},
+        "calibration": cal.as_dict(),
+        "current": current,
+        "candidates": rows,
+        "assumptions": list(ASSUMPTIONS),
+    }
+
+
+ASSUMPTIONS = (
+    "Step time is the twin's roofline (exporter/simulator/costs.py): max(bytes / bandwidth, FLOPs / peak) plus a "
+    "per-step overhead; the fractions of peak are fitted to the observed points and kept for every candidate on "
+    "the same kind of device.",
+    "A dtype not observed keeps the observed fractions of peak: its kernels are assumed as efficient as the "
+    "observed one's. On CPUs (llama.cpp) quantized kernels differ from F16 ones by more than this allows.",
+    "Requests replay with the observed mean prompt and output lengths (fixed); real length spread widens tails.",
+    "MoE routing is uniform; prefill/decode disaggregation, speculative decoding and the network between "
+    "servers are not calibrated (the twin models them from priors).",
+    "Energy is a TDP-based estimate (a third of TDP idle, TDP when busy); cost is the GPU-hour price only.",
+)

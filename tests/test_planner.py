@@ -1,0 +1,261 @@
+"""`llm-exporter plan`: candidates, sources, calibration against the twin's own physics, the command's
+exit codes, and the real processes (a demo exporter and a demo load test) as sources."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from exporter.cli import run as cli_run
+from exporter.planner.model import (
+    Calibration,
+    PlanError,
+    Setup,
+    calibrate,
+    fit_check,
+    gpu_device,
+    replay,
+)
+from exporter.planner.observe import (
+    MAX_JSON_BYTES,
+    ObserveError,
+    Point,
+    Stat,
+    from_loadtest,
+    parse_scrape,
+    point_from_scrapes,
+    read_loadtest,
+)
+from exporter.planner.plan import apply, parse_candidate, plan
+from exporter.specs.models import load_model
+from tests.test_demo_host import start_demo, stop_demo
+
+MODEL = load_model("llama-3.1-8b")
+H100 = Setup(gpu_device("h100-sxm"), MODEL, max_num_seqs=256)
+TRUTH = Calibration(bw=0.7, compute=0.4, prefill=0.5, overhead_s=0.3e-3)
+
+
+def twin_point(setup: Setup, cal: Calibration, concurrency: int, prompt: int = 512, output: int = 128) -> Point:
+    """What the twin itself does at this concurrency, written as an observed closed-loop point."""
+    seed = Point("c", "concurrency", concurrency, concurrency, 0.0, prompt, output, Stat(1.0), Stat(1.0), 0.0, 60.0)
+    pred = replay(setup, cal, seed, seed=7)
+    return dataclasses.replace(seed, label=f"c={concurrency}", ttft=Stat(pred.ttft_p50, pred.ttft_p99, 400, 0.2),
+                               tpot=Stat(pred.tpot_p50, pred.tpot_p99, 400, 0.05), output_tps=pred.output_tps,
+                               requests_per_s=pred.requests_per_s)
+
+
+# --- candidates ---------------------------------------------------------------------------------------
+
+def test_candidate_keys_parse_and_bad_ones_say_which() -> None:
+    cand = parse_candidate("name=big,gpu=H200,tp=2,dtype=fp8,kv_dtype=fp8,max_num_seqs=512,rate=2", 0)
+    assert cand.name == "big" and cand.changes["tp"] == 2 and cand.changes["rate"] == 2.0
+    setup = apply(H100, cand)
+    assert setup.device.name.startswith("H200") and setup.model.dtype_bytes == 1.0 and setup.model.kv_dtype_bytes == 1
+    for text, words in (("gpu=NoSuchCard", "unknown GPU"), ("dtype=q3_k", "dtype=q3_k"), ("tp=0", "positive"),
+                        ("colour=red", "KEY=VALUE"), ("gpu=h100,threads=4", "two devices"), ("rate", "KEY=VALUE")):
+        with pytest.raises(PlanError, match=words):
+            parse_candidate(text, 0)
+
+
+def test_a_model_that_does_not_fit_is_an_error_and_threads_need_a_cpu() -> None:
+    big = Setup(gpu_device("l4"), load_model("llama-3.1-70b"))
+    with pytest.raises(PlanError, match="does not fit"):
+        fit_check(big)
+    with pytest.raises(PlanError, match="CPU deployments"):
+        apply(H100, parse_candidate("threads=8", 0))
+
+
+# --- calibration recovers the twin's own physics -------------------------------------------------------
+
+def test_calibration_recovers_known_efficiencies_and_predicts_held_out_points() -> None:
+    """Points made by the twin with known fractions of peak: the fit finds them, and a concurrency and
+    a GPU it never saw are predicted as the twin with the true fractions runs them."""
+    observed = [twin_point(H100, TRUTH, 1), twin_point(H100, TRUTH, 64)]
+    cal = calibrate(H100, observed)
+    assert cal.bw == pytest.approx(TRUTH.bw, rel=0.1)
+    assert cal.prefill == pytest.approx(TRUTH.prefill, rel=0.15)
+    for setup, level in ((H100, 16), (dataclasses.replace(H100, device=gpu_device("h200")), 16)):
+        truth = twin_point(setup, TRUTH, level)
+        pred = replay(setup, cal, truth, seed=7)
+        assert pred.tpot_p50 == pytest.approx(truth.tpot.p50, rel=0.05)
+        assert pred.output_tps == pytest.approx(truth.output_tps, rel=0.05)
+
+
+def test_physics_of_candidates_goes_the_right_way() -> None:
+    observed = [twin_point(H100, TRUTH, 8)]
+    cal = calibrate(H100, observed)
+    base = replay(H100, cal, observed[0])
+    fp8 = replay(apply(H100, parse_candidate("dtype=fp8", 0)), cal, observed[0])
+    h200 = replay(apply(H100, parse_candidate("gpu=h200", 0)), cal, observed[0])
+    l4 = replay(apply(H100, parse_candidate("gpu=l4", 0)), cal, observed[0])
+    # Decode at batch 8 is memory-bound: half the weight bytes, nearly half the step; more bandwidth, faster.
+    assert fp8.tpot_p50 < 0.7 * base.tpot_p50
+    assert h200.tpot_p50 < base.tpot_p50 < l4.tpot_p50
+
+
+def test_plan_document_has_the_current_config_first_and_every_candidate() -> None:
+    from exporter.planner.observe import Observed
+
+    observed = Observed("test", (twin_point(H100, TRUTH, 1), twin_point(H100, TRUTH, 32)))
+    doc = plan(observed, dataclasses.replace(H100, price_per_gpu_hour=4.0),
+               [parse_candidate("name=h200,gpu=h200", 0), parse_candidate("rate=0.5", 1)],
+               ttft_slo=2.5, tpot_slo=0.1)
+    assert doc["schema"] == "llm-exporter-plan/1"
+    assert [c["point"] for c in doc["current"]] == ["c=1", "c=32"]
+    for row in doc["current"]:
+        assert abs(row["error"]["tpot_p50"]) < 0.1 and abs(row["error"]["output_tokens_per_s"]) < 0.1
+    h200, half = doc["candidates"]
+    assert h200["cost_per_million_tokens"] > 0 and h200["energy_joules_per_token"] > 0
+    assert h200["max_rate_within_slo_rps"] > 0 and h200["kv"]["capacity_tokens"] > doc["base"]["kv_capacity_tokens"]
+    assert half["predicted"]["verdict"] in ("idle", "headroom", "memory_bandwidth", "compute")
+    json.dumps(doc)  # plain JSON all the way down
+
+
+# --- sources ---------------------------------------------------------------------------------------------
+
+def loadtest_doc(steps: list[dict]) -> dict:
+    return {"schema": "llm-exporter-loadtest/1", "config": {"model": "llama-3.1-8b", "gpu": "NVIDIA H100 80GB HBM3"},
+            "steps": steps}
+
+
+def loadtest_step(level: int, ok: int = 10, tpot: float | None = 0.01) -> dict:
+    return {"mode": "concurrency", "level": level, "requests": {"ok": ok}, "in_flight": {"mean": level},
+            "latency_s": {"ttft": {"p50": 0.1, "p95": 0.2, "p99": 0.3, "count": ok},
+                          "tpot": {"p50": tpot, "p95": 0.012, "p99": 0.02, "count": ok}},
+            "throughput": {"requests_per_s": 1.0, "input_tokens": 640 * ok, "output_tokens": 128 * ok,
+                           "output_tokens_per_s": 100.0}, "elapsed_s": 30}
+
+
+def test_loadtest_points_skip_empty_steps_and_refuse_other_documents() -> None:
+    obs = from_loadtest(loadtest_doc([loadtest_step(1), loadtest_step(4, ok=0), loadtest_step(8, tpot=None),
+                                      loadtest_step(16)]), "x")
+    assert [p.level for p in obs.points] == [1, 16] and obs.points[0].prompt_tokens == 640
+    assert obs.model == "llama-3.1-8b" and obs.gpu_name == "NVIDIA H100 80GB HBM3"
+    with pytest.raises(ObserveError, match="not a load-test report"):
+        from_loadtest({"steps": []}, "x")
+    with pytest.raises(ObserveError, match="no step recorded"):
+        from_loadtest(loadtest_doc([loadtest_step(1, ok=0)]), "x")
+
+
+def test_an_oversized_or_deep_json_is_refused_without_reading_it_all(tmp_path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ObserveError, match="not JSON"):
+        read_loadtest(str(deep))
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(MAX_JSON_BYTES * 4)  # sparse: 256 MiB of zeros on disk costs nothing
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ObserveError, match="larger than"):
+        read_loadtest(str(big))
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < MAX_JSON_BYTES / 2**20 + 16, f"reading a refused file grew RSS by {grown_mib:.0f} MiB"
+    with pytest.raises(ObserveError, match="No such file"):
+        read_loadtest(str(tmp_path / "missing.json"))
+
+
+EXPOSITION = """\
+# TYPE llm_requests_finished_total counter
+llm_requests_finished_total{{target="a",finished_reason="stop"}} {done}
+llm_requests_finished_total{{target="b",finished_reason="stop"}} 999
+# TYPE llm_prompt_tokens_total counter
+llm_prompt_tokens_total{{target="a"}} {prompt}
+# TYPE llm_generation_tokens_total counter
+llm_generation_tokens_total{{target="a"}} {gen}
+# TYPE llm_time_to_first_token_seconds histogram
+llm_time_to_first_token_seconds_bucket{{target="a",le="0.1"}} {fast}
+llm_time_to_first_token_seconds_bucket{{target="a",le="1"}} {done}
+llm_time_to_first_token_seconds_bucket{{target="a",le="+Inf"}} {done}
+# TYPE llm_requests_running gauge
+llm_requests_running{{target="a"}} 3
+"""
+
+
+def test_exporter_window_is_the_difference_of_two_scrapes_of_one_target() -> None:
+    first = parse_scrape(EXPOSITION.format(done=10, prompt=1000, gen=1000, fast=10), "a")
+    last = parse_scrape(EXPOSITION.format(done=30, prompt=3000, gen=5000, fast=20), "a")
+    with pytest.raises(ObserveError, match="no TTFT or TPOT"):
+        point_from_scrapes(first, last, [3.0], 10.0, "w")  # no TPOT histogram and no decode seconds
+    llama = "# TYPE llm_decode_seconds_total counter\nllm_decode_seconds_total{{target=\"a\"}} {s}\n"
+    first = parse_scrape(EXPOSITION.format(done=10, prompt=1000, gen=1000, fast=10) + llama.format(s=10), "a")
+    last = parse_scrape(EXPOSITION.format(done=30, prompt=3000, gen=5000, fast=20) + llama.format(s=49.8), "a")
+    point, hit = point_from_scrapes(first, last, [2.0, 4.0], 10.0, "w")
+    assert point.requests_per_s == 2.0 and point.prompt_tokens == 100 and point.output_tokens == 200
+    assert point.in_flight == 3.0 and hit == 0.0
+    assert point.tpot.p50 == pytest.approx(39.8 / (4000 - 20))  # decode seconds per generated token after the first
+    assert 0.1 <= point.ttft.p50 < 1.0  # half of the window's 20 TTFTs are at most 0.1 s
+    quiet = parse_scrape(EXPOSITION.format(done=10, prompt=1000, gen=1000, fast=10), "a")
+    with pytest.raises(ObserveError, match="no request finished"):
+        point_from_scrapes(quiet, quiet, [], 10.0, "w")
+
+
+# --- the command, on real processes -----------------------------------------------------------------------
+
+def plan_cli(*args: str, capsys) -> tuple[int, str, str]:
+    code = cli_run(["plan", *args], {})
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_bad_candidates_and_sources_exit_2_with_one_line(tmp_path, capsys) -> None:
+    report = tmp_path / "lt.json"
+    report.write_text(json.dumps(loadtest_doc([loadtest_step(1), loadtest_step(8)])))
+    for args, words in ((["--candidate", "gpu=TPUv9"], "unknown GPU"),
+                        (["--candidate", "dtype=fp8,tp=0"], "positive"),
+                        (["--model", "llama-3.1-70b", "--gpu", "l4"], "does not fit"),
+                        (["--model", "no-such-model"], "not a built-in shape"),
+                        (["--candidate", "gpu=l4", "--model", "llama-3.1-70b", "--gpu", "h200"], "does not fit")):
+        code, out, err = plan_cli("--from", str(report), *args, capsys=capsys)
+        assert code == 2 and words in err and err.count("\n") == 1 and out == "", (args, err)
+    code, _, err = plan_cli("--from", str(tmp_path / "nothing.json"), capsys=capsys)
+    assert code == 2 and "No such file" in err
+    code, out, err = plan_cli("--from", str(report), "--candidate", "gpu=h200", "--no-rate-search", capsys=capsys)
+    assert code == 0 and "Current configuration" in out and "gpu=h200" in out, err
+
+
+@pytest.fixture(scope="module")
+def demo_exporter():
+    process, base = start_demo("decode-heavy", "--speed", "4")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # ready, and the twin has finished requests
+            with contextlib.suppress(httpx.HTTPError):
+                if "llm_requests_finished_total{" in httpx.get(base + "/metrics", timeout=2).text:
+                    break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the demo served no finished requests within 60 s")
+        yield base
+    finally:
+        stop_demo(process)
+
+
+def test_plan_from_a_running_demo_exporter(demo_exporter, tmp_path) -> None:
+    """The real `llm-exporter demo` process: the planner reads its diagnosis (target, model, GPU) and
+    a window of its /metrics, calibrates and predicts."""
+    out = tmp_path / "plan.json"
+    html = tmp_path / "plan.html"
+    deadline_s = 120
+    proc = subprocess.run([sys.executable, "-m", "exporter.cli", "plan", "--from", demo_exporter, "--window", "8s",
+                           "--candidate", "name=h200,gpu=h200", "--candidate", "name=double,rate=2",
+                           "--no-rate-search", "--json", str(out), "--html", str(html)],
+                          capture_output=True, text=True, timeout=deadline_s, env={**os.environ})
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["observed"]["model"] and doc["observed"]["gpu"] and doc["base"]["device"].startswith("H100")
+    (point,) = doc["current"]
+    assert point["observed"]["tpot_p50_s"] > 0 and point["predicted"]["tpot_p50_s"] > 0
+    # The demo runs at --speed 4: its token rates read four times too high, its latencies are the twin's.
+    assert abs(point["error"]["tpot_p50"]) < 0.5
+    assert [c["name"] for c in doc["candidates"]] == ["h200", "double"]
+    page = html.read_text()
+    assert page.index("Calibration") < page.index("Candidates") and "<script" not in page
