@@ -133,6 +133,15 @@ engine's own estimate of FLOP/s per GPU (vLLM estimated_flops_per_gpu, prefill a
             unit="percentunit", w=12,
             minimum=0, threshold_style="dashed",
             steps=thresholds((None, "transparent"), (verdict.MFU_LOW, "yellow"), (verdict.MFU_ROOF, "blue"))),
+        timeseries("Cost model vs observed: the planner's drift", """
+The roofline `llm-exporter plan` starts from (docs/planner.md), run live on this window's mean batch and context:
+predicted TPOT / observed TPOT - 1, and the same for decode tokens/s. A steady offset is this deployment's
+efficiency, which `plan` calibrates away before it predicts anything; a change in it (a driver, an engine
+upgrade, a new traffic mix, throttling) means plans calibrated before it are stale: recalibrate. Negative TPOT
+error under prompt-heavy load is prefill sharing the decode steps. Absent without a model shape or a known GPU.
+""", [target(TM.sel("llm_model_tpot_error_ratio"), "TPOT {{target}} ({{instance}})"),
+      target(TM.sel("llm_model_decode_throughput_error_ratio"), "decode tok/s {{target}} ({{instance}})")],
+            unit="percentunit", w=12),
         timeseries("Decode steps/s and mean batch size", """
 Each decode step reads all weights once and emits one token per running sequence, so decode tokens/s =
 steps/s x batch. Steps/s is the per-sequence token rate (1 / TBT); it falls slowly as the batch grows because

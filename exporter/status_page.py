@@ -151,6 +151,18 @@ def _tails(numbers: Mapping[str, Any]) -> str:
             + "".join(rows) + "</table>")
 
 
+def _model_check(n: Mapping[str, Any]) -> str:
+    """The planner's cost model on this window (exporter/derive/modelcheck.py): its error is what a
+    `plan` calibration absorbs; a change in it is drift."""
+    predicted, observed = n.get("model_tpot_predicted_s"), n.get("model_tpot_observed_s")
+    error = n.get("model_tpot_error")
+    if predicted is None or observed is None or error is None:
+        return '<span class="muted">-</span>'
+    tps = n.get("model_tps_error")
+    return (f"{predicted * 1e3:.2f} ms / {observed * 1e3:.2f} ms ({error * 100:+.0f}%; decode tok/s "
+            f"{_num(None if tps is None else tps * 100, '{:+.0f}', '%')}), {esc(str(n.get('model_bound', '')))}-bound")
+
+
 def _throughput(n: Mapping[str, Any]) -> str:
     share = n.get("prefill_time_share")
     phase = "-" if share is None else f"prefill {share * 100:.0f}% / decode {(1 - share) * 100:.0f}%"
@@ -167,6 +179,8 @@ def _throughput(n: Mapping[str, Any]) -> str:
             f"<td>{_bar(n.get('engine_flops_ratio'), 2.0)}</td></tr>"
             f"<tr><td>HBM (engine's estimate)</td><td>{_bar(n.get('engine_hbm_ratio'), 2.0)}</td></tr>"
             f"<tr><td>speculative acceptance</td><td>{_bar(n.get('spec_decode_acceptance'), 2.0)}</td></tr>"
+            f"<tr><td>cost model (llm-exporter plan): TPOT predicted / observed</td>"
+            f"<td>{_model_check(n)}</td></tr>"
             f"<tr><td>energy</td><td>{_num(n.get('joules_per_token'), '{:.3g}', ' J/token')}</td></tr>"
             f"<tr><td>cost</td><td>{_num(n.get('cost_per_million_tokens'), '{:.3g}', ' per 1M tokens')}"
             + (' <span class="muted">(in the currency of --gpu-price-per-hour)</span>'

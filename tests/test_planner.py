@@ -190,9 +190,22 @@ def test_exporter_window_is_the_difference_of_two_scrapes_of_one_target() -> Non
     last = parse_scrape(EXPOSITION.format(done=30, prompt=3000, gen=5000, fast=20) + llama.format(s=49.8), "a")
     point, hit = point_from_scrapes(first, last, [2.0, 4.0], 10.0, "w")
     assert point.requests_per_s == 2.0 and point.prompt_tokens == 100 and point.output_tokens == 200
-    assert point.in_flight == 3.0 and hit == 0.0
     assert point.tpot.p50 == pytest.approx(39.8 / (4000 - 20))  # decode seconds per generated token after the first
     assert 0.1 <= point.ttft.p50 < 1.0  # half of the window's 20 TTFTs are at most 0.1 s
+    # Little's law (2 requests/s x time in the engine) beats the gauge's 3 sampled once a second.
+    little = 2.0 * (point.ttft.p50 + 199 * point.tpot.p50)
+    assert point.in_flight == pytest.approx(little) and little > 3.0 and hit == 0.0
+    assert (point.mode, point.level) == ("concurrency", round(little))
+    # With _sum and _count the window's mean is the centre, not the coarse buckets' median.
+    hist = ("# TYPE llm_inter_token_latency_seconds histogram\n"
+            'llm_inter_token_latency_seconds_bucket{{target="a",le="0.01"}} {n}\n'
+            'llm_inter_token_latency_seconds_bucket{{target="a",le="+Inf"}} {n}\n'
+            'llm_inter_token_latency_seconds_sum{{target="a"}} {s}\n'
+            'llm_inter_token_latency_seconds_count{{target="a"}} {n}\n')
+    first = parse_scrape(EXPOSITION.format(done=10, prompt=1000, gen=1000, fast=10) + hist.format(n=0, s=0), "a")
+    last = parse_scrape(EXPOSITION.format(done=30, prompt=3000, gen=5000, fast=20) + hist.format(n=1000, s=2.0), "a")
+    point, _ = point_from_scrapes(first, last, [2.0], 10.0, "w")
+    assert point.tpot.p50 == pytest.approx(0.002)  # not the 0.005 the 0-10 ms bucket interpolates to
     quiet = parse_scrape(EXPOSITION.format(done=10, prompt=1000, gen=1000, fast=10), "a")
     with pytest.raises(ObserveError, match="no request finished"):
         point_from_scrapes(quiet, quiet, [], 10.0, "w")
@@ -259,3 +272,61 @@ def test_plan_from_a_running_demo_exporter(demo_exporter, tmp_path) -> None:
     assert [c["name"] for c in doc["candidates"]] == ["h200", "double"]
     page = html.read_text()
     assert page.index("Calibration") < page.index("Candidates") and "<script" not in page
+
+
+@pytest.fixture(scope="module")
+def realtime_demo():
+    """A demo at --speed 1: its token rates are real rates, so observed TPOT (batch / decode tokens/s) is
+    the twin's own."""
+    process, base = start_demo("decode-heavy")
+    try:
+        yield base
+    finally:
+        stop_demo(process)
+
+
+def test_the_exporter_shows_the_cost_models_error_live(realtime_demo) -> None:
+    """exporter/derive/modelcheck.py on the demo: the planner's prior cost model, run on the window's own
+    batch, against what the twin did (the twin's physics are those priors, so the error is small), on
+    /metrics, in the diagnosis and on the status page."""
+    demo_exporter = realtime_demo
+
+    def series() -> dict[str, float]:
+        found = {}
+        for line in httpx.get(demo_exporter + "/metrics", timeout=5).text.splitlines():
+            if line.startswith("llm_model_") and 'target="demo-0"' in line:
+                found[line.split("{", 1)[0]] = float(line.rsplit(" ", 1)[1])
+        return found
+
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if len(found := series()) == 4:
+                break
+        time.sleep(1)
+    time.sleep(20)  # the rate window fills with steady traffic (its first seconds overweigh the ramp)
+    found = series()
+    assert set(found) == {"llm_model_predicted_tpot_seconds", "llm_model_tpot_error_ratio",
+                          "llm_model_predicted_decode_tokens_per_second", "llm_model_decode_throughput_error_ratio"}
+    assert found["llm_model_predicted_tpot_seconds"] > 0
+    # The twin runs on these priors; the gap (about -25% here) is the running gauge counting sequences
+    # still in prefill, which the observed TPOT (batch / decode tokens/s) cannot tell apart.
+    assert abs(found["llm_model_tpot_error_ratio"]) < 0.6, found
+    numbers = httpx.get(demo_exporter + "/api/v1/diagnosis", timeout=5).json()["targets"]["demo-0"]["numbers"]
+    assert numbers["model_tpot_predicted_s"] > 0 and numbers["model_bound"] in ("memory", "compute")
+    page = httpx.get(demo_exporter + "/", timeout=5).text
+    assert "cost model (llm-exporter plan)" in page and "-bound" in page
+
+
+def test_docs_name_every_candidate_key_and_dtype() -> None:
+    """Keys and dtypes are declared once (plan.CANDIDATE_KEYS, model.DTYPES); the docs follow them."""
+    import pathlib
+
+    from exporter.planner.model import DTYPES, KV_DTYPES
+    from exporter.planner.plan import CANDIDATE_KEYS
+
+    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+    for key in CANDIDATE_KEYS:
+        assert f"| `{key}` |" in doc, key
+    for name in (*DTYPES, *KV_DTYPES):
+        assert f"`{name}`" in doc, name

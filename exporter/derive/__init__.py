@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from exporter.config import Config
-from exporter.derive import energy, kv, probe, quantiles, roofline, signals, throughput, transfer
+from exporter.derive import energy, kv, modelcheck, probe, quantiles, roofline, signals, throughput, transfer
 from exporter.derive.assign import assign_gpus
 from exporter.derive.diagnosis import Cycle, TargetResult, build_diagnosis, not_ready
 from exporter.derive.settings import DeriveSettings, derive_settings
@@ -32,8 +32,8 @@ log = logging.getLogger("llm_exporter.derive")
 
 # In the order they run: a stage reads only the results of stages before it (check_order). The
 # diagnosis lists their numbers in this order too.
-STAGES: tuple[Stage, ...] = (throughput.STAGE, kv.STAGE, roofline.STAGE, energy.STAGE, quantiles.STAGE,
-                             transfer.STAGE, signals.STAGE, probe.STAGE)
+STAGES: tuple[Stage, ...] = (throughput.STAGE, kv.STAGE, roofline.STAGE, energy.STAGE, modelcheck.STAGE,
+                             quantiles.STAGE, transfer.STAGE, signals.STAGE, probe.STAGE)
 check_order(STAGES)
 MAX_CACHED_SHAPES = 32
 _SHAPE_HOW = "(a built-in name or a config.json path)"

@@ -37,6 +37,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="a running llm-exporter (http://...) or a load-test JSON")
     parser.add_argument("--window", default="60s", help="with an exporter: how long to observe (default 60s)")
     parser.add_argument("--target", help="with an exporter: the engine target (default: the busiest)")
+    parser.add_argument("--output-tokens", dest="output_tokens", type=float, default=None,
+                        help="with an exporter of an engine that counts no finished requests (llama.cpp): the "
+                             "tokens each request generates")
     parser.add_argument("--model", help="model shape: a built-in name or a Hugging Face config.json (default: "
                                         "the model the source names)")
     device = parser.add_mutually_exclusive_group()
@@ -79,7 +82,7 @@ def _observe(args: argparse.Namespace) -> Observed:
             window = parse_duration(args.window, "window")
         except ConfigError as error:
             raise PlanError(str(error)) from None
-        return asyncio.run(observe_exporter(source, window, target=args.target))
+        return asyncio.run(observe_exporter(source, window, target=args.target, output_tokens=args.output_tokens))
     return read_loadtest(source)
 
 
@@ -168,7 +171,7 @@ def render_table(doc: Mapping[str, Any]) -> str:
             f"{terminal_safe(str(base['device']))}\n",
             f"Calibration: bandwidth {cal['bandwidth_efficiency']} of peak, decode compute "
             f"{cal['decode_compute_efficiency']}, prefill compute {cal['prefill_compute_efficiency']}, step overhead "
-            f"{_ms(cal['step_overhead_seconds'])} ms\n\n",
+            f"{_ms(cal['step_overhead_seconds'])} ms, host {_ms(cal['host_seconds_per_request'])} ms per request\n\n",
             "Current configuration, predicted against observed (check these errors before trusting the rest):\n"]
     rows = []
     for c in doc["current"]:

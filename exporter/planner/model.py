@@ -123,11 +123,15 @@ class Calibration:
     compute: float  # fraction of peak FLOPs decode reaches
     prefill: float  # fraction of peak FLOPs prefill reaches
     overhead_s: float  # per step
+    # Host time per request before it can be scheduled (API server: HTTP, chat template, tokenizer);
+    # the twin's API server is one thread, so this queues under load.
+    host_s: float = 0.5e-3
     ci: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # 95% intervals
 
     def as_dict(self) -> dict[str, object]:
         return {"bandwidth_efficiency": _r(self.bw), "decode_compute_efficiency": _r(self.compute),
                 "prefill_compute_efficiency": _r(self.prefill), "step_overhead_seconds": _r(self.overhead_s, 6),
+                "host_seconds_per_request": _r(self.host_s, 6),
                 "ci95": {k: [_r(lo), _r(hi)] for k, (lo, hi) in self.ci.items()}}
 
 
@@ -230,7 +234,8 @@ def calibrate(setup: Setup, points: Sequence[Point], *, refine: bool = True, see
     rse_t = max((p.tpot.rse() for p in points), default=0.0)
     rse_f = max((p.ttft.rse() for p in points), default=0.0)
     ci = {"bandwidth_efficiency": _interval(cal.bw, rse_t), "decode_compute_efficiency": _interval(cal.compute, rse_t),
-          "prefill_compute_efficiency": _interval(cal.prefill, rse_f)}
+          "prefill_compute_efficiency": _interval(cal.prefill, rse_f),
+          "host_seconds_per_request": (cal.host_s * max(0.0, 1 - 1.96 * rse_f), cal.host_s * (1 + 1.96 * rse_f))}
     return dataclasses.replace(cal, ci=ci)
 
 
@@ -239,7 +244,8 @@ SEARCH_PASSES = 3  # per factor: the closed form starts near the answer
 
 
 def _refine(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int) -> Calibration:
-    """Coordinate search on the three fractions of peak, each step scored by replaying every point
+    """Coordinate search on the three fractions of peak and the host time per request, each step scored by
+    replaying every point
     through the twin: the closed form cannot see prefill chunks slowing the decodes they share steps
     with, or requests queueing for a slot; the replay does."""
     def score(c: Calibration) -> float:
@@ -257,7 +263,7 @@ def _refine(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int) 
     for factor in SEARCH_FACTORS:
         for _ in range(SEARCH_PASSES):
             improved = False
-            for name in ("bw", "compute", "prefill"):
+            for name in ("bw", "compute", "prefill", "host_s"):
                 for f in (factor, 1 / factor):
                     trial = dataclasses.replace(cal, **{name: getattr(cal, name) * f})
                     value = score(trial)
@@ -339,13 +345,33 @@ def _quantile(values: Sequence[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+def client_gap(points: Sequence[Point], level: float) -> float:
+    """The load generator's turnaround at `level` requests in flight: linear in the level through the
+    closed-loop points observed (a client sharing the machine queues its own work as it sends more),
+    extended past the ends, never negative."""
+    closed = sorted((p.level, p.client_gap_s) for p in points if p.mode == "concurrency")
+    if not closed:
+        return 0.0
+    if len(closed) == 1:
+        return closed[0][1]
+    (x0, y0), (x1, y1) = (closed[0], closed[1]) if level <= closed[1][0] else (closed[-2], closed[-1])
+    for a, b in zip(closed, closed[1:], strict=False):
+        if a[0] <= level <= b[0]:
+            (x0, y0), (x1, y1) = a, b
+    if x1 == x0:
+        return max(0.0, y1)
+    return max(0.0, y0 + (level - x0) * (y1 - y0) / (x1 - x0))
+
+
 def workload_for(point: Point, *, rate_scale: float = 1.0, prompt_scale: float = 1.0, output_scale: float = 1.0,
-                 concurrency: int | None = None, prefix_hit_rate: float = 0.0) -> Workload:
+                 concurrency: int | None = None, prefix_hit_rate: float = 0.0,
+                 think_s: float | None = None) -> Workload:
     prompt = LengthDist(max(1.0, point.prompt_tokens * prompt_scale), kind="fixed")
     output = LengthDist(max(1.0, point.output_tokens * output_scale), kind="fixed")
     if concurrency is not None or (point.mode == "concurrency" and rate_scale == 1.0):
         level = concurrency if concurrency is not None else max(1, round(point.level))
-        return Workload(prompt, output, arrival="fixed", concurrency=level, prefix_hit_rate=prefix_hit_rate)
+        return Workload(prompt, output, arrival="fixed", concurrency=level, prefix_hit_rate=prefix_hit_rate,
+                        think_s=point.client_gap_s if think_s is None else think_s)
     rate = max(1e-6, (point.requests_per_s or point.level) * rate_scale)
     return Workload(prompt, output, arrival="poisson", rate_rps=rate, load=1.0, prefix_hit_rate=prefix_hit_rate)
 
@@ -356,7 +382,8 @@ MAX_REPLAY_STEPS = 200_000  # about 4 s of CPU: the bound on one replay whatever
 
 
 def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload | None = None, seed: int = 0,
-           requests: int | None = None, ttft_slo_s: float = 2.5, tpot_slo_s: float = 0.1) -> Prediction:
+           requests: int | None = None, ttft_slo_s: float = 2.5, tpot_slo_s: float = 0.1,
+           max_steps: int = MAX_REPLAY_STEPS) -> Prediction:
     """Run the twin's engine under `setup` with the point's workload until `requests` finish (after a
     warm-up), bounded in requests and simulated time; the latencies are the twin's own."""
     work = workload or workload_for(point)
@@ -370,11 +397,11 @@ def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload |
     rec = _Recorder(skip)
     rec.max_num_seqs = setup.max_num_seqs
     # Open-loop arrivals at far more than the device serves would queue without end: the time cap stops it.
-    engine = Engine(hardware(setup, cal), setup.model, engine_config(setup), HostConfig(cpu_budget_cores=64.0),
-                    work, random.Random(seed), rec)
+    host = HostConfig(cpu_budget_cores=64.0, request_overhead_s=cal.host_s)
+    engine = Engine(hardware(setup, cal), setup.model, engine_config(setup), host, work, random.Random(seed), rec)
     chunk = 1.0
     peak_kv = 0.0
-    while len(rec.done) < want + skip and engine.t < MAX_REPLAY_SIM_S and rec.steps < MAX_REPLAY_STEPS:
+    while len(rec.done) < want + skip and engine.t < MAX_REPLAY_SIM_S and rec.steps < max_steps:
         engine.advance_to(engine.t + chunk)
         used = engine.num_blocks - engine.free_blocks
         peak_kv = max(peak_kv, used / engine.num_blocks if engine.num_blocks else 0.0)

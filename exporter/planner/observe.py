@@ -58,6 +58,9 @@ class Point:
     tpot: Stat
     output_tps: float
     duration_s: float
+    # Closed loop: the client's turnaround per request outside the engine (cycle time from the
+    # throughput, less the engine's TTFT and decode time): the load generator's own think time.
+    client_gap_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,17 +101,30 @@ def from_loadtest(doc: Mapping[str, Any], source: str) -> Observed:
         ttft, tpot = lat.get("ttft") or {}, lat.get("tpot") or {}
         if ok < 1 or _num(tpot.get("p50")) is None or _num(ttft.get("p50")) is None:
             continue
+        ttft_stat, tpot_stat = _stat(ttft), _stat(tpot)
+        server = step.get("server") or {}
+        engine_ttft, engine_itl = _num(server.get("ttft_mean_s")), _num(server.get("itl_mean_s"))
+        if engine_ttft and engine_itl:
+            # The engine's own TTFT and inter-token means over the step (the exporter's histograms):
+            # they time the engine's steps, which the client cannot when the API server coalesces a
+            # stream's tokens into a few chunks (vLLM under load sends most of a short answer at once).
+            ttft_stat = Stat(engine_ttft, ttft_stat.p99, ttft_stat.count, ttft_stat.spread)
+            tpot_stat = Stat(engine_itl, tpot_stat.p99, tpot_stat.count, tpot_stat.spread)
         mode = "rate" if step.get("mode") == "rate" else "concurrency"
         level = _num(step.get("level")) or 0.0
+        output_tokens = (_num(thr.get("output_tokens")) or 0.0) / ok
+        output_tps = _num(thr.get("output_tokens_per_s")) or 0.0
+        gap = 0.0
+        if mode == "concurrency" and output_tps > 0 and ttft_stat.p50 and tpot_stat.p50:
+            cycle = level * output_tokens / output_tps
+            gap = max(0.0, cycle - ttft_stat.p50 - max(0.0, output_tokens - 1) * tpot_stat.p50)
         points.append(Point(
             label=f"{'c' if mode == 'concurrency' else 'r'}={level:g}", mode=mode, level=level,
             in_flight=_num((step.get("in_flight") or {}).get("mean")) or level,
             requests_per_s=_num(thr.get("requests_per_s")) or 0.0,
             prompt_tokens=(_num(thr.get("input_tokens")) or 0.0) / ok,
-            output_tokens=(_num(thr.get("output_tokens")) or 0.0) / ok,
-            ttft=_stat(ttft), tpot=_stat(tpot),
-            output_tps=_num(thr.get("output_tokens_per_s")) or 0.0,
-            duration_s=_num(step.get("elapsed_s")) or 0.0))
+            output_tokens=output_tokens, ttft=ttft_stat, tpot=tpot_stat, output_tps=output_tps,
+            duration_s=_num(step.get("elapsed_s")) or 0.0, client_gap_s=min(gap, 600.0)))
     if not points:
         raise ObserveError(f"{source}: no step recorded a request with its TTFT and TPOT")
     config = doc.get("config") or {}
@@ -154,6 +170,7 @@ class Scrape:
 
     counters: dict[str, float] = field(default_factory=dict)
     buckets: dict[str, dict[float, float]] = field(default_factory=dict)  # family -> le -> cumulative
+    sums: dict[str, float] = field(default_factory=dict)  # histogram family -> _sum (and family_count)
     gauges: dict[str, float] = field(default_factory=dict)
     gpus: int = 0
 
@@ -161,7 +178,8 @@ class Scrape:
 def parse_scrape(text: str, target: str | None) -> Scrape:
     from exporter.sources.engines.exposition import parse
 
-    wanted = set(COUNTERS) | set(GAUGES) | {f"{h}_bucket" for h in HISTOGRAMS.values()}
+    wanted = set(COUNTERS) | set(GAUGES) | {f"{h}_{part}" for h in HISTOGRAMS.values()
+                                            for part in ("bucket", "sum", "count")}
     out = Scrape()
     gpus: set[str] = set()
     for name, labels, value, _ in parse(text, keep=wanted.__contains__).samples:
@@ -182,6 +200,8 @@ def parse_scrape(text: str, target: str | None) -> Scrape:
             fam[le] = fam.get(le, 0.0) + value
         elif name in COUNTERS:
             out.counters[name] = out.counters.get(name, 0.0) + value
+        elif name.endswith(("_sum", "_count")):
+            out.sums[name] = out.sums.get(name, 0.0) + value
         else:
             out.gauges[name] = out.gauges.get(name, 0.0) + value
     out.gpus = len(gpus)
@@ -200,24 +220,35 @@ def _delta_quantile(q: float, before: Mapping[float, float], after: Mapping[floa
 
 
 def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], window_s: float,
-                       label: str) -> tuple[Point, float]:
-    """The window between two scrapes as one open-loop point, and its prefix-cache hit share."""
+                       label: str, output_tokens: float | None = None) -> tuple[Point, float]:
+    """The window between two scrapes as one open-loop point, and its prefix-cache hit share.
+    `output_tokens` per request, when given, counts requests for an engine that counts none (llama.cpp)."""
     def inc(name: str) -> float:
         return max(0.0, last.counters.get(name, 0.0) - first.counters.get(name, 0.0))
 
-    done = inc("llm_requests_finished_total")
-    if done < 1:
-        raise ObserveError("no request finished in the window: nothing to calibrate on (send traffic or "
-                           "widen --window)")
     gen = inc("llm_generation_tokens_total")
+    done = inc("llm_requests_finished_total")
+    if "llm_requests_finished_total" not in last.counters and output_tokens:
+        done = gen / output_tokens
+    if done < 1:
+        why = ("the engine counts no finished requests (llama.cpp): give --output-tokens N, the tokens its "
+               "requests generate" if "llm_requests_finished_total" not in last.counters and not output_tokens
+               else "no request finished in the window: nothing to calibrate on (send traffic or widen --window)")
+        raise ObserveError(why)
     stats: dict[str, Stat] = {}
     for key, fam in HISTOGRAMS.items():
         if fam in last.buckets:
             p50, n = _delta_quantile(0.5, first.buckets.get(fam, {}), last.buckets[fam])
             p95, _ = _delta_quantile(0.95, first.buckets.get(fam, {}), last.buckets[fam])
             p99, _ = _delta_quantile(0.99, first.buckets.get(fam, {}), last.buckets[fam])
-            if p50 is not None:
-                stats[key] = Stat(p50, p99, n, (p95 / p50 - 1.0) if p95 and p50 else None)
+            total = last.sums.get(f"{fam}_sum", 0.0) - first.sums.get(f"{fam}_sum", 0.0)
+            count = last.sums.get(f"{fam}_count", 0.0) - first.sums.get(f"{fam}_count", 0.0)
+            # The window's mean where the histogram has _sum and _count: engines' buckets are too coarse
+            # for a median of a few milliseconds (vLLM's ITL buckets start at 10 ms, so any p50 below
+            # reads 5 ms), and a steady load's mean is close to its median.
+            centre = total / count if count >= 1 and total > 0 else p50
+            if centre is not None:
+                stats[key] = Stat(centre, p99, n, (p95 / p50 - 1.0) if p95 and p50 else None)
     tpot = stats.get("tpot") or stats.get("itl")
     if tpot is None and gen > done and inc("llm_decode_seconds_total") > 0:
         # llama.cpp: no latency histograms, but decode seconds summed over slots per generated token.
@@ -231,13 +262,23 @@ def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], wi
     queries = inc("llm_prefix_cache_queries_total")
     hit = inc("llm_prefix_cache_hits_total") / queries if queries else 0.0
     in_flight = sum(running) / len(running) if running else 0.0
-    point = Point(label=label, mode="rate", level=done / window_s, in_flight=in_flight,
+    # Little's law over the whole window (requests/s x time each spends in the engine) against the
+    # gauge sampled once a second, which misses requests that start and end between samples.
+    little = done / window_s * (ttft.p50 + max(0.0, gen / done - 1.0) * tpot.p50)
+    in_flight = max(in_flight, little)
+    # Replayed as a closed loop at the window's mean running requests when there were some: the batch
+    # the engine ran sets its step times, whatever process sent the requests. Candidates that scale the
+    # rate replay Poisson arrivals at this window's rate instead (model.workload_for).
+    closed = in_flight >= 0.5
+    point = Point(label=label, mode="concurrency" if closed else "rate",
+                  level=float(max(1, round(in_flight))) if closed else done / window_s, in_flight=in_flight,
                   requests_per_s=done / window_s, prompt_tokens=inc("llm_prompt_tokens_total") / done,
                   output_tokens=gen / done, ttft=ttft, tpot=tpot, output_tps=gen / window_s, duration_s=window_s)
     return point, min(0.95, max(0.0, hit))
 
 
 async def observe_exporter(base_url: str, window_s: float, *, target: str | None = None,
+                           output_tokens: float | None = None,
                            clock: Callable[[], float] = time.monotonic) -> Observed:
     """Scrape the exporter's /metrics at the start and end of `window_s` (and its running gauge about
     once a second between), read /api/v1/diagnosis for the target, model and GPUs. Only these two
@@ -284,7 +325,7 @@ async def observe_exporter(base_url: str, window_s: float, *, target: str | None
     finally:
         await diag_client.aclose()
         await metrics_client.aclose()
-    point, hit = point_from_scrapes(first, last, running, clock() - start, f"window {window_s:g}s")
+    point, hit = point_from_scrapes(first, last, running, clock() - start, f"window {window_s:g}s", output_tokens)
     gpus = entry.get("gpus") or []
     gpu_name = gpus[0].get("name") if gpus and isinstance(gpus[0], Mapping) else None
     engine, model = entry.get("engine"), entry.get("model")

@@ -19,6 +19,7 @@ from exporter.planner.model import (
     Prediction,
     Setup,
     calibrate,
+    client_gap,
     cpu_device,
     fit_check,
     gpu_device,
@@ -31,6 +32,7 @@ from exporter.planner.observe import Observed, Point
 SCHEMA_ID = "llm-exporter-plan/1"
 MAX_CANDIDATES = 16
 RATE_SEARCH_STEPS = 7
+RATE_SEARCH_MAX_STEPS = 50_000  # per replay of the search: 14 replays per candidate at most
 
 
 def _positive(kind: type) -> Callable[[str], Any]:
@@ -112,14 +114,14 @@ def apply(base: Setup, cand: Candidate) -> Setup:
 
 def transfer(base: Setup, cal: Calibration, setup: Setup) -> Calibration:
     """The calibrated fractions of peak carry over to the same kind of device (same engine, same
-    kernels); moving between a device the table does not know and a GPU, nothing observed applies, so
-    the twin's priors do."""
+    kernels); moving between a device the table does not know and a GPU, no observed fraction applies,
+    so the twin's priors do. The host time per request stays: the API server does not change."""
     if setup.device.kind == base.device.kind:
         return cal
     from exporter.planner.model import PRIOR_EFFICIENCY, PRIOR_OVERHEAD_S
 
     return Calibration(PRIOR_EFFICIENCY["bw"], PRIOR_EFFICIENCY["compute"], PRIOR_EFFICIENCY["prefill"],
-                       PRIOR_OVERHEAD_S[setup.device.kind])
+                       PRIOR_OVERHEAD_S[setup.device.kind], host_s=cal.host_s)  # the host stays the same
 
 
 def _r(value: float | None, digits: int = 6) -> float | None:
@@ -147,9 +149,11 @@ def max_rate(setup: Setup, cal: Calibration, point: Point, scales: Mapping[str, 
     def ok(rate: float) -> bool:
         work = workload_for(dataclasses.replace(point, mode="rate", requests_per_s=rate), prompt_scale=scales["prompt"],
                             output_scale=scales["output"])
-        p = replay(setup, cal, point, workload=work, seed=seed, requests=300, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
+        p = replay(setup, cal, point, workload=work, seed=seed, requests=300, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo,
+                   max_steps=RATE_SEARCH_MAX_STEPS)
+        # Within the SLOs, and keeping up: a replay cut short while the queue still grows is not a pass.
         return (p.ttft_p99 is not None and p.tpot_p99 is not None and p.ttft_p99 <= ttft_slo
-                and p.tpot_p99 <= tpot_slo)
+                and p.tpot_p99 <= tpot_slo and p.requests_per_s >= 0.9 * rate)
     lo, hi = 0.0, base_rate
     for _ in range(RATE_SEARCH_STEPS):
         if not ok(hi):
@@ -193,16 +197,19 @@ def plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, tt
                                   "tpot_p50": _err(pred.tpot_p50, p.tpot.p50),
                                   "output_tokens_per_s": _err(pred.output_tps, p.output_tps)}})
     primary = observed.points[-1]
+    if len(candidates) > MAX_CANDIDATES:
+        raise PlanError(f"{len(candidates)} candidates: at most {MAX_CANDIDATES} in one plan")
     rows = []
-    for cand in list(candidates)[:MAX_CANDIDATES]:
+    for cand in candidates:
         setup = apply(base, cand)
         capacity, share = fit_check(setup)
         ccal = transfer(base, cal, setup)
         scales = {"rate": cand.changes.get("rate", 1.0), "prompt": cand.changes.get("prompt", 1.0),
                   "output": cand.changes.get("output", 1.0)}
+        level = cand.changes.get("concurrency")
         work = workload_for(primary, rate_scale=scales["rate"], prompt_scale=scales["prompt"],
-                            output_scale=scales["output"], concurrency=cand.changes.get("concurrency"),
-                            prefix_hit_rate=observed.prefix_hit_rate)
+                            output_scale=scales["output"], concurrency=level, prefix_hit_rate=observed.prefix_hit_rate,
+                            think_s=None if level is None else client_gap(observed.points, level))
         pred = replay(setup, ccal, primary, workload=work, seed=seed, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
         context = primary.prompt_tokens * scales["prompt"] + primary.output_tokens * scales["output"]
         rows.append({
@@ -223,7 +230,8 @@ def plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, tt
                      "prefix_hit_rate": _r(observed.prefix_hit_rate, 4),
                      "points": [{"label": p.label, "mode": p.mode, "level": p.level, "in_flight": _r(p.in_flight, 3),
                                  "prompt_tokens": _r(p.prompt_tokens, 1), "output_tokens": _r(p.output_tokens, 1),
-                                 "requests_per_s": _r(p.requests_per_s, 4)} for p in observed.points]},
+                                 "requests_per_s": _r(p.requests_per_s, 4), "client_gap_s": _r(p.client_gap_s)}
+                                for p in observed.points]},
         "base": {"device": base.device.name, "tp": base.tp, "model": base.model.name,
                  "weight_bytes_per_element": _r(base.model.dtype_bytes, 4),
                  "kv_bytes_per_element": _r(base.model.kv_dtype_bytes, 4), "max_num_seqs": base.max_num_seqs,

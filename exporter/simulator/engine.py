@@ -607,7 +607,8 @@ class Engine:
         reason = "length" if req.generated >= req.max_tokens else "stop"
         self.observer.on_finish(req, self.t, reason)
         if self.arrivals.workload.arrival == "fixed" and not req.external:
-            self._arrive(self.t)  # closed loop: the client sends its next request at once
+            # Closed loop: the client sends its next request once it has turned the answer around.
+            self._arrive(self.t + self.arrivals.workload.think_s)
 
     def abort(self, req: Request) -> bool:
         """Take a request out wherever it is (tokenizing, waiting, prefilling, decoding) and free

@@ -50,12 +50,16 @@ class Workload:
     prefix_hit_rate: float = 0.0  # fraction of each prompt found in the prefix cache
     surge_after_s: float | None = None  # from this time on, arrivals run at surge_load
     surge_load: float = 2.0
+    think_s: float = 0.0  # closed loop: the client's own time between a response and its next request
+
 
     def __post_init__(self) -> None:
         if self.arrival not in ("poisson", "fixed", "none"):
             raise ValueError(f"unknown arrival process {self.arrival!r}")
         if not 0.0 <= self.prefix_hit_rate < 1.0:
             raise ValueError("prefix_hit_rate must be in [0, 1)")
+        if not 0.0 <= self.think_s < 3600.0:
+            raise ValueError("think_s must be in [0, 3600)")
 
 
 def next_poisson(rng: random.Random, now: float, rate_at: float, rate_after: float, switch_at: float | None) -> float:
