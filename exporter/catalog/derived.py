@@ -95,15 +95,16 @@ FAMILIES = (
            "planner's prior fractions of peak (90% of HBM bandwidth, 60% of dense FLOPS, 0.3 ms a step). "
            "Needs the model shape and a GPU in the spec table.", TM, "derived"),
     family("llm_model_tpot_error_ratio", "gauge", "ratio",
-           "llm_model_predicted_tpot_seconds / observed TPOT - 1, observed TPOT = mean batch / decode "
-           "tokens/s: what `llm-exporter plan` calibrates away. Steady: this deployment's efficiency; "
-           "drifting: the model or the deployment changed. Negative under prompt-heavy load (prefill "
-           "shares the steps).", TM, "derived"),
+           "The cost model's TPOT error: llm_model_predicted_tpot_seconds / observed TPOT - 1, observed "
+           "TPOT = mean batch / decode tokens/s: what `llm-exporter plan` calibrates away. Steady: this "
+           "deployment's efficiency; drifting: the model or the deployment changed. Negative under "
+           "prompt-heavy load (prefill shares the steps).", TM, "derived"),
     family("llm_model_predicted_decode_tokens_per_second", "gauge", "tokens/s",
            "Mean batch / llm_model_predicted_tpot_seconds: the decode tokens/s the cost model expects "
            "for the window's batch.", TM, "derived"),
     family("llm_model_decode_throughput_error_ratio", "gauge", "ratio",
-           "llm_model_predicted_decode_tokens_per_second / llm_decode_tokens_per_second - 1.", TM, "derived"),
+           "The cost model's throughput error: llm_model_predicted_decode_tokens_per_second / "
+           "llm_decode_tokens_per_second - 1.", TM, "derived"),
     family("llm_ttft_window_seconds", "gauge", "seconds",
            "Time-to-first-token quantiles (0.5, 0.95, 0.99) over the sliding window (--quantile-window, "
            "default 5m): current cumulative buckets minus a checkpoint one window old, interpolated "

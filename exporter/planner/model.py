@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.planner.observe import Point
-from exporter.simulator.costs import Batch, Hardware, decode_batch, prefill_batch, step_cost
+from exporter.probe.loadtest import percentile
+from exporter.simulator.costs import Hardware, decode_batch, prefill_batch, step_cost
 from exporter.simulator.engine import Engine, EngineConfig, HostConfig, Request, StepRecord, kv_pool_blocks
 from exporter.simulator.workload import LengthDist, Workload
 from exporter.specs.gpus import GpuSpec, known_gpus, lookup_gpu
@@ -58,6 +59,8 @@ CPU_NOMINAL_FLOPS_PER_THREAD = 100e9
 CPU_MEMORY_BYTES = 64 * GiB
 PRIOR_OVERHEAD_S = {"gpu": 0.3e-3, "cpu": 0.5e-3}
 PRIOR_EFFICIENCY = {"bw": 0.9, "compute": 0.6, "prefill": 0.6}
+PRIOR_HOST_S = 0.5e-3  # per request: the twin's API server (exporter/simulator/engine.py HostConfig)
+PRIOR_WEIGHT = 1e-3  # of the pull to the priors in the calibration's score (squared log ratios)
 IDLE_POWER_SHARE = 0.3  # of TDP, for the energy estimate: a serving GPU idles near a third of its TDP
 
 
@@ -125,7 +128,7 @@ class Calibration:
     overhead_s: float  # per step
     # Host time per request before it can be scheduled (API server: HTTP, chat template, tokenizer);
     # the twin's API server is one thread, so this queues under load.
-    host_s: float = 0.5e-3
+    host_s: float = PRIOR_HOST_S
     ci: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # 95% intervals
 
     def as_dict(self) -> dict[str, object]:
@@ -225,8 +228,10 @@ def calibrate(setup: Setup, points: Sequence[Point], *, refine: bool = True, see
 
     def prefill_error(eff: float) -> float:
         cal = Calibration(bw, comp, eff, overhead)
-        return sum((math.log(prefill_s(setup, cal, p.prompt_tokens) / p.ttft.p50)) ** 2
-                   for p in points if p.ttft.p50)
+        err = sum((math.log(prefill_s(setup, cal, p.prompt_tokens) / p.ttft.p50)) ** 2 for p in points if p.ttft.p50)
+        # A short prompt's prefill can be memory-bound: every efficiency above some value fits as well;
+        # the prior breaks the tie instead of the grid's first value.
+        return err + 1e-4 * math.log(eff / PRIOR_EFFICIENCY["prefill"]) ** 2
     prefill = min(GRID, key=prefill_error) if any(p.ttft.p50 for p in points) else comp
 
     cal = _refine(setup, points, Calibration(bw, comp, prefill, overhead), seed) if refine else \
@@ -240,7 +245,7 @@ def calibrate(setup: Setup, points: Sequence[Point], *, refine: bool = True, see
 
 
 SEARCH_FACTORS = (1.41, 1.19, 1.09, 1.04)
-SEARCH_PASSES = 3  # per factor: the closed form starts near the answer
+SEARCH_PASSES = 6  # moves per factor at most: the closed form starts near the answer
 
 
 def _refine(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int) -> Calibration:
@@ -256,22 +261,27 @@ def _refine(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int) 
                 total += math.log(pred.tpot_p50 / p.tpot.p50) ** 2
             if pred.ttft_p50 and p.ttft.p50:
                 total += math.log(pred.ttft_p50 / p.ttft.p50) ** 2
-        prior = math.log((c.bw / PRIOR_EFFICIENCY["bw"]) / (c.compute / PRIOR_EFFICIENCY["compute"])) ** 2
-        return total + 1e-4 * prior
+        # A parameter the points cannot see (decode compute when every point is memory-bound) would
+        # wander; a weak pull to the prior keeps it where the twin has it, far below any real misfit.
+        prior = sum(math.log(getattr(c, name) / PRIOR_EFFICIENCY[key]) ** 2
+                    for name, key in (("bw", "bw"), ("compute", "compute"), ("prefill", "prefill")))
+        prior += math.log(c.host_s / PRIOR_HOST_S) ** 2
+        return total + PRIOR_WEIGHT * prior
 
     best = score(cal)
     for factor in SEARCH_FACTORS:
         for _ in range(SEARCH_PASSES):
-            improved = False
-            for name in ("bw", "compute", "prefill", "host_s"):
-                for f in (factor, 1 / factor):
-                    trial = dataclasses.replace(cal, **{name: getattr(cal, name) * f})
-                    value = score(trial)
-                    if value < best - 1e-9:
-                        cal, best, improved = trial, value, True
-                        break
-            if not improved:
+            # Every parameter both ways from the same point; the best move wins the pass.
+            trials = [dataclasses.replace(cal, **{name: getattr(cal, name) * f})
+                      for name in ("bw", "compute", "prefill", "host_s") for f in (factor, 1 / factor)]
+            if setup.device.kind == "gpu":  # a known peak cannot be beaten
+                trials = [t for t in trials if max(t.bw, t.compute, t.prefill) <= 1.0]
+            if not trials:
                 break
+            value, trial = min(((score(t), t) for t in trials), key=lambda vt: vt[0])
+            if value >= best - 1e-9:
+                break
+            cal, best = trial, value
     return cal
 
 
@@ -333,16 +343,6 @@ class _Recorder:
     def on_finish(self, req: Request, now: float, reason: str) -> None:
         req.finished_at = now
         self.done.append(req)
-
-
-def _quantile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def client_gap(points: Sequence[Point], level: float) -> float:
@@ -422,8 +422,8 @@ def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload |
     busy = act.gpu_busy_s / engine.t if engine.t else 0.0
     steps = max(1, rec.steps)
     return Prediction(
-        ttft_p50=_quantile(ttft, 0.5), ttft_p99=_quantile(ttft, 0.99), tpot_p50=_quantile(tpot, 0.5),
-        tpot_p99=_quantile(tpot, 0.99), output_tps=tokens / span, requests_per_s=len(measured) / span,
+        ttft_p50=percentile(ttft, 0.5), ttft_p99=percentile(ttft, 0.99), tpot_p50=percentile(tpot, 0.5),
+        tpot_p99=percentile(tpot, 0.99), output_tps=tokens / span, requests_per_s=len(measured) / span,
         goodput_share=good / len(measured), gpu_busy=min(1.0, busy),
         memory_share=act.memory_s / max(1e-12, act.memory_s + act.compute_s),
         preemptions=rec.preemptions, waiting_share=rec.waiting_steps / steps, full_share=rec.full_steps / steps,
@@ -439,7 +439,3 @@ def verdict(pred: Prediction) -> str:
     if pred.full_share > 0.5 and pred.waiting_share > 0.5:
         return "scheduler"
     return "memory_bandwidth" if pred.memory_share >= 0.5 else "compute"
-
-
-def batch_of(point: Point) -> Batch:
-    return decode_batch(max(1, round(point.in_flight)), int(_context(point)))

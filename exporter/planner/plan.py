@@ -13,6 +13,8 @@ from exporter.planner.model import (
     DTYPES,
     IDLE_POWER_SHARE,
     KV_DTYPES,
+    PRIOR_EFFICIENCY,
+    PRIOR_OVERHEAD_S,
     Calibration,
     Device,
     PlanError,
@@ -118,8 +120,6 @@ def transfer(base: Setup, cal: Calibration, setup: Setup) -> Calibration:
     so the twin's priors do. The host time per request stays: the API server does not change."""
     if setup.device.kind == base.device.kind:
         return cal
-    from exporter.planner.model import PRIOR_EFFICIENCY, PRIOR_OVERHEAD_S
-
     return Calibration(PRIOR_EFFICIENCY["bw"], PRIOR_EFFICIENCY["compute"], PRIOR_EFFICIENCY["prefill"],
                        PRIOR_OVERHEAD_S[setup.device.kind], host_s=cal.host_s)  # the host stays the same
 

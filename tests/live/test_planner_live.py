@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import pytest
 
+import bench.__main__ as bench_main
 from exporter.planner.observe import from_loadtest
 from tests.live import engines
 from tests.live.test_live_tier import TARGET, exporter
@@ -59,6 +60,14 @@ def loadtest(url: str, levels: Sequence[int], out: pathlib.Path, exporter_url: s
     result = run_cli(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+def background_load(url: str, seconds: int) -> subprocess.Popen:
+    """A closed loop of 4 clients for `seconds`, while the planner watches the exporter."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "exporter.cli", "loadtest", url, "--concurrency", "4", "--prompt-tokens",
+         str(PROMPT_WORDS), "--max-tokens", str(MAX_TOKENS), "--warmup", "0s", "--duration", f"{seconds}s"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def only(doc: dict, levels: Sequence[int], out: pathlib.Path) -> pathlib.Path:
@@ -131,21 +140,11 @@ def table() -> Table:
     yield t
     where = pathlib.Path(os.environ.get("LLM_EXPORTER_PLAN_TABLE") or (ROOT / ".plan-validation.md"))
     header = (f"Measured {__import__('time').strftime('%Y-%m-%d')} on {platform.machine()} "
-              f"{os.cpu_count()} CPUs ({_cpu_model()}); llama.cpp {engines.LLAMACPP.version}, vLLM "
+              f"{os.cpu_count()} CPUs ({bench_main._cpu_model()}); llama.cpp {engines.LLAMACPP.version}, vLLM "
               f"{engines.VLLM.version} (CPU); engine threads {THREADS}.\n\n")
     text = header + t.markdown()
     print("\n" + text)
     where.write_text(text)
-
-
-def _cpu_model() -> str:
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def assert_fit(doc: dict, engine: str, table: Table, runs: dict[int, dict]) -> None:
@@ -171,11 +170,7 @@ def test_planner_on_llamacpp(tmp_path: pathlib.Path, table: Table) -> None:
             if exporter_window:
                 # The planner on the running exporter: a window of its /metrics while a load runs.
                 with exporter(engine.base_url + "/metrics", port) as base:
-                    load = subprocess.Popen(
-                        [sys.executable, "-m", "exporter.cli", "loadtest", engine.base_url, "--concurrency", "4",
-                         "--prompt-tokens", str(PROMPT_WORDS), "--max-tokens", str(MAX_TOKENS), "--warmup", "0s",
-                         "--duration", "30s"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                        env={**os.environ, "PYTHONPATH": str(ROOT)})
+                    load = background_load(engine.base_url, 30)
                     try:
                         live = plan(base, [*base_args, "--window", "20s", "--output-tokens", str(MAX_TOKENS)], [])
                     finally:
@@ -212,11 +207,7 @@ def test_planner_on_vllm(tmp_path: pathlib.Path, table: Table) -> None:
             exporter(engine.base_url + "/metrics", port) as base:
         small = loadtest(engine.base_url, (1, 2, 4), tmp_path / "vllm-4.json", exporter_url=base)
         # The planner on vLLM's running exporter (histograms: TTFT, TPOT, request counts).
-        load = subprocess.Popen(
-            [sys.executable, "-m", "exporter.cli", "loadtest", engine.base_url, "--concurrency", "4",
-             "--prompt-tokens", str(PROMPT_WORDS), "--max-tokens", str(MAX_TOKENS), "--warmup", "0s",
-             "--duration", "25s"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
+        load = background_load(engine.base_url, 25)
         try:
             live = plan(base, [*base_args, "--window", "15s"], [])
         finally:
