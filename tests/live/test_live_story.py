@@ -186,7 +186,10 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_pages_o
                       "pipeline": health(stack, overload_wall)}
             assert len(pages) == 1, f"{report!s}\n{timeline(stack)}"
             assert len(breach) <= 6, f"the page was re-sent as the windows moved: {report}\n{timeline(stack)}"
-            assert first_page.receiver == "/pager" and first_page.labels["long"] == fast["long"]
+            # The page opens with the fast pair firing. When both pairs cross together they share the first
+            # notification, in an order Alertmanager does not fix (a CI run had the slow pair listed first).
+            assert pages[0].receiver == "/pager" and (fast["long"], "firing") in pages[0].alerts, \
+                f"{report}\n{timeline(stack)}"
             for name in (KV_FULL, STANDING):
                 ticket = rx.alerts(name, status="firing", since=overload)[0]
                 assert ticket.receiver == "/ticket" and ticket.labels["severity"] == "warning", ticket
