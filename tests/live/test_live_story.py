@@ -2,8 +2,8 @@
 of 8 -> `llm-exporter run` -> Prometheus with the generated rules rendered at TIME_SCALE -> the
 generated Alertmanager routing -> a webhook receiver in this process (tests/fullstack.py).
 
-1. overload and KV pressure: 24 closed-loop clients over the cap of 8. One TTFT page arrives (the
-   fast burn pair, later taken over by the slow pair: an update, not a new page), and the KV-full
+1. overload and KV pressure: 24 closed-loop clients over the cap of 8. One TTFT page arrives (a
+   paging burn pair, the fast one at a steep burn; the slow pair joins: an update, not a new page), and the KV-full
    and standing-queue tickets, which fit how the real gauges move (usage swinging as preemptions
    free blocks, a deep queue that stands rather than grows). Every alert of the target carries
    the same identifying labels. The dashboards' queries of recording rules have data on the
@@ -150,7 +150,7 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_pages_o
     try:
         with full_stack(tmp_path / "stack", live=LiveEngine(port), time_scale=TIME_SCALE) as stack:
             target, rx, scaled = stack.target, stack.receiver, stack.scaled
-            fast, slow = scaled["burn_rates"][0], scaled["burn_rates"][1]
+            slow = scaled["burn_rates"][1]
             stack.marks["start"] = time.monotonic()
             for i in range(3):  # a healthy baseline: nothing pages
                 assert complete(engine.base_url, f"baseline {i}", max_tokens=8).status == 200
@@ -186,9 +186,11 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_pages_o
                       "pipeline": health(stack, overload_wall)}
             assert len(pages) == 1, f"{report!s}\n{timeline(stack)}"
             assert len(breach) <= 6, f"the page was re-sent as the windows moved: {report}\n{timeline(stack)}"
-            # The page opens with the fast pair firing. When both pairs cross together they share the first
-            # notification, in an order Alertmanager does not fix (a CI run had the slow pair listed first).
-            assert pages[0].receiver == "/pager" and (fast["long"], "firing") in pages[0].alerts, \
+            # A paging (critical) pair opens the page. Which one depends on how hard the machine lets the
+            # overload burn: a steep burn crosses the fast pair's 14.4x, a milder one only the slow pair's
+            # 6x (a loaded clean-clone run had only the slow pair, whose ticket-free page is as valid).
+            paging = {b["long"] for b in scaled["burn_rates"] if b["severity"] == "critical"}
+            assert pages[0].receiver == "/pager" and any((long, "firing") in pages[0].alerts for long in paging), \
                 f"{report}\n{timeline(stack)}"
             for name in (KV_FULL, STANDING):
                 ticket = rx.alerts(name, status="firing", since=overload)[0]
