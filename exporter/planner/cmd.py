@@ -107,7 +107,7 @@ def base_setup(args: argparse.Namespace, observed: Observed) -> Setup:
     for flag, value in (("--max-num-seqs", args.max_num_seqs), ("--max-batched-tokens", args.max_batched_tokens)):
         if value < 1:
             raise PlanError(f"{flag} must be at least 1")
-    tp = args.tp or max(1, observed.gpu_count) if device.kind == "gpu" else 1
+    tp = (args.tp or max(1, observed.gpu_count)) if device.kind == "gpu" else 1
     setup = Setup(device, model, tp=tp, max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
                   price_per_gpu_hour=args.price)
     return setup.with_dtype(args.dtype, args.kv_dtype)

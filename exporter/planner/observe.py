@@ -140,13 +140,12 @@ def _stat(d: Mapping[str, Any]) -> Stat:
 
 
 def read_loadtest(path: str) -> Observed:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_JSON_BYTES + 1)
+    from exporter.safefile import read_regular_file
+
+    try:  # regular files only (a FIFO would block), at most MAX_JSON_BYTES
+        raw = read_regular_file(path, MAX_JSON_BYTES)
     except OSError as error:
         raise ObserveError(f"{path}: {error.strerror or error}") from None
-    if len(raw) > MAX_JSON_BYTES:
-        raise ObserveError(f"{path}: larger than {MAX_JSON_BYTES >> 20} MiB")
     try:
         doc = jsonsafe.loads(raw)
     except (ValueError, jsonsafe.JsonTooDeep) as error:
