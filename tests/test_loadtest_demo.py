@@ -38,7 +38,11 @@ def test_demo_sweep_has_percentiles_and_a_verdict_per_step(sweep):
     report = json.loads((out / "out.json").read_text())
     jsonschema.validate(report, REPORT_SCHEMA)
     assert [s["level"] for s in report["steps"]] == list(LEVELS)
+    # The load generator says where it ran and what CPU it took: the planner counts it against a CPU engine.
+    client = report["config"]["client"]
+    assert client["loopback_target"] is True and client["cpus"] >= 1
     for step in report["steps"]:
+        assert 0 < step["client"]["cpu_cores"] <= client["cpus"] + 0.5, step["client"]
         assert step["requests"]["ok"] > 0 and step["requests"]["failed"] == 0, step["requests"]
         assert step["in_flight"]["max"] == step["level"]
         for kind in ("ttft", "tpot", "itl", "e2e"):

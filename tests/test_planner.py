@@ -90,6 +90,82 @@ def test_calibration_recovers_known_efficiencies_and_predicts_held_out_points() 
         assert pred.output_tps == pytest.approx(truth.output_tps, rel=0.05)
 
 
+def test_per_batch_factors_follow_kernels_that_change_with_the_batch() -> None:
+    """An engine whose step at 2 sequences is 1.8x the roofline's and at 8 0.8x (llama.cpp's CPU kernels
+    do this): a sweep at 1, 2, 4 and 8 reproduces every step, predicts 3 and 6 between them, and keeps
+    one roofline (factors near 1) where one fits."""
+    truth = dataclasses.replace(TRUTH, batch_factors=((1.0, 1.0), (2.0, 1.8), (4.0, 1.0), (8.0, 0.8)))
+    cal = calibrate(H100, [twin_point(H100, truth, level) for level in (1, 2, 4, 8)])
+    factors = dict(cal.batch_factors)
+    assert factors[2.0] > 1.4 * factors[1.0] and factors[8.0] < factors[4.0], factors
+    for level in (1, 2, 3, 4, 6, 8):
+        want = twin_point(H100, truth, level)
+        assert replay(H100, cal, want, seed=7).tpot_p50 == pytest.approx(want.tpot.p50, rel=0.1), level
+    plain = calibrate(H100, [twin_point(H100, TRUTH, level) for level in (1, 8)])
+    assert all(abs(f - 1) < 0.1 for _, f in plain.batch_factors), plain.batch_factors
+
+
+def test_batch_factor_interpolates_in_log_batch_and_holds_past_the_ends() -> None:
+    from exporter.simulator.costs import batch_factor
+
+    factors = ((1.0, 1.0), (4.0, 2.0))
+    assert batch_factor(factors, 1) == 1.0 and batch_factor(factors, 4) == 2.0
+    assert batch_factor(factors, 2) == pytest.approx(1.5)  # halfway in log(batch)
+    assert batch_factor(factors, 0.5) == 1.0 and batch_factor(factors, 64) == 2.0
+
+
+def test_cpu_threads_get_only_the_cores_free_for_them() -> None:
+    """Threads past the free cores add nothing; the free cores come from --cpu-cores or from a load test
+    that ran on the engine's machine (its CPUs less the load generator's own, at the level)."""
+    from exporter.planner.model import CPU_NOMINAL_FLOPS_PER_THREAD, cpu_device
+    from exporter.planner.plan import free_cores
+
+    assert cpu_device(4).flops == 4 * CPU_NOMINAL_FLOPS_PER_THREAD
+    capped = cpu_device(4, free_cores=2.5)
+    assert capped.flops == 2.5 * CPU_NOMINAL_FLOPS_PER_THREAD and capped.threads == 4
+    assert "2.5 cores free" in capped.name
+    assert cpu_device(1, free_cores=2.5).flops == CPU_NOMINAL_FLOPS_PER_THREAD
+    assert cpu_device(2, free_cores=0.3).flops == CPU_NOMINAL_FLOPS_PER_THREAD  # one core, however busy
+    doc = loadtest_doc([loadtest_step(1, client_cores=0.2), loadtest_step(4, client_cores=0.5)])
+    doc["config"]["client"] = {"cpus": 2, "loopback_target": True}
+    obs = from_loadtest(doc, "x")
+    assert obs.shared_host_cpus == 2 and [p.client_cores for p in obs.points] == [0.2, 0.5]
+    assert free_cores(obs, 4) == pytest.approx(1.5) and free_cores(obs, 2) == pytest.approx(1.7)
+    assert free_cores(obs, 4, override=8.0) == 8.0
+    doc["config"]["client"]["loopback_target"] = False  # the load generator ran elsewhere: nothing to take off
+    assert free_cores(from_loadtest(doc, "x"), 4) is None
+
+
+def test_loopback_targets_are_this_machine() -> None:
+    from exporter.probe.loadtest import is_loopback, usable_cpus
+
+    for url in ("http://127.0.0.1:8000", "http://localhost:1/v1", "http://[::1]:8080", "http://127.8.0.1"):
+        assert is_loopback(url), url
+    for url in ("http://10.0.0.5:8000", "http://engine.svc:8000", "http://[2001:db8::1]/", "not a url"):
+        assert not is_loopback(url), url
+    assert (usable_cpus() or 1) >= 1
+
+
+def test_an_idle_engine_batches_requests_sent_together() -> None:
+    """Two clients whose answers ended in one step send again together; the API server hands the
+    requests over one after another, and the idle engine still prefills both in one step (llama.cpp's
+    TTFT at 2 in flight is twice its TTFT at 1)."""
+    import random
+
+    from exporter.planner.model import _Recorder, engine_config, hardware
+    from exporter.simulator.engine import Engine, HostConfig
+    from exporter.simulator.workload import LengthDist, Workload
+
+    idle = Workload(LengthDist(64, kind="fixed"), LengthDist(16, kind="fixed"), arrival="poisson", rate_rps=1e-9)
+    rec = _Recorder(0)
+    engine = Engine(hardware(H100, TRUTH), MODEL, engine_config(H100), HostConfig(request_overhead_s=1e-4), idle,
+                    random.Random(0), rec)
+    engine.submit(64, 16), engine.submit(64, 16)  # handed over 0.16 ms apart, within the 0.3 ms overhead
+    engine.advance_to(1.0)
+    first, second = rec.done
+    assert first.first_token == second.first_token and second.ready_at > first.ready_at
+
+
 def test_physics_of_candidates_goes_the_right_way() -> None:
     observed = [twin_point(H100, TRUTH, 8)]
     cal = calibrate(H100, observed)
@@ -127,8 +203,9 @@ def loadtest_doc(steps: list[dict]) -> dict:
             "steps": steps}
 
 
-def loadtest_step(level: int, ok: int = 10, tpot: float | None = 0.01) -> dict:
+def loadtest_step(level: int, ok: int = 10, tpot: float | None = 0.01, client_cores: float = 0.1) -> dict:
     return {"mode": "concurrency", "level": level, "requests": {"ok": ok}, "in_flight": {"mean": level},
+            "client": {"cpu_cores": client_cores},
             "latency_s": {"ttft": {"p50": 0.1, "p95": 0.2, "p99": 0.3, "count": ok},
                           "tpot": {"p50": tpot, "p95": 0.012, "p99": 0.02, "count": ok}},
             "throughput": {"requests_per_s": 1.0, "input_tokens": 640 * ok, "output_tokens": 128 * ok,

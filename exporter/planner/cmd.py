@@ -46,6 +46,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     device.add_argument("--gpu", dest="gpu_name", help="the deployment's GPU (default: the one the source names)")
     device.add_argument("--cpu-threads", dest="cpu_threads", type=int,
                         help="the deployment runs on CPU with this many engine threads (llama.cpp -t, vLLM CPU)")
+    parser.add_argument("--cpu-cores", dest="cpu_cores", type=float, metavar="N",
+                        help="CPUs free for a CPU engine (default: from a load test run on the engine's host, "
+                             "its CPUs less the load generator's own use; else every thread gets a core)")
     parser.add_argument("--tp", type=int, default=None, help="GPUs per replica (default: the source's, else 1)")
     parser.add_argument("--dtype", default="bf16", choices=tuple(DTYPES), help="the deployment's weight dtype")
     parser.add_argument("--kv-dtype", dest="kv_dtype", default="f16", choices=tuple(KV_DTYPES),
@@ -123,8 +126,10 @@ def command_plan(args: argparse.Namespace, env: Mapping[str, str], out: Any = No
             raise PlanError("--slo-ttft must be in (0, 3600) s and --slo-tpot in (0, 60) s")
         observed = _observe(args)
         base = base_setup(args, observed)
+        if args.cpu_cores is not None and not 1 <= args.cpu_cores <= 65536:
+            raise PlanError("--cpu-cores must be in 1..65536")
         doc = plan(observed, base, candidates, ttft_slo=args.slo_ttft, tpot_slo=args.slo_tpot, seed=args.seed,
-                   search_rate=args.rate_search)
+                   search_rate=args.rate_search, cpu_cores=args.cpu_cores)
     except (PlanError, ObserveError) as error:
         print(f"llm-exporter plan: {terminal_safe(str(error))}", file=err)
         return EXIT_CONFIG

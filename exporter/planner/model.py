@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.planner.observe import Point
@@ -52,9 +52,11 @@ KV_DTYPES: Mapping[str, float] = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "fp8": 1.
                                   "q4_0": 18 / 32}
 
 # A device the spec table does not know (the CPU a llama.cpp or vLLM-CPU engine runs on): nominal peaks
-# per thread, so that calibrated fractions stay in 0..1-ish and threads scale compute. Bandwidth is the
-# socket's: more threads issue more loads, but one core already streams most of what two reach.
-CPU_NOMINAL_BANDWIDTH = 100e9
+# per core (a server core streams about 25 GB/s and issues two 8-wide FP32 FMAs a cycle), so that
+# calibrated fractions stay near 0..1 and cores scale both; the socket's memory channels cap the
+# bandwidth. The per-step overhead (scheduling, sampling) runs on one thread and does not scale.
+CPU_NOMINAL_BANDWIDTH = 200e9
+CPU_NOMINAL_BANDWIDTH_PER_THREAD = 25e9
 CPU_NOMINAL_FLOPS_PER_THREAD = 100e9
 CPU_MEMORY_BYTES = 64 * GiB
 PRIOR_OVERHEAD_S = {"gpu": 0.3e-3, "cpu": 0.5e-3}
@@ -91,11 +93,16 @@ def gpu_device(name: str) -> Device:
                   spec.memory_bytes, spec.tdp_watts, spec=spec)
 
 
-def cpu_device(threads: int) -> Device:
+def cpu_device(threads: int, free_cores: float | None = None) -> Device:
+    """A CPU engine's device. Each thread streams memory and computes on its own core; threads past
+    the cores free for the engine (`free_cores`: the host's, less what else runs there, such as a load
+    generator) time-share them and add nothing."""
     if not 1 <= threads <= 1024:
         raise PlanError(f"threads {threads}: 1..1024")
-    return Device(f"CPU ({threads} threads)", "cpu", CPU_NOMINAL_BANDWIDTH, CPU_NOMINAL_FLOPS_PER_THREAD * threads,
-                  None, CPU_MEMORY_BYTES, None, threads)
+    cores = float(threads) if free_cores is None else max(1.0, min(float(threads), free_cores))
+    name = f"CPU ({threads} threads)" if cores == threads else f"CPU ({threads} threads, {cores:.2g} cores free)"
+    return Device(name, "cpu", min(CPU_NOMINAL_BANDWIDTH, CPU_NOMINAL_BANDWIDTH_PER_THREAD * cores),
+                  CPU_NOMINAL_FLOPS_PER_THREAD * cores, None, CPU_MEMORY_BYTES, None, threads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,12 +137,15 @@ class Calibration:
     # the twin's API server is one thread, so this queues under load.
     host_s: float = PRIOR_HOST_S
     ci: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # 95% intervals
+    # Observed decode batch -> its steps' ratio to the roofline (costs.Hardware.decode_batch_factors).
+    batch_factors: tuple[tuple[float, float], ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return {"bandwidth_efficiency": _r(self.bw), "decode_compute_efficiency": _r(self.compute),
                 "prefill_compute_efficiency": _r(self.prefill), "step_overhead_seconds": _r(self.overhead_s, 6),
                 "host_seconds_per_request": _r(self.host_s, 6),
-                "ci95": {k: [_r(lo), _r(hi)] for k, (lo, hi) in self.ci.items()}}
+                "ci95": {k: [_r(lo), _r(hi)] for k, (lo, hi) in self.ci.items()},
+                "decode_batch_factors": [[_r(b, 2), _r(f)] for b, f in self.batch_factors]}
 
 
 def _r(value: float | None, digits: int = 4) -> float | None:
@@ -153,7 +163,8 @@ def hardware(setup: Setup, cal: Calibration) -> Hardware:
                        fp8_dense_flops=None, nvlink_bytes_per_s=None, pcie_gen=4, pcie_width=16, tdp_watts=0.0,
                        max_sm_clock_hz=1e9, max_mem_clock_hz=1e9)
     return Hardware(gpu=spec, tp=setup.tp, bw_efficiency=cal.bw, compute_efficiency=cal.compute,
-                    prefill_efficiency=cal.prefill, step_overhead_s=cal.overhead_s)
+                    prefill_efficiency=cal.prefill, step_overhead_s=cal.overhead_s,
+                    decode_batch_factors=cal.batch_factors)
 
 
 def engine_config(setup: Setup) -> EngineConfig:
@@ -199,6 +210,17 @@ def _context(point: Point) -> float:
 # --- calibration --------------------------------------------------------------------------------------
 
 GRID = [math.exp(math.log(1e-4) + i * (math.log(4.0) - math.log(1e-4)) / 120) for i in range(121)]
+# Per-step overhead from 10 us (a CUDA graph) to 50 ms (a CPU engine's scheduler and sampling).
+OVERHEAD_GRID = [math.exp(math.log(1e-5) + i * (math.log(5e-2) - math.log(1e-5)) / 24) for i in range(25)]
+TIE_WEIGHT = 1e-4  # of the priors among splits the points fit equally well: below any real misfit
+# A per-batch factor is the last resort, for what no one roofline fits: it costs ten times a prior's pull.
+FACTOR_WEIGHT = 10.0
+
+
+def _between(grid: Sequence[float], i: int) -> list[float]:
+    """Finer values between grid[i]'s neighbours."""
+    lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+    return [lo * (hi / lo) ** (k / 8) for k in range(9)]
 
 
 def calibrate(setup: Setup, points: Sequence[Point], *, refine: bool = True, seed: int = 0) -> Calibration:
@@ -206,36 +228,22 @@ def calibrate(setup: Setup, points: Sequence[Point], *, refine: bool = True, see
     by a search that replays the points through the twin (queueing, prefill interleaving)."""
     if not points:
         raise PlanError("nothing observed to calibrate on")
-    overhead = PRIOR_OVERHEAD_S[setup.device.kind]
     obs = [(p, p.tpot.p50) for p in points if p.tpot.p50]
     if not obs:
         raise PlanError("no observed TPOT to calibrate on")
 
-    def decode_error(bw: float, comp: float) -> float:
-        cal = Calibration(bw, comp, comp, overhead)
-        err = sum((math.log(decode_step_s(setup, cal, _decode_batch(p, setup), _context(p)) / t)) ** 2 for p, t in obs)
-        # With one point (or points that do not separate memory from compute) many pairs fit: keep the
-        # pair closest to the prior's ratio, so an unobserved regime scales with the observed one.
-        prior = math.log((bw / PRIOR_EFFICIENCY["bw"]) / (comp / PRIOR_EFFICIENCY["compute"])) ** 2
-        return err + 1e-4 * prior
-
-    # Coarse grid, then a finer one around the best.
-    best = min((decode_error(bw, c), bw, c) for bw in GRID[::4] for c in GRID[::4])
-    i_bw, i_c = GRID.index(best[1]), GRID.index(best[2])
-    fine = [GRID[j] for j in range(max(0, i_bw - 4), min(len(GRID), i_bw + 5))]
-    fine_c = [GRID[j] for j in range(max(0, i_c - 4), min(len(GRID), i_c + 5))]
-    _, bw, comp = min((decode_error(b, c), b, c) for b in fine for c in fine_c)
-
-    def prefill_error(eff: float) -> float:
-        cal = Calibration(bw, comp, eff, overhead)
-        err = sum((math.log(prefill_s(setup, cal, p.prompt_tokens) / p.ttft.p50)) ** 2 for p in points if p.ttft.p50)
-        # A short prompt's prefill can be memory-bound: every efficiency above some value fits as well;
-        # the prior breaks the tie instead of the grid's first value.
-        return err + 1e-4 * math.log(eff / PRIOR_EFFICIENCY["prefill"]) ** 2
-    prefill = min(GRID, key=prefill_error) if any(p.ttft.p50 for p in points) else comp
-
-    cal = _refine(setup, points, Calibration(bw, comp, prefill, overhead), seed) if refine else \
-        Calibration(bw, comp, prefill, overhead)
+    cal = _fit(setup, points, obs)
+    if refine:
+        # The closed form costs pure decode steps; an observed TPOT also carries the prefills its steps
+        # shared and the queueing the replay shows. Take those out as the twin sees them, fit again, then
+        # search prefill and host time and settle the per-batch factors, all by replaying every point.
+        stall = []
+        for p, _ in obs:
+            pred = replay(setup, cal, p, seed=seed).tpot_p50
+            step = decode_step_s(setup, cal, _decode_batch(p, setup), _context(p))
+            stall.append(pred / step if pred and step > 0 else 1.0)
+        cal = _fit(setup, points, [(p, t / r) for (p, t), r in zip(obs, stall, strict=True)])
+        cal = _batch_factors(setup, points, _refine(setup, points, cal, seed), seed)
     rse_t = max((p.tpot.rse() for p in points), default=0.0)
     rse_f = max((p.ttft.rse() for p in points), default=0.0)
     ci = {"bandwidth_efficiency": _interval(cal.bw, rse_t), "decode_compute_efficiency": _interval(cal.compute, rse_t),
@@ -244,15 +252,71 @@ def calibrate(setup: Setup, points: Sequence[Point], *, refine: bool = True, see
     return dataclasses.replace(cal, ci=ci)
 
 
+def _fit(setup: Setup, points: Sequence[Point], obs: Sequence[tuple[Point, float]]) -> Calibration:
+    """The closed form: decode steps (`obs`: points and their pure decode step times) on a grid of
+    splits, then the prefill efficiency on the TTFTs."""
+    prior_overhead = PRIOR_OVERHEAD_S[setup.device.kind]
+    batches: dict[float, list[tuple[Point, float]]] = {}
+    for p, t in obs:
+        batches.setdefault(round(_decode_batch(p, setup), 2), []).append((p, t))
+
+    def decode_fit(bw: float, comp: float, overhead: float) -> tuple[float, dict[float, float]]:
+        """The misfit and the per-batch factors of one split. Each observed batch gets the factor that
+        fits its steps (kernels change with the batch: costs.Hardware.decode_batch_factors); the points
+        then fix the level per batch, not how it divides into memory, compute and the per-step
+        overhead. Of the splits that fit, the one closest to the priors wins (factors near 1 above all,
+        then the prior's bandwidth-to-compute ratio and overhead), so an unobserved dtype, thread count
+        or batch scales from the observed ones the way the device's peaks say."""
+        cal = Calibration(bw, comp, comp, overhead)
+        err, prior, factors = 0.0, 0.0, {}
+        for b, group in batches.items():
+            roofs = [(decode_step_s(setup, cal, b, _context(p)) - overhead, t) for p, t in group]
+            if any(t <= overhead * 1.02 for _, t in roofs):
+                return math.inf, {}  # the overhead alone would outlast an observed step
+            f = math.exp(sum(math.log((t - overhead) / r) for r, t in roofs) / len(roofs))
+            f = min(FACTOR_RANGE[1], max(FACTOR_RANGE[0], f))
+            factors[b] = f
+            err += sum(math.log((overhead + f * r) / t) ** 2 for r, t in roofs)
+            prior += FACTOR_WEIGHT * math.log(f) ** 2
+        prior += (math.log((bw / PRIOR_EFFICIENCY["bw"]) / (comp / PRIOR_EFFICIENCY["compute"])) ** 2
+                  + math.log(overhead / prior_overhead) ** 2)
+        return err + TIE_WEIGHT * prior, factors
+
+    # Coarse grid, then a finer one around the best; no fraction of a known GPU's peak above 1.
+    grid = [g for g in GRID if g <= 1.0] if setup.device.kind == "gpu" else GRID
+    best = min((decode_fit(bw, c, o)[0], bw, c, o) for bw in grid[::4] for c in grid[::4] for o in OVERHEAD_GRID)
+    if not math.isfinite(best[0]):
+        raise PlanError("the observed TPOTs are shorter than any per-step overhead the planner can fit")
+    i_bw, i_c = grid.index(best[1]), grid.index(best[2])
+    fine = [grid[j] for j in range(max(0, i_bw - 4), min(len(grid), i_bw + 5))]
+    fine_c = [grid[j] for j in range(max(0, i_c - 4), min(len(grid), i_c + 5))]
+    fine_o = _between(OVERHEAD_GRID, OVERHEAD_GRID.index(best[3]))
+    _, bw, comp, overhead = min((decode_fit(b, c, o)[0], b, c, o) for b in fine for c in fine_c for o in fine_o)
+    factors = tuple(sorted(decode_fit(bw, comp, overhead)[1].items()))
+
+    # A TTFT is the prefill alone only where nothing queues: read it at the lightest load observed (the
+    # replay search then fits the rest).
+    timed = [p for p in points if p.ttft.p50]
+    lightest = [p for p in timed if p.in_flight <= 1.5 * min(q.in_flight for q in timed)] if timed else []
+
+    def prefill_error(eff: float) -> float:
+        cal = Calibration(bw, comp, eff, overhead, batch_factors=factors)
+        err = sum((math.log(prefill_s(setup, cal, p.prompt_tokens) / p.ttft.p50)) ** 2 for p in lightest)
+        # A short prompt's prefill can be memory-bound: every efficiency above some value fits as well;
+        # the prior breaks the tie instead of the grid's first value.
+        return err + TIE_WEIGHT * math.log(eff / PRIOR_EFFICIENCY["prefill"]) ** 2
+    prefill = min(GRID, key=prefill_error) if lightest else comp
+    return Calibration(bw, comp, prefill, overhead, batch_factors=factors)
+
+
 SEARCH_FACTORS = (1.41, 1.19, 1.09, 1.04)
 SEARCH_PASSES = 6  # moves per factor at most: the closed form starts near the answer
 
 
 def _refine(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int) -> Calibration:
-    """Coordinate search on the three fractions of peak and the host time per request, each step scored by
-    replaying every point
-    through the twin: the closed form cannot see prefill chunks slowing the decodes they share steps
-    with, or requests queueing for a slot; the replay does."""
+    """Coordinate search on the prefill efficiency and the host time per request, each move scored by
+    replaying every point through the twin: the closed form cannot see requests queueing for the API
+    server or a slot, or prompts waiting behind each other; the replay does."""
     def score(c: Calibration) -> float:
         total = 0.0
         for p in points:
@@ -261,11 +325,9 @@ def _refine(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int) 
                 total += math.log(pred.tpot_p50 / p.tpot.p50) ** 2
             if pred.ttft_p50 and p.ttft.p50:
                 total += math.log(pred.ttft_p50 / p.ttft.p50) ** 2
-        # A parameter the points cannot see (decode compute when every point is memory-bound) would
-        # wander; a weak pull to the prior keeps it where the twin has it, far below any real misfit.
-        prior = sum(math.log(getattr(c, name) / PRIOR_EFFICIENCY[key]) ** 2
-                    for name, key in (("bw", "bw"), ("compute", "compute"), ("prefill", "prefill")))
-        prior += math.log(c.host_s / PRIOR_HOST_S) ** 2
+        # A parameter the points cannot see (a prefill too short to be compute-bound) would wander; a weak
+        # pull to the prior keeps it where the twin has it, far below any real misfit.
+        prior = math.log(c.prefill / PRIOR_EFFICIENCY["prefill"]) ** 2 + math.log(c.host_s / PRIOR_HOST_S) ** 2
         return total + PRIOR_WEIGHT * prior
 
     best = score(cal)
@@ -273,7 +335,7 @@ def _refine(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int) 
         for _ in range(SEARCH_PASSES):
             # Every parameter both ways from the same point; the best move wins the pass.
             trials = [dataclasses.replace(cal, **{name: getattr(cal, name) * f})
-                      for name in ("bw", "compute", "prefill", "host_s") for f in (factor, 1 / factor)]
+                      for name in ("prefill", "host_s") for f in (factor, 1 / factor)]
             if setup.device.kind == "gpu":  # a known peak cannot be beaten
                 trials = [t for t in trials if max(t.bw, t.compute, t.prefill) <= 1.0]
             if not trials:
@@ -285,6 +347,39 @@ def _refine(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int) 
     return cal
 
 
+
+
+FACTOR_ROUNDS = 3
+FACTOR_RANGE = (0.25, 4.0)
+
+
+def _batch_factors(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int) -> Calibration:
+    """Per observed decode batch, the ratio of its observed TPOT to the replayed one, on the roofline
+    part of the step (the overhead is the same at every batch): one roofline cannot follow kernels
+    that change with the batch, and Vidur profiles each batch size for that reason. Points at the
+    same batch share one factor (geometric mean); a few rounds settle the factors against each other
+    through the replay."""
+    by_batch: dict[float, list[Point]] = {}
+    for p in points:
+        if p.tpot.p50:
+            by_batch.setdefault(round(_decode_batch(p, setup), 2), []).append(p)
+    if not by_batch:
+        return cal
+    factors = dict(cal.batch_factors)
+    factors.update({b: 1.0 for b in by_batch if b not in factors})
+    for _ in range(FACTOR_ROUNDS):
+        trial = dataclasses.replace(cal, batch_factors=tuple(sorted(factors.items())))
+        for b, group in by_batch.items():
+            logs = []
+            for p in group:
+                pred = replay(setup, trial, p, seed=seed).tpot_p50
+                if pred:
+                    o = cal.overhead_s
+                    logs.append(math.log((p.tpot.p50 - o) / (pred - o)) if min(p.tpot.p50, pred) > 2 * o
+                                else math.log(p.tpot.p50 / pred))
+            if logs:
+                factors[b] = min(FACTOR_RANGE[1], max(FACTOR_RANGE[0], factors[b] * math.exp(sum(logs) / len(logs))))
+    return dataclasses.replace(cal, batch_factors=tuple(sorted(factors.items())))
 
 
 def _interval(value: float, rse: float) -> tuple[float, float]:
@@ -346,10 +441,20 @@ class _Recorder:
 
 
 def client_gap(points: Sequence[Point], level: float) -> float:
-    """The load generator's turnaround at `level` requests in flight: linear in the level through the
-    closed-loop points observed (a client sharing the machine queues its own work as it sends more),
-    extended past the ends, never negative."""
-    closed = sorted((p.level, p.client_gap_s) for p in points if p.mode == "concurrency")
+    """The load generator's turnaround at `level` requests in flight (a client sharing the machine
+    queues its own work as it sends more)."""
+    return along_level(points, level, lambda p: p.client_gap_s)
+
+
+def client_cores(points: Sequence[Point], level: float) -> float:
+    """CPUs the load generator keeps busy at `level` requests in flight."""
+    return along_level(points, level, lambda p: p.client_cores)
+
+
+def along_level(points: Sequence[Point], level: float, value: Callable[[Point], float]) -> float:
+    """A client-side quantity at `level` requests in flight: linear in the level through the
+    closed-loop points observed, extended past the ends, never negative."""
+    closed = sorted((p.level, value(p)) for p in points if p.mode == "concurrency")
     if not closed:
         return 0.0
     if len(closed) == 1:

@@ -61,6 +61,7 @@ class Point:
     # Closed loop: the client's turnaround per request outside the engine (cycle time from the
     # throughput, less the engine's TTFT and decode time): the load generator's own think time.
     client_gap_s: float = 0.0
+    client_cores: float = 0.0  # CPUs the load generator kept busy over the step
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,8 @@ class Observed:
     price_per_gpu_hour: float | None = None
     prefix_hit_rate: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The load generator's machine when it was the engine's own (a loopback target): its CPUs.
+    shared_host_cpus: int | None = None
 
 
 def _num(value: Any) -> float | None:
@@ -124,13 +127,18 @@ def from_loadtest(doc: Mapping[str, Any], source: str) -> Observed:
             requests_per_s=_num(thr.get("requests_per_s")) or 0.0,
             prompt_tokens=(_num(thr.get("input_tokens")) or 0.0) / ok,
             output_tokens=output_tokens, ttft=ttft_stat, tpot=tpot_stat, output_tps=output_tps,
-            duration_s=_num(step.get("elapsed_s")) or 0.0, client_gap_s=min(gap, 600.0)))
+            duration_s=_num(step.get("elapsed_s")) or 0.0, client_gap_s=min(gap, 600.0),
+            client_cores=max(0.0, min(4096.0, _num((step.get("client") or {}).get("cpu_cores")) or 0.0))))
     if not points:
         raise ObserveError(f"{source}: no step recorded a request with its TTFT and TPOT")
     config = doc.get("config") or {}
     model = config.get("model") if isinstance(config.get("model"), str) else None
     gpu = config.get("gpu") if isinstance(config.get("gpu"), str) else None
-    return Observed(source=source, points=tuple(points), model=model, gpu_name=gpu, gpu_count=1 if gpu else 0)
+    client = config.get("client") if isinstance(config.get("client"), Mapping) else {}
+    cpus = _num(client.get("cpus"))
+    shared = int(cpus) if cpus and 1 <= cpus <= 65536 and client.get("loopback_target") is True else None
+    return Observed(source=source, points=tuple(points), model=model, gpu_name=gpu, gpu_count=1 if gpu else 0,
+                    shared_host_cpus=shared)
 
 
 def _stat(d: Mapping[str, Any]) -> Stat:

@@ -21,6 +21,7 @@ from exporter.planner.model import (
     Prediction,
     Setup,
     calibrate,
+    client_cores,
     client_gap,
     cpu_device,
     fit_check,
@@ -98,16 +99,26 @@ def parse_candidate(text: str, index: int) -> Candidate:
     return Candidate(name, changes)
 
 
-def apply(base: Setup, cand: Candidate) -> Setup:
+def free_cores(observed: Observed, level: float, override: float | None = None) -> float | None:
+    """CPUs free for a CPU engine at `level`: given (--cpu-cores), or the load generator's machine less
+    what the load generator used there when it ran beside the engine; None when unknown."""
+    if override is not None:
+        return override
+    if observed.shared_host_cpus:
+        return observed.shared_host_cpus - client_cores(observed.points, level)
+    return None
+
+
+def apply(base: Setup, cand: Candidate, cores: float | None = None) -> Setup:
     c = cand.changes
     device: Device = base.device
     if "gpu" in c:
         device = gpu_device(c["gpu"])
-    elif "threads" in c:
+    elif "threads" in c or (cores is not None and base.device.kind == "cpu"):
         if base.device.kind != "cpu":
             raise PlanError(f"candidate {cand.name!r}: threads= is for CPU deployments; this one runs on "
                             f"{base.device.name}")
-        device = cpu_device(c["threads"])
+        device = cpu_device(c.get("threads", base.device.threads), cores)
     setup = dataclasses.replace(base, device=device, tp=c.get("tp", base.tp),
                                 max_num_seqs=c.get("max_num_seqs", base.max_num_seqs),
                                 price_per_gpu_hour=c.get("price", base.price_per_gpu_hour))
@@ -180,8 +191,12 @@ def economics(setup: Setup, pred: Prediction) -> dict[str, Any]:
 
 
 def plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, ttft_slo: float, tpot_slo: float,
-         seed: int = 0, search_rate: bool = True) -> dict[str, Any]:
+         seed: int = 0, search_rate: bool = True, cpu_cores: float | None = None) -> dict[str, Any]:
     """The whole plan as the JSON document (schema llm-exporter-plan/1)."""
+    primary = observed.points[-1]
+    if base.device.kind == "cpu":
+        base = dataclasses.replace(base, device=cpu_device(base.device.threads,
+                                                           free_cores(observed, primary.level, cpu_cores)))
     kv_capacity, weight_share = fit_check(base)
     cal = calibrate(base, observed.points, seed=seed)
     current = []
@@ -196,17 +211,16 @@ def plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, tt
                         "error": {"ttft_p50": _err(pred.ttft_p50, p.ttft.p50),
                                   "tpot_p50": _err(pred.tpot_p50, p.tpot.p50),
                                   "output_tokens_per_s": _err(pred.output_tps, p.output_tps)}})
-    primary = observed.points[-1]
     if len(candidates) > MAX_CANDIDATES:
         raise PlanError(f"{len(candidates)} candidates: at most {MAX_CANDIDATES} in one plan")
     rows = []
     for cand in candidates:
-        setup = apply(base, cand)
+        level = cand.changes.get("concurrency")
+        setup = apply(base, cand, free_cores(observed, level or primary.level, cpu_cores))
         capacity, share = fit_check(setup)
         ccal = transfer(base, cal, setup)
         scales = {"rate": cand.changes.get("rate", 1.0), "prompt": cand.changes.get("prompt", 1.0),
                   "output": cand.changes.get("output", 1.0)}
-        level = cand.changes.get("concurrency")
         work = workload_for(primary, rate_scale=scales["rate"], prompt_scale=scales["prompt"],
                             output_scale=scales["output"], concurrency=level, prefix_hit_rate=observed.prefix_hit_rate,
                             think_s=None if level is None else client_gap(observed.points, level))
@@ -250,6 +264,10 @@ ASSUMPTIONS = (
     "the same kind of device.",
     "A dtype not observed keeps the observed fractions of peak: its kernels are assumed as efficient as the "
     "observed one's. On CPUs (llama.cpp) quantized kernels differ from F16 ones by more than this allows.",
+    "Each observed decode batch has its own factor on the roofline (kernels change with the batch); past the "
+    "batches observed, the roofline's shape extrapolates from the nearest one.",
+    "With one dtype and one thread count observed, the split of a step into memory, compute and per-step "
+    "overhead comes from the priors; a CPU engine's cores are its threads up to the cores free for it.",
     "Requests replay with the observed mean prompt and output lengths (fixed); real length spread widens tails.",
     "MoE routing is uniform; prefill/decode disaggregation, speculative decoding and the network between "
     "servers are not calibrated (the twin models them from priors).",

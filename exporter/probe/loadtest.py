@@ -104,6 +104,28 @@ class Failed:
 
 # --- pure measures ------------------------------------------------------------------------------
 
+def usable_cpus() -> int | None:
+    """CPUs this process may run on (its affinity, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def is_loopback(url: str) -> bool:
+    """Whether `url` names this machine: the load generator then shares the engine's CPUs."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-quantile (0..1) with linear interpolation between closest ranks (numpy's default,
     what vllm bench serve reports); None for no values."""
@@ -609,6 +631,7 @@ async def run_step(send: Send, workload: Workload, config: SweepConfig, level: f
     stats = StepStats(config.ttft_slo_s, config.tbt_slo_s, random.Random(config.seed),
                       requests_cap=config.requests_cap, gaps_cap=config.gaps_cap)
     started_at = time.time()
+    cpu_start = time.process_time()
     start = clock()
     window_start = start + config.warmup_s
     deadline = window_start + config.duration_s
@@ -670,7 +693,11 @@ async def run_step(send: Send, workload: Workload, config: SweepConfig, level: f
             watch_task.cancel()
     if progress is not None:
         progress(stats, 1.0)
-    return step_record(stats, config, level, in_flight, window_start, deadline, started_at, server)
+    record = step_record(stats, config, level, in_flight, window_start, deadline, started_at, server)
+    # The load generator's own CPU (cores busy over the step): on the engine's host it is CPU the engine
+    # did not have, which the planner needs to scale a CPU engine's threads (docs/planner.md).
+    record["client"] = {"cpu_cores": _r((time.process_time() - cpu_start) / max(1e-9, clock() - start), 4)}
+    return record
 
 
 def step_record(stats: StepStats, config: SweepConfig, level: float, in_flight: InFlight, window_start: float,

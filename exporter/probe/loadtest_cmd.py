@@ -23,9 +23,11 @@ from exporter.probe.loadtest import (
     StepStats,
     SweepConfig,
     Workload,
+    is_loopback,
     load_dataset,
     make_sender,
     run_sweep,
+    usable_cpus,
 )
 from exporter.slo import TBT, TTFT
 
@@ -257,7 +259,8 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
             url, exporter_url, model = args.url, args.exporter, args.model
         meta = {"url": redact_url(url), "api": args.api, "model": model, **described,
                 "exporter": redact_url(exporter_url) if exporter_url else None, "demo": bool(args.demo),
-                "gpu": args.gpu_name if args.demo else None, "seed": args.seed}
+                "gpu": args.gpu_name if args.demo else None, "seed": args.seed,
+                "client": {"cpus": usable_cpus(), "loopback_target": is_loopback(url)}}
         report = asyncio.run(_sweep(url, exporter_url, model, args, headers, config, workload, meta, err))
     except RuntimeError as error:
         print(f"llm-exporter loadtest: {terminal_safe(str(error))}", file=err)

@@ -62,6 +62,7 @@ _STEP = {
                     "properties": {"good": {"type": "integer"}, "share": _NUM, "requests_per_s": _NUM}},
         "server": _SERVER,
         "notes": {"type": "array", "items": {"type": "string"}},
+        "client": {"type": "object", "properties": {"cpu_cores": _NUM}},
     },
 }
 _LIMIT = {"type": "object", "required": ["max_concurrency", "text"],
@@ -82,7 +83,9 @@ REPORT_SCHEMA: dict[str, Any] = {
                                   "request_timeout_s": {"type": "number"}, "max_in_flight": _INT,
                                   "slo": {"type": "object", "required": ["ttft_s", "tbt_s"],
                                           "properties": {"ttft_s": {"type": "number"}, "tbt_s": {"type": "number"}}},
-                                  "kv_watermark": {"type": "number"}}},
+                                  "kv_watermark": {"type": "number"},
+                                  "client": {"type": "object",
+                                             "properties": {"cpus": _INT, "loopback_target": {"type": "boolean"}}}}},
         "steps": {"type": "array", "items": _STEP, "minItems": 1},
         "knee": {"type": ["object", "null"], "required": ["index", "level", "reasons", "verdict_before",
                                                           "verdict_at", "text"],

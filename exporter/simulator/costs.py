@@ -8,6 +8,7 @@ InfiniBand, Ethernet) when the tensor-parallel group spans two servers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -95,6 +96,10 @@ class Hardware:
     allreduce_latency_pcie_s: float = 20e-6
     pcie_efficiency: float = 0.8  # TLP/DLLP overhead on large transfers
     network: NetworkLink | None = None  # with interconnect "network": the link between the servers
+    # Kernels change with the batch (a matrix-vector product for one sequence, tiles that fill as the
+    # batch grows): the planner's calibration observes pure decode steps at a few batch sizes and keeps
+    # each one's ratio to this roofline, as (batch, factor) pairs sorted by batch. Empty: no correction.
+    decode_batch_factors: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -188,6 +193,9 @@ def step_cost(hw: Hardware, model: ModelShape, batch: Batch, *, clock_ratio: flo
     prefill_eff = hw.compute_efficiency if hw.prefill_efficiency is None else hw.prefill_efficiency
     t_mem = bytes_gpu / bw
     t_comp = (other_flops / hw.compute_efficiency + prefill_flops / prefill_eff) / tp / peak
+    if hw.decode_batch_factors and not batch.prefill_tokens:
+        factor = batch_factor(hw.decode_batch_factors, batch.decode_seqs)
+        t_mem, t_comp = t_mem * factor, t_comp * factor
 
     comm_bytes = 0.0
     t_comm = 0.0
@@ -214,6 +222,18 @@ def step_cost(hw: Hardware, model: ModelShape, batch: Batch, *, clock_ratio: flo
         flops_per_gpu=flops_gpu,
         comm_bytes_per_gpu=comm_bytes,
     )
+
+
+def batch_factor(factors: tuple[tuple[float, float], ...], batch: float) -> float:
+    """The correction at `batch`: linear in log(batch) between the observed batches, the nearest
+    observed one's beyond them (outside what was seen, the roofline's own shape)."""
+    if batch <= factors[0][0]:
+        return factors[0][1]
+    for (b0, f0), (b1, f1) in zip(factors, factors[1:], strict=False):
+        if batch <= b1:
+            w = math.log(batch / b0) / math.log(b1 / b0) if b1 > b0 else 1.0
+            return f0 + w * (f1 - f0)
+    return factors[-1][1]
 
 
 def decode_batch(seqs: int, context_each: int) -> Batch:

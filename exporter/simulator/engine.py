@@ -322,8 +322,17 @@ class Engine:
         self.observer.on_arrival(req, now)
 
     def _admit_ready(self) -> None:
-        while self.frontend and self.frontend[0].ready_at <= self.t:
-            self.waiting.append(self.frontend.popleft())
+        # An idle engine wakes on its first request and forms the batch after its per-step CPU work
+        # (scheduling, input preparation): requests that clients sent together (a closed loop whose
+        # answers ended in one step) but the API server handed over one after another join it.
+        if not self.frontend or self.frontend[0].ready_at > self.t:
+            return
+        idle = not (self.running or self.waiting or self.arrived)
+        horizon = self.t + (self.hw.step_overhead_s if idle else 0.0)
+        while self.frontend and self.frontend[0].ready_at <= horizon:
+            req = self.frontend.popleft()
+            self.waiting.append(req)
+            self.t = max(self.t, req.ready_at)  # the batch forms once its last request is handed over
 
     def _next_event_time(self) -> float:
         nxt = self.arrivals.next_at
