@@ -256,9 +256,7 @@ def _fit(setup: Setup, points: Sequence[Point], obs: Sequence[tuple[Point, float
     """The closed form: decode steps (`obs`: points and their pure decode step times) on a grid of
     splits, then the prefill efficiency on the TTFTs."""
     prior_overhead = PRIOR_OVERHEAD_S[setup.device.kind]
-    batches: dict[float, list[tuple[Point, float]]] = {}
-    for p, t in obs:
-        batches.setdefault(round(_decode_batch(p, setup), 2), []).append((p, t))
+    batches = _by_batch(setup, obs)
 
     def decode_fit(bw: float, comp: float, overhead: float) -> tuple[float, dict[float, float]]:
         """The misfit and the per-batch factors of one split. Each observed batch gets the factor that
@@ -273,8 +271,7 @@ def _fit(setup: Setup, points: Sequence[Point], obs: Sequence[tuple[Point, float
             roofs = [(decode_step_s(setup, cal, b, _context(p)) - overhead, t) for p, t in group]
             if any(t <= overhead * 1.02 for _, t in roofs):
                 return math.inf, {}  # the overhead alone would outlast an observed step
-            f = math.exp(sum(math.log((t - overhead) / r) for r, t in roofs) / len(roofs))
-            f = min(FACTOR_RANGE[1], max(FACTOR_RANGE[0], f))
+            f = _clamp(math.exp(sum(math.log((t - overhead) / r) for r, t in roofs) / len(roofs)))
             factors[b] = f
             err += sum(math.log((overhead + f * r) / t) ** 2 for r, t in roofs)
             prior += FACTOR_WEIGHT * math.log(f) ** 2
@@ -359,10 +356,7 @@ def _batch_factors(setup: Setup, points: Sequence[Point], cal: Calibration, seed
     that change with the batch, and Vidur profiles each batch size for that reason. Points at the
     same batch share one factor (geometric mean); a few rounds settle the factors against each other
     through the replay."""
-    by_batch: dict[float, list[Point]] = {}
-    for p in points:
-        if p.tpot.p50:
-            by_batch.setdefault(round(_decode_batch(p, setup), 2), []).append(p)
+    by_batch = _by_batch(setup, [(p, p.tpot.p50) for p in points if p.tpot.p50])
     if not by_batch:
         return cal
     factors = dict(cal.batch_factors)
@@ -371,15 +365,27 @@ def _batch_factors(setup: Setup, points: Sequence[Point], cal: Calibration, seed
         trial = dataclasses.replace(cal, batch_factors=tuple(sorted(factors.items())))
         for b, group in by_batch.items():
             logs = []
-            for p in group:
+            for p, _ in group:
                 pred = replay(setup, trial, p, seed=seed).tpot_p50
                 if pred:
                     o = cal.overhead_s
                     logs.append(math.log((p.tpot.p50 - o) / (pred - o)) if min(p.tpot.p50, pred) > 2 * o
                                 else math.log(p.tpot.p50 / pred))
             if logs:
-                factors[b] = min(FACTOR_RANGE[1], max(FACTOR_RANGE[0], factors[b] * math.exp(sum(logs) / len(logs))))
+                factors[b] = _clamp(factors[b] * math.exp(sum(logs) / len(logs)))
     return dataclasses.replace(cal, batch_factors=tuple(sorted(factors.items())))
+
+
+def _by_batch(setup: Setup, obs: Sequence[tuple[Point, float]]) -> dict[float, list[tuple[Point, float]]]:
+    """Observed (point, TPOT) pairs grouped by the point's mean decode batch: one factor each."""
+    groups: dict[float, list[tuple[Point, float]]] = {}
+    for p, t in obs:
+        groups.setdefault(round(_decode_batch(p, setup), 2), []).append((p, t))
+    return groups
+
+
+def _clamp(factor: float) -> float:
+    return min(FACTOR_RANGE[1], max(FACTOR_RANGE[0], factor))
 
 
 def _interval(value: float, rse: float) -> tuple[float, float]:
