@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from exporter import slo
 from exporter.derive.bottleneck import KV_QUEUE_LOW
+from exporter.specs.gpu_faults import FAULT_WINDOW_S, XID_CRITICAL, XID_WARNING, window_text
 
 CONFIG: dict = {
     "exporter_selector": slo.EXPORTER_SELECTOR,
@@ -101,10 +102,13 @@ CONFIG: dict = {
     "spec_for": "15m",
     # Hardware. XID codes: docs/alerts.md says why each code is in its list; a code in both
     # lists is an error.
-    "xid_critical": (48, 62, 64, 74, 79, 95, 119, 120),
-    "xid_warning": (13, 31, 43, 45, 63, 92, 94),
-    "xid_window": "1h",
-    "ecc_window": "1h",  # LLMGPUUncorrectableECCErrors: new uncorrected errors within this window
+    # The lists and the window come from the one XID table (exporter/specs/gpu_faults.py), which
+    # the diagnosis' GPU health reads too.
+    "xid_critical": XID_CRITICAL,
+    "xid_warning": XID_WARNING,
+    "xid_window": window_text(FAULT_WINDOW_S),
+    # LLMGPUUncorrectableECCErrors: new uncorrected errors within this window
+    "ecc_window": window_text(FAULT_WINDOW_S),
     "row_remap_pending_for": "15m",  # a pending remap waits for a reset; a short one is a reset in flight
     "slowdown_reasons": ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
                          "hw_power_brake_slowdown"),

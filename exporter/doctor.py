@@ -6,7 +6,10 @@
                                                           sample an engine directly for a short window
     add --json for machines.
 
-Exit status: 0 healthy (every target at its own roof, idle or with headroom, each SLO met or with
+Exit status: 4 unhealthy (a GPU has a fault that takes it out of service: an uncorrected ECC
+error, an XID that needs a reset, a pending or failed row remap, a recovery action, a lost GPU;
+the bottleneck still shows below it), 0 healthy (every target at its own roof, idle or with
+headroom, each SLO met or with
 no recent traffic to judge it on), 1 degraded (a constraint such as KV capacity, host CPU,
 interconnect or throttling limits a target, an SLO is missed, or a target is unreachable), 3
 cannot tell (no answer, no targets, or not enough data yet). 2 stays
@@ -19,6 +22,7 @@ import argparse
 import asyncio
 import base64
 import json
+import logging
 import ssl
 import sys
 import time
@@ -30,6 +34,7 @@ from exporter import __version__, jsonsafe
 from exporter.config import ConfigError, load_config, parse_duration, refuse_userinfo
 from exporter.derive.bottleneck import UNKNOWN_VERDICT_WORDS, VERDICT_WORDS
 from exporter.jsonsafe import JsonTooDeep
+from exporter.reach import exporter_base_url, failure_words, http_status_words, why_unreachable
 from exporter.redact import CredentialError, read_secret_file, redact_url
 from exporter.settings import BY_NAME, add_flags
 from exporter.sources.base import SourceError
@@ -41,7 +46,8 @@ EXIT_HEALTHY = 0
 EXIT_DEGRADED = 1
 EXIT_CONFIG = 2
 EXIT_UNKNOWN = 3
-STATUS_EXIT = {"healthy": EXIT_HEALTHY, "degraded": EXIT_DEGRADED}
+EXIT_UNHEALTHY = 4
+STATUS_EXIT = {"healthy": EXIT_HEALTHY, "degraded": EXIT_DEGRADED, "unhealthy": EXIT_UNHEALTHY}
 
 # The exporter's settings that `doctor --engine` takes too (exporter/settings.py), in --help order.
 ENGINE_SETTINGS = ("engines", "interval_s", "model", "tensor_parallel", "gpu_backend", "host_enabled",
@@ -136,9 +142,12 @@ def exporter_access(args: argparse.Namespace, env: Mapping[str, str]) -> Exporte
 
 def fetch_diagnosis(url: str, timeout_s: float, access: ExporterAccess | None = None) -> dict[str, Any]:
     """GET <exporter>/api/v1/diagnosis with the engine targets' client (bounded in bytes and
-    time). Raises RuntimeError with a readable reason."""
+    time); `url` is the exporter's base URL, a trailing /metrics taken off (exporter/reach.py).
+    Raises RuntimeError with a readable reason: an HTTP status as its code and phrase, never the
+    body that came with it; a server that accepts no connection as `cannot reach URL: why`."""
     access = access or ExporterAccess()
-    endpoint = url.rstrip("/") + "/api/v1/diagnosis"
+    base = exporter_base_url(url)
+    endpoint = base + "/api/v1/diagnosis"
     headers = {"Accept": "application/json", "User-Agent": f"llm-exporter-doctor/{__version__}"}
     if access.auth:
         raw = ":".join(access.auth).encode("utf-8")
@@ -163,13 +172,17 @@ def fetch_diagnosis(url: str, timeout_s: float, access: ExporterAccess | None = 
                     else "it wants basic auth: --username and --password-file")
             raise RuntimeError(f"{shown} answered HTTP 401 ({hint})") from None
         if error.status is not None:
-            raise RuntimeError(f"{shown} answered HTTP {error.status}") from None
+            hint = " (is it an llm-exporter?)" if error.status == 404 else ""
+            raise RuntimeError(f"{shown} answered {http_status_words(error.status)}{hint}") from None
         if error.reason == "too_large":
             raise RuntimeError(f"{shown} answered more than {MAX_DIAGNOSIS_BYTES >> 20} MiB") from None
         if error.reason == "tls":
             raise RuntimeError(f"cannot reach {shown}: its TLS certificate is not trusted "
                                "(CERTIFICATE_VERIFY_FAILED; give --ca-file for a private CA)") from None
-        raise RuntimeError(f"cannot reach {shown}: {error.reason}: {error.message}") from None
+        why = why_unreachable(base) if error.reason in ("connection", "dns", "timeout") else None
+        if why is not None:
+            raise RuntimeError(f"cannot reach {redact_url(base)}: {why}") from None
+        raise RuntimeError(f"{shown}: {failure_words(error.reason, error.message)}") from None
     try:
         doc = jsonsafe.loads(body)
     except JsonTooDeep as error:
@@ -182,22 +195,56 @@ def fetch_diagnosis(url: str, timeout_s: float, access: ExporterAccess | None = 
 
 
 async def sample_engines(config: Any, duration_s: float) -> dict[str, Any]:
-    """Run the exporter's own sources, collector and deriver in-process for `duration_s`."""
+    """Run the exporter's own sources, collector and deriver in-process for `duration_s`.
+
+    When no engine target answered a single scrape in the window there is nothing to diagnose:
+    RuntimeError says why (doctor's "cannot tell", exit 3, as for an exporter --url that cannot be
+    reached; docs/cli.md), and once every target refused the connection the window is not waited
+    out. A target that answered once and failed later is a finding: the diagnosis lists it."""
     from exporter.app import build_sources, make_collector
+    from exporter.snapshot import SourceKind
 
     sources = build_sources(config)
+    engines = [s for s in sources if s.kind is SourceKind.ENGINE]
     collector = make_collector(config, sources)
+    answered: set[str] = set()
+    results: Mapping[str, Any] = {}
+    log = logging.getLogger("llm_exporter.collect")
+    level = log.level
+    log.setLevel(logging.ERROR)  # a source failing is the report's to say, not a log line beside it
     try:
         deadline = time.monotonic() + duration_s
         while True:
             started = time.monotonic()
-            await collector.collect_once()
+            results = (await collector.collect_once()).snapshot.results
+            answered.update(s.name for s in engines if results[s.name].ok)
+            if engines and not answered and all(results[s.name].error_reason in ("connection", "dns")
+                                                for s in engines):
+                whys = [await asyncio.to_thread(why_unreachable, s.target.url) for s in engines]
+                if all(whys):
+                    raise RuntimeError("; ".join(f"cannot reach {redact_url(s.target.url)}: {why}"
+                                                 for s, why in zip(engines, whys, strict=True)))
             if started + config.interval_s > deadline:
                 break
             await asyncio.sleep(max(0.0, config.interval_s - (time.monotonic() - started)))
     finally:
+        log.setLevel(level)
         await collector.close()
+    if engines and not answered:
+        raise RuntimeError("; ".join([await _never_answered(s.target.url, results[s.name], duration_s)
+                                      for s in engines]))
     return collector.derive.diagnosis()  # type: ignore[attr-defined]
+
+
+async def _never_answered(url: str, result: Any, duration_s: float) -> str:
+    """Why an engine target gave no scrape in the window, for the "cannot tell" line."""
+    why = None
+    if result.error_reason in ("connection", "dns", "timeout"):
+        why = await asyncio.to_thread(why_unreachable, url)
+    if why is not None:
+        return f"cannot reach {redact_url(url)}: {why}"
+    return (f"no scrape of {redact_url(url)} succeeded in {duration_s:g}s: "
+            f"{failure_words(result.error_reason, result.error_message)}")
 
 
 # --- the report -------------------------------------------------------------------------------
@@ -225,6 +272,9 @@ def render_report(diagnosis: Mapping[str, Any], source: str, out: TextIO) -> Non
         verdict = t.get("verdict")
         what = " ".join(x for x in (t.get("engine"), t.get("model")) if x)
         out.write(f"\ntarget {name}" + (f" ({what})" if what else "") + "\n")
+        faults = t.get("unhealthy_because", []) or []
+        for fault in faults:
+            out.write(f"  UNHEALTHY: {fault}\n")
         out.write(f"  bottleneck: {VERDICT_WORDS.get(verdict or '', (UNKNOWN_VERDICT_WORDS,) * 2)[1]}")
         for also in t.get("also_limiting", []) or []:
             out.write(f", and as much {VERDICT_WORDS.get(also, (also, also))[1]}")
@@ -242,7 +292,8 @@ def render_report(diagnosis: Mapping[str, Any], source: str, out: TextIO) -> Non
         if t.get("evidence"):
             out.write("  why:\n")
             for line in t["evidence"]:
-                out.write(f"    - {line}\n")
+                if line not in faults:
+                    out.write(f"    - {line}\n")
         if t.get("remedies"):
             out.write("  first things to try:\n")
             for i, line in enumerate(t["remedies"], 1):
@@ -254,6 +305,8 @@ def render_report(diagnosis: Mapping[str, Any], source: str, out: TextIO) -> Non
         if t.get("unaccounted_families"):
             out.write("  engine families not understood (a newer engine release? see docs/engines.md): "
                       + ", ".join(t["unaccounted_families"]) + "\n")
+    for fault in diagnosis.get("gpu_faults_unassigned", []) or []:
+        out.write(f"\nGPU not assigned to a target: UNHEALTHY: {fault.get('words', '')}\n")
     for down in diagnosis.get("unreachable", []) or []:
         said = f": {down['message']}" if down.get("message") else ""
         out.write(f"\ntarget {down.get('target')}: UNREACHABLE ({down.get('reason')}){said}\n")

@@ -24,7 +24,8 @@ main{padding:16px 20px;display:grid;gap:16px}
 section.target{background:#fff;border-radius:8px;padding:14px 18px;box-shadow:0 1px 3px #0002}
 h2{margin:0 0 8px;font-size:17px}h3{font-size:14px;margin:12px 0 4px;color:#445}
 .verdict{display:inline-block;padding:3px 10px;border-radius:12px;font-weight:600;color:#fff}
-.healthy{background:#2e7d32}.degraded{background:#c62828}.unknown{background:#757575}
+.healthy{background:#2e7d32}.degraded{background:#c62828}.unknown{background:#757575}.unhealthy{background:#6a1b9a}
+.faults{border-left:4px solid #6a1b9a;background:#f6effa;padding:6px 12px;margin:8px 0}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(280px,1fr));gap:12px}
 table{border-collapse:collapse}td,th{padding:2px 8px;text-align:right}th{color:#556;font-weight:500}
 td:first-child,th:first-child{text-align:left}
@@ -232,6 +233,20 @@ def _unaccounted(names: Sequence[str]) -> str:
             "docs/engines.md.</p>" + _list(names))
 
 
+def _faults(words: Sequence[str], title: str = "GPU needs service") -> str:
+    """A GPU fault comes before the bottleneck: the GPU, the event, when, and what to do."""
+    if not words:
+        return ""
+    return (f'<div class="faults" data-faults="{len(words)}"><p><span class="verdict unhealthy">unhealthy</span> '
+            f'<b>{esc(title)}</b></p>{_list(words)}</div>')
+
+
+def _bottleneck_evidence(t: Mapping[str, Any]) -> list[str]:
+    """The evidence without the GPU faults, which have their own block above the bottleneck."""
+    faults = set(t.get("unhealthy_because") or ())
+    return [line for line in t.get("evidence", []) if line not in faults]
+
+
 def _target(t: Mapping[str, Any]) -> str:
     verdict = t.get("verdict")
     status = t.get("status", "unknown")
@@ -245,11 +260,12 @@ def _target(t: Mapping[str, Any]) -> str:
         f'<section class="target" id="target-{esc(t.get("target"))}">'
         f'<h2>{esc(t.get("target"))} <span class="muted">{esc(t.get("engine", ""))} {esc(t.get("model", ""))}'
         f'</span></h2>'
+        f'{_faults(t.get("unhealthy_because") or [])}'
         f'<p>Bottleneck: <span class="verdict {esc(status)}" data-verdict="{esc(verdict or "")}">{esc(words)}</span>'
         f'{also} <span class="muted">{esc(status)}{": " + esc("; ".join(because)) if because else ""}</span></p>'
         f'{_notes(t.get("notes") or [])}'
         f'{_notes([t["probe"]["words"]] if t.get("probe") else [])}'
-        f'<div class="grid"><div><h3>Evidence</h3>{_list(t.get("evidence", []), "no evidence yet")}'
+        f'<div class="grid"><div><h3>Evidence</h3>{_list(_bottleneck_evidence(t), "no evidence yet")}'
         f'<h3>First things to try</h3>{_list(t.get("remedies", []), "-")}</div>'
         f'<div><h3>Scores</h3>{_scores(t.get("scores", {}), verdict)}</div></div>'
         f'<div class="grid"><div><h3>Latency tails (window)</h3>{_tails(n)}</div>'
@@ -267,6 +283,10 @@ def render(diagnosis: Mapping[str, Any], *, refresh_s: int = 5, version: str = "
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(taken)) if taken else "not yet"
     targets = diagnosis.get("targets", {})
     body = "".join(_target(targets[name]) for name in sorted(targets))
+    unassigned = [f.get("words", "") for f in diagnosis.get("gpu_faults_unassigned", [])]
+    if unassigned:
+        body = (f'<section class="target">{_faults(unassigned, "GPU not assigned to a target needs service")}'
+                "</section>") + body
     down = diagnosis.get("unreachable", [])
     if down:
         body += ('<section class="target"><h2>Unreachable targets</h2>'

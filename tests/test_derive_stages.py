@@ -62,10 +62,17 @@ def test_a_misspelled_need_fails_at_construction_instead_of_reading_none():
         Deriver(Config(), stages=[typo if s.name == "kv" else s for s in STAGES])
 
 
+def _by_label(name: str) -> str:
+    """A GPU family's one label besides gpu/uuid/name (state, an ECC type, an XID code), or ""."""
+    fam = family_of(name)
+    extra = [label for label in fam.labels if label not in ("gpu", "uuid", "name", "reason")]
+    return extra[0] if fam.name.startswith("llm_gpu_") and len(extra) == 1 else ""
+
+
 def _sample_for(name: str, labels: tuple) -> list[Sample]:
     fam = family_of(name)
-    if "state" in fam.labels:
-        return [Sample(name, labels_of(**dict(labels), state=st), 1.0) for st in ("current", "max")]
+    if by := _by_label(name):
+        return [Sample(name, labels_of(**dict(labels), **{by: st}), 1.0) for st in ("current", "max")]
     if "reason" in fam.labels:
         return [Sample(name, labels_of(**dict(labels), reason="sw_power_cap"), 1.0)]
     if "cpu" in fam.labels:
@@ -109,7 +116,7 @@ def test_every_declared_need_reaches_the_view():
             assert e.histograms[hist].bounds == (1.0, float("inf")), (stage.name, hist)
         for name in stage.gpu:
             fam = family_of(name)
-            if "state" in fam.labels:
+            if _by_label(name):
                 assert g.link[(name, "current")] == g.link[(name, "max")] == 1.0, (stage.name, name)
             elif "reason" in fam.labels:
                 assert g.reasons_active == ("sw_power_cap",)
@@ -140,7 +147,7 @@ def _recording(stages: tuple[Stage, ...]) -> tuple[list[tuple[str, Sample]], lis
 def _outputs() -> list[tuple[str, Sample]]:
     """Samples of every stage over twin scenarios and synthetic snapshots, by the stage that made them."""
     seen, stages = _recording(STAGES)
-    for scenario, gpus in (("decode-heavy", 1), ("pcie-degraded", 2), ("overload", 1)):
+    for scenario, gpus in (("decode-heavy", 1), ("pcie-degraded", 2), ("overload", 1), ("faults", 1)):
         harness = Harness(scenario, gpus=gpus)
         harness.deriver = Deriver(Config(interval_s=1.0, gpu_price_per_hour=2.0), stages=stages)
         harness.twin.fast_forward(30)

@@ -136,4 +136,15 @@ FAMILIES = (
     family("llm_bottleneck_score", "gauge", "score",
            "How strongly the evidence points at each resource (0..1; formulas in docs/diagnosis.md); the "
            "verdict follows the diagnosis order with hysteresis.", TE + ("resource",), "derived"),
+    family("llm_unhealthy_gpus", "gauge", "gpus",
+           "GPUs of the target with a fault that takes them out of service (docs/diagnosis.md, GPU health): "
+           "a new uncorrected ECC error, an XID whose action is a restart, reset, reboot or RMA, a new row "
+           "remapped for an uncorrectable error in the last hour; a pending or failed row remap, a recovery "
+           "action other than none, or a GPU lost, while they last. Above 0 the diagnosis says UNHEALTHY "
+           "before any bottleneck. Absent while the target has no GPU source.", TE, "derived"),
+    family("llm_gpu_fault", "gauge", "bool",
+           "1 for each fault llm_unhealthy_gpus counts, by GPU, fault (ecc_uncorrected, xid_<code>, "
+           "remap_uncorrectable, remap_pending, remap_failed, recovery_action, lost) and the action it "
+           "needs (restart_engine, reset_gpu, reboot_node, rma, or the driver's recovery action's name).",
+           TE + ("gpu", "uuid", "fault", "action"), "derived"),
 )

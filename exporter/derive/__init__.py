@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from exporter.config import Config
-from exporter.derive import energy, kv, modelcheck, probe, quantiles, roofline, signals, throughput, transfer
+from exporter.derive import energy, health, kv, modelcheck, probe, quantiles, roofline, signals, throughput, transfer
 from exporter.derive.assign import assign_gpus
 from exporter.derive.diagnosis import Cycle, TargetResult, build_diagnosis, not_ready
 from exporter.derive.settings import DeriveSettings, derive_settings
@@ -32,7 +32,8 @@ log = logging.getLogger("llm_exporter.derive")
 
 # In the order they run: a stage reads only the results of stages before it (check_order). The
 # diagnosis lists their numbers in this order too.
-STAGES: tuple[Stage, ...] = (throughput.STAGE, kv.STAGE, roofline.STAGE, energy.STAGE, modelcheck.STAGE,
+STAGES: tuple[Stage, ...] = (health.STAGE, throughput.STAGE, kv.STAGE, roofline.STAGE, energy.STAGE,
+                             modelcheck.STAGE,
                              quantiles.STAGE, transfer.STAGE, signals.STAGE, probe.STAGE)
 check_order(STAGES)
 MAX_CACHED_SHAPES = 32
@@ -139,7 +140,9 @@ class Deriver:
         self.last_cost_s = self._clock() - started
         # The diagnosis is built when asked for (HTTP, doctor), not every cycle: its inputs are
         # immutable records.
-        self._cycle = Cycle(view, tuple(results), note, self.last_cost_s)
+        health_state = self.state.get(health.STAGE.name)
+        faults = health_state.all_faults() if isinstance(health_state, health.HealthState) else ()
+        self._cycle = Cycle(view, tuple(results), note, self.last_cost_s, faults)
         self._diagnosis = None
         return tuple(out)
 

@@ -36,6 +36,7 @@ class Cycle(NamedTuple):
     targets: tuple[TargetResult, ...]
     note: str  # how the GPUs were assigned, when that is a guess
     cost_s: float
+    gpu_faults: tuple[Any, ...] = ()  # every GPU's faults this cycle (health.Fault), assigned or not
 
 
 def _numbers(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]:
@@ -88,25 +89,41 @@ def slo_states(tails: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+# The states a target and the exporter can be in, worst first: a GPU fault outranks every
+# bottleneck (doctor's exit code follows this order, docs/diagnosis.md).
+STATUS_ORDER = ("unhealthy", "degraded", "unknown", "healthy")
+
+
+def _faults(r: TargetResult) -> tuple[list[dict[str, Any]], list[str]]:
+    """The target's GPU faults (health stage) as JSON and as words."""
+    found = r.results.get("health")
+    if found is None:
+        return [], []
+    return [f.json(found.now) for f in found.faults], [f.words(found.now) for f in found.faults]
+
+
 def target_diagnosis(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]:
     decision = r.results.get("bottleneck")
     slo = slo_states(r.results.get("quantiles") or {})
+    faults, fault_words = _faults(r)
     out: dict[str, Any] = {"target": r.engine.target, "engine": r.engine.engine, "model": r.engine.model,
                            "verdict": decision.verdict if decision else None,
                            "rule": decision.rule if decision else "", "omitted": list(r.omitted),
                            "numbers": _numbers(r, stages), "gpus": _gpu_rows(r), "slo": slo,
                            "notes": [s["words"] for s in slo.values() if s["state"] == "no_recent_traffic"],
-                           "unaccounted_families": list(r.engine.unaccounted)}
+                           "unaccounted_families": list(r.engine.unaccounted),
+                           "gpu_faults": faults, "unhealthy_because": fault_words}
     check = r.results.get("probe")
     if check is not None:
         out["probe"] = {"words": check.words(), "failing": check.failing, "gap_too_large": check.gap_too_large}
     if decision is None:
-        out.update(status="unknown", scores={}, evidence=[], remedies=[], degraded_because=[])
+        out.update(status="unhealthy" if faults else "unknown", scores={}, evidence=fault_words, remedies=[],
+                   degraded_because=[])
         return out
     # The verdict's own evidence first, then the context, then what the other resources show.
     verdict, signals = decision.verdict, decision.signals
     also = bottleneck.co_equal(verdict, decision.scores)  # as limiting: named beside it, with their fixes
-    evidence: list[str] = []
+    evidence: list[str] = list(fault_words)  # a GPU that needs service comes before any resource
     assessment = bottleneck.assess(signals)  # the same scores, now with their words
     rest = [assessment.evidence.get(res, ()) for res in RESOURCES if res != verdict and res not in also]
     for group in (assessment.evidence.get(verdict, ()), *(assessment.evidence.get(r, ()) for r in also),
@@ -119,7 +136,7 @@ def target_diagnosis(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]
     remedies = list(bottleneck.remedies(verdict, signals))
     for r in also:
         remedies += [line for line in bottleneck.remedies(r, signals) if line not in remedies]
-    out.update(status="degraded" if degraded else "healthy", degraded_because=degraded,
+    out.update(status="unhealthy" if faults else "degraded" if degraded else "healthy", degraded_because=degraded,
                scores=dict(decision.scores), evidence=evidence, also_limiting=also,
                remedies=remedies, since=decision.state.since)
     return out
@@ -153,7 +170,7 @@ def _safe_target(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]:
         return {"target": r.engine.target, "engine": r.engine.engine, "model": r.engine.model, "verdict": None,
                 "rule": "", "status": "unknown", "scores": {}, "evidence": [], "remedies": [],
                 "degraded_because": [], "numbers": {}, "gpus": [], "slo": {}, "notes": [],
-                "unaccounted_families": [],
+                "unaccounted_families": [], "gpu_faults": [], "unhealthy_because": [],
                 "omitted": [f"diagnosis failed: {type(error).__name__}: {str(error)[:200]}"]}
     bad: list[str] = []
     out = finite(out, "", bad)
@@ -167,8 +184,15 @@ def build_diagnosis(cycle: Cycle, stages: Sequence[Stage]) -> dict[str, Any]:
     targets = {r.engine.target: _safe_target(r, stages) for r in cycle.targets}
     unreachable = [{"target": d.target, "reason": d.reason, "message": d.message} for d in view.engines_down]
     statuses = [t["status"] for t in targets.values()]
+    # A fault on a GPU no target is shown against still needs someone (the exporter's GPUs are the
+    # node's it was given): listed apart, and the exporter is unhealthy.
+    shown = {(f["uuid"], f["gpu"], f["fault"]) for t in targets.values() for f in t.get("gpu_faults", ())}
+    now = view.taken_at
+    other = [f.json(now) for f in cycle.gpu_faults if (f.uuid, f.gpu, f.fault) not in shown]
     # An unreachable target is a finding (degraded, doctor's exit 1), also when it is the only one.
-    if "degraded" in statuses or unreachable:
+    if "unhealthy" in statuses or other:
+        status = "unhealthy"
+    elif "degraded" in statuses or unreachable:
         status = "degraded"
     elif not targets or "unknown" in statuses:
         status = "unknown"
@@ -178,7 +202,8 @@ def build_diagnosis(cycle: Cycle, stages: Sequence[Stage]) -> dict[str, Any]:
     if not targets and not unreachable:
         notes.append("no engine target configured or seen")
     return {"ready": True, "taken_at": view.taken_at, "status": status, "targets": targets,
-            "unreachable": unreachable, "notes": notes, "derive_seconds": round(cycle.cost_s, 6)}
+            "unreachable": unreachable, "gpu_faults_unassigned": other, "notes": notes,
+            "derive_seconds": round(cycle.cost_s, 6)}
 
 
 

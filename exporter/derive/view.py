@@ -31,9 +31,10 @@ GPU_UP = "llm_gpu_up"
 # Read whatever the stages need: a lost GPU (up 0) and a GPU's identity (its info series) are
 # the view's own business.
 VIEW_GPU = (GPU_UP, "llm_gpu_info")
-# How a GPU family is read, by its catalogue labels: one value per GPU, one per `state`
-# (current/max), or the `reason`s active.
+# How a GPU family is read, by its catalogue labels: one value per GPU, one per value of its one
+# other label (`state` current/max, an ECC `type`, an `xid` code), or the `reason`s active.
 GAUGE, BY_STATE, REASONS = 0, 1, 2
+GPU_LABELS = ("gpu", "uuid", "name")
 HOST_ALL = ("cpu", "all")  # a host family labelled by CPU is read at its all-CPU series
 LINK_LABEL = "device"  # a host family labelled by network link is read per link (LinkView)
 NET_INFO = "llm_host_network_info"  # a link's kind and whether it is the engine's
@@ -64,12 +65,18 @@ class ViewNeeds(NamedTuple):
         kinds = {}
         for name in (*VIEW_GPU, *gpu):
             labels = FAMILIES[name].labels
-            kinds[name] = BY_STATE if "state" in labels else REASONS if "reason" in labels else GAUGE
+            kinds[name] = REASONS if "reason" in labels else BY_STATE if _by_label(name) else GAUGE
         links = frozenset(h for h in host if LINK_LABEL in FAMILIES[h].labels)
         return cls(frozenset(engine) - specials, KV_USAGE in engine, PREFIX_HIT_RATIO in engine,
                    frozenset(h + "_bucket" for h in histograms), MappingProxyType(kinds),
                    frozenset(host) - links, frozenset(h for h in host if HOST_ALL[0] in FAMILIES[h].labels),
                    links | {NET_INFO} if links else links)
+
+
+def _by_label(family: str) -> str:
+    """The label that tells a GPU family's series of one GPU apart ("" for one series per GPU)."""
+    extra = [label for label in FAMILIES[family].labels if label not in GPU_LABELS]
+    return extra[0] if len(extra) == 1 else ""
 
 
 def family_named(sample_name: str) -> Family:
@@ -124,7 +131,7 @@ class GpuView(NamedTuple):
     uuid: str
     name: str
     values: Mapping[str, float]
-    link: Mapping[tuple[str, str], float]  # (family, state) -> value
+    link: Mapping[tuple[str, str], float]  # (family, its other label's value: a state, type, xid) -> value
     reasons_active: tuple[str, ...]
 
     def get(self, name: str) -> float | None:
@@ -205,6 +212,9 @@ class SnapshotView:
     host_source: str = ""
     probes: Mapping[str, ProbeView] = field(default_factory=dict)  # by engine target
     links: tuple[LinkView, ...] = ()  # network links, by device
+    # GPUs the source reports lost (llm_gpu_up 0): left out of `gpus` (nothing to derive from) but
+    # still a fault for the diagnosis' GPU health. Their values hold what the source still says.
+    lost_gpus: tuple[GpuView, ...] = ()
 
 
 def _sort_gpu(gpu: str) -> tuple[int, str]:
@@ -434,7 +444,7 @@ def _engine_view(source: str, attrs: Mapping[str, str], layout: _EngineLayout, v
 class _GpuLayout:
     gpu: str
     gauges: _Latest  # family -> value
-    link: _Latest  # (family, state) -> value
+    link: _Latest  # (family, its other label's value) -> value
     reasons: tuple[str, ...]  # of its clock-event samples, sorted; a reason is active when >= 0.5
     reason_values: _Getter
     # Identity comes from the GPU's first sample that counts this cycle: an inactive clock event
@@ -482,7 +492,7 @@ def _gpu_layout(samples: tuple[Sample, ...], needs: ViewNeeds) -> _GpuSourceLayo
         if kind == GAUGE:
             gauges.setdefault(gpu, {})[s.name] = i
         elif kind == BY_STATE:
-            links.setdefault(gpu, {})[(s.name, labels.get("state", ""))] = i
+            links.setdefault(gpu, {})[(s.name, labels.get(_by_label(s.name), ""))] = i
         else:
             reasons.setdefault(gpu, []).append((labels.get("reason", ""), i))
         if gpu in idents:
@@ -500,19 +510,21 @@ def _gpu_layout(samples: tuple[Sample, ...], needs: ViewNeeds) -> _GpuSourceLayo
     return _GpuSourceLayout(_getter(picker.positions), tuple(layouts))
 
 
-def _gpu_views(layout: _GpuSourceLayout, values: tuple[float, ...]) -> tuple[GpuView, ...]:
-    views = []
+def _gpu_views(layout: _GpuSourceLayout, values: tuple[float, ...]
+               ) -> tuple[tuple[GpuView, ...], tuple[GpuView, ...]]:
+    """(the GPUs up, the GPUs lost)."""
+    views, lost = [], []
     for gpu in layout.gpus:
         ident = gpu.identity(values)
         if ident is None:
             continue  # only inactive clock events this cycle: nothing to derive from
         gauges = gpu.gauges.mapping(values)
-        if gauges.get(GPU_UP) == 0.0:
-            continue  # a lost GPU: its other series are absent, nothing to derive from
         # Inactive clock-event reasons (most of them) carry nothing to derive from.
-        views.append(GpuView(gpu.gpu, *ident, MappingProxyType(gauges), MappingProxyType(gpu.link.mapping(values)),
-                             gpu.active_reasons(values)))
-    return tuple(views)
+        view = GpuView(gpu.gpu, *ident, MappingProxyType(gauges), MappingProxyType(gpu.link.mapping(values)),
+                       gpu.active_reasons(values))
+        # A lost GPU: its other series are absent, nothing to derive from but the fault itself.
+        (lost if gauges.get(GPU_UP) == 0.0 else views).append(view)
+    return tuple(views), tuple(lost)
 
 
 class _Layout(NamedTuple):
@@ -599,6 +611,7 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
     engines: list[EngineView] = []
     down: list[EngineDown] = []
     gpus: tuple[GpuView, ...] = ()
+    lost_gpus: tuple[GpuView, ...] = ()
     gpu_source = ""
     host: dict[str, float] = {}
     host_source = ""
@@ -616,7 +629,7 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
         elif kind is SourceKind.GPU:
             gpu_source = "ok" if result.ok else (result.error_reason or "failed")
             if result.ok:
-                gpus = _gpu_views(*cache.read(name, result.samples, cache.gpu_layout))
+                gpus, lost_gpus = _gpu_views(*cache.read(name, result.samples, cache.gpu_layout))
         elif kind is SourceKind.HOST:
             host_source = "ok" if result.ok else (result.error_reason or "failed")
             if result.ok:
@@ -629,4 +642,4 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
     engines.sort(key=lambda e: e.target)
     down.sort(key=lambda d: d.target)
     return SnapshotView(snapshot.taken_at, tuple(engines), tuple(down), gpus, gpu_source,
-                        MappingProxyType(host), host_source, MappingProxyType(probes), links)
+                        MappingProxyType(host), host_source, MappingProxyType(probes), links, lost_gpus)
