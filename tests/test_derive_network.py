@@ -10,7 +10,7 @@ import pytest
 
 from exporter.config import Config
 from exporter.derive import build_deriver
-from exporter.derive.bottleneck import NETWORK_REMEDIES, REMEDIES, Signals, assess, raw_verdict, remedies
+from exporter.derive.bottleneck import REMEDIES, Signals, assess, network_remedies, raw_verdict, remedies
 from exporter.derive.transfer import spans_servers
 from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult, labels_of
 
@@ -60,7 +60,17 @@ def test_a_decode_instance_waiting_only_for_kv_is_neither_idle_nor_kv_bound():
 
 def test_network_verdict_gives_network_remedies_and_pcie_keeps_its_own():
     _, pd = verdict(role="decode", spans=PD, kv_transfer_share=0.8, kv_transfer_p50=0.5)
-    assert remedies("interconnect", pd) == NETWORK_REMEDIES
+    assert remedies("interconnect", pd) == network_remedies(pd)
+    pd_words = " ".join(remedies("interconnect", pd))
+    assert "KV" in pd_words and "prefill and decode" in pd_words and "tensor parallelism" not in pd_words
+    _, tp = verdict(hbm_gpm=0.1, spans="the engine's RDMA links carry traffic (mlx5_0:1)", spans_parallel=True,
+                    net_util=0.7, net_util_what="mlx5_0:1 (roce)")
+    tp_words = " ".join(remedies("interconnect", tp))
+    assert "NCCL" in tp_words and "tensor parallelism" in tp_words and "prefill and decode" not in tp_words
+    assert "all-reduce" in " ".join(assess(tp).evidence["interconnect"])
+    assert "KV cache between the prefill and decode" in " ".join(
+        assess(verdict(role="prefill", spans=PD, net_util=0.95, net_util_what="mlx5_0:1 (roce)")[1])
+        .evidence["interconnect"])
     _, pcie = verdict(tp=2, degraded_links=("GPU0 gen3 x8 (max gen5 x16)",))
     assert remedies("interconnect", pcie) == REMEDIES["interconnect"]
     assert remedies("kv_capacity", pd) == REMEDIES["kv_capacity"]
@@ -120,7 +130,8 @@ def test_deriver_reads_transfer_and_links_into_the_diagnosis():
     assert numbers["busiest_engine_link"] == "mlx5_0:1 (roce) of 200 Gb/s"  # eth9 is not the engine's
     assert numbers["busiest_engine_link_utilization"] == 0.97
     assert numbers["engine_links_with_errors"] == ["mlx5_0:1 3 errors+drops/s"]
-    assert target["verdict"] == "interconnect" and target["remedies"][:3] == list(NETWORK_REMEDIES)
+    assert target["verdict"] == "interconnect"
+    assert target["remedies"][:3] == list(network_remedies(Signals(role="decode")))
     assert any("waiting for a KV transfer" in e for e in target["evidence"])
 
 

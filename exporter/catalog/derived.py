@@ -62,13 +62,15 @@ FAMILIES = (
            "Achieved HBM bandwidth per GPU. source=model: decode steps/s x (weight bytes read per step x "
            "data-parallel ranks + KV used tokens x KV bytes per token) / (tensor-parallel x data-parallel "
            "GPUs); KV bytes per token from the model shape and kv_cache_dtype. source=gpm: "
-           "llm_gpu_dram_bandwidth_utilization_ratio x the card's peak bandwidth (exporter/specs/gpus.py). "
+           "llm_gpu_dram_bandwidth_utilization_ratio, averaged over the rate window the model's steps/s and "
+           "the engine's estimate read (so the three cover the same seconds), x the card's peak bandwidth "
+           "(exporter/specs/gpus.py). "
            "source=engine: the engine's own estimate of bytes read + written per GPU (vLLM "
            "estimated_read/write_bytes_per_gpu_total), as a rate.",
            TE + ("gpu", "source"), "derived"),
     family("llm_hbm_bandwidth_efficiency_ratio", "gauge", "ratio",
            "Achieved HBM bandwidth / the card's peak: source=model from the formula above, source=gpm the "
-           "GPM DRAM_BW_UTIL ratio itself, source=engine the engine's own estimate; the gap between them "
+           "GPM DRAM_BW_UTIL ratio over the same window, source=engine the engine's own estimate; the gap between them "
            "is what the model does not explain (prefill traffic, activations, other processes).",
            TE + ("gpu", "source"), "derived"),
     family("llm_engine_flops_utilization_ratio", "gauge", "ratio",

@@ -118,17 +118,37 @@ REMEDIES: Mapping[str, tuple[str, ...]] = {
         "Do not buy faster GPUs until the clocks hold under load.",
     ),
 }
-# interconnect's remedies when the network between servers is what scored (remedies()).
-NETWORK_REMEDIES: tuple[str, ...] = (
+# interconnect's remedies when the network between servers is what scored (remedies()): the
+# checks of the links, then the fix for what crosses them (network_remedies()).
+_LINK_CHECKS = (
     "Check the links between servers: state, rate and error counters (ibstat / ibv_devinfo for InfiniBand and "
     "RoCE, ethtool and ip -s link for Ethernet); a link down, trained below its rate or dropping packets is "
     "the first suspect.",
-    "Make sure the traffic takes RDMA (GPUDirect RDMA, NCCL_IB_HCA / NIXL or Mooncake over RDMA, not TCP) "
-    "and the right NIC: the one on the GPUs' PCIe switch and NUMA node, on the same leaf switch as the peer.",
-    "Keep tensor parallelism inside one NVLink box and go across servers with pipeline or data parallelism; "
-    "overlap communication with compute; for prefill/decode pairs, put them in one rack or NVLink domain, "
-    "or shrink the KV to move (fp8 KV cache, prefix caching on the decode side).",
 )
+_KV_TRANSFER_FIX = (
+    "Make sure the KV transfer takes RDMA (NIXL, Mooncake or LMCache over GPUDirect RDMA, not TCP) and the "
+    "right NIC: the one on the GPUs' PCIe switch and NUMA node, on the same leaf switch as the peer.",
+    "Put the prefill and decode instances in one rack or NVLink domain, or shrink the KV to move (fp8 KV "
+    "cache, prefix caching on the decode side); add prefill-to-decode bandwidth before adding GPUs.",
+)
+_ALL_REDUCE_FIX = (
+    "Make sure NCCL takes RDMA (GPUDirect RDMA, NCCL_IB_HCA set to the right HCAs, not TCP sockets) and the "
+    "NIC on the GPUs' PCIe switch and NUMA node.",
+    "Keep tensor parallelism inside one NVLink box and go across servers with pipeline or data parallelism; "
+    "overlap communication with compute.",
+)
+NETWORK_REMEDIES: tuple[str, ...] = (*_LINK_CHECKS, _ALL_REDUCE_FIX[0], _KV_TRANSFER_FIX[1])
+"""When nothing says what crosses the network: both kinds of fix."""
+
+
+def network_remedies(s: Signals) -> tuple[str, ...]:
+    """The network's remedies for what crosses it: the KV transfer of a prefill/decode pair, or the
+    all-reduce of tensor parallelism across servers."""
+    if s.role in ("prefill", "decode") or s.kv_transfer_share is not None or s.kv_waiting:
+        return (*_LINK_CHECKS, *_KV_TRANSFER_FIX)
+    if s.spans_parallel:
+        return (*_LINK_CHECKS, *_ALL_REDUCE_FIX)
+    return NETWORK_REMEDIES
 
 
 def ramp(value: float | None, low: float, high: float) -> float:
@@ -151,7 +171,14 @@ def ramp_position(value: float | None, low: float, high: float) -> float:
 
 
 def pct(value: float) -> str:
-    return f"{value * 100:.0f}%"
+    """A ratio as a percentage, in whole percent unless that would round a miss up to 100% or
+    something down to 0% (0.99938 reads 99.9%, not 100%; 0.0004 reads 0.04%)."""
+    scaled = value * 100
+    digits = 0
+    while digits < 3 and ((0.0 < value < 1.0 and round(scaled, digits) in (0.0, 100.0))
+                          or (value > 1.0 and round(scaled, digits) == 100.0)):
+        digits += 1
+    return f"{scaled:.{digits}f}%"
 
 
 class Signals(NamedTuple):
@@ -173,6 +200,7 @@ class Signals(NamedTuple):
     kv_headroom: float | None = None
     hbm_gpm: float | None = None
     hbm_model: float | None = None
+    hbm_engine: float | None = None  # the engine's own estimate (vLLM estimated bytes), shown, never scored
     mfu: float | None = None
     tensor_active: float | None = None
     gpu_util: float | None = None
@@ -273,16 +301,39 @@ def _compute(s: Signals, ev: list[str] | None, r=ramp) -> float:
     return score
 
 
+HBM_AGREE = 0.10  # two HBM figures within this share of the larger agree (docs/diagnosis.md)
+
+
+def _hbm_words(s: Signals) -> str:
+    """The HBM figures, which one the verdict reads and, when the others differ from it by more than
+    HBM_AGREE, why that one: GPM is measured on the card (every kernel, every process); the model
+    counts what decode must read (weights and KV per step, from the shape and the engine's steps/s);
+    the engine's estimate is its own count of the same."""
+    used, how = (s.hbm_gpm, "by GPM") if s.hbm_gpm is not None else (s.hbm_model, "modelled")
+    if used is None:
+        return ""
+    others = [(name, value) for name, value in (("modelled", s.hbm_model), ("the engine's estimate", s.hbm_engine))
+              if value is not None and not (name == "modelled" and s.hbm_gpm is None)]
+    words = f"HBM at {pct(used)} of peak {how}"
+    if not others:
+        return words + ("" if s.hbm_gpm is not None else " (from decode steps/s and the model shape)")
+    off = [(n, v) for n, v in others if abs(v - used) > HBM_AGREE * max(v, used)]
+    listed = " and ".join(f"{n} {pct(v)}" for n, v in others)
+    if not off:
+        return f"{words}; {listed} {'agree' if len(others) > 1 else 'agrees'} within {pct(HBM_AGREE)}"
+    why = ("the verdict reads GPM: it is measured on the card, every kernel and process included, where the model "
+           "counts only the weight and KV reads of decode steps" if s.hbm_gpm is not None else
+           "the verdict reads the model: no GPM on this GPU, and the engine's estimate is the engine's own count")
+    return (f"{words}; {listed} {'differ' if len(others) > 1 else 'differs'} from it by more than "
+            f"{pct(HBM_AGREE)}: {why}")
+
+
 def _bandwidth(s: Signals, ev: list[str] | None, r=ramp) -> float:
     ratio = s.hbm_gpm if s.hbm_gpm is not None else s.hbm_model
     score = r(ratio, HBM_LOW, HBM_HIGH)
-    if s.hbm_gpm is not None:
-        if ev is not None:
-            model = f"; modelled {pct(s.hbm_model)}" if s.hbm_model is not None else ""
-            ev.append(f"HBM at {pct(s.hbm_gpm)} of peak by GPM{model}")
-    elif s.hbm_model is not None:
-        if ev is not None:
-            ev.append(f"HBM at {pct(s.hbm_model)} of peak (modelled from decode steps/s and the model shape)")
+    if ratio is not None:
+        if ev is not None and (words := _hbm_words(s)):
+            ev.append(words)
     elif s.gpu_util is not None and s.prefill_share is not None:
         score = 0.8 * r(s.gpu_util, 0.5, 0.95) * (1.0 - s.prefill_share)
         if ev is not None:
@@ -402,7 +453,7 @@ def _network(s: Signals, roof: float, ev: list[str] | None) -> float:
     if s.net_util is not None:
         score = max(score, ramp(s.net_util, NET_UTIL_LOW, NET_UTIL_HIGH) * weight)
         if ev is not None and s.net_util >= 0.5:
-            ev.append(f"network link {s.net_util_what} at {pct(s.net_util)} of its rate")
+            ev.append(f"network link {s.net_util_what} at {pct(s.net_util)} of its rate{_carrying(s)}")
         # Tensor parallelism across servers: the all-reduce comes in bursts, so the link's mean
         # utilization understates it; a GPU serving far below both roofs while its link carries that
         # much is waiting on the network every step.
@@ -412,6 +463,15 @@ def _network(s: Signals, roof: float, ev: list[str] | None) -> float:
                 ev.append(f"the GPU serves far below its roofs (best roof score {roof:.2f}) while its link between "
                           f"servers is {pct(s.net_util)} busy: every step waits on the all-reduce across servers")
     return score
+
+
+def _carrying(s: Signals) -> str:
+    """What an engine's network link carries, in words, as far as the signals say."""
+    if s.role in ("prefill", "decode"):
+        return ", carrying the KV cache between the prefill and decode instances"
+    if s.spans_parallel:
+        return ", carrying the tensor-parallel all-reduce"
+    return ""
 
 
 def _interconnect(s: Signals, ev: list[str] | None, roof: float = 0.0) -> float:
@@ -462,8 +522,10 @@ def _context(s: Signals) -> list[str]:
     if s.prefill_share is not None:
         phase, share = ("decode", 1 - s.prefill_share) if s.prefill_share < 0.5 else ("prefill", s.prefill_share)
         out.append(f"{phase} is {pct(share)} of engine time ({s.time_source})")
-    if s.prefill_tps is not None or s.decode_tps is not None:
-        out.append(f"prefill {s.prefill_tps or 0:.0f} tok/s, decode {s.decode_tps or 0:.0f} tok/s")
+    rates = [f"{phase} {tps:.0f} tok/s" for phase, tps in (("prefill", s.prefill_tps), ("decode", s.decode_tps))
+             if tps is not None]  # a decode instance of a PD pair has no prefill rate of its own
+    if rates:
+        out.append(", ".join(rates))
     if s.mean_batch is not None:
         waiting = f", {s.waiting:.0f} waiting" if s.waiting else ""
         out.append(f"batch {s.mean_batch:.1f}{waiting}")
@@ -611,7 +673,7 @@ def remedies(verdict: str, s: Signals) -> tuple[str, ...]:
     """The verdict's remedies; interconnect's are the network's when the network is what scored."""
     roof = max(_compute(s, None), _bandwidth(s, None))
     if verdict == "interconnect" and s.network and _network(s, roof, None) >= _interconnect_local(s):
-        return NETWORK_REMEDIES
+        return network_remedies(s)
     return REMEDIES[verdict]
 
 

@@ -69,6 +69,11 @@ def slo_states(tails: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for kind, (title, what, none) in SLO_WORDS.items():
         tail = tails.get(kind)
+        if tail is not None and tail.not_applicable:
+            out[kind] = {"state": "not_applicable", "attainment": None, "bound_seconds": None,
+                         "threshold_seconds": tail.slo_threshold, "count": 0,
+                         "words": f"{title} SLO: not applicable: {tail.not_applicable}"}
+            continue
         if tail is None or tail.slo_bound is None:
             continue
         attained = tail.slo_attainment

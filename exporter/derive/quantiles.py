@@ -95,6 +95,7 @@ class Tail(NamedTuple):
     window_s: float | None = None  # the window's length (for the diagnosis' words)
     restarted_s_ago: float | None = None  # the latest restart inside the window, seconds before now
     since_restart: float | None = None  # of the window's observations, those after that restart
+    not_applicable: str = ""  # why this kind is not judged for the target (a prefill instance's TBT)
 
     def quantile(self, q: float) -> float | None:
         return dict(self.quantiles).get(q)
@@ -157,7 +158,8 @@ def numbers(tails: Mapping[str, Tail]) -> dict[str, Any]:
                    "slo_attainment": rounded(tail.slo_attainment), "slo_window_count": tail.slo_count,
                    "slo_no_recent_traffic": tail.no_recent_traffic,
                    "restarted_seconds_ago": rounded(tail.restarted_s_ago, 1),
-                   "window_count_since_restart": tail.since_restart} for kind, tail in tails.items()}
+                   "window_count_since_restart": tail.since_restart,
+                   "not_applicable": tail.not_applicable or None} for kind, tail in tails.items()}
 
 
 def notes(tails: Mapping[str, Tail]) -> list[str]:
@@ -172,11 +174,20 @@ class Windows(ScopedWindows):
         self.thresholds = {"ttft": settings.slo_ttft_s, "tbt": settings.slo_tbt_s, "e2e": None}
 
 
+NOT_APPLICABLE = {("prefill", "tbt"): "prefill role: the instance hands each request to its decode partner after "
+                                      "the first token, so the token gaps users see are the decode instance's"}
+"""(role, kind) -> why the kind has no quantiles or SLO judgement for an instance of that role."""
+
+
 def _compute(ctx: Ctx, state: Windows) -> dict[str, Tail]:
     tails = {}
     for hist_name, _, _, kind in SERIES:
         hist = ctx.engine.histograms.get(hist_name)
         if hist is None:
+            continue
+        why = NOT_APPLICABLE.get((ctx.engine.role, kind))
+        if why is not None:
+            tails[kind] = Tail(kind, 0.0, (), state.thresholds[kind], not_applicable=why)
             continue
         window: HistogramWindow = state.windows.get(f"{ctx.engine.target}\0{kind}")
         delta = window.observe(ctx.now, hist.bounds, hist.counts, hist.series)

@@ -124,6 +124,7 @@ def gather(ctx: Ctx) -> Signals:
     if roof is not None:
         values["hbm_gpm"] = _mean([g.gpm_ratio for g in roof.gpus])
         values["hbm_model"] = _mean([g.model_ratio for g in roof.gpus])
+        values["hbm_engine"] = _mean([g.engine_ratio for g in roof.gpus])
         values["mfu"] = roof.mfu
     values["tensor_active"] = _mean([g.values.get(TENSOR) for g in gpus])
     values["gpu_util"] = _mean([g.values.get(UTIL) for g in gpus])

@@ -146,6 +146,10 @@ def compute(engine: EngineView, window: RateWindow, probe: ProbeView | None = No
         # by one request's duration but average to the same rate.
         prefill_tps = window.rate("llm_request_prompt_tokens_sum")
         decode_tps = window.rate("llm_request_generation_tokens_sum")
+    if engine.role == "decode":
+        # A decode instance counts the prompts whose KV it imported from its prefill partner: it
+        # computed none of them, so it has no prefill rate (nor MFU) of its own.
+        prefill_tps = None
     computed, hit_share = computed_prefill(
         prefill_tps, window.rate("llm_prefix_cache_hits_total"), window.mean(HIT_RATIO))
     mean_batch = window.mean("llm_requests_running")
