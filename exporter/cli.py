@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from exporter import __version__
+from exporter.cliargs import Parser
 from exporter.config import Config, ConfigError, env_warnings, load_config
 from exporter.redact import RedactUrlCredentials
 from exporter.safefile import STARTUP_TIMEOUT_S, Detached, FileReadError
@@ -68,7 +69,7 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llm-exporter", description=DESCRIPTION)
+    parser = Parser(prog="llm-exporter", description=DESCRIPTION)  # every subcommand's parser is a Parser too
     parser.add_argument("--version", action="version", version=f"llm-exporter {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="scrape engines, GPUs and the host; serve /metrics")

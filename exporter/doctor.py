@@ -11,9 +11,10 @@ error, an XID that needs a reset, a pending or failed row remap, a recovery acti
 the bottleneck still shows below it), 0 healthy (every target at its own roof, idle or with
 headroom, each SLO met or with
 no recent traffic to judge it on), 1 degraded (a constraint such as KV capacity, host CPU,
-interconnect or throttling limits a target, an SLO is missed, or a target is unreachable), 3
-cannot tell (no answer, no targets, or not enough data yet). 2 stays
-the usual status for bad arguments.
+interconnect or throttling limits a target, an SLO is missed, or a target stopped answering), 3
+cannot tell (no answer: the --url exporter, or every --engine target, cannot be reached or never
+answered, "cannot tell: cannot reach URL: connection refused" whichever flag named it; no targets;
+not enough data yet). 2 stays the usual status for bad arguments. docs/cli.md has every command's.
 """
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ def fetch_diagnosis(url: str, timeout_s: float, access: ExporterAccess | None = 
         why = why_unreachable(base) if error.reason in ("connection", "dns", "timeout") else None
         if why is not None:
             raise RuntimeError(f"cannot reach {redact_url(base)}: {why}") from None
-        raise RuntimeError(f"{shown}: {failure_words(error.reason, error.message)}") from None
+        raise RuntimeError(f"cannot reach {shown}: {failure_words(error.reason, error.message)}") from None
     try:
         doc = jsonsafe.loads(body)
     except JsonTooDeep as error:

@@ -172,13 +172,16 @@ def test_headroom_is_healthy_for_the_exit_code_and_worded():
     assert "llm_kv_cache_headroom_sequences" in text
 
 
-def test_doctor_engine_on_an_unreachable_engine_exits_1_as_its_help_says():
-    """The real `llm-exporter doctor --engine` process, pointed at a port where nothing listens: the
-    target is unreachable, which the help counts as degraded (exit 1), not "cannot tell" (3)."""
+def test_doctor_engine_on_an_unreachable_engine_cannot_tell_as_with_url():
+    """The real `llm-exporter doctor --engine` process, pointed at a port where nothing listens: no
+    target ever answered, so there is nothing to diagnose: "cannot tell" (3), as `doctor --url` says
+    of an exporter that cannot be reached (docs/cli.md). An engine that answered once and then
+    stopped is a finding instead: tests/test_cli_outcomes.py."""
     port = free_port()  # bound and released: nothing listens there
     done = subprocess.run([sys.executable, "-m", "exporter.cli", "doctor", "--engine",
                            f"http://127.0.0.1:{port}/metrics,name=gone", "--duration", "1s", "--interval", "250ms",
                            "--gpu-backend", "none", "--no-host"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == EXIT_DEGRADED, done.stdout + done.stderr
-    assert "target gone: UNREACHABLE (connection)" in done.stdout
-    assert "status: DEGRADED" in done.stdout
+    assert done.returncode == EXIT_UNKNOWN, done.stdout + done.stderr
+    assert done.stdout == f"llm-exporter doctor: cannot tell: cannot reach http://127.0.0.1:{port}/metrics: " \
+                          "connection refused\n"
+    assert done.stderr == ""

@@ -519,7 +519,8 @@ def test_cli_arguments_are_checked(capsys):
 
 
 def test_cli_against_a_loopback_server(tmp_path, capsys):
-    """The whole command in-process: a server that refuses every request exits 1 with a table saying so."""
+    """The whole command in-process: a server that refuses every request exits 1 with a table saying so,
+    and no knee or recommendation (nothing succeeded to judge one on)."""
     from exporter.cli import run
 
     async def serve_and_run():
@@ -535,9 +536,11 @@ def test_cli_against_a_loopback_server(tmp_path, capsys):
     jsonschema.validate(report, REPORT_SCHEMA)
     (s,) = report["steps"]
     assert s["requests"]["ok"] == 0 and s["requests"]["failed_by_reason"] == {"http_status": s["requests"]["failed"]}
+    assert report["knee"] is None and report["recommendation"]["max_concurrency"] is None
     out = capsys.readouterr()
-    assert "knee: at concurrency 2" in out.out and "requests failed" in out.out
+    assert "no successful request: no knee" in out.out and "knee:" not in out.out and "recommendation" not in out.out
     assert "loadtest: step 1/1 (2): 0 ok" in out.err
+    assert "no request succeeded" in out.err and "HTTP 500 (Internal Server Error)" in out.err
 
 
 def test_window_throughput_counts_only_tokens_inside_the_window():

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter import jsonsafe
+from exporter.reach import exporter_base_url, failure_words, http_status_words, why_unreachable
 
 MAX_POINTS = 32  # a load test has at most 32 steps (loadtest.MAX_STEPS)
 MAX_JSON_BYTES = 64 << 20
@@ -284,6 +285,23 @@ def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], wi
     return point, min(0.95, max(0.0, hit))
 
 
+async def _failure(base: str, path: str, error: Any) -> str:
+    """One line for a failed GET of base + path (a SourceError): a status as its code and phrase,
+    never the body that came with it (a web server's 404 page); a server that accepts no connection
+    as `cannot reach BASE: why` (docs/cli.md)."""
+    from exporter.redact import redact_url
+
+    shown = redact_url(base + path)
+    if error.status is not None:
+        hint = " (is it an llm-exporter?)" if error.status == 404 else ""
+        return f"{shown} answered {http_status_words(error.status)}{hint}"
+    if error.reason in ("connection", "dns", "timeout"):
+        why = await asyncio.to_thread(why_unreachable, base)
+        if why is not None:
+            return f"cannot reach {redact_url(base)}: {why}"
+    return f"cannot reach {shown}: {failure_words(error.reason, error.message)}"
+
+
 async def observe_exporter(base_url: str, window_s: float, *, target: str | None = None,
                            output_tokens: float | None = None,
                            clock: Callable[[], float] = time.monotonic) -> Observed:
@@ -296,14 +314,14 @@ async def observe_exporter(base_url: str, window_s: float, *, target: str | None
 
     if not 1.0 <= window_s <= MAX_WINDOW_S:
         raise ObserveError(f"--window must be between 1s and {MAX_WINDOW_S:g}s")
-    base = base_url.rstrip("/")
+    base = exporter_base_url(base_url)  # http://HOST:9480/metrics is taken as http://HOST:9480
     diag_client = HttpClient(base + "/api/v1/diagnosis", timeout_s=5.0)
     metrics_client = HttpClient(base + "/metrics", timeout_s=5.0, headers={"Accept": "text/plain"})
     try:
         try:
             diagnosis = jsonsafe.loads(await diag_client.get(max_body=MAX_DIAGNOSIS_BYTES))
         except SourceError as error:
-            raise ObserveError(f"{base}/api/v1/diagnosis: {error.reason}: {error.message}") from None
+            raise ObserveError(await _failure(base, "/api/v1/diagnosis", error)) from None
         except (ValueError, jsonsafe.JsonTooDeep):
             raise ObserveError(f"{base}/api/v1/diagnosis is not JSON: is this an llm-exporter?") from None
         chosen = pick_target(diagnosis, target) if isinstance(diagnosis, Mapping) else None
@@ -315,7 +333,7 @@ async def observe_exporter(base_url: str, window_s: float, *, target: str | None
             try:
                 body = await metrics_client.get(max_body=MAX_METRICS_BYTES)
             except SourceError as error:
-                raise ObserveError(f"{base}/metrics: {error.reason}: {error.message}") from None
+                raise ObserveError(await _failure(base, "/metrics", error)) from None
             return parse_scrape(body.decode("utf-8", "replace"), chosen)
 
         first = await scrape()

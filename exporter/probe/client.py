@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import os
 import socket
 import ssl
 import time
@@ -543,7 +544,9 @@ async def _connect(parts: urllib.parse.SplitResult, context: ssl.SSLContext | No
             failure = error
     if failure is None:
         raise _Fail("dns", f"cannot resolve {host}: no address")
-    message = f"cannot connect to {redact_url(urllib.parse.urlunsplit(parts))}: {failure.strerror or failure}"
+    # The errno's words ("connection refused"), not asyncio's "Connect call failed ('127.0.0.1', 9)".
+    why = os.strerror(failure.errno).lower() if failure.errno else (failure.strerror or str(failure))
+    message = f"cannot connect to {redact_url(urllib.parse.urlunsplit(parts))}: {why}"
     del failure
     raise _Fail("connection", message)
 

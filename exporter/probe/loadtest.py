@@ -62,6 +62,15 @@ PLATEAU_GAIN = 0.10  # throughput that rises by less than this from one step to 
 LATENCY_RISE = 0.10  # ... while a latency median rose by more than this
 FAILED_SHARE_KNEE = 0.10  # a step that fails this share of its requests is past the knee
 SCHEMA_ID = "llm-exporter-loadtest/1"
+# A server that accepts no connection: after this many requests in a row that never reached it
+# (connection refused, no route, DNS, no connection in time, TLS refused), with a backoff between
+# them doubling from BACKOFF_FIRST_S, the sweep stops and says why (exit 2, docs/cli.md).
+UNREACHABLE_AFTER = 5
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MAX_S = 2.0
+CONNECT_TIMEOUT_S = 10.0  # a connection that takes longer is a server that is not there
+NO_CONNECTION_REASONS = frozenset({"connection", "dns", "timeout", "tls"})
+NO_SUCCESS = "no successful request: no knee"
 
 
 class Outcome(Protocol):
@@ -425,9 +434,11 @@ class ExporterWatch:
 
     def __init__(self, base_url: str, target: str | None = None, *, timeout_s: float = POLL_TIMEOUT_S,
                  interval_s: float = POLL_INTERVAL_S) -> None:
+        from exporter.reach import exporter_base_url
         from exporter.sources.engines.http import HttpClient
 
-        base = base_url.rstrip("/")
+        base = exporter_base_url(base_url)  # http://HOST:9480/metrics is taken as http://HOST:9480
+        self.base_url = base
         self.target: str | None = target
         self.interval_s = interval_s
         self.headers = {"Accept": "application/json"}
@@ -435,7 +446,9 @@ class ExporterWatch:
         self._metrics = HttpClient(base + "/metrics", timeout_s=timeout_s, headers={"Accept": "text/plain"})
 
     async def poll(self, t: float) -> Poll:
-        """One reading; raises RuntimeError with a readable reason when the exporter did not answer."""
+        """One reading; raises RuntimeError with a readable reason when the exporter did not answer
+        (an HTTP status as its code and phrase, never the body that came with it)."""
+        from exporter.reach import failure_words
         from exporter.sources.base import SourceError
 
         try:
@@ -443,7 +456,7 @@ class ExporterWatch:
             diagnosis = jsonsafe.loads(body)
             text = (await self._metrics.get(max_body=MAX_METRICS_BYTES)).decode("utf-8", "replace")
         except SourceError as error:
-            raise RuntimeError(f"exporter: {error.reason}: {error.message}") from None
+            raise RuntimeError(f"exporter: {failure_words(error.reason, error.message, error.status)}") from None
         except JsonTooDeep as error:
             raise RuntimeError(f"exporter: /api/v1/diagnosis: {error}") from None
         except ValueError:
@@ -566,6 +579,60 @@ def load_dataset(path: str, *, max_bytes: int = MAX_DATASET_BYTES, max_lines: in
     return specs
 
 
+# --- a server that does not answer ---------------------------------------------------------------
+
+def never_connected(outcome: Outcome) -> bool:
+    """The request never reached the server: it failed before it was sent (no connection, a name
+    that does not resolve, TLS refused). An outcome that does not say when it was sent (a test's
+    fake, a send that raised) is not taken for one."""
+    return (not outcome.ok and outcome.reason in NO_CONNECTION_REASONS and outcome.status is None
+            and getattr(outcome, "sent_at", 0.0) is None)
+
+
+def unreachable_cause(reason: str, message: str) -> str:
+    """The words of a never_connected failure, from exporter/probe/client.py's message:
+    "connection refused", "cannot resolve HOST: ...", "no connection within 10s"."""
+    if reason == "connection" and message.startswith("cannot connect to "):
+        return message.rpartition(": ")[2] or "cannot connect"
+    return message or reason
+
+
+class Breaker:
+    """Consecutive requests that never reached the server, over the whole sweep. Each one delays
+    the next request (BACKOFF_FIRST_S, doubling, at most BACKOFF_MAX_S); UNREACHABLE_AFTER in a row
+    trip it, and the sweep stops. Any request that reached the server (answered, even with an
+    error) starts the count again."""
+
+    def __init__(self, after: int = UNREACHABLE_AFTER, first_s: float = BACKOFF_FIRST_S,
+                 max_s: float = BACKOFF_MAX_S) -> None:
+        self.after, self.first_s, self.max_s = after, first_s, max_s
+        self.in_a_row = 0
+        self.resume_at = 0.0  # clock time before which no request is sent
+        self.tripped = False
+        self.cause: tuple[str, str] | None = None  # (reason, message) of the last request that never connected
+        self.last_failure: tuple[str, int | None] | None = None  # (reason, HTTP status) of the last failure
+
+    def record(self, outcome: Outcome, now: float) -> None:
+        if not outcome.ok:
+            self.last_failure = (outcome.reason, outcome.status)
+        if not never_connected(outcome):
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        self.cause = (outcome.reason, str(getattr(outcome, "message", "") or ""))
+        if self.in_a_row >= self.after:
+            self.tripped = True
+        self.resume_at = max(self.resume_at, now + min(self.max_s, self.first_s * 2 ** (self.in_a_row - 1)))
+
+    def stopped(self, url: str | None) -> dict[str, Any] | None:
+        """The report's `stopped` block once tripped: why, in one line."""
+        if not self.tripped or self.cause is None:
+            return None
+        cause = unreachable_cause(*self.cause)
+        return {"reason": self.cause[0], "cause": cause, "after": self.in_a_row,
+                "text": f"cannot reach {url or 'the server'}: {cause}"}
+
+
 # --- running a step ------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -626,8 +693,10 @@ async def _send_bounded(send: Send, spec: RequestSpec, timeout_s: float) -> Outc
 
 async def run_step(send: Send, workload: Workload, config: SweepConfig, level: float, *,
                    watch: ExporterWatch | None = None, progress: Callable[[StepStats, float], None] | None = None,
-                   clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
-    """Run one step and return its record (see docs/loadtest.md: steps[])."""
+                   clock: Callable[[], float] = time.monotonic, breaker: Breaker | None = None) -> dict[str, Any]:
+    """Run one step and return its record (see docs/loadtest.md: steps[]). `breaker` (the sweep's)
+    spaces out requests that do not reach the server and ends the step once it trips."""
+    breaker = breaker if breaker is not None else Breaker()
     stats = StepStats(config.ttft_slo_s, config.tbt_slo_s, random.Random(config.seed),
                       requests_cap=config.requests_cap, gaps_cap=config.gaps_cap)
     started_at = time.time()
@@ -647,12 +716,16 @@ async def run_step(send: Send, workload: Workload, config: SweepConfig, level: f
         finally:
             ended = clock()
             in_flight.change(ended, -1)
+        breaker.record(outcome, ended)
         stats.record_window(outcome, sent, ended, window_start, deadline)
         if window_start <= sent < deadline:
             stats.record(outcome, ended)
 
     async def closed_worker() -> None:
-        while clock() < deadline:
+        while clock() < deadline and not breaker.tripped:
+            if clock() < breaker.resume_at:  # backing off a server that took no connection
+                await asyncio.sleep(min(breaker.resume_at, deadline) - clock())
+                continue
             await one(next(workload))
 
     async def open_arrivals() -> None:
@@ -664,6 +737,10 @@ async def run_step(send: Send, workload: Workload, config: SweepConfig, level: f
             if at >= deadline:
                 break
             await asyncio.sleep(max(0.0, at - clock()))
+            if breaker.tripped:
+                break
+            if at < breaker.resume_at:  # backing off: this arrival is not sent (nor counted as dropped)
+                continue
             if in_flight.now >= cap:
                 if window_start <= at:
                     stats.dropped += 1
@@ -691,7 +768,7 @@ async def run_step(send: Send, workload: Workload, config: SweepConfig, level: f
         tick.cancel()
         if watch_task and not watch_task.done():
             watch_task.cancel()
-    if progress is not None:
+    if progress is not None and not breaker.tripped:
         progress(stats, 1.0)
     record = step_record(stats, config, level, in_flight, window_start, deadline, started_at, server)
     # The load generator's own CPU (cores busy over the step): on the engine's host it is CPU the engine
@@ -941,14 +1018,26 @@ async def run_sweep(send: Send, workload: Workload, config: SweepConfig, *, watc
     """Every step in order, then the knee and the recommendation: the report (docs/loadtest.md)."""
     config.check()
     steps: list[dict[str, Any]] = []
+    breaker = Breaker()
+    stopped = None
     for i, level in enumerate(config.levels):
         def step_progress(stats: StepStats, done: float, i: int = i, level: float = level) -> None:
             if progress is not None:
                 progress(i, len(config.levels), level, stats, done)
-        step = await run_step(send, workload, config, level, watch=watch, progress=step_progress)
+        step = await run_step(send, workload, config, level, watch=watch, progress=step_progress, breaker=breaker)
         step["index"] = i
         steps.append(step)
-    knee = find_knee(steps, config.ttft_slo_s, config.tbt_slo_s)
+        stopped = breaker.stopped((meta or {}).get("url"))
+        if stopped is not None:
+            step["notes"].append(f"stopped: {stopped['text']}")
+            break
+    # The step the server went away in says nothing about the knee: judged are the steps completed.
+    judged = steps[:-1] if stopped is not None else steps
+    if any(dig(s, "requests", "ok") for s in judged):
+        knee = find_knee(judged, config.ttft_slo_s, config.tbt_slo_s)
+        recommendation = recommend(judged, knee)
+    else:  # nothing succeeded: no knee, no number, whatever share failed
+        knee, recommendation = None, no_recommendation(NO_SUCCESS)
     return {
         "schema": SCHEMA_ID,
         "config": {**(meta or {}), "mode": config.mode, "levels": list(config.levels), "warmup_s": config.warmup_s,
@@ -958,8 +1047,23 @@ async def run_sweep(send: Send, workload: Workload, config: SweepConfig, *, watc
                    "requests_cap": config.requests_cap, "gaps_cap": config.gaps_cap},
         "steps": steps,
         "knee": knee,
-        "recommendation": recommend(steps, knee),
+        "recommendation": recommendation,
+        "stopped": stopped,
+        "last_failure": None if breaker.last_failure is None else
+        {"reason": breaker.last_failure[0], "status": breaker.last_failure[1]},
     }
+
+
+def no_recommendation(why: str) -> dict[str, Any]:
+    """The recommendation block of a sweep that measured nothing to recommend from."""
+    return {"max_concurrency": None, "max_num_seqs": None, "next_levels": [], "text": why,
+            "kv": {"method": None, "max_concurrency": None, "kv_per_sequence": None, "text": why},
+            "slo": {"max_concurrency": None, "bounded": False, "text": why}}
+
+
+def succeeded(report: Mapping[str, Any]) -> bool:
+    """Whether any request of the sweep succeeded."""
+    return any(dig(s, "requests", "ok") for s in report.get("steps") or ())
 
 
 def _r(value: float | None, digits: int = 6) -> float | None:
@@ -981,6 +1085,7 @@ def make_sender(url: str, *, api: str, model: str | None, timeout_s: float,
     async def send(spec: RequestSpec) -> Outcome:
         return await stream_completion(url, api=api, model=model, prompt=spec.prompt, max_tokens=spec.max_tokens,
                                        timeout_s=timeout_s, headers=headers, resolver=resolver,
-                                       limits=StreamLimits.for_tokens(spec.max_tokens))
+                                       limits=StreamLimits.for_tokens(
+                                           spec.max_tokens, connect_timeout_s=min(timeout_s, CONNECT_TIMEOUT_S)))
     return send, resolver.close
 

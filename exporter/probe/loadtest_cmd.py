@@ -27,6 +27,7 @@ from exporter.probe.loadtest import (
     load_dataset,
     make_sender,
     run_sweep,
+    succeeded,
     usable_cpus,
 )
 from exporter.slo import TBT, TTFT
@@ -41,9 +42,12 @@ USAGE = """\
       [--prompt-tokens 128 --max-tokens 128 | --dataset FILE.jsonl] [--api completions|chat] [--model M]
       [--json out.json] [--html out.html]
 
-Exit status: 0 the sweep ran, 1 no request succeeded, 2 bad arguments.
+Exit status: 0 the sweep ran, 1 the server answered but no request succeeded, 2 bad arguments or
+a server (URL or --exporter) that takes no connection: after 5 tries in a row, spaced out, the sweep
+stops and says why ("cannot reach URL: connection refused"). docs/cli.md has every command's.
 """
 EXIT_OK, EXIT_NOTHING, EXIT_CONFIG = 0, 1, 2
+EXIT_UNREACHABLE = 2  # as a bad argument: the URL given names nothing that answers
 DEMO_MODEL = "llama-3.1-8b"
 DEMO_GPU = "NVIDIA H100 80GB HBM3"  # as `llm-exporter demo`
 
@@ -201,6 +205,10 @@ class DemoStack:
         self._thread.join(timeout=15)
 
 
+class Unreachable(RuntimeError):
+    """The server or the exporter takes no connection: the message says which and why."""
+
+
 class ProgressLine:
     """Progress on stderr: a bar redrawn in place on a terminal, else one line per finished step."""
 
@@ -208,6 +216,14 @@ class ProgressLine:
         self.stream = stream
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
         self._last_step = -1
+        self._open = False  # a bar drawn on a terminal line not yet ended
+
+    def end_line(self) -> None:
+        """End a bar left half drawn (a sweep that stopped), so what is printed next starts a line."""
+        if self._open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._open = False
 
     def __call__(self, index: int, steps: int, level: float, stats: StepStats | None, done: float) -> None:
         ok = stats.ok if stats else 0
@@ -216,6 +232,7 @@ class ProgressLine:
         if self.tty:
             filled = int(done * 24)
             self.stream.write(f"\r[{'#' * filled}{'.' * (24 - filled)}] {what}   ")
+            self._open = done < 1.0
             if done >= 1.0:
                 self.stream.write("\n")
         elif done >= 1.0 and index != self._last_step:
@@ -261,7 +278,15 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
                 "exporter": redact_url(exporter_url) if exporter_url else None, "demo": bool(args.demo),
                 "gpu": args.gpu_name if args.demo else None, "seed": args.seed,
                 "client": {"cpus": usable_cpus(), "loopback_target": is_loopback(url)}}
-        report = asyncio.run(_sweep(url, exporter_url, model, args, headers, config, workload, meta, err))
+        progress = ProgressLine(err)
+        try:
+            report = asyncio.run(_sweep(url, exporter_url, model, args, headers, config, workload, meta, progress,
+                                        check_exporter=not args.demo))
+        finally:
+            progress.end_line()
+    except Unreachable as error:
+        print(f"llm-exporter loadtest: {terminal_safe(str(error))}", file=err)
+        return EXIT_UNREACHABLE
     except RuntimeError as error:
         print(f"llm-exporter loadtest: {terminal_safe(str(error))}", file=err)
         return EXIT_NOTHING
@@ -270,8 +295,10 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
     finally:
         if demo is not None:
             demo.stop()
-    out.write(render_table(terminal_safe_tree(report)))  # verdicts, notes: an exporter's or engine's text
-    out.flush()
+    ok = succeeded(report)
+    if ok or not report.get("stopped"):  # a server never reached: the one line below says all there is
+        out.write(render_table(terminal_safe_tree(report)))  # verdicts, notes: an exporter's or engine's text
+        out.flush()
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as handle:
             json.dump(report, handle, indent=2, allow_nan=False)
@@ -279,16 +306,60 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
     if args.html_out:
         with open(args.html_out, "w", encoding="utf-8") as handle:
             handle.write(render_html(report))
-    return EXIT_OK if any(s["requests"]["ok"] for s in report["steps"]) else EXIT_NOTHING
+    if report.get("stopped"):
+        print(f"llm-exporter loadtest: {terminal_safe(report['stopped']['text'])}", file=err)
+        return EXIT_UNREACHABLE
+    if not ok:
+        print(f"llm-exporter loadtest: no request succeeded: {_no_success(report)}", file=err)
+        return EXIT_NOTHING
+    return EXIT_OK
+
+
+def _no_success(report: Mapping[str, Any]) -> str:
+    """The error line's reason for a sweep where no request succeeded: the failures by reason and
+    what the last one met (an HTTP status as its code and phrase, never the body sent with it)."""
+    from exporter.reach import http_status_words
+
+    counts: dict[str, int] = {}
+    for step in report["steps"]:
+        for reason, count in (step["requests"].get("failed_by_reason") or {}).items():
+            counts[reason] = counts.get(reason, 0) + count
+    if not counts:
+        return "no request finished in a measured window"
+    text = f"{sum(counts.values())} failed: " + ", ".join(
+        f"{reason} {count}" for reason, count in sorted(counts.items(), key=lambda kv: -kv[1]))
+    last = report.get("last_failure") or {}
+    if last.get("status"):
+        text += f"; the last answered {http_status_words(last['status'])}"
+    return text
 
 
 async def _sweep(url: str, exporter_url: str | None, model: str | None, args: Any, headers: Mapping[str, str],
-                 config: SweepConfig, workload: Workload, meta: Mapping[str, Any], err: Any) -> dict[str, Any]:
+                 config: SweepConfig, workload: Workload, meta: Mapping[str, Any], progress: ProgressLine, *,
+                 check_exporter: bool = True) -> dict[str, Any]:
     send, close = make_sender(url, api=args.api, model=model, timeout_s=config.request_timeout_s, headers=headers)
     watch = ExporterWatch(exporter_url, args.target) if exporter_url else None
     try:
-        return await run_sweep(send, workload, config, watch=watch, progress=ProgressLine(err), meta=meta)
+        if watch is not None and check_exporter:
+            await _check_exporter(watch)
+        return await run_sweep(send, workload, config, watch=watch, progress=progress, meta=meta)
     finally:
         close()
         if watch is not None:
             await watch.aclose()
+
+
+async def _check_exporter(watch: ExporterWatch) -> None:
+    """One reading of --exporter before the sweep: an exporter that cannot be read now would leave
+    every step without the server's side; Unreachable says why, before any load is sent."""
+    from exporter.reach import why_unreachable
+    from exporter.redact import redact_url
+
+    try:
+        await watch.poll(0.0)
+    except RuntimeError as error:
+        why = await asyncio.to_thread(why_unreachable, watch.base_url)
+        shown = redact_url(watch.base_url)
+        raise Unreachable(f"cannot reach the exporter {shown}: {why}" if why else
+                          f"the exporter {shown} cannot be read: {str(error).removeprefix('exporter: ')}"
+                          + (" (is it an llm-exporter?)" if "HTTP 404" in str(error) else "")) from None

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter.derive.bottleneck import VERDICT_WORDS
-from exporter.probe.loadtest import dig
+from exporter.probe.loadtest import NO_SUCCESS, dig, succeeded
 
 # --- the JSON schema (docs/loadtest.md shows it) -------------------------------------------------
 
@@ -101,6 +101,11 @@ REPORT_SCHEMA: dict[str, Any] = {
                                                  "method": {"enum": ["measured", "extrapolated", None]},
                                                  "kv_per_sequence": _NUM}},
                            "slo": _LIMIT}},
+        "stopped": {"type": ["object", "null"], "required": ["reason", "cause", "after", "text"],
+                    "properties": {"reason": {"type": "string"}, "cause": {"type": "string"},
+                                   "after": {"type": "integer"}, "text": {"type": "string"}}},
+        "last_failure": {"type": ["object", "null"], "required": ["reason", "status"],
+                         "properties": {"reason": {"type": "string"}, "status": _INT}},
     },
 }
 
@@ -157,13 +162,22 @@ def render_table(report: Mapping[str, Any]) -> str:
                                                                                                     strict=True)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    knee = report.get("knee")
     lines.append("")
-    lines.append(f"knee: {knee['text']}" if knee else "knee: none within the steps tested")
-    lines.append(f"recommendation: {report['recommendation']['text']}")
+    lines.extend(_conclusion(report))
     for step in report["steps"]:
         lines.extend(f"note ({step['mode']} {step['level']:g}): {note}" for note in step.get("notes") or ())
     return "\n".join(lines) + "\n"
+
+
+def _conclusion(report: Mapping[str, Any]) -> list[str]:
+    """The knee and the recommendation; a sweep without one successful request has neither; a
+    stopped one says why first."""
+    lines = [f"stopped: {report['stopped']['text']}"] if report.get("stopped") else []
+    if not succeeded(report):
+        return [*lines, NO_SUCCESS]
+    knee = report.get("knee")
+    return [*lines, f"knee: {knee['text']}" if knee else "knee: none within the steps tested",
+            f"recommendation: {report['recommendation']['text']}"]
 
 
 # --- the HTML page -------------------------------------------------------------------------------
@@ -320,8 +334,11 @@ def render_html(report: Mapping[str, Any]) -> str:
              f'{_e(", ".join(f"{v:g}" for v in config["levels"]))}; warm-up {config["warmup_s"]:g}s, '
              f'{config["duration_s"]:g}s per step; SLOs TTFT {config["slo"]["ttft_s"] * 1000:g} ms, '
              f'TBT {config["slo"]["tbt_s"] * 1000:g} ms</p>',
-             f'<p class="box knee"><b>Knee.</b> {_e(knee["text"] if knee else "none within the steps tested")}</p>',
-             f'<p class="box"><b>Recommendation.</b> {_e(rec["text"])}</p>',
+             *([f'<p class="box knee"><b>Stopped.</b> {_e(report["stopped"]["text"])}</p>']
+               if report.get("stopped") else []),
+             *([f'<p class="box knee"><b>Knee.</b> {_e(knee["text"] if knee else "none within the steps tested")}</p>',
+                f'<p class="box"><b>Recommendation.</b> {_e(rec["text"])}</p>'] if succeeded(report) else
+               [f'<p class="box knee"><b>{_e(NO_SUCCESS[0].upper() + NO_SUCCESS[1:])}.</b></p>']),
              '<h2>Latency and throughput per step</h2><div class="plots">', *plots(report), "</div>",
              "<p>" + " ".join(f'<span class="chip" style="background:{c}"></span>{_e(VERDICT_WORDS[v][0])}&nbsp; '
                               for v, c in VERDICT_COLORS.items()) + "</p>",
