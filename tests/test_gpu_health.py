@@ -18,7 +18,7 @@ from exporter.derive import Deriver
 from exporter.doctor import EXIT_UNHEALTHY
 from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult, labels_of
 from exporter.specs.gpu_faults import FAULT_WINDOW_S, XIDS
-from tests.support import free_port, wait_until
+from tests.support import free_port, stop_process, wait_until
 
 ENGINE = labels_of(target="a", engine="vllm", model="m")
 
@@ -191,7 +191,7 @@ def test_the_faults_demo_is_unhealthy_in_doctor_the_status_page_the_api_and_metr
                 return httpx.get(base + "/api/v1/diagnosis", timeout=2).json().get("status") == "unhealthy"
             except (httpx.HTTPError, ValueError):
                 return False
-        wait_until(unhealthy, timeout=90)
+        assert wait_until(unhealthy, timeout=90), (tmp_path / "demo.log").read_text(errors="replace")[-2000:]
         diagnosis = httpx.get(base + "/api/v1/diagnosis", timeout=5).json()
         target = diagnosis["targets"]["demo-0"]
         faults = {f["fault"] for f in target["gpu_faults"]}
@@ -210,9 +210,14 @@ def test_the_faults_demo_is_unhealthy_in_doctor_the_status_page_the_api_and_metr
         assert 'llm_unhealthy_gpus{engine="vllm",target="demo-0"} 1.0' in metrics
         assert 'fault="xid_48"' in metrics
     finally:
-        demo.terminate()
-        try:
-            demo.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            demo.kill()
+        stop_process(demo, timeout=20)
         log.close()
+
+
+def test_the_docs_list_the_xids_the_table_says_need_service():
+    import pathlib
+
+    needs = ", ".join(str(x.code) for x in XIDS if x.action.name != "none")
+    for doc in ("docs/diagnosis.md", "docs/alerts.md"):
+        text = " ".join(pathlib.Path(doc).read_text().split())
+        assert needs.rsplit(", ", 1)[0] + " and " + needs.rsplit(", ", 1)[1] in text or needs in text, doc
