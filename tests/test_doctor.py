@@ -93,7 +93,7 @@ def test_doctor_url_names_kv_capacity_and_says_why(live, capsys):
     assert "bottleneck: KV cache capacity" in out
     assert "status: DEGRADED" in out
     why = out.split("why:")[1].split("first things to try:")[0]
-    assert "KV cache" in why and "preemptions/min" in why
+    assert "KV cache" in why and "preemptions/s" in why
     assert "KV limits" in out and "more replicas" in out.lower()
 
 

@@ -181,6 +181,11 @@ def pct(value: float) -> str:
     return f"{scaled:.{digits}f}%"
 
 
+def per_s(rate: float) -> str:
+    """A rate per second as the boards show it (Prometheus' unit for rates): three significant digits."""
+    return f"{rate:.3g}"
+
+
 class Signals(NamedTuple):
     """What the verdict reads for one target; None where a source does not say."""
 
@@ -351,7 +356,7 @@ def _kv(s: Signals, ev: list[str] | None) -> float:
     if s.preemptions_per_s is not None and s.preemptions_per_s > 0:
         score = max(score, 0.6 + 0.4 * ramp(usage, 0.70, 0.95))
         if ev is not None:
-            ev.append(f"{s.preemptions_per_s * 60:.1f} preemptions/min (sequences evicted for lack of KV blocks)")
+            ev.append(f"{per_s(s.preemptions_per_s)} preemptions/s (sequences evicted for lack of KV blocks)")
     queued = s.queued(s.waiting) or 0.0
     if queued >= 1 and usage is not None and usage >= 0.9:
         score = max(score, 0.6 + 0.4 * ramp(usage, 0.90, 0.98))
@@ -440,7 +445,7 @@ def _network(s: Signals, roof: float, ev: list[str] | None) -> float:
     if s.kv_failures_per_s:
         score = max(score, CONSTRAINT_MIN)
         if ev is not None:
-            ev.append(f"{s.kv_failures_per_s * 60:.1f} failed KV transfers/min")
+            ev.append(f"{per_s(s.kv_failures_per_s)} failed KV transfers/s")
     weight = 1.0 if s.spans else LEAD
     if s.net_down:
         score = max(score, 0.9 * weight)
