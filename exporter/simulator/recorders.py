@@ -288,6 +288,11 @@ class VllmRecorder(Recorder):
 
     def on_finish(self, req: Request, now: float, reason: str) -> None:
         h = self.h
+        if self.role == "prefill" and req.first_token >= 0:
+            # A KV producer's request is done in vLLM's stats at its first token (max_tokens 1 on the
+            # prefill side); its blocks stay held until the consumer has read them, which the
+            # connector's families count, not the request's decode time.
+            now = req.first_token
         h["e2e"].observe(now - req.arrival)
         h["inference"].observe(now - req.first_scheduled)
         h["decode"].observe(now - req.first_token)
