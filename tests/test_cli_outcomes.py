@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import jsonschema
@@ -31,7 +32,7 @@ import pytest
 from exporter.cli import build_parser
 from exporter.cliargs import Parser, parsers
 from exporter.probe.report import REPORT_SCHEMA
-from tests.support import exporter_run, fake_engine, free_port, send_body
+from tests.support import exporter_run, fake_engine, free_port, send_body, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VLLM = (ROOT / "tests" / "fixtures" / "engines" / "vllm-v0.11__documented.prom").read_bytes()
@@ -158,6 +159,25 @@ def test_doctor_engine_that_answered_once_and_then_failed_is_a_finding():
                    "--gpu-backend", "none", "--no-host")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "status: DEGRADED" in done.stdout and "target flaky: UNREACHABLE (http_status)" in done.stdout
+
+
+def test_an_exporter_whose_only_target_never_answered_cannot_tell_either():
+    """The same dead engine named by `run --engine`: doctor --url on that exporter says cannot tell
+    (exit 3) as doctor --engine on it does, and lists the target as unreachable; a target that
+    answered once and then failed is a finding there too (exit 1)."""
+    url = dead_url()
+    with exporter_run("--engine", f"{url}/metrics,name=dead") as (base, _, _):
+        done = cli("doctor", "--url", base)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "status: UNKNOWN" in done.stdout and "target dead: UNREACHABLE (connection)" in done.stdout
+    assert "no engine target has answered a scrape yet" in done.stdout
+    with serve(_AnswersOnce) as (engine, _), exporter_run("--engine", f"{engine}/metrics,name=flaky") as (base, _, _):
+        # The first scrape answered (the exporter was ready after it); wait for a later one's 503.
+        assert wait_until(lambda: bool(json.loads(urllib.request.urlopen(base + "/api/v1/diagnosis", timeout=5)
+                                                  .read()).get("unreachable")), timeout=60)
+        done = cli("doctor", "--url", base)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "status: DEGRADED" in done.stdout and "target flaky: UNREACHABLE" in done.stdout
 
 
 def test_plan_and_loadtest_on_a_dead_target_say_why_in_one_line():

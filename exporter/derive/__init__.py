@@ -59,6 +59,10 @@ class Deriver:
         self._specs: dict[str, GpuSpec | None] = {}
         self._logged: set[str] = set()
         self._clock = clock
+        # Engine targets that gave a scrape at least once (bounded by the snapshot's targets): one
+        # that never did is a dead target, and an exporter none of whose targets ever answered
+        # cannot tell anything (doctor's exit 3, as `doctor --engine` on the same URL; docs/cli.md).
+        self._answered: set[str] = set()
         self._diagnosis: dict[str, Any] | None = None
         self._cycle: Cycle | None = None
         self.last_cost_s = 0.0
@@ -140,9 +144,12 @@ class Deriver:
         self.last_cost_s = self._clock() - started
         # The diagnosis is built when asked for (HTTP, doctor), not every cycle: its inputs are
         # immutable records.
+        seen = {e.target for e in view.engines}
+        self._answered = (self._answered | seen) & (seen | {d.target for d in view.engines_down})
+        never = tuple(d.target for d in view.engines_down if d.target not in self._answered)
         health_state = self.state.get(health.STAGE.name)
         faults = health_state.all_faults() if isinstance(health_state, health.HealthState) else ()
-        self._cycle = Cycle(view, tuple(results), note, self.last_cost_s, faults)
+        self._cycle = Cycle(view, tuple(results), note, self.last_cost_s, faults, never)
         self._diagnosis = None
         return tuple(out)
 

@@ -37,6 +37,7 @@ class Cycle(NamedTuple):
     note: str  # how the GPUs were assigned, when that is a guess
     cost_s: float
     gpu_faults: tuple[Any, ...] = ()  # every GPU's faults this cycle (health.Fault), assigned or not
+    never_answered: tuple[str, ...] = ()  # unreachable targets that have not given one scrape yet
 
 
 def _numbers(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]:
@@ -195,8 +196,13 @@ def build_diagnosis(cycle: Cycle, stages: Sequence[Stage]) -> dict[str, Any]:
     now = view.taken_at
     other = [f.json(now) for f in cycle.gpu_faults if (f.uuid, f.gpu, f.fault) not in shown]
     # An unreachable target is a finding (degraded, doctor's exit 1), also when it is the only one.
+    # Every target unreachable and none ever answered: nothing is known about any engine (a wrong
+    # URL, an engine not started yet), the same "cannot tell" as doctor --engine on that URL.
+    dead = bool(unreachable) and not targets and set(cycle.never_answered) >= {d["target"] for d in unreachable}
     if "unhealthy" in statuses or other:
         status = "unhealthy"
+    elif dead:
+        status = "unknown"
     elif "degraded" in statuses or unreachable:
         status = "degraded"
     elif not targets or "unknown" in statuses:
@@ -204,6 +210,9 @@ def build_diagnosis(cycle: Cycle, stages: Sequence[Stage]) -> dict[str, Any]:
     else:
         status = "healthy"
     notes = [cycle.note] if cycle.note else []
+    if dead:
+        notes.append("no engine target has answered a scrape yet: cannot tell (check each target's URL and "
+                      "that its engine runs)")
     if not targets and not unreachable:
         notes.append("no engine target configured or seen")
     return {"ready": True, "taken_at": view.taken_at, "status": status, "targets": targets,
