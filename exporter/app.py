@@ -240,9 +240,26 @@ a probe that times out there records no latency at all (the panels would stay em
 they matter); `run --probe` keeps its 10 s default, where a timeout is the signal."""
 
 
+def _print_now(text: str) -> None:
+    """The demo's banner and log lines reach a pipe as they happen, not at exit."""
+    print(text, flush=True)
+
+
+def switch_settle_s(config: Config) -> float:
+    """Wall seconds a scenario switch needs at least, whatever the twin's speed: the exporter's rate
+    window still holds the previous scenario for its length, then the verdict holds for its cycles;
+    as many cycles again for scrapes and cycles that run late on a busy machine (measured: 17-19 s
+    at the default 1 s interval, docs/simulator.md)."""
+    from exporter.derive.settings import derive_settings
+
+    settings = derive_settings(config)
+    return settings.rate_window_s + (2 * settings.verdict_hold_cycles + 4) * config.interval_s
+
+
 async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, engine_format: str, gpu_name: str,
                    model: str, seed: int = 0, speed: float = 1.0, numa_mismatch: bool = False,
-                   stop: asyncio.Event | None = None, announce: Callable[[str], None] = print,
+                   stop: asyncio.Event | None = None,
+                   announce: Callable[[str], None] = _print_now,
                    on_ready: Callable[[str, Sequence[str]], None] | None = None,
                    probe_every_s: float | None = None) -> None:
     """`llm-exporter demo`: twins on loopback, the exporter scraping them over HTTP exactly as it
@@ -253,7 +270,7 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
     the exporter's app. `on_ready(exporter base URL, twin base URLs)` is called once both listen
     (`llm-exporter loadtest --demo` binds port 0 and learns the ports from it). `probe_every_s`:
     a client-side probe of each twin's OpenAI API at that period, as `run --probe` sends one."""
-    from exporter.simulator.demo import start_twins
+    from exporter.simulator.demo import announce_switches, start_twins
     from exporter.sources.gpu.sim import SimGpuSource
 
     sock = bind_listener(config)
@@ -290,6 +307,9 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
                          f"(switch: curl -X POST '{t.url}/sim/scenario?name=overload')\n") for i, t in enumerate(twins))
             + "Ctrl-C stops it."
         )
+        for i, t in enumerate(twins):  # a switch answers and logs what to expect, as the banner does
+            announce_switches(t, target=f"demo-{i}", base=base, speed=speed, settle_s=switch_settle_s(config),
+                              announce=announce)
         if on_ready is not None:
             on_ready(base, [t.url for t in twins])
         await serve(config, sources, sock, stop)

@@ -18,7 +18,7 @@ from exporter.derive.bottleneck import UNKNOWN_VERDICT_WORDS, VERDICT_WORDS
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#f5f6f8;color:#1d2330}
-header{background:#1d2330;color:#fff;padding:10px 20px;display:flex;gap:20px;align-items:baseline}
+header{background:#1d2330;color:#fff;padding:10px 20px;display:flex;flex-wrap:wrap;gap:4px 20px;align-items:baseline}
 header h1{font-size:18px;margin:0}header a{color:#9cc3ff}
 main{padding:16px 20px;display:grid;gap:16px}
 section.target{background:#fff;border-radius:8px;padding:14px 18px;box-shadow:0 1px 3px #0002}
@@ -26,14 +26,16 @@ h2{margin:0 0 8px;font-size:17px}h3{font-size:14px;margin:12px 0 4px;color:#445}
 .verdict{display:inline-block;padding:3px 10px;border-radius:12px;font-weight:600;color:#fff}
 .healthy{background:#2e7d32}.degraded{background:#c62828}.unknown{background:#757575}.unhealthy{background:#6a1b9a}
 .faults{border-left:4px solid #6a1b9a;background:#f6effa;padding:6px 12px;margin:8px 0}
-.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(280px,1fr));gap:12px}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(340px,1fr));gap:12px}
 table{border-collapse:collapse}td,th{padding:2px 8px;text-align:right}th{color:#556;font-weight:500}
 td:first-child,th:first-child{text-align:left}
+table.tails td,.nw{white-space:nowrap}.grid>div{min-width:0;overflow-x:auto}
 .bar{background:#e4e7ec;border-radius:4px;height:12px;width:160px;display:inline-block;vertical-align:middle}
 .bar span{display:block;height:12px;border-radius:4px;background:#3b6fd8}
 .bar span.hot{background:#c62828}
 ul{margin:4px 0;padding-left:20px}.muted{color:#667}
-.gpus{display:flex;flex-wrap:wrap;gap:10px}
+.gpus{display:flex;flex-wrap:wrap;gap:10px}.gpus>div{flex:1 1 480px;max-width:760px}
+svg.roofline{display:block;width:100%;height:auto}
 """
 
 
@@ -45,7 +47,13 @@ def esc(value: object) -> str:
 def _num(value: Any, fmt: str = "{:.0f}", unit: str = "") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return '<span class="muted">-</span>'
-    return esc(fmt.format(value) + unit)
+    return _nowrap(fmt.format(value) + unit)
+
+
+def _nowrap(text: str) -> str:
+    """Escaped, with no line break between the number and its unit ("36 ms", never "36" then "ms")."""
+    number, space, unit = text.partition(" ")
+    return esc(number) + ("&nbsp;" if space else "") + esc(unit)
 
 
 def _bar(ratio: float | None, hot_at: float = 0.9) -> str:
@@ -53,25 +61,28 @@ def _bar(ratio: float | None, hot_at: float = 0.9) -> str:
         return '<span class="muted">-</span>'
     width = max(0.0, min(1.0, ratio)) * 100
     hot = ' class="hot"' if ratio >= hot_at else ""
-    return f'<span class="bar"><span{hot} style="width:{width:.1f}%"></span></span> {ratio * 100:.0f}%'
+    return (f'<span class="nw"><span class="bar"><span{hot} style="width:{width:.1f}%"></span></span> '
+            f'{ratio * 100:.0f}%</span>')
 
 
 def _log_pos(value: float, lo: float, hi: float, size: float) -> float:
     return (math.log10(value) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * size
 
 
-def roofline_svg(gpu: Mapping[str, Any], width: int = 260, height: int = 170) -> str:
+def roofline_svg(gpu: Mapping[str, Any], width: int = 640, height: int = 280) -> str:
     """A log-log roofline of one GPU: the bandwidth and compute roofs and the decode point
-    (modelled intensity and FLOP/s). Without a model point it shows the GPM bandwidth share."""
+    (modelled intensity and FLOP/s). Without a model point it shows the GPM bandwidth share.
+    Drawn in a `width` x `height` viewBox; the page's CSS (svg.roofline) scales it to its column."""
     bw, peak = gpu.get("peak_bandwidth_bytes_per_second"), gpu.get("peak_flops")
-    pad_l, pad_b, pad_t, pad_r = 34, 24, 8, 8
+    pad_l, pad_b, pad_t, pad_r = 58, 40, 12, 16
     w, h = width - pad_l - pad_r, height - pad_b - pad_t
     title = esc(f"GPU{gpu.get('gpu')} {gpu.get('name', '')}")
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             f'aria-label="roofline {title}"><title>roofline {title}</title>',
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="roofline" viewBox="0 0 {width} {height}" '
+             f'width="{width}" height="{height}" role="img" aria-label="roofline {title}">'
+             f'<title>roofline {title}</title>',
              f'<rect x="{pad_l}" y="{pad_t}" width="{w}" height="{h}" fill="#fafbfc" stroke="#ccd"/>']
     if not bw or not peak:
-        parts.append(f'<text x="{pad_l + 8}" y="{pad_t + 20}" font-size="11" fill="#667">no peak spec for this GPU'
+        parts.append(f'<text x="{pad_l + 12}" y="{pad_t + 28}" font-size="14" fill="#667">no peak spec for this GPU'
                      '</text></svg>')
         return "".join(parts)
     x_lo, x_hi = 0.1, 10_000.0
@@ -86,48 +97,52 @@ def roofline_svg(gpu: Mapping[str, Any], width: int = 260, height: int = 170) ->
     ridge = peak / bw
     points = [xy(x_lo, bw * x_lo), xy(ridge, peak), xy(x_hi, peak)]
     path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
-    parts.append(f'<polyline points="{path}" fill="none" stroke="#1d2330" stroke-width="2"/>')
+    parts.append(f'<polyline points="{path}" fill="none" stroke="#1d2330" stroke-width="2.5"/>')
     ticks = (0.1, 1, 10, 100, 1000, 10000)
     for tick in ticks:
         tx, _ = xy(tick, y_lo)
         # The outermost labels are anchored inside the plot so neither is clipped by the SVG's edge.
         anchor = "end" if tick == ticks[-1] else "start" if tick == ticks[0] else "middle"
-        parts.append(f'<text x="{tx:.1f}" y="{height - 8}" font-size="9" text-anchor="{anchor}" fill="#667">'
+        parts.append(f'<text x="{tx:.1f}" y="{pad_t + h + 17}" font-size="13" text-anchor="{anchor}" fill="#667">'
                      f'{tick:g}</text>')
-    parts.append(f'<text x="{pad_l + w / 2:.0f}" y="{height - 0}" font-size="9" text-anchor="middle" fill="#667">'
+    parts.append(f'<text x="{pad_l + w / 2:.0f}" y="{height - 4}" font-size="13" text-anchor="middle" fill="#667">'
                  'FLOP/byte</text>')
-    parts.append(f'<text x="4" y="{pad_t + 10}" font-size="9" fill="#667">{peak / 1e12:.0f}</text>')
-    parts.append(f'<text x="4" y="{pad_t + 20}" font-size="8" fill="#667">TFLOP/s</text>')
+    parts.append(f'<text x="6" y="{pad_t + 14}" font-size="13" fill="#667">{peak / 1e12:.0f}</text>')
+    parts.append(f'<text x="6" y="{pad_t + 30}" font-size="11" fill="#667">TFLOP/s</text>')
     intensity, achieved = gpu.get("intensity_flops_per_byte"), gpu.get("achieved_flops")
     if intensity and achieved:
         px, py = xy(intensity, achieved)
-        parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="5" fill="#3b6fd8"><title>decode (model): '
+        parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="7" fill="#3b6fd8"><title>decode (model): '
                      f'{intensity:.1f} FLOP/byte, {achieved / 1e12:.1f} TFLOP/s</title></circle>')
     gpm = gpu.get("gpm_ratio")
     if gpm is not None and intensity:
         # The measured bandwidth at the modelled intensity: where GPM says the decode point sits.
         gx, gy = xy(intensity, gpm * bw * intensity)
-        parts.append(f'<circle cx="{gx:.1f}" cy="{gy:.1f}" r="4" fill="none" stroke="#c62828" stroke-width="2">'
+        parts.append(f'<circle cx="{gx:.1f}" cy="{gy:.1f}" r="6" fill="none" stroke="#c62828" stroke-width="2.5">'
                      f'<title>GPM: HBM at {gpm * 100:.0f}% of peak</title></circle>')
     label = []
     if gpu.get("model_ratio") is not None:
         label.append(f"model {gpu['model_ratio'] * 100:.0f}%")
     if gpm is not None:
         label.append(f"GPM {gpm * 100:.0f}%")
-    parts.append(f'<text x="{pad_l + 6}" y="{pad_t + h - 6}" font-size="10" fill="#1d2330">HBM '
+    parts.append(f'<text x="{pad_l + 10}" y="{pad_t + h - 10}" font-size="14" fill="#1d2330">HBM '
                  f'{esc(", ".join(label) or "-")}</text></svg>')
     return "".join(parts)
 
 
-def _latency_text(seconds: float) -> str:
-    """As the evidence and doctor write latencies: milliseconds under a second, else seconds."""
-    return f"{seconds * 1000:.0f} ms" if seconds < 1.0 else f"{seconds:.3g} s"
+MS_KINDS = frozenset({"tbt"})  # per-token gaps in milliseconds; TTFT and e2e in seconds
 
 
-def _latency(seconds: Any) -> str:
+def _latency_text(seconds: float, kind: str) -> str:
+    """As the evidence writes latencies, one unit per quantity: TBT (per token) in milliseconds,
+    TTFT and e2e in seconds, whatever the value."""
+    return f"{seconds * 1000:.3g} ms" if kind in MS_KINDS else f"{seconds:.3g} s"
+
+
+def _latency(seconds: Any, kind: str) -> str:
     if seconds is None or (isinstance(seconds, float) and not math.isfinite(seconds)):
         return '<span class="muted">-</span>'
-    return esc(_latency_text(float(seconds)))
+    return _nowrap(_latency_text(float(seconds), kind))
 
 
 def _tails(numbers: Mapping[str, Any]) -> str:
@@ -142,13 +157,13 @@ def _tails(numbers: Mapping[str, Any]) -> str:
         if tail.get("slo_no_recent_traffic"):
             slo = '<span class="muted">no recent traffic</span>'
         elif attained is not None and bound is not None:
-            slo = f"{attained * 100:.0f}% &le; {esc(_latency_text(bound))}"
-        rows.append(f"<tr><td>{title}</td><td>{_latency(q.get('0.5'))}</td>"
-                    f"<td>{_latency(q.get('0.95'))}</td><td>{_latency(q.get('0.99'))}</td>"
+            slo = f"{attained * 100:.0f}%&nbsp;&le;&nbsp;{_nowrap(_latency_text(bound, kind))}"
+        rows.append(f"<tr><td>{title}</td><td>{_latency(q.get('0.5'), kind)}</td>"
+                    f"<td>{_latency(q.get('0.95'), kind)}</td><td>{_latency(q.get('0.99'), kind)}</td>"
                     f"<td>{slo or '-'}</td><td>{_num(tail.get('window_count'))}</td></tr>")
     if not rows:
         return '<p class="muted">no latency histograms in the window yet</p>'
-    return ("<table><tr><th></th><th>p50</th><th>p95</th><th>p99</th><th>SLO</th><th>n</th></tr>"
+    return ('<table class="tails"><tr><th></th><th>p50</th><th>p95</th><th>p99</th><th>SLO</th><th>n</th></tr>'
             + "".join(rows) + "</table>")
 
 
@@ -160,7 +175,7 @@ def _model_check(n: Mapping[str, Any]) -> str:
     if predicted is None or observed is None or error is None:
         return '<span class="muted">-</span>'
     tps = n.get("model_tps_error")
-    return (f"{predicted * 1e3:.2f} ms / {observed * 1e3:.2f} ms ({error * 100:+.0f}%; decode tok/s "
+    return (f"{predicted * 1e3:.2f}&nbsp;ms / {observed * 1e3:.2f}&nbsp;ms ({error * 100:+.0f}%; decode tok/s "
             f"{_num(None if tps is None else tps * 100, '{:+.0f}', '%')}), {esc(str(n.get('model_bound', '')))}-bound")
 
 
@@ -199,7 +214,7 @@ def _kv(n: Mapping[str, Any]) -> str:
             f"<tr><td>used bytes</td><td>{_num(gib, '{:.1f}', ' GiB')}</td></tr>"
             f"<tr><td>bytes/token</td><td>{_num(bpt and bpt / 1024, '{:.0f}', ' KiB')}</td></tr>"
             f"<tr><td>headroom</td><td>{_num(n.get('kv_headroom_sequences'), '{:.0f}', ' sequences')}</td></tr>"
-            f"<tr><td>preemptions</td><td>{_num(n.get('preemptions_per_second'), '{:.2f}', '/s')}</td></tr>"
+            f"<tr><td>preemptions</td><td>{_num(n.get('preemptions_per_second'), '{:.3g}', '/s')}</td></tr>"
             "</table>")
 
 

@@ -110,9 +110,9 @@ def _ready(port: int) -> bool:
 
 @pytest.mark.timeout(240)
 def test_a_throttled_gpu_under_full_kv_is_named_beside_kv_with_both_remedies() -> None:
-    """The real demo in kv-pressure, switched to thermal-throttle with the curl line it prints: the
-    queue the heavy traffic built stays (as it would on a real engine whose GPU starts throttling), so
-    KV stays full, and now the GPU throttles too. Both score alike: doctor names both, with both
+    """The real demo in kv-pressure, switched to thermal-throttle with the curl line it prints and
+    `backlog=keep`: the queue the heavy traffic built stays (as it would on a real engine whose GPU
+    starts throttling), so KV stays full, and now the GPU throttles too. Both score alike: doctor names both, with both
     remedies, and the status page shows both."""
     port = free_port()
     demo = subprocess.Popen([sys.executable, "-m", "exporter.cli", "demo", "--listen", f"127.0.0.1:{port}",
@@ -130,7 +130,7 @@ def test_a_throttled_gpu_under_full_kv_is_named_beside_kv_with_both_remedies() -
         def target() -> dict:
             return next(iter(httpx.get(base + "/api/v1/diagnosis", timeout=5).json()["targets"].values()), {})
         assert wait_until(lambda: target().get("verdict") == "kv_capacity", timeout=90, interval=1.0), target()
-        httpx.post(twin + "/sim/scenario?name=thermal-throttle", timeout=5).raise_for_status()
+        httpx.post(twin + "/sim/scenario?name=thermal-throttle&backlog=keep", timeout=5).raise_for_status()
         assert wait_until(lambda: "power_thermal" in (target().get("also_limiting") or []), timeout=90,
                           interval=1.0), target()
         t = target()

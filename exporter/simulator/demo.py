@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from exporter.simulator.scenarios import get_scenario
 from exporter.simulator.server import TwinServer, start_server
@@ -65,3 +67,28 @@ async def start_twins(*, scenario: str, engines: int, gpus: int, engine_format: 
                 await running.stop()
         raise
     return started
+
+
+def announce_switches(running: RunningTwin, *, target: str, base: str, speed: float, settle_s: float,
+                      announce: Callable[[str], None]) -> None:
+    """What a `POST /sim/scenario` to this twin answers and logs in the demo: what to expect and where
+    (the exporter at `base`, this twin's `target`), from the scenario's Expect as the start banner says
+    it, the time at least `settle_s` (the exporter's windows still hold the previous scenario)."""
+    where = {"status_page": base + "/", "metrics": base + "/metrics", "diagnosis": base + "/api/v1/diagnosis",
+             "target": target}
+
+    def expectation(name: str) -> dict[str, Any]:
+        expect = get_scenario(name).expect
+        return {} if expect is None else {**expect.describe(speed, settle_s), **where}
+
+    def on_switch(doc: dict[str, Any]) -> None:
+        expect = get_scenario(doc["scenario"]).expect
+        backlog = (f"{doc['requests_aborted']} requests of the old traffic aborted" if doc["backlog"] == "dropped"
+                   else "its requests kept")
+        what = "no expectation declared" if expect is None else expect.line(
+            speed, settle_s, where=f'{base}/ and llm_bottleneck{{target="{target}"}}')
+        announce(f"llm-exporter demo: {target} ({running.url}) switched from {doc['previous']} to "
+                 f"{doc['scenario']} ({backlog}): {what}")
+
+    running.server.app.expectation = expectation
+    running.server.app.on_switch = on_switch

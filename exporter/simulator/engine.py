@@ -637,6 +637,39 @@ class Engine:
         self.observer.on_abort(req, self.t)
         return True
 
+    def drain(self) -> int:
+        """The workload's own clients go away (a traffic switch, exporter/simulator/twin.py): each of
+        their requests is aborted wherever it is (tokenizing, waiting, prefilling, decoding) and its KV
+        blocks freed, as `abort` does for one client; requests sent through the API stay. Counters
+        keep counting (the aborts under finish reason abort). Returns how many were aborted. Not for
+        an instance of a prefill/decode pair (its requests also sit on the KV link)."""
+        own = [req for req in self.by_id.values() if not req.external]
+        if not own:
+            return 0
+        kept = [req for req in self.frontend if req.external]
+        self.frontend.clear()
+        waiting = [req for req in self.waiting if req.external]
+        self.waiting.clear()
+        self.waiting.extend(waiting)
+        for req in own:
+            if req.decoding:
+                self._stop_decoding(req)
+                req.last_token = self.t
+            self._release(req)
+            req.aborted = True
+            self.counters.aborted += 1
+            self.observer.on_abort(req, self.t)
+        # The API server's thread no longer has the old traffic to tokenize (or detokenize): the
+        # requests still queued there move up, never later than they were due.
+        free = self.t
+        for req in kept:
+            service = (self.host.request_overhead_s + req.prompt / self.host.tokenize_tokens_per_s) / self.cpu_speed
+            req.ready_at = min(req.ready_at, max(free, req.arrival) + service)
+            free = req.ready_at
+            self.frontend.append(req)
+        self.frontend_free_at = free
+        return len(own)
+
     def _preempt(self, req: Request) -> None:
         if req.decoding:
             self._stop_decoding(req)

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from exporter.simulator.costs import NetworkLink
 from exporter.simulator.engine import HostConfig
@@ -21,14 +22,26 @@ CHAT_PROMPT = LengthDist(mean=600, sigma=0.8, lo=16, hi=8192)
 CHAT_OUTPUT = LengthDist(mean=300, sigma=0.6, lo=4, hi=2048)
 
 
+MIN_STATED_S = 5  # the demo never promises a verdict sooner: the verdict's own hysteresis is a few 1 s cycles
+# After a switch the exporter's windows still hold the previous scenario, in wall-clock time at any
+# --speed: the default exporter's (1 s interval) 15 s rate window, the verdict's 3-cycle hold, and as
+# many cycles again for late scrapes on a busy machine. The demo computes its own from its settings
+# (exporter.app.switch_settle_s).
+SWITCH_SETTLE_S = 25.0
+
+
 @dataclass(frozen=True, slots=True)
 class Expect:
     """What `llm-exporter demo --scenario S` shows at `--speed 1` (1 s interval), declared once: the
-    demo prints it (exporter.app.run_demo), tests/test_demo_scenarios.py checks it on the live
-    process and tests/test_derive_twin.py on the fast-forwarded twin."""
+    demo prints it at start and on each switch (exporter.app.run_demo), `POST /sim/scenario` answers
+    it (exporter/simulator/server.py), tests/test_demo_scenarios.py and tests/test_demo_switch.py check
+    it on the live process and tests/test_derive_twin.py on the fast-forwarded twin."""
 
     verdict: str | None  # the llm_bottleneck resource that reads 1; None: no single verdict
-    within_s: float = 60.0  # wall seconds at --speed 1 by which it shows (measured, rounded up)
+    # Wall seconds at --speed 1 by which it shows, after a start or after a switch from any other
+    # scenario (measured, rounded up). A switch is bounded below by the exporter's windows, which
+    # still hold the previous scenario for their length (15 s rate window + the verdict's hold).
+    within_s: float = 60.0
     panels: tuple[str, ...] = ()  # Grafana panels (dashboards/) where the signature shows
     why_no_verdict: str = ""  # with verdict None: why (the demo prints it; no verdict test runs for it)
 
@@ -36,15 +49,40 @@ class Expect:
         if self.verdict is None and not self.why_no_verdict:
             raise ValueError("an Expect without a verdict says why (why_no_verdict)")
 
-    def lines(self, speed: float = 1.0) -> str:
-        """The demo's "what you should see" text, for a twin running at `speed`."""
+    def within(self, speed: float = 1.0, floor_s: float = 0.0) -> int | None:
+        """The wall seconds the demo states at `speed` (twin time runs `speed` times faster), at least
+        `floor_s`: after a switch, the exporter's windows are wall-clock at any speed and hold the
+        previous scenario for their length. None without a verdict."""
         if self.verdict is None:
-            head = f"  expect        no single verdict: {self.why_no_verdict}\n"
-        else:
-            # Twin time runs `speed` times faster; the verdict's own hysteresis is a few 1 s cycles.
-            within = max(5, math.ceil(self.within_s / max(speed, 1e-9)))
-            head = f"  expect        verdict {self.verdict} on the status page and llm_bottleneck within ~{within} s\n"
-        return head + (f"  grafana       {'; '.join(self.panels)}\n" if self.panels else "")
+            return None
+        return max(MIN_STATED_S, math.ceil(self.within_s / max(speed, 1e-9)), math.ceil(floor_s))
+
+    def describe(self, speed: float = 1.0, floor_s: float = 0.0) -> dict[str, Any]:
+        """What to expect, as data: the `expect` object of `POST /sim/scenario`'s answer, and what
+        `lines` and `line` word."""
+        doc: dict[str, Any] = {"verdict": self.verdict, "within_s": self.within(speed, floor_s),
+                               "metric": "llm_bottleneck", "grafana_panels": list(self.panels)}
+        if self.verdict is None:
+            doc["why_no_verdict"] = self.why_no_verdict
+        return doc
+
+    def _headline(self, speed: float, floor_s: float, where: str) -> str:
+        d = self.describe(speed, floor_s)
+        if self.verdict is None:
+            return f"no single verdict: {self.why_no_verdict}"
+        return f"verdict {self.verdict} on {where} within ~{d['within_s']} s"
+
+    def lines(self, speed: float = 1.0, floor_s: float = 0.0,
+              where: str = "the status page and llm_bottleneck") -> str:
+        """The demo's "what you should see" text, for a twin running at `speed` (the start banner)."""
+        return (f"  expect        {self._headline(speed, floor_s, where)}\n"
+                + (f"  grafana       {'; '.join(self.panels)}\n" if self.panels else ""))
+
+    def line(self, speed: float = 1.0, floor_s: float = 0.0,
+             where: str = "the status page and llm_bottleneck") -> str:
+        """The same in one line (the demo's log line on a switch)."""
+        return (f"expect {self._headline(speed, floor_s, where)}"
+                + (f"; grafana: {'; '.join(self.panels)}" if self.panels else ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +114,7 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         "nothing: utilization 0, power at the idle floor, gpu_idle clock event, PCIe link at gen 1",
         "none",
         Workload(CHAT_PROMPT, CHAT_OUTPUT, arrival="none", load=0.0),
-        expect=Expect("idle", 10, ("Utilization next to SM, tensor and DRAM bandwidth activity", "Power vs limit",
+        expect=Expect("idle", 25, ("Utilization next to SM, tensor and DRAM bandwidth activity", "Power vs limit",
                                    "Clock event (throttle) reasons", "PCIe link: generation and width vs max")),
     ),
     Scenario(
@@ -85,7 +123,7 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         "weight + KV read per step",
         "HBM bandwidth (decode at the memory roof)",
         Workload(CHAT_PROMPT, CHAT_OUTPUT, load=0.85, prefix_hit_rate=0.2),
-        expect=Expect("memory_bandwidth", 10, ("Roofline: how close to the HBM and compute roofs",
+        expect=Expect("memory_bandwidth", 25, ("Roofline: how close to the HBM and compute roofs",
                                                "Achieved vs peak HBM bandwidth", "Requests running and waiting")),
     ),
     Scenario(
@@ -94,7 +132,7 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         "tensor compute (prefill is compute-bound)",
         Workload(LengthDist(mean=6000, sigma=0.4, lo=1024, hi=16000), LengthDist(mean=24, sigma=0.5, lo=1, hi=128),
                  load=0.8),
-        expect=Expect("compute", 10, ("Roofline: how close to the HBM and compute roofs", "Prefill vs decode tokens/s",
+        expect=Expect("compute", 25, ("Roofline: how close to the HBM and compute roofs", "Prefill vs decode tokens/s",
                                       "Prefill MFU", "Time to first token (p50/p95/p99, 5m)")),
     ),
     Scenario(
@@ -105,7 +143,7 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         # Arrivals well above what the pool holds at full length: it fills within ~30 s of start.
         Workload(LengthDist(mean=10000, sigma=0.5, lo=1024, hi=24000),
                  LengthDist(mean=1200, sigma=0.4, lo=64, hi=4096), load=1.8),
-        expect=Expect("kv_capacity", 45, ("KV cache usage", "Preemptions per second (5m)",
+        expect=Expect("kv_capacity", 60, ("KV cache usage", "Preemptions per second (5m)",
                                           "Requests running and waiting", "KV headroom: sequences that still fit")),
     ),
     Scenario(
@@ -121,7 +159,7 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         host=HostConfig(cpu_budget_cores=2.0, pinned=True, request_overhead_s=3e-3, tokenize_tokens_per_s=60_000,
                         detokenize_s_per_token=30e-6, sched_base_s=3e-3, sched_per_seq_s=500e-6,
                         sched_per_token_s=20e-6),
-        expect=Expect("host_cpu", 20, ("Engine process: busiest thread and cores used",
+        expect=Expect("host_cpu", 25, ("Engine process: busiest thread and cores used",
                                        "CPU busy: whole host vs busiest core",
                                        "Utilization next to SM, tensor and DRAM bandwidth activity")),
     ),
@@ -144,7 +182,7 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         Workload(LengthDist(mean=6000, sigma=0.4, lo=1024, hi=16000), LengthDist(mean=24, sigma=0.5, lo=1, hi=128),
                  load=0.8),
         thermal=Thermal(power_limit_share=0.4),
-        expect=Expect("power_thermal", 10, ("Power vs limit", "Clock event (throttle) reasons",
+        expect=Expect("power_thermal", 25, ("Power vs limit", "Clock event (throttle) reasons",
                                             "Clocks as a share of max")),
     ),
     Scenario(
@@ -155,7 +193,7 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         "interconnect (PCIe)",
         Workload(CHAT_PROMPT, CHAT_OUTPUT, load=0.12),
         interconnect="pcie", pcie_gen=3, pcie_width=8, min_gpus=2,
-        expect=Expect("interconnect", 10, ("PCIe link: generation and width vs max", "PCIe traffic")),
+        expect=Expect("interconnect", 25, ("PCIe link: generation and width vs max", "PCIe traffic")),
     ),
     Scenario(
         "pd-transfer", "Prefill/decode disaggregation: a prefill instance and a decode instance, the KV "
@@ -190,7 +228,7 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         "from well under a second to tens of seconds, throughput flat at capacity",
         "offered load above capacity (queueing)",
         Workload(CHAT_PROMPT, CHAT_OUTPUT, load=0.6, surge_after_s=20.0, surge_load=2.0),
-        expect=Expect("scheduler", 50, ("Requests running and waiting", "Time to first token (p50/p95/p99, 5m)",
+        expect=Expect("scheduler", 60, ("Requests running and waiting", "Time to first token (p50/p95/p99, 5m)",
                                         "TTFT SLO attainment (5m)")),
     ),
     Scenario(

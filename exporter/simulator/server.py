@@ -22,6 +22,7 @@ import exporter.jsonsafe as jsonsafe
 from exporter.httpserver import LISTEN_BACKLOG, HttpServer, respond
 from exporter.simulator.clock import RealtimeClock
 from exporter.simulator.openai_api import ApiLimits, OpenAIApi
+from exporter.simulator.scenarios import SWITCH_SETTLE_S, get_scenario
 from exporter.simulator.twin import Twin
 
 Handler = Callable[[dict, Any], Awaitable[tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]]]
@@ -36,6 +37,10 @@ class TwinApp:
 
     def __init__(self, clock: RealtimeClock, api_limits: ApiLimits | None = None) -> None:
         self.clock = clock
+        # What a switch answers under `expect` (scenario name -> JSON); the demo, which knows its
+        # exporter, adds where to look and its own windows (exporter.app.run_demo).
+        self.expectation: Callable[[str], dict[str, Any]] = self._expectation
+        self.on_switch: Callable[[dict[str, Any]], None] | None = None  # after each switch, with its answer
         # The API streams its responses, so its handlers are whole ASGI apps, not Handlers.
         self.api = OpenAIApi(clock, api_limits)
         self.routes: dict[tuple[str, str], Handler] = {
@@ -89,15 +94,34 @@ class TwinApp:
             except ValueError:
                 body = {}
             name = body.get("scenario") if isinstance(body, dict) else None
+            backlog = body.get("backlog", "drop") if isinstance(body, dict) else "drop"
+        else:
+            backlog = query["backlog"][0] if "backlog" in query else "drop"
         if not name or not isinstance(name, str):
             return _json(400, {"error": "give ?name=S or a JSON body {\"scenario\": S}"})
+        if backlog not in ("drop", "keep"):
+            return _json(400, {"error": "backlog is drop (the default: the old traffic's requests are aborted) "
+                                        "or keep (they run on under the new scenario)"})
         self.clock.sync()
         twin = self.clock.twin
+        previous = twin.scenario.name
         try:
-            twin.set_scenario(name)
+            aborted = twin.set_scenario(name, keep_backlog=backlog == "keep")
         except ValueError as e:
             return _json(409 if " needs " in str(e) else 400, {"error": str(e)})
-        return _json(200, {"scenario": twin.scenario.name, "twin_time_s": twin.now})
+        kept = backlog == "keep" or twin.pair is not None
+        doc: dict[str, Any] = {
+            "scenario": twin.scenario.name, "previous": previous, "twin_time_s": twin.now,
+            "backlog": "kept" if kept else "dropped", "requests_aborted": aborted,
+            "expect": self.expectation(twin.scenario.name)}
+        if self.on_switch is not None:
+            self.on_switch(doc)
+        return _json(200, doc)
+
+    def _expectation(self, name: str) -> dict[str, Any]:
+        """A twin alone does not know its exporter: its answer assumes the default one (1 s interval)."""
+        expect = get_scenario(name).expect
+        return {} if expect is None else expect.describe(self.clock.speed, SWITCH_SETTLE_S)
 
     async def sim_restart(self, scope: dict, receive: Any) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
         self.clock.sync()

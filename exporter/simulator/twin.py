@@ -277,8 +277,15 @@ class Twin:
 
     # --- control --------------------------------------------------------------------------
 
-    def set_scenario(self, name: str) -> None:
-        """Switch traffic, host and hardware condition now; requests in flight continue."""
+    def set_scenario(self, name: str, *, keep_backlog: bool = False) -> int:
+        """Switch traffic, host and hardware condition now. The previous traffic's clients go away:
+        their requests, queued or running, are aborted and their KV freed (Engine.drain), so the new
+        scenario starts from an empty engine as from a start (its verdict within Expect.within_s),
+        not behind the old one's backlog; requests sent through the API stay. Counters keep counting:
+        a load change, not an engine restart (`restart()` is that). `keep_backlog`: the old requests
+        stay and run on under the new condition (a GPU that starts throttling under full KV). A
+        prefill/decode pair only switches to its own scenario and keeps its requests (they also sit
+        on the KV link). Returns how many requests were aborted."""
         sc = get_scenario(name)
         if (sc.pd is None) != (self.scenario.pd is None):
             raise ValueError(f"scenario {name!r} needs " + (
@@ -298,7 +305,10 @@ class Twin:
             gpu.set_hardware(self.hw)
             gpu.set_thermal(sc.thermal)
             gpu.set_faults(sc.gpu_faults)
+        dropped = 0 if keep_backlog or self.pair is not None else sum(engine.drain() for engine in self.engines)
+        for engine in self.engines:
             engine.set_workload(self._workload(sc), self._base_rate(sc))
+        return dropped
 
     def restart(self) -> None:
         """As an engine restart: requests in flight are lost, counters start from zero with a new
