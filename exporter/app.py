@@ -17,6 +17,7 @@ import socket
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from exporter.collect import Collector
 from exporter.config import Config, ConfigError, EngineTarget, ProbeTarget
@@ -240,6 +241,14 @@ a probe that times out there records no latency at all (the panels would stay em
 they matter); `run --probe` keeps its 10 s default, where a timeout is the signal."""
 
 
+def _gpus_words(twins: Sequence[Any]) -> str:
+    """How many GPUs the twins simulate, as the GPU source exports them (a scenario may need more
+    than --gpus: cross-node-tp runs two)."""
+    counts = [t.twin.hw.tp * len(t.twin.gpu_models) for t in twins]  # TP GPUs per data-parallel rank
+    each, total = set(counts), sum(counts)
+    return f"{total}x" if len(twins) == 1 or len(each) != 1 else f"{total}x ({each.pop()} per instance)"
+
+
 def _print_now(text: str) -> None:
     """The demo's banner and log lines reach a pipe as they happen, not at exit."""
     print(text, flush=True)
@@ -279,8 +288,11 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
     try:
         # Each target declares the model its twin serves, as a user of an engine whose page names
         # none (llama.cpp) does with `model=`; a page that names it wins.
+        # and the role its twin plays in a prefill/decode pair, as a vLLM user does with `role=` (the
+        # page does not say it).
         targets = tuple(EngineTarget(url=t.url + "/metrics", name=f"demo-{i}", kind=None, model=t.twin.model.name,
-                                     timeout_s=config.engine_timeout_s) for i, t in enumerate(twins))
+                                     timeout_s=config.engine_timeout_s, role=t.role if t.role != "both" else None)
+                        for i, t in enumerate(twins))
         probes = config.probes or tuple(
             ProbeTarget(url=t.url, target=target.name, engine=target, every_s=probe_every_s,
                         timeout_s=DEMO_PROBE_TIMEOUT_S)
@@ -293,7 +305,8 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
                f"{sock.getsockname()[1]}"
         announce(
             f"llm-exporter demo: {engines} {engine_format} "
-            f"{'prefill/decode pair(s)' if twins[0].role != 'both' else 'twin(s)'} of {model} on {gpus}x {gpu_name}, "
+            f"{'prefill/decode pair(s)' if twins[0].role != 'both' else 'twin(s)'} of {model} on "
+            f"{_gpus_words(twins)} {gpu_name}, "
             f"scenario {scenario}, host {config.host_backend}\n"
             + (f"  GPU price     {config.gpu_price_per_hour:g} per GPU-hour, for the cost panels "
                "(--gpu-price-per-hour)\n" if config.gpu_price_per_hour is not None else "")

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter.catalog.derived import RESOURCES
-from exporter.derive.bottleneck import UNKNOWN_VERDICT_WORDS, VERDICT_WORDS
+from exporter.derive.bottleneck import UNKNOWN_VERDICT_WORDS, VERDICT_WORDS, pct
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#f5f6f8;color:#1d2330}
@@ -62,7 +62,7 @@ def _bar(ratio: float | None, hot_at: float = 0.9) -> str:
     width = max(0.0, min(1.0, ratio)) * 100
     hot = ' class="hot"' if ratio >= hot_at else ""
     return (f'<span class="nw"><span class="bar"><span{hot} style="width:{width:.1f}%"></span></span> '
-            f'{ratio * 100:.0f}%</span>')
+            f'{esc(pct(ratio))}</span>')
 
 
 def _log_pos(value: float, lo: float, hi: float, size: float) -> float:
@@ -154,10 +154,12 @@ def _tails(numbers: Mapping[str, Any]) -> str:
         q = tail.get("quantiles", {})
         slo = ""
         attained, bound = tail.get("slo_attainment"), tail.get("slo_bound_used")
-        if tail.get("slo_no_recent_traffic"):
+        if tail.get("not_applicable"):
+            slo = f'<span class="muted" title="{esc(tail["not_applicable"])}">not applicable</span>'
+        elif tail.get("slo_no_recent_traffic"):
             slo = '<span class="muted">no recent traffic</span>'
         elif attained is not None and bound is not None:
-            slo = f"{attained * 100:.0f}%&nbsp;&le;&nbsp;{_nowrap(_latency_text(bound, kind))}"
+            slo = f"{esc(pct(attained))}&nbsp;&le;&nbsp;{_nowrap(_latency_text(bound, kind))}"
         rows.append(f"<tr><td>{title}</td><td>{_latency(q.get('0.5'), kind)}</td>"
                     f"<td>{_latency(q.get('0.95'), kind)}</td><td>{_latency(q.get('0.99'), kind)}</td>"
                     f"<td>{slo or '-'}</td><td>{_num(tail.get('window_count'))}</td></tr>")
@@ -179,18 +181,24 @@ def _model_check(n: Mapping[str, Any]) -> str:
             f"{_num(None if tps is None else tps * 100, '{:+.0f}', '%')}), {esc(str(n.get('model_bound', '')))}-bound")
 
 
+NOT_FOR_DECODE = '<span class="muted">none: decode role (the prefill instance computes the prompts)</span>'
+
+
 def _throughput(n: Mapping[str, Any]) -> str:
     share = n.get("prefill_time_share")
     phase = "-" if share is None else f"prefill {share * 100:.0f}% / decode {(1 - share) * 100:.0f}%"
+    decode_role = n.get("role") == "decode"
+    prefill = NOT_FOR_DECODE if decode_role else _num(n.get('prefill_tokens_per_second'), '{:,.0f}', ' tok/s')
     return ("<table>"
             f"<tr><td>prefill (new prompt tokens)</td>"
-            f"<td>{_num(n.get('prefill_tokens_per_second'), '{:,.0f}', ' tok/s')}</td></tr>"
+            f"<td>{prefill}</td></tr>"
             f"<tr><td>decode</td><td>{_num(n.get('decode_tokens_per_second'), '{:,.0f}', ' tok/s')}</td></tr>"
             f"<tr><td>batch (mean running)</td><td>{_num(n.get('mean_batch'), '{:.1f}')}</td></tr>"
             f"<tr><td>waiting</td><td>{_num(n.get('waiting'))}</td></tr>"
             f"<tr><td>decode steps/s</td><td>{_num(n.get('decode_steps_per_second'), '{:.1f}')}</td></tr>"
             f"<tr><td>engine time</td><td>{esc(phase)}</td></tr>"
-            f"<tr><td>prefill MFU</td><td>{_bar(n.get('prefill_mfu'), 2.0)}</td></tr>"
+            f"<tr><td>prefill MFU</td><td>{NOT_FOR_DECODE if decode_role else _bar(n.get('prefill_mfu'), 2.0)}"
+            "</td></tr>"
             f"<tr><td>MFU (engine's estimate: every step, recomputation after preemptions included)</td>"
             f"<td>{_bar(n.get('engine_flops_ratio'), 2.0)}</td></tr>"
             f"<tr><td>HBM (engine's estimate)</td><td>{_bar(n.get('engine_hbm_ratio'), 2.0)}</td></tr>"
