@@ -237,11 +237,13 @@ SCENARIOS: Mapping[str, Scenario] = MappingProxyType({s.name: s for s in (
         "corrected ECC errors at 4 s, XID 13 at 6 s and again at 20 s, PCIe replays from 8 s on, a "
         "double-bit (uncorrected) ECC error with XID 48, a pending row remap, XID 63 and recovery "
         "action gpu_reset at 12 s; traffic and speed unaffected",
-        "none (hardware errors: the alerts and fault panels, not the verdict)",
+        "none (hardware errors: the status UNHEALTHY above any verdict, the alerts and the fault panels)",
         Workload(CHAT_PROMPT, CHAT_OUTPUT, load=0.6, prefix_hit_rate=0.2),
         expect=Expect(None, panels=("XID errors in the time range", "ECC errors, row remapping and PCIe replays"),
-                      why_no_verdict="the faults are errors, not a bottleneck: LLMGPUXidWarning, LLMGPUXidCritical, "
-                      "LLMGPUUncorrectableECCErrors and LLMGPURecoveryActionRequired fire instead"),
+                      why_no_verdict="the faults are errors, not a bottleneck: status UNHEALTHY (doctor exit 4) with "
+                      "GPU 0's XID 48, ECC error, pending remap and recovery action named above the verdict on "
+                      "the status page and in doctor, llm_unhealthy_gpus 1; LLMGPUXidWarning, LLMGPUXidCritical, "
+                      "LLMGPUUncorrectableECCErrors and LLMGPURecoveryActionRequired fire"),
         gpu_faults=(
             GpuFault(4.0, ecc_corrected=3),
             GpuFault(6.0, xid=13),
