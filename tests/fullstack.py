@@ -271,8 +271,11 @@ class FullStack:
         return response.json()
 
     # --- the twin -------------------------------------------------------------------------------
-    def scenario(self, name: str) -> None:
-        self.client.post(f"{self.twin}/sim/scenario", params={"name": name}).raise_for_status()
+    def scenario(self, name: str, *, keep_backlog: bool = False) -> None:
+        """Switch the twin: the old traffic's requests are aborted, unless `keep_backlog` (then they
+        run on under the new scenario, as on a real engine whose load drops: the queue drains)."""
+        params = {"name": name, **({"backlog": "keep"} if keep_backlog else {})}
+        self.client.post(f"{self.twin}/sim/scenario", params=params).raise_for_status()
 
     def restart_engine(self) -> None:
         self.client.post(f"{self.twin}/sim/restart").raise_for_status()

@@ -169,7 +169,8 @@ def test_engine_killed_pages_engine_down_and_opens_nothing_else(stack: FullStack
         assert not (breaches := outage()), f"while the engine was down: {breaches}\n{timeline(stack)}"
     finally:
         stack.proxy.start()
-        stack.scenario("decode-heavy")
+        # The surge ends, its queue stays and drains (test 3 times it), as on a real engine.
+        stack.scenario("decode-heavy", keep_backlog=True)
         stack.marks["recovered"] = time.monotonic()
 
 
@@ -185,7 +186,7 @@ SURGE_DELAY_S = (SCENARIOS["overload"].workload.surge_after_s or 0.0) / TWIN_SPE
 def test_overload_alerts_resolve_after_back_to_decode_heavy(stack: FullStack):
     since = stack.marks.get("recovered")
     if since is None:
-        stack.scenario("decode-heavy")
+        stack.scenario("decode-heavy", keep_backlog=True)
         since = time.monotonic()
     surge_s = max(0.0, since - stack.marks.get("overload", since) - SURGE_DELAY_S)
     fast = stack.scaled["burn_rates"][0]
