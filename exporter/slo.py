@@ -39,6 +39,16 @@ def _plural(count: float, unit: str) -> str:
     return f"{count:g} {unit}" + ("" if count == 1 else "s")
 
 
+MS_KINDS = frozenset({"tbt"})
+"""Latencies shown in milliseconds: the per-token gaps. TTFT and e2e read in seconds, whatever the value,
+so one quantity has one unit on every page, report and evidence line (the boards' unit is `s`)."""
+
+
+def latency_text(seconds: float, kind: str) -> str:
+    """A latency as every page and report writes it: `kind` ttft, tbt or e2e (MS_KINDS in ms)."""
+    return f"{seconds * 1000:.3g} ms" if kind in MS_KINDS else f"{seconds:.3g} s"
+
+
 def human_duration(seconds: float) -> str:
     """A span for prose, in its largest sensible unit: "5 days", "50 hours", "1 hour", "12 minutes"."""
     hours = seconds / 3600

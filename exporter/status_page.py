@@ -15,6 +15,7 @@ from typing import Any
 
 from exporter.catalog.derived import RESOURCES
 from exporter.derive.bottleneck import UNKNOWN_VERDICT_WORDS, VERDICT_WORDS, pct
+from exporter.slo import latency_text
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#f5f6f8;color:#1d2330}
@@ -130,13 +131,7 @@ def roofline_svg(gpu: Mapping[str, Any], width: int = 640, height: int = 280) ->
     return "".join(parts)
 
 
-MS_KINDS = frozenset({"tbt"})  # per-token gaps in milliseconds; TTFT and e2e in seconds
-
-
-def _latency_text(seconds: float, kind: str) -> str:
-    """As the evidence writes latencies, one unit per quantity: TBT (per token) in milliseconds,
-    TTFT and e2e in seconds, whatever the value."""
-    return f"{seconds * 1000:.3g} ms" if kind in MS_KINDS else f"{seconds:.3g} s"
+_latency_text = latency_text  # one unit per quantity, as the evidence (exporter/slo.py)
 
 
 def _latency(seconds: Any, kind: str) -> str:

@@ -397,7 +397,7 @@ def test_after_a_restart_the_window_is_one_window_for_the_tails_the_slo_and_the_
     assert ttft["window_count_since_restart"] == 0 and ttft["restarted_seconds_ago"] == 15
     assert after["slo"]["ttft"]["state"] == "missed" and after["status"] == "degraded"
     assert after["slo"]["ttft"]["words"] == (
-        "TTFT SLO: 0% of 110 requests in the last 5 minutes within 2.5s (under 90%: missed); the engine "
+        "TTFT SLO: 0% of 110 requests in the last 5 minutes within 2.5 s (under 90%: missed); the engine "
         "restarted 15 seconds ago and 0 of them came after it (the others leave the window, as in Prometheus' "
         "rate())")
     assert [s.value for s in out if s.name == "llm_ttft_slo_attainment_ratio"] == [0.0]

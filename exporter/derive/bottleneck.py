@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from exporter.catalog.derived import RESOURCES
+from exporter.slo import latency_text
 from exporter.snapshot import Sample
 
 ROOFS = ("compute", "memory_bandwidth")
@@ -537,13 +538,13 @@ def _context(s: Signals) -> list[str]:
     if s.ttft_p99 is not None:
         slo = ""
         if s.ttft_attainment is not None and s.ttft_bound is not None:
-            slo = f"; {pct(s.ttft_attainment)} within {s.ttft_bound:g}s"
-        out.append(f"TTFT p99 {s.ttft_p99:.3g}s{slo}")
+            slo = f"; {pct(s.ttft_attainment)} within {latency_text(s.ttft_bound, 'ttft')}"
+        out.append(f"TTFT p99 {latency_text(s.ttft_p99, 'ttft')}{slo}")
     if s.tbt_p99 is not None:
         slo = ""
         if s.tbt_attainment is not None and s.tbt_bound is not None:
-            slo = f"; {pct(s.tbt_attainment)} within {s.tbt_bound:g}s"
-        out.append(f"TBT p99 {s.tbt_p99 * 1000:.3g}ms{slo}")
+            slo = f"; {pct(s.tbt_attainment)} within {latency_text(s.tbt_bound, 'tbt')}"
+        out.append(f"TBT p99 {latency_text(s.tbt_p99, 'tbt')}{slo}")
     return out
 
 

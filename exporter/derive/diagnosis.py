@@ -13,7 +13,7 @@ import exporter.derive.bottleneck as bottleneck
 from exporter.catalog.derived import RESOURCES
 from exporter.derive.stage import Stage, rounded
 from exporter.derive.view import EngineView, GpuView, SnapshotView
-from exporter.slo import human_duration
+from exporter.slo import human_duration, latency_text
 
 # Per SLO kind: its name, what its histogram counts, and what "no recent traffic" means for it.
 SLO_WORDS = {"ttft": ("TTFT", "requests", "no requests finished"),
@@ -84,7 +84,7 @@ def slo_states(tails: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         else:
             state = "met" if attained >= bottleneck.SLO_TARGET else "missed"
             words = (f"{title} SLO: {bottleneck.pct(attained)} of {tail.slo_count:.0f} {what} in {window} within "
-                     f"{tail.slo_bound:g}s" + ("" if state == "met" else
+                     f"{latency_text(tail.slo_bound, kind)}" + ("" if state == "met" else
                                                f" (under {bottleneck.pct(bottleneck.SLO_TARGET)}: missed)"))
             if tail.restarted_s_ago is not None and tail.since_restart is not None:
                 words += (f"; the engine restarted {human_duration(round(tail.restarted_s_ago))} ago and "

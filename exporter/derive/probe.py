@@ -21,7 +21,7 @@ from exporter.derive.settings import DeriveSettings
 from exporter.derive.stage import Ctx, ScopedWindows, Stage, TargetKey, rounded
 from exporter.derive.view import EngineView, ProbeView
 from exporter.derive.window import HistogramWindow
-from exporter.slo import PROBE_FAILING_RATIO, PROBE_GAP, human_duration
+from exporter.slo import PROBE_FAILING_RATIO, PROBE_GAP, human_duration, latency_text
 from exporter.snapshot import Sample
 
 ENGINE_TTFT = ("llm_time_to_first_token_seconds_sum", "llm_time_to_first_token_seconds_count")
@@ -67,9 +67,9 @@ class ProbeCheck(NamedTuple):
         ok = self.requests - self.failed
         line = f"probe: {ok:.0f} of {self.requests:.0f} requests to the API succeeded {self.over}"
         if self.client_ttft_s is not None:
-            line += f"; client TTFT mean {_ms(self.client_ttft_s)}"
+            line += f"; client TTFT mean {_ttft(self.client_ttft_s)}"
             if self.engine_ttft_s is not None:
-                line += f", the engine's own {_ms(self.engine_ttft_s)}"
+                line += f", the engine's own {_ttft(self.engine_ttft_s)}"
                 if self.client_ttft_s < self.engine_ttft_s:
                     # Not a contradiction: the probe's request is tiny, while the engine's mean is over
                     # every request, long prompts and queueing included.
@@ -84,15 +84,15 @@ class ProbeCheck(NamedTuple):
             out.append(f"the probe's requests to the engine's API fail: {self.failed:.0f} of {self.requests:.0f} "
                        f"{self.over} ({why}); its clients are likely failing too")
         if self.gap_too_large:
-            out.append(f"clients wait {self.gap_s:.3g}s longer for a first token than the engine measures (probe "
-                       f"mean {self.client_ttft_s:.3g}s, engine {self.engine_ttft_s:.3g}s {self.over}): the time "
+            out.append(f"clients wait {_ttft(self.gap_s)} longer for a first token than the engine measures (probe "
+                       f"mean {_ttft(self.client_ttft_s)}, engine {_ttft(self.engine_ttft_s)} {self.over}): the time "
                        "goes in front of the engine (network, a proxy or gateway queueing, TLS, the API server)")
         return out
 
 
-def _ms(seconds: float) -> str:
-    """Latencies the way the evidence gives them: milliseconds under a second."""
-    return f"{seconds * 1000:.0f} ms" if seconds < 1.0 else f"{seconds:.3g} s"
+def _ttft(seconds: float) -> str:
+    """A TTFT the way the evidence, the page and the boards give it: in seconds."""
+    return latency_text(seconds, "ttft")
 
 
 def _mean(total: float, count: float) -> float | None:
