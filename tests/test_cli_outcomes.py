@@ -21,7 +21,6 @@ import pathlib
 import re
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -32,7 +31,7 @@ import pytest
 from exporter.cli import build_parser
 from exporter.cliargs import Parser, parsers
 from exporter.probe.report import REPORT_SCHEMA
-from tests.support import exporter_run, fake_engine, free_port, send_body, wait_until
+from tests.support import exporter_run, fake_engine, free_port, send_body, serve_in_background, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VLLM = (ROOT / "tests" / "fixtures" / "engines" / "vllm-v0.11__documented.prom").read_bytes()
@@ -86,13 +85,11 @@ class _AnswersOnce(http.server.BaseHTTPRequestHandler):
 
 @contextlib.contextmanager
 def serve(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[tuple[str, http.server.HTTPServer]]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
+    """support.serve_in_background, with what the handlers here count, and stopped on exit."""
+    server, url = serve_in_background(handler)
     server.paths, server.hits = [], 0  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", server
+        yield url, server
     finally:
         server.shutdown()
         server.server_close()
