@@ -46,12 +46,16 @@ def http_status_words(status: int) -> str:
 
 def failure_words(reason: str, message: str, status: int | None = None) -> str:
     """A client failure (exporter/sources/base.SourceError's reason, message and status) for an
-    error line: an HTTP status as http_status_words, else `reason: message` bounded. The message
-    of an http_status failure carries a hint from the body: it is dropped."""
+    error line: an HTTP status as http_status_words, else `reason: message` bounded. An http_status
+    message may end in the engine's own reason from a JSON error document (`HTTP 501 from URL:
+    ... Start it with --metrics`; exporter/sources/engines/http.py reads it bounded and printable,
+    never a page): kept after the status words, as what to do."""
     if status is None and reason == "http_status" and (found := _STATUS_IN_MESSAGE.search(message)):
         status = int(found.group(1))
     if status is not None:
-        return http_status_words(status)
+        hint = message.split(": ", 1)[1] if reason == "http_status" and ": " in message else ""
+        words = http_status_words(status)
+        return f"{words}: {hint}" if hint else words
     text = f"{reason}: {message}" if message else reason
     return text if len(text) <= MAX_WORDS else text[:MAX_WORDS - 3] + "..."
 

@@ -338,7 +338,9 @@ LLAMACPP_501 = (b'{"error":{"code":501,"message":"This server does not support m
 
 @pytest.mark.parametrize(("body", "hint"), [
     (LLAMACPP_501, ": This server does not support metrics endpoint. Start it with `--metrics`"),
-    (b"plain\x1b[31m words\r\nsecond line", ": plain [31m words second line"),  # printable, one line
+    (b"plain\x1b[31m words\r\nsecond line", ""),  # not a JSON error document: a body, not a reason
+    (b"<html><body><h1>404 Not Found</h1></body></html>", ""),
+    (b'{"error": "bad\\u001b[31m words\\r\\nsecond line"}', ": bad [31m words second line"),  # printable, one line
     (b'{"error": "' + b"x" * 400 + b'"}', ": " + "x" * 197 + "..."),  # shortened
     (b"y" * 5000, ""),  # over MAX_ERROR_BODY: not read, no hint
     (b"", ""),

@@ -269,8 +269,10 @@ class HttpClient:
         raise _ProtocolError("too many interim answers")
 
     async def _error_hint(self, reader: asyncio.StreamReader, version: bytes, fields: dict[bytes, bytes]) -> str:
-        """What an error answer says, shortened and made printable (the engine wrote it): llama.cpp
-        started without --metrics answers 501 with the flag to add. Empty when there is none."""
+        """What an error answer's JSON error document says (OpenAI style `{"error": {"message": ...}}`,
+        `{"error": "..."}`, `{"detail": ...}`), shortened and made printable: llama.cpp started without
+        --metrics answers 501 with the flag to add. Empty for anything else: a page (a proxy's or a
+        web server's HTML) is a body, not a reason, and never reaches an error line."""
         try:
             body, _ = await self._read_body(reader, version, fields, MAX_ERROR_BODY)
         except (SourceError, _ProtocolError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
@@ -278,12 +280,13 @@ class HttpClient:
         text = body.decode("utf-8", "replace")
         try:
             doc = jsonsafe.loads(text)
-        except ValueError:  # JsonTooDeep included: the raw text is the hint then
-            doc = None
-        if isinstance(doc, dict):  # {"error": {"message": ...}} (OpenAI style) or {"error": "..."}
-            error = doc.get("error", doc.get("detail", doc.get("message")))
-            text = error.get("message", "") if isinstance(error, dict) else error
-            text = text if isinstance(text, str) else ""
+        except ValueError:  # JsonTooDeep included: no structured reason, no hint
+            return ""
+        if not isinstance(doc, dict):
+            return ""
+        error = doc.get("error", doc.get("detail", doc.get("message")))
+        text = error.get("message", "") if isinstance(error, dict) else error
+        text = text if isinstance(text, str) else ""
         text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
         if len(text) > MAX_ERROR_HINT:
             text = text[:MAX_ERROR_HINT - 3] + "..."
