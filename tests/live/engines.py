@@ -560,6 +560,20 @@ def start_vllm(port: int, *, extra_args: Sequence[str] = (), log_dir: pathlib.Pa
     return _spawn(VLLM, vllm_command(port, extra_args), env, port, log_dir, timeout)
 
 
+def _cpu_has_amx() -> bool:
+    try:
+        return "amx_tile" in pathlib.Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
+
+
+# On a CPU with AMX (an Intel Xeon VM seen here) this build's weight repacking for quantized types
+# segfaults at load: Q4_0 and Q8_0 died with SIGSEGV at "threadpool init" every time, F16 started, and
+# `--no-repack` starts all three. Elsewhere (AVX2/AVX-512 without AMX) repacking is kept: the
+# planner's validation measures those kernels.
+NO_REPACK: tuple[str, ...] = ("--no-repack",) if _cpu_has_amx() else ()
+
+
 def llamacpp_command(port: int, extra_args: Sequence[str] = (), *, metrics: bool = True,
                      model: pathlib.Path | None = None, slots: int = 4, threads: int | None = None) -> list[str]:
     threads = threads or ENGINE_THREADS
@@ -570,6 +584,7 @@ def llamacpp_command(port: int, extra_args: Sequence[str] = (), *, metrics: bool
         *(["--metrics"] if metrics else []),
         "-np", str(slots),
         "-t", str(threads), "-tb", str(threads),
+        *NO_REPACK,
         *extra_args,
     ]
 
