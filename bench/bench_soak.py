@@ -88,6 +88,17 @@ def probe(pid: int) -> Probe:
     return Probe(int(fields["VmRSS"][0]) / 1024, len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"][0]))
 
 
+def settled_probe(pid: int, samples: int = 5, gap_s: float = 0.2) -> Probe:
+    """The process over about a second: the fewest fds and threads seen, the last RSS. A socket in
+    flight (a flapping engine reconnecting, a scrape) comes and goes between two probes; a leaked
+    one stays in every probe. (A single probe once read 31 then 34 fds with nothing leaking.)"""
+    probes = [probe(pid)]
+    for _ in range(samples - 1):
+        time.sleep(gap_s)
+        probes.append(probe(pid))
+    return Probe(probes[-1].rss_mb, min(p.fds for p in probes), min(p.threads for p in probes))
+
+
 class ChurningEngines:
     """The four targets on one loopback server, each a path; behaviour follows the wall clock."""
 
@@ -198,11 +209,11 @@ def soak(duration_s: float) -> SoakResult:
                 if not ok:
                     failed += 1
                 if warm is None and time.monotonic() >= warm_at:
-                    warm, cycles_start = probe(process.pid), _cycles(response.text if ok else "")
+                    warm, cycles_start = settled_probe(process.pid), _cycles(response.text if ok else "")
                 if warm is not None and ok:
                     latencies.append(elapsed)
                 time.sleep(max(0.0, SCRAPE_EVERY_S - elapsed))
-            end = probe(process.pid)
+            end = settled_probe(process.pid)
             cycles = _cycles(client.get(url).text) - cycles_start
             engine_requests = client.get(f"{engines_base}/counts").json()
         assert warm is not None
