@@ -131,13 +131,12 @@ def roofline_svg(gpu: Mapping[str, Any], width: int = 640, height: int = 280) ->
     return "".join(parts)
 
 
-_latency_text = latency_text  # one unit per quantity, as the evidence (exporter/slo.py)
 
 
 def _latency(seconds: Any, kind: str) -> str:
     if seconds is None or (isinstance(seconds, float) and not math.isfinite(seconds)):
         return '<span class="muted">-</span>'
-    return _nowrap(_latency_text(float(seconds), kind))
+    return _nowrap(latency_text(float(seconds), kind))
 
 
 def _tails(numbers: Mapping[str, Any]) -> str:
@@ -154,7 +153,7 @@ def _tails(numbers: Mapping[str, Any]) -> str:
         elif tail.get("slo_no_recent_traffic"):
             slo = '<span class="muted">no recent traffic</span>'
         elif attained is not None and bound is not None:
-            slo = f"{esc(pct(attained))}&nbsp;&le;&nbsp;{_nowrap(_latency_text(bound, kind))}"
+            slo = f"{esc(pct(attained))}&nbsp;&le;&nbsp;{_nowrap(latency_text(bound, kind))}"
         rows.append(f"<tr><td>{title}</td><td>{_latency(q.get('0.5'), kind)}</td>"
                     f"<td>{_latency(q.get('0.95'), kind)}</td><td>{_latency(q.get('0.99'), kind)}</td>"
                     f"<td>{slo or '-'}</td><td>{_num(tail.get('window_count'))}</td></tr>")

@@ -106,7 +106,7 @@ def test_a_number_and_its_unit_never_part(diagnosis: dict) -> None:
 def test_latencies_are_written_in_one_unit_per_quantity(diagnosis: dict) -> None:
     """As the evidence writes them: TTFT and e2e in seconds, the time between tokens in milliseconds,
     whatever their size (a 0.5 s TTFT is "0.5 s", not "500 ms"; a 1.2 s gap is "1.2e+03 ms")."""
-    from exporter.status_page import _latency_text
+    from exporter.slo import latency_text as _latency_text
 
     assert _latency_text(0.5, "ttft") == "0.5 s" and _latency_text(12.3, "ttft") == "12.3 s"
     assert _latency_text(0.036, "tbt") == "36 ms" and _latency_text(0.0042, "tbt") == "4.2 ms"

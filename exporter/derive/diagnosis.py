@@ -95,11 +95,6 @@ def slo_states(tails: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-# The states a target and the exporter can be in, worst first: a GPU fault outranks every
-# bottleneck (doctor's exit code follows this order, docs/diagnosis.md).
-STATUS_ORDER = ("unhealthy", "degraded", "unknown", "healthy")
-
-
 def _faults(r: TargetResult) -> tuple[list[dict[str, Any]], list[str]]:
     """The target's GPU faults (health stage) as JSON and as words."""
     found = r.results.get("health")
