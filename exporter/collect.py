@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from exporter import __version__
+from exporter.clock import Clocks
 from exporter.expose import Renderer
 from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult, labels_of
 from exporter.sources.base import Source, SourceData, SourceError
@@ -89,6 +90,7 @@ class Collector:
         timeouts: dict[str, float] | None = None,
         derive: DeriveFn = _no_derive,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] | None = None,
         extra_health: Callable[[], Iterable[Sample]] | None = None,
     ) -> None:
         names = [s.name for s in sources]
@@ -100,6 +102,11 @@ class Collector:
         self.timeouts = {s.name: (timeouts or {}).get(s.name, s.timeout_s or interval_s) for s in sources}
         self.derive = derive
         self.clock = clock
+        # Windows and rates run on the monotonic clock (exporter/clock.py). A hand-driven `clock`
+        # (tests, tools) without its own monotonic one drives both.
+        if monotonic is None and clock is time.time:
+            monotonic = time.monotonic
+        self.clocks = Clocks(clock, monotonic)
         # Self-health of parts outside the loop (the web config reloader), emitted every cycle.
         self.extra_health = extra_health
         self.health = {s.name: SourceHealth() for s in sources}
@@ -197,10 +204,11 @@ class Collector:
     async def collect_once(self) -> Published:
         started = time.perf_counter()
         results = await asyncio.gather(*(self._collect_source(s) for s in self.sources))
-        snapshot = Snapshot(self.clock(), MappingProxyType({r.source: r for r in results}))
+        wall, steady = self.clocks.read()
+        snapshot = Snapshot(wall, MappingProxyType({r.source: r for r in results}), steady_at=steady)
         previous = self.latest.snapshot if self.latest else None
         derived = self._derive(snapshot, previous)
-        snapshot = Snapshot(snapshot.taken_at, snapshot.results, derived)
+        snapshot = Snapshot(snapshot.taken_at, snapshot.results, derived, steady)
         self.cycles += 1
         samples = (*snapshot.samples(include_derived=True), *self.self_health(snapshot))
         published = Published(snapshot, tuple(samples), self.renderer)
@@ -222,6 +230,8 @@ class Collector:
             Sample("llm_exporter_collections_total", (), float(self.cycles)),
             Sample("llm_exporter_cycle_duration_seconds", (), self._last_cycle_s),
             Sample("llm_exporter_scrapes_rejected_total", (), float(self.scrapes_rejected)),
+            Sample("llm_exporter_clock_steps_total", (), float(self.clocks.steps)),
+            Sample("llm_exporter_clock_offset_seconds", (), self.clocks.offset_s),
         ]
         for name, result in snapshot.results.items():
             source = labels_of(source=name)

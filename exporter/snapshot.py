@@ -80,11 +80,23 @@ class SourceResult:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """One consistent view of every source, taken in one collection cycle."""
+    """One consistent view of every source, taken in one collection cycle.
+
+    `taken_at` is the wall clock (what a person reads); `steady_at` a monotonic clock anchored to
+    the wall clock when the exporter started, which every window and rate is keyed by: the wall
+    clock can step (NTP, an operator, a VM resumed), and a window keyed by it froze for as long as
+    a backward step (an hour for -3600 s) and then read a rate inflated by a forward one. None
+    (snapshots built by hand in tests and tools): the wall clock."""
 
     taken_at: float
     results: Mapping[str, SourceResult]
     derived: tuple[Sample, ...] = ()
+    steady_at: float | None = None
+
+    @property
+    def now(self) -> float:
+        """The time windows and rates use (the steady clock when there is one)."""
+        return self.taken_at if self.steady_at is None else self.steady_at
 
     def result(self, source: str) -> SourceResult | None:
         return self.results.get(source)

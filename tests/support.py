@@ -193,9 +193,10 @@ def http_status(url: str) -> int:
 
 
 @contextlib.contextmanager
-def exporter_run(*args: str) -> Iterator[tuple[str, subprocess.Popen, Any]]:
+def exporter_run(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen, Any]]:
     """`llm-exporter run` on a free loopback port (fast interval, no GPU or host source) until it is
-    ready: yields (base URL, process, its stderr as a temporary file to seek and read)."""
+    ready: yields (base URL, process, its stderr as a temporary file to seek and read). `env`: added
+    to the environment (LD_PRELOAD of libfaketime, say)."""
     import sys
 
     port = free_port()
@@ -203,7 +204,7 @@ def exporter_run(*args: str) -> Iterator[tuple[str, subprocess.Popen, Any]]:
                "--gpu-backend", "none", "--no-host", *args]
     with tempfile.TemporaryFile() as stderr:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         base = f"http://127.0.0.1:{port}"
         try:
             if not wait_until(lambda: http_status(base + "/readyz") == 200, timeout=20):

@@ -23,6 +23,13 @@ FAMILIES = (
     family("llm_exporter_cycle_duration_seconds", "gauge", "seconds",
            "Wall time of the last whole collection cycle (all sources and derive; a page is rendered by its "
            "first scrape).", (), "self"),
+    family("llm_exporter_clock_steps_total", "counter", "steps",
+           "Times the wall clock stepped (more than 1 s between two cycles against the monotonic clock: NTP, "
+           "date -s, a VM resumed). Rates and windows run on the monotonic clock and are not affected; "
+           "timestamps follow the wall clock.", (), "self"),
+    family("llm_exporter_clock_offset_seconds", "gauge", "seconds",
+           "How far the wall clock has stepped since the exporter started (wall minus monotonic, 0 at start; "
+           "NTP's slewing moves it slowly, a step at once).", (), "self"),
     family("llm_exporter_scrapes_rejected_total", "counter", "requests",
            "/metrics requests answered 503 because too many scrapes were in flight.", (), "self"),
     family("llm_exporter_series_dropped_total", "counter", "series",

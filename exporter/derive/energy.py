@@ -85,7 +85,7 @@ class GpuRates(ScopedWindows):
         for gpu in view.gpus:
             joules = gpu.values.get(ENERGY)
             if joules is not None:
-                self.windows.get(gpu.key).observe(view.taken_at, {ENERGY: joules}, {})
+                self.windows.get(gpu.key).observe(view.now, {ENERGY: joules}, {})
 
     def rate(self, gpu: GpuView) -> float | None:
         return self.windows.get(gpu.key).rate(ENERGY)

@@ -58,7 +58,7 @@ class Fault(NamedTuple):
     fault: str  # ecc_uncorrected, xid_48, remap_uncorrectable, remap_pending, remap_failed, recovery_action, lost
     what: str
     action: Action
-    since: float  # events: when the count last grew; states: when the state began (Unix seconds)
+    since: float  # events: when the count last grew; states: when the state began (wall clock, Unix seconds)
     count: float  # events counted in the window (0 for states)
     runbook: str  # the alert whose docs/runbooks.md section says more
 
@@ -134,14 +134,15 @@ class HealthState(StageState):
         self.faults: dict[str, tuple[Fault, ...]] = {}  # by GpuView.key, this cycle
 
     def begin(self, view: SnapshotView) -> None:
-        now = view.taken_at
         self.faults = {}
         for gpu, lost in [*((g, False) for g in view.gpus), *((g, True) for g in view.lost_gpus)]:
-            found = self._update(gpu, lost, now)
+            found = self._update(gpu, lost, view)
             if found:
                 self.faults[gpu.key] = found
 
-    def _update(self, gpu: GpuView, lost: bool, now: float) -> tuple[Fault, ...]:
+    def _update(self, gpu: GpuView, lost: bool, view: SnapshotView) -> tuple[Fault, ...]:
+        # The window runs on the steady clock; a fault shows its wall-clock time as of this cycle.
+        now, wall = view.now, view.wall
         state = self._gpus.get(gpu.key)
         if state is None:
             state = self._gpus[gpu.key] = _Gpu()
@@ -165,17 +166,18 @@ class HealthState(StageState):
             state.counters[key] = counter
             if counter.last_growth is not None and now - counter.last_growth <= self.window_s:
                 out.append(Fault(gpu.gpu, gpu.uuid, gpu.name, fault, f"{what}: {counter.grown:g} in the last "
-                                 f"{window_text(self.window_s)}", action, counter.last_growth, counter.grown, runbook))
+                                 f"{window_text(self.window_s)}", action, wall(counter.last_growth), counter.grown,
+                                 runbook))
         current = {}
         for fault, what, action, runbook in _states(gpu, lost):
             since = current[fault] = state.states.get(fault, now)
-            out.append(Fault(gpu.gpu, gpu.uuid, gpu.name, fault, what, action, since, 0.0, runbook))
+            out.append(Fault(gpu.gpu, gpu.uuid, gpu.name, fault, what, action, wall(since), 0.0, runbook))
         state.states = current
         # Lost: the source's other series are gone with the GPU; its counts wait for it to come back.
         return tuple(out)
 
     def end(self, view: SnapshotView) -> None:
-        for key in [k for k, g in self._gpus.items() if view.taken_at - g.seen > self.forget_after_s]:
+        for key in [k for k, g in self._gpus.items() if view.now - g.seen > self.forget_after_s]:
             del self._gpus[key]
 
     def all_faults(self) -> tuple[Fault, ...]:
@@ -187,7 +189,7 @@ class Health(NamedTuple):
 
     faults: tuple[Fault, ...]
     gpus: int  # GPUs the target is shown against, lost ones included
-    now: float
+    now: float  # the wall clock, which the faults' times are on
 
     @property
     def unhealthy_gpus(self) -> int:
@@ -212,7 +214,7 @@ def _compute(ctx: Ctx, state: HealthState) -> Health | None:
     lost = sum(1 for g in ctx.view.lost_gpus if serves_lost(ctx, g))
     if not ctx.gpus and not lost:
         return None
-    return Health(targets_faults(ctx, state), len(ctx.gpus) + lost, ctx.now)
+    return Health(targets_faults(ctx, state), len(ctx.gpus) + lost, ctx.view.taken_at)
 
 
 def _samples(health: Health, key: TargetKey) -> list[Sample]:

@@ -56,7 +56,7 @@ class ScopedWindows(StageState):
         self.windows = Scopes(window, settings.forget_after_s)
 
     def end(self, view: SnapshotView) -> None:
-        self.windows.sweep(view.taken_at)
+        self.windows.sweep(view.now)
 
 
 class Ctx:
@@ -69,7 +69,7 @@ class Ctx:
                  shape: ModelShape | None, tp: int, dp: int, key: TargetKey, settings: DeriveSettings,
                  spec_for: Callable[[str], GpuSpec | None]) -> None:
         self.view, self.engine, self.gpus, self.shape, self.tp, self.dp = view, engine, gpus, shape, tp, dp
-        self.now = view.taken_at
+        self.now = view.now  # steady: windows and verdict hold times
         self.key, self.settings, self.spec_for = key, settings, spec_for
         self.results: dict[str, Any] = {}  # stage name -> result (None: none, failed or not yet)
 

@@ -72,7 +72,7 @@ class Windows(StageState):
             window: RateWindow = self.links.get(link.device)
             totals = {name: v for name in NET_ERRORS if (v := link.get(name)) is not None}
             util = link.get(NET_UTIL)
-            window.observe(view.taken_at, totals, {} if util is None else {NET_UTIL: util})
+            window.observe(view.now, totals, {} if util is None else {NET_UTIL: util})
             rates = [r for name in totals if (r := window.rate(name)) is not None]
             if rates:
                 self.link_errors[link.device] = sum(rates)
@@ -81,7 +81,7 @@ class Windows(StageState):
 
     def end(self, view: SnapshotView) -> None:
         for scopes in (self.rates, self.transfers, self.links):
-            scopes.sweep(view.taken_at)
+            scopes.sweep(view.now)
 
 
 def spans_servers(role: str, transfers: bool, tp: int, local_gpus: int, rdma_busy: Sequence[str]) -> str:

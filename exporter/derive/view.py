@@ -203,7 +203,7 @@ class LinkView(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class SnapshotView:
-    taken_at: float
+    taken_at: float  # the wall clock: what the diagnosis shows
     engines: tuple[EngineView, ...]
     engines_down: tuple[EngineDown, ...]
     gpus: tuple[GpuView, ...]
@@ -215,6 +215,12 @@ class SnapshotView:
     # GPUs the source reports lost (llm_gpu_up 0): left out of `gpus` (nothing to derive from) but
     # still a fault for the diagnosis' GPU health. Their values hold what the source still says.
     lost_gpus: tuple[GpuView, ...] = ()
+    # The steady clock every window and rate is keyed by (Snapshot.now): never steps with the wall.
+    now: float = 0.0
+
+    def wall(self, steady: float) -> float:
+        """The wall-clock time of `steady` (a time on the `now` clock), as of this cycle."""
+        return self.taken_at - (self.now - steady)
 
 
 def _sort_gpu(gpu: str) -> tuple[int, str]:
@@ -642,4 +648,4 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
     engines.sort(key=lambda e: e.target)
     down.sort(key=lambda d: d.target)
     return SnapshotView(snapshot.taken_at, tuple(engines), tuple(down), gpus, gpu_source,
-                        MappingProxyType(host), host_source, MappingProxyType(probes), links, lost_gpus)
+                        MappingProxyType(host), host_source, MappingProxyType(probes), links, lost_gpus, snapshot.now)
