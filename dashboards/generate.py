@@ -28,11 +28,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make `dashboards` and `exporter` importable
     sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
-
 from dashboards import fleet, gpu_roofline, host, overview  # noqa: E402
 from dashboards.promql import PromqlSyntaxError, metric_names  # noqa: E402
 from exporter import catalog  # noqa: E402
+from exporter.yamlsafe import load_yaml_file  # noqa: E402
 
 OUT_DIR = ROOT / "dashboards"
 RULES_DIR = ROOT / "alerts" / "rules"
@@ -73,7 +72,7 @@ def iter_exprs(dash: dict) -> Iterator[tuple[dict, dict]]:
 def recording_rules(rules_dir: pathlib.Path = RULES_DIR) -> set[str]:
     names: set[str] = set()
     for path in sorted(rules_dir.glob("*.yaml")):
-        doc = yaml.safe_load(path.read_text()) or {}
+        doc = load_yaml_file(path) or {}  # bounded, and a key written twice is refused
         for group in doc.get("groups", []):
             for r in group.get("rules", []):
                 if "record" in r:
