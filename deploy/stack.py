@@ -43,6 +43,11 @@ from dataclasses import dataclass, field
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: make `exporter` importable
+    sys.path.insert(0, str(ROOT))
+
+from exporter.yamlsafe import YamlLoadError, load_yaml_file  # noqa: E402
+
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 ENV_FILE = ROOT / ".env"
 DEFAULT_DIR = ROOT / ".stack"
@@ -113,7 +118,16 @@ def load_compose(variables: Mapping[str, str], path: pathlib.Path = COMPOSE_FILE
             return {key: walk(value) for key, value in node.items()}
         return node
 
-    return walk(yaml.safe_load(path.read_text(encoding="utf-8")))  # type: ignore[return-value]
+    return walk(_load_yaml(path))  # type: ignore[return-value]
+
+
+def _load_yaml(path: pathlib.Path) -> object:
+    """A YAML file of the stack with the exporter's loader: bounded, and a key written twice is an
+    error naming the file, line and key (PyYAML would keep the last one silently)."""
+    try:
+        return load_yaml_file(path)
+    except YamlLoadError as error:
+        raise StackError(f"{path}: {error}") from None
 
 
 def published_port(service: dict, container_port: int | None = None) -> tuple[int, int]:
@@ -211,7 +225,7 @@ def render_prometheus(compose: dict, loop: Loopback, scrape_interval: str | None
     service = compose["services"]["prometheus"]
     config_arg = next(a for a in service["command"] if a.startswith("--config.file="))
     source = pathlib.Path(loop.path(config_arg.partition("=")[2], "prometheus"))
-    config = yaml.safe_load(source.read_text(encoding="utf-8"))
+    config = _load_yaml(source)
     config["rule_files"] = [loop.path(p, "prometheus") for p in config.get("rule_files", [])]
 
     def targets(static_configs: list[dict], owner: str) -> None:

@@ -9,14 +9,16 @@
     basic_auth_users:
       prometheus: $2y$10$...           # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':\\n')
 
-A bad file at start is a config error (exit 2, one line). At run time the file, and the
-certificate, key and CA files it names, are polled every few seconds, and reload() (SIGHUP)
-checks them at once; reading, parsing and validating run in a daemon thread, never on the event
-loop, only of regular files, and for at most READ_TIMEOUT_S (exporter/safefile.py: a file swapped
-for a FIFO is refused, one on a hung mount is given up on without keeping the process from
-exiting). A change is validated in full before it replaces the running one, so a bad edit, or
-files that cannot be read, keep the last good config, log one line and set
-llm_exporter_web_config_last_reload_successful to 0 until a good file comes back.
+A bad file at start is a config error (exit 2, one line). A key written twice, at any depth, makes
+a bad file (exporter/yamlsafe.py), as in the exporter-toolkit's strict parsing: a second
+`basic_auth_users: {}` after the users would otherwise start, or reload, with no authentication. At
+run time the file, and the certificate, key and CA files it names, are polled every few seconds,
+and reload() (SIGHUP) checks them at once; reading, parsing and validating run in a daemon thread,
+never on the event loop, only of regular files, and for at most READ_TIMEOUT_S
+(exporter/safefile.py: a file swapped for a FIFO is refused, one on a hung mount is given up on
+without keeping the process from exiting). A change is validated in full before it replaces the
+running one, so a bad edit, or files that cannot be read, keep the last good config, log one line
+and set llm_exporter_web_config_last_reload_successful to 0 until a good file comes back.
 
 Fail closed: a reload that would take authentication away is refused like a bad file: basic
 auth users to none, TLS on to off, client-certificate verification to weaker. A rewrite that is

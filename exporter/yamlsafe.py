@@ -6,7 +6,15 @@ laughs" file of a few hundred bytes (nine aliases of nine aliases of ...) stands
 nodes. PyYAML shares the aliased objects, so loading stays small, but anything that then walks or
 prints the value (a validation error quoting it) expands it: seen as 11 GB of RSS and a 2 GB
 error line. So the loader counts the nodes the document stands for, with every alias counted as
-the whole subtree it refers to, and stops as soon as a bound is passed, before building more."""
+the whole subtree it refers to, and stops as soon as a bound is passed, before building more.
+
+A key written twice in one mapping is refused, at any depth: PyYAML keeps the last one silently, so
+a web config with `basic_auth_users: {...}` and later `basic_auth_users: {}` started with no
+authentication, and a second `engines: []` ran with no sources. The Prometheus exporter-toolkit,
+whose web config format we follow, refuses it too (yaml.UnmarshalStrict). Keys are compared as
+the values they construct to, as the dict that receives them would (`1:` and `true:` collide, `1:`
+and `"1":` do not). A merge key (`<<: *defaults`) is no duplicate of the keys it brings: an
+explicit key overriding a merged one is the point of merging; `<<` written twice is one."""
 
 from __future__ import annotations
 
@@ -30,6 +38,19 @@ class YamlLoadError(ValueError):
     """Why a YAML file was not loaded, in one bounded line (the caller adds the file name)."""
 
 
+class DuplicateKeyError(yaml.composer.ComposerError):
+    """A key written twice in one mapping; its problem text names the key, where the mapping sits
+    in the document, and both lines."""
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_MERGE_KEY = object()  # the identity of every `<<`: written twice is a duplicate
+_NULL_KEY = object()  # `null:`, `~:` and an empty key are one key
+_LAST_WINS = "the last one would silently replace the first"
+_MERGE_ADVICE = "merge several mappings with one `<<: [*a, *b]`"
+MAX_PATH_SHOWN = 120  # characters of a key's place (engines[0].basic_auth) an error shows
+
+
 def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
     """`text` on one line and at most about `limit` characters, saying how much was cut."""
     text = " ".join(text.split("\n")).replace("\r", " ")
@@ -50,6 +71,7 @@ class _Bounds:
         self._expanded = [0, 0]
         self._open: list[list[int]] = []  # per node being composed: the expanded size of its children so far
         self._sizes: dict[int, tuple[int, int]] = {}  # id(anchored node) -> its expanded size, once complete
+        self._path: list[str] = []  # where the node being composed sits: keys and [indices]
 
     def _refuse(self, problem: str, mark: Any) -> None:
         raise yaml.composer.ComposerError(None, None, problem, mark)
@@ -86,16 +108,65 @@ class _Bounds:
             self._refuse(f"a value longer than {MAX_YAML_SCALAR_CHARS} characters", event.start_mark)
         self._count(1, chars, event.start_mark)
         self._open.append([0, 0])
+        self._path.append(_step(parent, index))
         try:
             node = super().compose_node(parent, index)
         finally:
             children = self._open.pop()
+            self._path.pop()
         if event.anchor is not None:
             self._sizes[id(node)] = (1 + children[0], chars + children[1])
         if self._open:  # the node itself was added to its parent by _count, its children now
             self._open[-1][0] += children[0]
             self._open[-1][1] += children[1]
         return node
+
+    def compose_mapping_node(self, anchor: Any) -> Any:
+        node = super().compose_mapping_node(anchor)
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            identity = _key_identity(self, key_node)
+            if identity is None:
+                continue  # a sequence or mapping as a key: the constructor refuses it (unhashable)
+            first = seen.setdefault(identity, key_node)
+            if first is not key_node:
+                where = "".join(self._path).lstrip(".")
+                mark = key_node.start_mark
+                raise DuplicateKeyError(
+                    None, None, f"duplicate key {shorten(repr(key_node.value), 64)} at line {mark.line + 1}, column "
+                    f"{mark.column + 1}{f' in {shorten(where, MAX_PATH_SHOWN)}' if where else ''} (first at line "
+                    f"{first.start_mark.line + 1}): {_MERGE_ADVICE if identity is _MERGE_KEY else _LAST_WINS}", None)
+        return node
+
+
+def _step(parent: Any, index: Any) -> str:
+    """The path element of a node composed under `parent`: .key in a mapping, [i] in a sequence."""
+    if isinstance(parent, yaml.SequenceNode) and isinstance(index, int):
+        return f"[{index}]"
+    if isinstance(parent, yaml.MappingNode) and isinstance(index, yaml.ScalarNode):
+        return "." + shorten(index.value, 64)
+    return ""
+
+
+def _key_identity(loader: Any, node: Any) -> Any:
+    """What a scalar key constructs to, compared as the receiving dict compares its keys (so
+    `1`, `0x1` and `true` collide, `1` and `"1"` do not); None for a key that is no scalar."""
+    if not isinstance(node, yaml.ScalarNode):
+        return None
+    if node.tag == _MERGE_TAG:
+        return _MERGE_KEY
+    construct = yaml.constructor.SafeConstructor.yaml_constructors.get(node.tag)
+    if construct is None:  # a tag of its own: the constructor refuses it
+        return (node.tag, node.value)
+    try:
+        # The scalar constructors read only the node (no state of the loader is changed).
+        value = construct(loader, node)
+        hash(value)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError):  # the constructor will say why
+        return (node.tag, node.value)
+    if value is None:
+        return _NULL_KEY
+    return value if value == value else (node.tag, "nan")  # NaN equals nothing, itself included
 
 
 class BoundedSafeLoader(_Bounds, yaml.SafeLoader):
@@ -150,6 +221,8 @@ def load_yaml_file(path: str | os.PathLike[str]) -> Any:
     loader = _LOADER(text)
     try:
         return loader.get_single_data()
+    except DuplicateKeyError as error:
+        raise YamlLoadError(error.problem) from None
     except yaml.YAMLError as error:
         raise YamlLoadError(f"not valid YAML ({_describe(error)})") from None
     except (ValueError, RecursionError) as error:  # e.g. an integer over Python's digit limit

@@ -1,0 +1,232 @@
+"""Hardening round 3, classes 3 and 7 (issue 40): what a file, a flag or a remote JSON of the wrong
+shape can do.
+
+Class 3, duplicate YAML keys: PyYAML keeps the last of two equal keys silently. A web config with
+`basic_auth_users: {...}` and later `basic_auth_users: {}` started with no authentication and said
+nothing; a second `engines: []` ran with no sources; a user written twice took the second hash, so
+an edit that appended one line swapped the password. Every YAML file we read now refuses a key
+written twice, at any depth, naming the file, the line and the key; the web config fails closed
+(exit 2 at start, the last good config kept on reload).
+
+Class 7, wrong shapes: a list where an object is expected, a dict where a string is, out-of-range
+settings; and a load test that lost its whole sweep when the --exporter answered a wrong-shaped
+diagnosis. Each is one line and the documented exit code (docs/cli.md), never a traceback, and a
+sweep that stops keeps the steps it finished."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import pathlib
+import resource
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+import bcrypt
+import httpx
+import pytest
+
+from exporter import cli
+from exporter.yamlsafe import YamlLoadError, load_yaml_file
+from tests.support import free_port, stop_process, wait_until
+from tests.test_hardening_files import RELOAD_OK, _exporter, _value
+from tests.test_security import _write_yaml
+
+# Failsafes, far above a run that works (under a second): before a fix a run may never end.
+EXIT_FAILSAFE_S = 30.0
+# A refused start takes about 0.5 s (the interpreter and imports): 10x that on a busy CI machine.
+REFUSED_START_BOUND_S = 5.0
+
+
+def _hash(password: str) -> str:
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+
+
+def _run_cli(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, float]:
+    """`llm-exporter ARGV` as a real process: (exit status, stderr, seconds to exit)."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "exporter.cli", *argv], capture_output=True, text=True,
+                          timeout=EXIT_FAILSAFE_S, env={**os.environ, **(env or {})}, check=False)
+    return done.returncode, done.stderr, time.monotonic() - started
+
+
+def _one_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert "Traceback" not in stderr, stderr
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+# --- class 3: duplicate keys ---------------------------------------------------------------------
+
+# (YAML text, the key named, the line of the second one): each a file we read refuses.
+DUPLICATES = [
+    ("engines: ['http://127.0.0.1:1']\ninterval: 1s\nengines: []\n", "'engines'", 3),
+    ("engines:\n  - url: http://127.0.0.1:1\n    name: a\n    url: http://127.0.0.1:2\n", "'url'", 4),
+    ("host:\n  enabled: false\n  backend: procfs\n  enabled: true\n", "'enabled'", 4),
+    ("gpu_spec: {mem_bandwidth_bytes_per_s: 1e12, mem_bandwidth_bytes_per_s: 2e12}\n",
+     "'mem_bandwidth_bytes_per_s'", 1),
+    ("target_gpus:\n  a: [0]\n  b: [1]\n  a: [2]\n", "'a'", 4),
+    # a key is what it constructs to, as the dict that receives it compares them
+    ("x-a:\n  1: one\n  true: two\n", "'true'", 3),
+    ("x-a:\n  null: one\n  ~: two\n", "'~'", 3),
+    ("x-a:\n  a: 1\n  \"a\": 2\n", "'a'", 3),
+    # `<<` written twice: PyYAML merged both, silently; one `<<: [*a, *b]` says it
+    ("x-a: &a {kind: vllm}\nx-b: &b {timeout: 1s}\nengines:\n  - url: http://127.0.0.1:1\n    <<: *a\n    <<: *b\n",
+     "'<<'", 6),
+    ("x-deep: [[{a: [{b: {c: 1, c: 2}}]}]]\n", "'c'", 1),
+]
+
+
+@pytest.mark.parametrize(("text", "key", "line"), DUPLICATES)
+def test_a_key_written_twice_is_refused_at_any_depth_naming_file_line_and_key(tmp_path, text, key, line):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(YamlLoadError) as caught:
+        load_yaml_file(path)
+    assert f"duplicate key {key} at line {line}," in str(caught.value)
+    rc, stderr = _in_process("run", "--config", str(path))
+    assert rc == 2
+    assert str(path) in stderr and f"duplicate key {key} at line {line}," in stderr
+
+
+def test_merge_keys_and_keys_that_only_look_alike_are_no_duplicates(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("x-defaults: &d {kind: vllm, timeout: 300ms}\n"
+                    "x-other: &o {name: b}\n"
+                    "x-types: {1: int, '1': str}\n"  # an int and a string: two keys
+                    "engines:\n"
+                    "  - {<<: *d, url: 'http://127.0.0.1:1', name: a, timeout: 200ms}\n"  # explicit over merged
+                    "  - {<<: [*d, *o], url: 'http://127.0.0.1:2'}\n")
+    data = load_yaml_file(path)
+    assert data["engines"][0] == {"kind": "vllm", "timeout": "200ms", "url": "http://127.0.0.1:1", "name": "a"}
+    assert data["engines"][1]["name"] == "b"
+
+
+def _refused_start(tmp_path: pathlib.Path, *args: str) -> tuple[str, float]:
+    """`llm-exporter run ARGS` on a free port, which must exit 2 at once: (its one stderr line, the
+    seconds it took). One that starts instead fails the test saying what it serves without
+    credentials."""
+    port = free_port()
+    started = time.monotonic()
+    with open(tmp_path / "stderr", "w+b") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "exporter.cli", "run", "--listen", f"127.0.0.1:{port}",
+                                    "--gpu-backend", "none", "--no-host", *args],
+                                   stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            process.wait(timeout=2 * REFUSED_START_BOUND_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(httpx.HTTPError):
+                status = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code
+                pytest.fail(f"it started: /metrics without credentials answered {status}")
+            pytest.fail("it neither exited nor answered")
+        finally:
+            stop_process(process)
+        took = time.monotonic() - started
+        stderr.seek(0)
+        text = stderr.read().decode(errors="replace")
+    assert process.returncode == 2, text
+    return _one_line(text), took
+
+
+def test_a_web_config_with_a_second_empty_user_block_does_not_start(tmp_path):
+    """Before: it started with no authentication, and logged nothing (`/metrics` answered 200
+    without credentials). Now: exit 2, one line naming the file, the line and the key."""
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prometheus: {_hash('s3cret')}\nbasic_auth_users: {{}}\n")
+    line, took = _refused_start(tmp_path, "--web.config.file", str(web))
+    assert str(web) in line and "duplicate key 'basic_auth_users' at line 3" in line, line
+    assert took < REFUSED_START_BOUND_S, f"refusing took {took:.1f}s"
+
+
+def test_a_config_with_a_second_engines_key_does_not_start(tmp_path):
+    """Before: it ran with no engine target at all."""
+    config = tmp_path / "c.yaml"
+    config.write_text("engines:\n  - http://127.0.0.1:9/metrics\nlog_level: info\nengines: []\n")
+    line, took = _refused_start(tmp_path, "--config", str(config))
+    assert str(config) in line and "duplicate key 'engines' at line 4" in line, line
+    assert took < REFUSED_START_BOUND_S, f"refusing took {took:.1f}s"
+
+
+def test_a_reload_with_a_user_written_twice_keeps_the_last_good_config(tmp_path):
+    """An appended line that repeats a user (or the whole block) replaced that user's hash before,
+    and the reload succeeded: the second password was the one that worked. Now the reload is
+    refused, the metric says so, the old credentials still work and the new ones do not; a request
+    without credentials still gets 401."""
+    good, other = secrets.token_hex(8), secrets.token_hex(8)
+    web = tmp_path / "web.yml"
+    _write_yaml(web, f"basic_auth_users:\n  prometheus: {_hash(good)}\n")
+    log = tmp_path / "log"
+    with _exporter(log, "--web.config.file", str(web)) as (process, base):
+        assert _value(httpx.get(base + "/metrics", timeout=5, auth=("prometheus", good)).text, RELOAD_OK) == 1.0
+        _write_yaml(web, f"basic_auth_users:\n  prometheus: {_hash(good)}\n  prometheus: {_hash(other)}\n")
+        process.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: "not reloaded (SIGHUP)" in log.read_text(), timeout=15), log.read_text()
+        scraped = httpx.get(base + "/metrics", timeout=5, auth=("prometheus", good))
+        assert scraped.status_code == 200 and _value(scraped.text, RELOAD_OK) == 0.0
+        assert httpx.get(base + "/metrics", timeout=5, auth=("prometheus", other)).status_code == 401
+        assert httpx.get(base + "/metrics", timeout=5).status_code == 401
+        # The block written twice, the second empty: refused the same way (not as "auth off").
+        _write_yaml(web, f"basic_auth_users:\n  prometheus: {_hash(good)}\nbasic_auth_users: {{}}\n")
+        process.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: log.read_text().count("not reloaded (SIGHUP)") == 2, timeout=15)
+        assert httpx.get(base + "/metrics", timeout=5).status_code == 401
+    refusals = [line for line in log.read_text().splitlines() if "not reloaded" in line]
+    assert "duplicate key 'prometheus' at line 3" in refusals[0] and "in basic_auth_users" in refusals[0], refusals
+    assert any("duplicate key 'basic_auth_users' at line 3" in line for line in refusals), refusals
+    assert good not in log.read_text() and other not in log.read_text()
+
+
+def test_finding_duplicates_costs_linear_time(tmp_path):
+    """A 1 MiB file of 40,000 keys in one mapping, the duplicate last: found in one pass (a dict of
+    the keys seen), not by comparing pairs (800 million comparisons)."""
+    path = tmp_path / "c.yaml"
+    keys = 40_000
+    path.write_text("x-big:\n" + "".join(f"  key{i:07d}: {i}\n" for i in range(keys)) + "  key0000000: again\n")
+    assert path.stat().st_size < 1 << 20
+    started = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    with pytest.raises(YamlLoadError, match=f"duplicate key 'key0000000' at line {keys + 2}, .* in x-big"):
+        load_yaml_file(path)
+    spent = resource.getrusage(resource.RUSAGE_SELF).ru_utime - started
+    assert spent < 10.0, f"{spent:.1f}s of CPU"  # about 0.5 s on a laptop
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+def _in_process(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """The real CLI entry (cli.run) in this process, stderr captured; a start that passes every
+    check returns 0 at once instead of serving (see _no_serving)."""
+    err = io.StringIO()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level  # run's setup_logging replaces them
+    with contextlib.redirect_stderr(err), _no_serving():
+        try:
+            rc = cli.run(list(argv), env if env is not None else {})
+        except SystemExit as exit_:  # argparse
+            rc = int(exit_.code or 0)
+        finally:
+            root.handlers[:], root.level = handlers, level
+    return rc, err.getvalue()
+
+
+@contextlib.contextmanager
+def _no_serving():
+    """Everything `run` does before it serves (config, web config, sources, the derive stages and
+    the collector built from them), then return instead of listening."""
+    import exporter.app as app
+
+    async def built_then_stop(config, sources, sock, *args, web=None, **kwargs) -> None:
+        collector = app.make_collector(config, sources)
+        await collector.close()
+
+    saved = app.serve, app.bind_listener
+    app.serve, app.bind_listener = built_then_stop, lambda config: None
+    try:
+        yield
+    finally:
+        app.serve, app.bind_listener = saved
