@@ -15,7 +15,8 @@ FAMILIES = (
            "Failed collections of the source, by reason code: timeout, busy (the last one still running), "
            "exception; engine targets: dns (the host name does not resolve), connection, tls, http_status, "
            "too_large, parse, too_deep (a JSON document nested deeper than 64 levels: the twin's "
-           "/sim documents, the probe's /v1/models), unknown_engine, credentials; "
+           "/sim documents, the probe's /v1/models), unknown_engine, credentials, too_many_families (a page "
+           "of more than 5,000 metric families, refused while it is read); "
            "gpu: the NVML state (nvml_init, no_gpus, ...); "
            "host: procfs_missing.", ("source", "reason"), "self"),
     family("llm_exporter_collections_total", "counter", "cycles",
@@ -41,6 +42,10 @@ FAMILIES = (
            "histogram_bad_le, histogram_no_inf, histogram_incomplete (no _count or _sum), "
            "histogram_not_monotonic, histogram_count_mismatch (_count is not the +Inf bucket), "
            "histogram_fractional_count.", ("source", "reason"), "self"),
+    family("llm_exporter_log_lines_suppressed_total", "counter", "lines",
+           "State-change log lines of the source held back by the rate limit (3 lines per kind of line and "
+           "target a minute; the next line written says how many), by reason: unaccounted_families, "
+           "series_dropped, role_conflict.", ("source", "reason"), "self"),
     family("llm_exporter_engine_families", "gauge", "families",
            "Native metric families on the target's last page, by what the engine table says of them: "
            "mapped (feeds an llm_* family), ignored (left out on purpose, docs/engines.md says why) or "

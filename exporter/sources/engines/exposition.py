@@ -109,6 +109,15 @@ class Exposition:
     """Kept samples refused for their labels, by reason (LABEL_VALUE_TOO_LONG, ...)."""
 
 
+class TooManyNames(ValueError):
+    """The page has more distinct metric names (TYPE lines and the names of dropped samples) than
+    parse's `max_names`: raised as soon as the count passes it, before the rest of the page is read."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"more than {limit} distinct metric names")
+        self.limit = limit
+
+
 class LabelLimitExceeded(Exception):
     """A label block over MAX_LABEL_VALUE_LENGTH, MAX_LABEL_NAME_LENGTH or MAX_LABELS_PER_SERIES."""
 
@@ -288,10 +297,11 @@ def _diagnose(line: str) -> str:
 class _Parser:
     """Everything the head cache does not answer: new series, comments, odd lines, errors."""
 
-    __slots__ = ("cache", "dropped", "dropped_names", "keep", "limit", "ms", "names", "rejected", "samples", "types",
-                 "verdicts")
+    __slots__ = ("cache", "dropped", "dropped_names", "keep", "limit", "max_names", "ms", "names", "rejected",
+                 "samples", "types", "verdicts")
 
-    def __init__(self, result: Exposition, cache: LabelCache, keep, limit: int, ms: float) -> None:
+    def __init__(self, result: Exposition, cache: LabelCache, keep, limit: int, ms: float,
+                 max_names: int | None = None) -> None:
         self.cache = cache
         self.dropped_names = result.dropped_names
         self.samples = result.samples
@@ -303,6 +313,14 @@ class _Parser:
         self.dropped = 0
         self.verdicts: dict[str, bool] = {}
         self.names: set[str] = set()
+        self.max_names = max_names
+
+    def count_names(self) -> None:
+        """Raise TooManyNames once the page's declared and dropped names pass `max_names`: checked
+        where a name can be new (a line the head cache does not know), so a page of made-up
+        families stops after about that many lines, and its sets stop growing with it."""
+        if self.max_names is not None and len(self.dropped_names) + len(self.types) > self.max_names:
+            raise TooManyNames(self.max_names)
 
     def kept(self, name: str) -> bool:
         verdict = self.verdicts.get(name)
@@ -346,6 +364,7 @@ class _Parser:
         if self.keep is not None and not self.kept(name):
             self.dropped += 1
             self.dropped_names.add(name)
+            self.count_names()
             cache._remember_head(head, name, None)
             return
         samples = self.samples
@@ -376,6 +395,7 @@ class _Parser:
             self.cache._remember_comment(line, declared)
         if declared is not None:
             self.types[declared[0]] = declared[1]
+            self.count_names()
 
     def line(self, line: str) -> None:
         stripped = line.strip()
@@ -385,6 +405,7 @@ class _Parser:
             declared = _declared_type(stripped)
             if declared is not None:
                 self.types[declared[0]] = declared[1]
+                self.count_names()
             return
         match = _SAMPLE_RE.match(stripped)
         if match is None:
@@ -393,6 +414,7 @@ class _Parser:
         if not self.kept(name):
             self.dropped += 1
             self.dropped_names.add(name)
+            self.count_names()
             return
         if len(self.samples) == self.limit:
             self.dropped += 1
@@ -432,19 +454,21 @@ def parse(
     keep: Callable[[str], bool] | None = None,
     label_cache: LabelCache | None = None,
     max_samples: int | None = None,
+    max_names: int | None = None,
 ) -> Exposition:
     """Parse an exposition. `keep(name)` filters samples before their labels are parsed;
     dropped ones are only counted. With a `label_cache`, `keep` must be pure: its verdicts are
     cached with the cache's heads while an equal `keep` is passed (a frozenset's __contains__). \
 `max_samples` bounds the kept samples (cardinality bomb):
-    the rest are counted in `dropped_samples`."""
+    the rest are counted in `dropped_samples`. `max_names` bounds the distinct names of TYPE lines
+    and dropped samples (a page of made-up families): past it TooManyNames is raised at once."""
     result = Exposition()
     body, result.openmetrics_eof = _split_at_eof(text)
     lines = body.split("\n")
     cache = label_cache if label_cache is not None else LabelCache()
     limit = max_samples if max_samples is not None else -1
     cache._use_filter(keep)
-    parser = _Parser(result, cache, keep, limit, 1.0 if result.openmetrics_eof else 1000.0)
+    parser = _Parser(result, cache, keep, limit, 1.0 if result.openmetrics_eof else 1000.0, max_names)
     miss = parser.miss
     get = cache._heads.get
     dropped_name = result.dropped_names.add
@@ -483,5 +507,7 @@ def parse(
     except ExpositionError as error:
         # The first line equal to the failing one is where it failed (equal lines fail alike).
         raise ExpositionError(lines.index(line) + 1, error.reason) from None
+    # Lines whose heads were cached skip the check in the loop (at most the cache's entries of them).
+    parser.count_names()
     result.dropped_samples = parser.dropped
     return result

@@ -53,6 +53,7 @@ from exporter.sources.engines.exposition import (
     Exposition,
     ExpositionError,
     LabelCache,
+    TooManyNames,
     parse,
 )
 from exporter.sources.engines.registry import KINDS, SPECS, YIELDS_TO, detect_kind, flavor, matches, role
@@ -64,6 +65,7 @@ __all__ = [
     "NormalizedScrape",
     "NormalizerState",
     "Page",
+    "TooManyFamiliesError",
     "Pass",
     "Table",
     "Trace",
@@ -82,6 +84,17 @@ MAX_RANK = 1024
 ABSENT_MODELS = frozenset({"", "undefined", "None"})
 """Model label values that mean "no model" (trtllm-serve's first release printed `undefined`)."""
 MAX_NOTES = 16
+MAX_PAGE_FAMILIES = 5_000
+"""Native families one page may have (TYPE declarations and sample names less their suffixes); a
+page with more is refused (`too_many_families`). The largest real pages have 92 (vLLM 0.32, live)
+to 263 (vLLM 0.34 with every feature on); every family costs CPU to parse and account for whatever
+its size, and 100k one-sample families (1.1 MB, far under the payload cap) cost 4 s a scrape."""
+NAMES_PER_FAMILY = 5
+"""A family prints at most this many distinct names: a histogram's TYPE, _bucket, _sum, _count and
+_created (a counter's TYPE, _total and _created are three)."""
+MAX_PAGE_NAMES = MAX_PAGE_FAMILIES * NAMES_PER_FAMILY
+"""The parser stops a page at this many distinct declared and dropped names, before it reads the
+rest: a family bomb costs the parse of this many lines, not of the page."""
 MAX_MAPPED_LABEL_SETS = 20_000
 MAX_MAPPED_LABEL_CHARS = MAX_CACHED_CHARS
 """The route caches are cleared past this many bytes (about) of engine label sets and entries:
@@ -126,6 +139,15 @@ _INF = math.inf
 
 class UnknownEngineError(ValueError):
     """The page matches no known engine (and no kind was configured)."""
+
+
+class TooManyFamiliesError(ValueError):
+    """The page has more than MAX_PAGE_FAMILIES native families: refused whole."""
+
+    def __init__(self, families: int | None = None) -> None:
+        counted = f"{families} families" if families is not None else f"more than {MAX_PAGE_NAMES} metric names"
+        super().__init__(f"the page has {counted}, over the budget of {MAX_PAGE_FAMILIES} (real engines print "
+                         "100-300): refused unread")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,8 +445,16 @@ def read_page(text: str, kind: str | None, state: NormalizerState) -> Page:
     notes: dict[str, None] = {}
     kind = _resolve_kind(text, kind, state, notes)
     table = table_for(kind, text)
-    exposition = parse(text, keep=table.keep.__contains__, label_cache=state.label_cache)
-    return Page(text, kind, table, exposition, notes, state.families(kind, exposition))
+    try:
+        exposition = parse(text, keep=table.keep.__contains__, label_cache=state.label_cache,
+                           max_names=MAX_PAGE_NAMES)
+    except TooManyNames:
+        raise TooManyFamiliesError() from None
+    families = state.families(kind, exposition)
+    counted = families.mapped + families.ignored + families.unaccounted
+    if counted > MAX_PAGE_FAMILIES:
+        raise TooManyFamiliesError(counted)
+    return Page(text, kind, table, exposition, notes, families)
 
 
 def scrape_of(page: Page, model: str | None, samples: tuple[Sample, ...], unmapped: int, dropped: int,
@@ -470,7 +500,10 @@ def _resolve_kind(text: str, kind: str | None, state: NormalizerState, notes: di
     if detected is None:
         if last is None:
             # An HTML error page or garbage is a parse failure, not an unknown engine: say so.
-            parse(text, keep=_keep_nothing)
+            try:
+                parse(text, keep=_keep_nothing, max_names=MAX_PAGE_NAMES)
+            except TooManyNames:
+                raise TooManyFamiliesError() from None
             raise UnknownEngineError("the page matches no known engine (" + ", ".join(KINDS) + ")")
         notes[f"no {last} metric names on the page; kept the last detected kind"] = None
         return last

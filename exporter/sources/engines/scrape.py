@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 from exporter.catalog import family_of
 from exporter.config import EngineTarget
+from exporter.logstate import StateLog, quote_names
 from exporter.redact import CredentialError, redact_url
 from exporter.snapshot import Labels, Sample, labels_of, make_labels
 from exporter.sources.base import SourceData, SourceError, SourceKind
@@ -25,6 +26,7 @@ from exporter.sources.engines.normalize import (
     CARDINALITY,
     NormalizedScrape,
     NormalizerState,
+    TooManyFamiliesError,
     UnknownEngineError,
 )
 from exporter.sources.engines.replay import normalize, normalize_if_unchanged
@@ -39,6 +41,12 @@ INLINE_MAX_GROWTH = 1.1
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 log = logging.getLogger("llm_exporter.engine")
+
+# The `reason` of llm_exporter_log_lines_suppressed_total: which state-change line was held back.
+LOG_UNACCOUNTED = "unaccounted_families"
+LOG_DROPS = "series_dropped"
+LOG_ROLE = "role_conflict"
+LOG_REASONS = (LOG_UNACCOUNTED, LOG_DROPS, LOG_ROLE)
 
 
 class ModelLabels:
@@ -101,12 +109,11 @@ class EngineSource:
         self._model_labels = ModelLabels()
         self._last_normalize: tuple[int, float] | None = None  # (page characters, CPU seconds)
         self._last_kind = target.kind or "unknown"
-        # Series dropped since the start, by reason (cardinality always shown, 0 until it happens),
-        # and the reasons of the last normalized page: a log line when one starts or stops.
+        # Series dropped since the start, by reason (cardinality always shown, 0 until it happens).
         self._series_dropped: dict[str, int] = {CARDINALITY: 0}
-        self._dropping: frozenset[str] = frozenset()
-        self._unaccounted: tuple[str, ...] = ()  # the last page's unaccounted families (logged on change)
-        self._role_conflict: tuple[str, str] | None = None  # (option, page) last logged
+        # A line when a drop reason starts or stops, the unaccounted families or a role conflict
+        # change: each rate-limited per key, what it held back counted (exporter/logstate.py).
+        self._log = StateLog(reasons=LOG_REASONS)
 
     @property
     def attrs(self) -> Mapping[str, str]:
@@ -158,6 +165,8 @@ class EngineSource:
             raise SourceError("parse", f"not a Prometheus exposition: {error}") from None
         except UnknownEngineError as error:
             raise SourceError("unknown_engine", str(error)) from None
+        except TooManyFamiliesError as error:
+            raise SourceError("too_many_families", str(error)) from None
         self._last_kind = scrape.kind
         self._count_drops(scrape)
         self._note_families(scrape)
@@ -174,6 +183,9 @@ class EngineSource:
             *(Sample("llm_exporter_engine_families", labels_of(target=self.target.name, engine=scrape.kind,
                                                                 state=state), float(count))
               for state, count in families.counts().items()),
+            *(Sample("llm_exporter_log_lines_suppressed_total", labels_of(source=self.name, reason=reason),
+                     float(count))
+              for reason, count in self._log.suppressed.items()),
         ]
         attrs = {"engine": scrape.kind, "flavor": scrape.flavor, "model": model, "role": role,
                  "unaccounted_families": " ".join(families.names)}
@@ -182,47 +194,54 @@ class EngineSource:
     def _role(self, scrape: NormalizedScrape) -> str:
         """The instance's PD role: the page's where it names one (the engine knows what it runs as),
         else the target's `role` option, else `both`. A page that contradicts the option is logged
-        once per change: the option is stale or names the wrong target."""
+        once per change (at most one line a minute): the option is stale or names the wrong target."""
         declared = self.target.role
         if scrape.role is None:
             return declared or "both"
         conflict = (declared, scrape.role) if declared is not None and declared != scrape.role else None
-        if conflict != self._role_conflict and conflict is not None:
-            log.warning("target %s: the page says role %s, the target's role option %s: the page's is used",
-                        self.target.name, scrape.role, declared)
-        self._role_conflict = conflict
+
+        def write(suffix: str) -> None:
+            if conflict is not None:
+                log.warning("target %s: the page says role %s, the target's role option %s: the page's is "
+                            "used%s", self.target.name, conflict[1], conflict[0], suffix)
+
+        self._log.update("role", conflict, LOG_ROLE, write)
         return scrape.role
 
     def _note_families(self, scrape: NormalizedScrape) -> None:
-        """One log line when the set of families the engine table does not account for changes (an
-        engine upgrade, a feature switched on), not on every cycle."""
-        names = scrape.families.names
-        if names == self._unaccounted:
-            return
-        if names:
-            more = scrape.families.unaccounted - len(names)
-            log.warning("target %s: %d engine families neither mapped nor ignored by the %s table (a new engine "
-                        "release?): %s%s; see docs/engines.md", self.target.name, scrape.families.unaccounted,
-                        scrape.kind, ", ".join(names), f" and {more} more" if more > 0 else "")
-        else:
-            log.info("target %s: every engine family is accounted for again", self.target.name)
-        self._unaccounted = names
+        """A log line when the set of families the engine table does not account for changes (an
+        engine upgrade, a feature switched on), not on every cycle; a page whose made-up names change
+        every cycle writes one a minute, naming a few hundred characters of them."""
+        families = scrape.families
+
+        def write(suffix: str) -> None:
+            if families.names:
+                log.warning("target %s: %d engine families neither mapped nor ignored by the %s table (a new "
+                            "engine release?): %s; see docs/engines.md%s", self.target.name, families.unaccounted,
+                            scrape.kind, quote_names(families.names, families.unaccounted), suffix)
+            else:
+                log.info("target %s: every engine family is accounted for again%s", self.target.name, suffix)
+
+        self._log.update("unaccounted", families.names, LOG_UNACCOUNTED, write, initial=())
 
     def _count_drops(self, scrape: NormalizedScrape) -> None:
-        """Add the page's dropped series to the counters; log once when a reason starts (with the
-        page's notes, which say what) and once when it stops, not on every cycle."""
+        """Add the page's dropped series to the counters; log when a reason starts (with the page's
+        notes, which say what) and when it stops, not on every cycle: at most a line a minute per
+        reason (the reasons are the normalizer's fixed vocabulary)."""
         drops = scrape.drops
         for reason, count in drops.items():
             self._series_dropped[reason] = self._series_dropped.get(reason, 0) + count
-        reasons = frozenset(drops)
-        if reasons == self._dropping:
-            return
-        for reason in sorted(reasons - self._dropping):
-            log.warning("target %s: dropping series (%s): %d this scrape; %s", self.target.name, reason,
-                        drops[reason], "; ".join(scrape.notes)[:500] or "no notes")
-        for reason in sorted(self._dropping - reasons):
-            log.info("target %s: no longer dropping series (%s)", self.target.name, reason)
-        self._dropping = reasons
+        for reason in self._series_dropped:
+            dropping = reason in drops
+
+            def write(suffix: str, reason: str = reason, dropping: bool = dropping) -> None:
+                if dropping:
+                    log.warning("target %s: dropping series (%s): %d this scrape; %s%s", self.target.name, reason,
+                                drops[reason], "; ".join(scrape.notes)[:500] or "no notes", suffix)
+                else:
+                    log.info("target %s: no longer dropping series (%s)%s", self.target.name, reason, suffix)
+
+            self._log.update("drop:" + reason, dropping, LOG_DROPS, write, initial=False)
 
     async def close(self) -> None:
         await self._client.aclose()
