@@ -19,7 +19,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from exporter.collect import Collector
+from exporter.collect import MANY_TARGETS, MAX_SCRAPES_IN_FLIGHT, Collector
 from exporter.config import Config, ConfigError, EngineTarget, ProbeTarget
 from exporter.derive import build_deriver
 from exporter.httpserver import LISTEN_BACKLOG, HttpServer, Limits
@@ -200,6 +200,11 @@ async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
     log.info("listening on %s (%s%s), %d source(s), interval %gs", config.listen,
              "https" if ssl_context else "http", ", basic auth" if web and web.auth_enabled else "",
              len(sources), config.interval_s)
+    if (targets := len(config.engines)) > MANY_TARGETS:
+        log.warning("%d engine targets: an exporter is meant for one node's engines (a sidecar has 1-8). They are "
+                    "scraped %d at a time; when a cycle takes longer than the %gs interval ticks are skipped and "
+                    "llm_exporter_cycle_overruns_total counts them. Split the targets over several exporters",
+                    targets, MAX_SCRAPES_IN_FLIGHT, config.interval_s)
     stop_task = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait({collect_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)

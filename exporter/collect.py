@@ -27,6 +27,19 @@ from exporter.sources.base import Source, SourceData, SourceError
 
 log = logging.getLogger("llm_exporter.collect")
 
+# Engine scrapes in flight at once. Each one in flight adds its callbacks to every turn of the event
+# loop: 10,000 targets started together made each turn so long that a healthy target's scrape ran
+# past its 0.8 s timeout and read down. A sidecar's 1-8 targets never wait for a slot, and a
+# scrape's timeout starts when it has one, so waiting for a slot never marks a target down.
+# 256: a node-level exporter's targets all in flight; 10,000 refused targets then take about 1.5 s of
+# CPU a cycle on one core, the healthy one among them scraped in time. The cost of the cap: targets
+# that hang run their timeouts 256 at a time.
+MAX_SCRAPES_IN_FLIGHT = 256
+# An exporter is meant for one node's engines: past this many targets, start says what it costs.
+MANY_TARGETS = MAX_SCRAPES_IN_FLIGHT
+# State-change lines one cycle may log (a thousand targets failing at once is one summary).
+MAX_STATE_LINES_PER_CYCLE = 10
+
 DeriveFn = Callable[[Snapshot, "Snapshot | None"], tuple[Sample, ...]]
 
 
@@ -116,6 +129,11 @@ class Collector:
         self.renderer = Renderer()
         self._ready = asyncio.Event()
         self._last_cycle_s = 0.0
+        self._slots: asyncio.Semaphore | None = None  # made on the loop that runs the cycles
+        self.overruns = 0  # cycles that took longer than the interval
+        self._overrunning = False
+        self._state_lines = 0  # state-change lines logged this cycle
+        self._state_unlogged: dict[str, int] = {}  # state -> changes not logged this cycle
 
     @property
     def ready(self) -> bool:
@@ -146,6 +164,14 @@ class Collector:
         return True
 
     async def _collect_source(self, source: Source) -> SourceResult:
+        if source.kind is not SourceKind.ENGINE:
+            return await self._collect_now(source)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(MAX_SCRAPES_IN_FLIGHT)
+        async with self._slots:
+            return await self._collect_now(source)
+
+    async def _collect_now(self, source: Source) -> SourceResult:
         health = self.health[source.name]
         started = time.perf_counter()
         attrs = dict(getattr(source, "attrs", {}) or {})
@@ -195,15 +221,44 @@ class Collector:
         if state == health.last_state or (state == "busy" and health.last_state not in ("", "ok")):
             return  # busy: the collection that failed before is still running, the same outage
         previous, health.last_state = health.last_state, state
+        if state == "ok" and not previous:
+            return
+        if self._state_lines >= MAX_STATE_LINES_PER_CYCLE:
+            key = "recovered" if state == "ok" else state
+            self._state_unlogged[key] = self._state_unlogged.get(key, 0) + 1
+            return
+        self._state_lines += 1
         if state == "ok":
-            if previous:
-                log.info("source %s recovered", name)
+            log.info("source %s recovered", name)
         else:
             log.warning("source %s failing: %s: %s", name, state, message)
+
+    def _end_state_lines(self) -> None:
+        if self._state_unlogged:
+            counts = ", ".join(f"{n} {state}" for state, n in sorted(self._state_unlogged.items()))
+            log.warning("and %d more sources changed state this cycle (%s): llm_exporter_source_up and "
+                        "llm_exporter_collect_errors_total name each", sum(self._state_unlogged.values()), counts)
+        self._state_lines, self._state_unlogged = 0, {}
+
+    def _note_overrun(self, took_s: float) -> None:
+        """A cycle longer than the interval: counted, and one line when it starts and when it ends."""
+        over = took_s > self.interval_s
+        self.overruns += over
+        if over != self._overrunning:
+            self._overrunning = over
+            if over:
+                engines = sum(1 for s in self.sources if s.kind is SourceKind.ENGINE)
+                log.warning("a collection cycle took %.2f s, longer than the %gs interval: cycles are skipped until "
+                            "it is shorter (%d sources, %d of them engine targets scraped %d at a time; "
+                            "llm_exporter_cycle_overruns_total)", took_s, self.interval_s, len(self.sources),
+                            engines, MAX_SCRAPES_IN_FLIGHT)
+            else:
+                log.info("collection cycles fit the %gs interval again (the last took %.2f s)", self.interval_s, took_s)
 
     async def collect_once(self) -> Published:
         started = time.perf_counter()
         results = await asyncio.gather(*(self._collect_source(s) for s in self.sources))
+        self._end_state_lines()
         wall, steady = self.clocks.read()
         snapshot = Snapshot(wall, MappingProxyType({r.source: r for r in results}), steady_at=steady)
         previous = self.latest.snapshot if self.latest else None
@@ -214,6 +269,7 @@ class Collector:
         published = Published(snapshot, tuple(samples), self.renderer)
         self.latest = published
         self._last_cycle_s = time.perf_counter() - started
+        self._note_overrun(self._last_cycle_s)
         self._ready.set()
         return published
 
@@ -230,6 +286,7 @@ class Collector:
             Sample("llm_exporter_collections_total", (), float(self.cycles)),
             Sample("llm_exporter_cycle_duration_seconds", (), self._last_cycle_s),
             Sample("llm_exporter_scrapes_rejected_total", (), float(self.scrapes_rejected)),
+            Sample("llm_exporter_cycle_overruns_total", (), float(self.overruns)),
             Sample("llm_exporter_clock_steps_total", (), float(self.clocks.steps)),
             Sample("llm_exporter_clock_offset_seconds", (), self.clocks.offset_s),
         ]

@@ -24,6 +24,10 @@ FAMILIES = (
     family("llm_exporter_cycle_duration_seconds", "gauge", "seconds",
            "Wall time of the last whole collection cycle (all sources and derive; a page is rendered by its "
            "first scrape).", (), "self"),
+    family("llm_exporter_cycle_overruns_total", "counter", "cycles",
+           "Collection cycles that took longer than the interval (the next ticks are skipped). Engine targets are "
+           "scraped 256 at a time, each with its own timeout from when its turn comes, so an exporter with "
+           "too many targets runs late rather than marking healthy ones down.", (), "self"),
     family("llm_exporter_clock_steps_total", "counter", "steps",
            "Times the wall clock stepped (more than 1 s between two cycles against the monotonic clock: NTP, "
            "date -s, a VM resumed). Rates and windows run on the monotonic clock and are not affected; "
