@@ -4,10 +4,11 @@ and the sample helper."""
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 
+from exporter.settings import ConfigError
 from exporter.snapshot import Sample, labels_of
+from exporter.sources.host_match import LinearPattern, PatternError
 
 log = logging.getLogger("exporter.sources.host")
 
@@ -29,7 +30,8 @@ class HostOptions:
     sys_root: str = "/sys"
     engine_port: int | None = None
     engine_pidfile: str | None = None
-    engine_process_name: str | None = None  # re.search on comm and command line
+    # A regex searched in comm and the command line's start, in linear time (host_match.py).
+    engine_process_name: str | None = None
     engine_include_children: bool = True  # vLLM V1's EngineCore and TP workers are children
     # GPUs to report; None discovers NVIDIA GPUs (vendor 0x10de, class 0x0300/0x0302) in sysfs.
     gpu_pci_addresses: tuple[str, ...] | None = None
@@ -45,14 +47,21 @@ class HostOptions:
 
     def __post_init__(self) -> None:
         if self.engine_process_name is not None:
-            try:
-                re.compile(self.engine_process_name)
-            except re.error as exc:
-                raise ValueError(f"engine_process_name is not a valid regex: {exc}") from exc
+            self.name_pattern()
         if self.engine_port is not None and not 0 < self.engine_port < 65536:
             raise ValueError(f"engine_port out of range: {self.engine_port}")
         if self.max_processes < 1 or self.max_threads < 1:
             raise ValueError("max_processes and max_threads must be at least 1")
+
+    def name_pattern(self) -> LinearPattern | None:
+        """The compiled engine_process_name; ConfigError (exit 2, one line) when it is not a
+        regex or needs backtracking."""
+        if self.engine_process_name is None:
+            return None
+        try:
+            return LinearPattern(self.engine_process_name)
+        except PatternError as error:
+            raise ConfigError("engine_process_name", self.engine_process_name, str(error)) from None
 
     @property
     def has_engine_selector(self) -> bool:

@@ -4,27 +4,28 @@ state its rates need between cycles (per-thread ticks, the previous uptime)."""
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 
 from exporter.snapshot import Sample
-from exporter.sources.host_common import HostOptions, PresenceLog, sample
+from exporter.sources.host_common import HostOptions, PresenceLog, log, sample
 from exporter.sources.host_files import MAX_HELD_THREAD_FILES, HeldFiles
 from exporter.sources.host_pci import NumaNode, PciLink, read_online_cpus
 from exporter.sources.host_proc import Reader, read_text
 from exporter.sources.host_process import (
+    MAX_MATCH_S,
+    NameTest,
     ProcessId,
     ProcessScan,
+    ProcessSearch,
     ThreadKey,
     busiest_thread_ratio,
-    find_by_name,
-    find_by_port,
     identity,
+    name_search,
     numa_mismatch,
+    port_search,
     read_pidfile,
     rescan_tree,
     scan_tree,
-    self_and_parent,
 )
 
 BUSIEST_THREAD_WINDOW_S = 5.0
@@ -51,7 +52,17 @@ class EngineTracker:
         # when not read again (the thread ended or its process left the tree).
         self._thread_files = HeldFiles(MAX_HELD_THREAD_FILES)
         self._clk_tck = os.sysconf("SC_CLK_TCK")
-        self._name_re = re.compile(opts.engine_process_name) if opts.engine_process_name else None
+        # A search walks every process (and, by port, every fd): spread over cycles, each sweep
+        # within its time budget (host_process.ProcessSearch).
+        self._search: ProcessSearch | None = None
+        if opts.engine_port is not None:
+            self._search = port_search(opts.proc_root, opts.engine_port, clock)
+        elif opts.engine_process_name:
+            pattern = opts.name_pattern()
+            assert pattern is not None
+            self._search = name_search(opts.proc_root, pattern, clock, on_pass=self._on_pass)
+        self._name_test: NameTest | None = None
+        self._undecided_logged = False
         self._current: ProcessId | None = None
         self._next_search = float("-inf")
         self._tree: tuple[int, ...] = ()  # root first, then descendants breadth first
@@ -124,21 +135,41 @@ class EngineTracker:
                 return self._current.pid
             self._adopt(None)
             self._next_search = float("-inf")  # it just went away: look again now
-        now = self._clock()
-        if now < self._next_search:
+        search = self._search
+        if search is None:
             return None
-        # Searching walks every process (and, by port, every fd), so it is rate limited.
-        self._next_search = now + opts.search_interval_s
-        if opts.engine_port is not None:
-            pid = find_by_port(opts.proc_root, opts.engine_port)
-        elif self._name_re is not None:
-            pid = find_by_name(opts.proc_root, self._name_re, exclude=self_and_parent(opts.proc_root))
-        else:
-            pid = None
-        return self._adopt(pid)
+        if not search.in_progress:
+            now = self._clock()
+            if now < self._next_search:
+                return None
+            # A search is rate limited from its start; one cut short goes on next cycle.
+            self._next_search = now + opts.search_interval_s
+        done, found = search.sweep()
+        if not done:
+            return None
+        self._note_undecided()
+        return self._adopt(found.pid if found is not None else None, found)
 
-    def _adopt(self, pid: int | None) -> int | None:
+    def _on_pass(self, test: NameTest) -> None:
+        self._name_test = test
+
+    def _note_undecided(self) -> None:
+        """One line when a search first passes over processes it could not tell in time (a
+        pattern whose DFA keeps exploding on their command lines), one when none is left."""
+        test = self._name_test
+        undecided = test.undecided if test is not None else 0
+        if bool(undecided) != self._undecided_logged:
+            self._undecided_logged = bool(undecided)
+            if undecided:
+                log.warning("host: engine search: %d command line(s) not matched within %gs were taken as "
+                            "not matching; a simpler engine_process_name avoids this", undecided, MAX_MATCH_S)
+            else:
+                log.info("host: engine search: every command line matched in time again")
+
+    def _adopt(self, pid: int | None, expected: ProcessId | None = None) -> int | None:
         found = identity(self._opts.proc_root, pid, self._read) if pid is not None else None
+        if expected is not None and found != expected:
+            found = None  # the pid ended and was reused since it matched; the next search decides
         if found != self._current:
             self._forget_threads()  # another process: its threads share nothing with the old one
             self._tree = ()

@@ -73,6 +73,38 @@ def read_fd_record(fd: int) -> str:
     return read_fd(fd)
 
 
+def read_prefix(path: str, max_bytes: int) -> bytes | None:
+    """At most the first `max_bytes` of a file, None when it is absent or unreadable. For the
+    files whose size another process decides (its command line: Linux allows about 2 MiB, and
+    more through prctl), which are never read whole."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    chunks = []
+    size = 0
+    try:
+        while size < max_bytes:
+            chunk = os.pread(fd, min(max_bytes - size, _READ_CHUNK), size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError:
+        return None  # the task ended mid-read
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def read_bounded(path: str, max_bytes: int) -> str | None:
+    """The whole text of a file of at most `max_bytes`; None when absent, unreadable or longer."""
+    data = read_prefix(path, max_bytes + 1)
+    if data is None or len(data) > max_bytes:
+        return None
+    return data.decode("utf-8", errors="replace")
+
+
 def read_link(path: str) -> str | None:
     try:
         return os.readlink(path)

@@ -7,13 +7,16 @@ root among candidates, thread ratios, the NUMA verdict) take plain values.
 
 from __future__ import annotations
 
+import itertools
 import os
-import re
-from collections.abc import Iterable
+import time
+from array import array
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from exporter.safefile import read_regular_file
+from exporter.sources.host_match import LinearPattern
 from exporter.sources.host_pci import NumaNode
 from exporter.sources.host_proc import (
     PidStat,
@@ -24,13 +27,35 @@ from exporter.sources.host_proc import (
     parse_pid_stat,
     parse_pid_status,
     parse_thread_ticks,
+    read_bounded,
     read_link,
+    read_prefix,
     read_record,
     read_text,
     socket_inode,
 )
 
 MAX_PIDFILE_BYTES = 4096  # a pid and a newline; more is the wrong file
+MAX_CMDLINE_BYTES = 4096
+"""What is read of another process's command line, and matched: its program and first arguments
+(`vllm serve <model> --port ...`) are there. Any local user decides the rest (Linux allows about
+2 MiB), so the rest is never read."""
+MAX_STAT_BYTES = 4096  # /proc/PID/stat: 52 numbers and a comm of at most 16 bytes, under 1 KiB
+MAX_NET_TCP_BYTES = 4 << 20
+"""/proc/net/tcp(6) read when looking for a listening port: about 27,000 sockets. The kernel lists
+listening sockets first, so a host with more connections than that still shows its listeners."""
+MAX_FDS_PER_PROCESS = 16384
+"""fds looked at per process when finding who holds the engine's port: a listening socket is
+opened at start, among the first fds; a process holding a million fds costs no more than this."""
+SEARCH_SWEEP_BUDGET_S = 0.2
+"""Wall time one sweep of a search may take (a cycle is 1 s by default); the next cycle goes on
+where it stopped. A host's process list, however long or hostile, costs at most this per cycle."""
+MAX_SEARCH_PROCESSES_PER_SWEEP = 2048  # processes looked at per sweep, whatever their cost
+MAX_MATCH_S = 0.05
+"""Time one command line may take to match. The pattern runs in linear time (host_match.py) over
+at most MAX_CMDLINE_BYTES, a few milliseconds; a pattern whose DFA keeps exploding could take
+longer, and that process is then taken as not matching (counted, logged once)."""
+MAX_LISTED_PIDS = 1 << 22  # pid_max's ceiling on 64-bit Linux: a search never lists more
 
 
 class ThreadKey(NamedTuple):
@@ -64,7 +89,11 @@ def pids(proc_root: str) -> list[int]:
     return [int(e) for e in list_dir(proc_root) if e.isdigit()]
 
 
-def read_stat(proc_root: str, pid: int, read: Reader = read_text) -> PidStat | None:
+def _read_stat_file(path: str) -> str | None:
+    return read_bounded(path, MAX_STAT_BYTES)
+
+
+def read_stat(proc_root: str, pid: int, read: Reader = _read_stat_file) -> PidStat | None:
     text = read(os.path.join(proc_root, str(pid), "stat"))
     if text is None:
         return None
@@ -117,47 +146,192 @@ def read_pidfile(pidfile: str) -> int | None:
 def listening_inodes(proc_root: str, port: int) -> set[int]:
     inodes: set[int] = set()
     for table in ("tcp", "tcp6"):
-        text = read_text(os.path.join(proc_root, "net", table))
-        if text is not None:
-            inodes |= parse_listening_inodes(text, port)
+        data = read_prefix(os.path.join(proc_root, "net", table), MAX_NET_TCP_BYTES + 1)
+        if data is None:
+            continue
+        if len(data) > MAX_NET_TCP_BYTES:
+            data = data[: data.rfind(b"\n") + 1]  # whole lines only: the listeners come first
+        inodes |= parse_listening_inodes(data.decode("ascii", "replace"), port)
     return inodes
 
 
-def find_by_port(proc_root: str, port: int) -> int | None:
-    """The process holding a socket that listens on `port`. Reading another user's fd links needs
-    the same uid or CAP_SYS_PTRACE; processes we may not look into are skipped."""
-    inodes = listening_inodes(proc_root, port)
-    if not inodes:
-        return None
-    candidates: dict[int, PidStat] = {}
-    for pid in pids(proc_root):
-        fd_dir = os.path.join(proc_root, str(pid), "fd")
-        for fd in list_dir(fd_dir):
-            target = read_link(os.path.join(fd_dir, fd))
-            if target is not None and socket_inode(target) in inodes:
-                stat = read_stat(proc_root, pid)
-                if stat is not None:
-                    candidates[pid] = stat
+def read_cmdline(proc_root: str, pid: int) -> str:
+    """The start of a process's command line, arguments joined by spaces ("" for a kernel thread
+    or a process gone); at most MAX_CMDLINE_BYTES are read."""
+    data = read_prefix(os.path.join(proc_root, str(pid), "cmdline"), MAX_CMDLINE_BYTES) or b""
+    return data.decode("utf-8", "replace").replace("\0", " ").strip()
+
+
+class Matcher(Protocol):
+    """A compiled pattern: host_match.LinearPattern, or a re.Pattern (tests, the bench)."""
+
+    def search(self, text: str, /) -> object: ...
+
+
+PidTest = Callable[[int], PidStat | None]
+"""One search's test of one process: its stat when it is a candidate, else None."""
+
+
+class ProcessSearch:
+    """A search through every process for the engine, spread over as many sweeps as it needs.
+
+    A pass lists the pids once, then each `sweep` looks at the next processes, at most
+    MAX_SEARCH_PROCESSES_PER_SWEEP of them and for at most SEARCH_SWEEP_BUDGET_S, and stops; the
+    caller sweeps again next cycle. When the list is done, the root among the candidates is the
+    result. `begin` starts a pass: it returns the test for each pid, or None when nothing can
+    match (no socket listens on the port) and the pass is over at once."""
+
+    def __init__(self, proc_root: str, begin: Callable[[], PidTest | None],
+                 clock: Callable[[], float] = time.monotonic, *,
+                 budget_s: float = SEARCH_SWEEP_BUDGET_S,
+                 max_per_sweep: int = MAX_SEARCH_PROCESSES_PER_SWEEP) -> None:
+        self._proc_root = proc_root
+        self._begin = begin
+        self._clock = clock
+        self._budget_s = budget_s
+        self._max_per_sweep = max_per_sweep
+        self._test: PidTest | None = None
+        self._pending = array("l")  # pids of this pass not looked at yet, last first
+        self._candidates: dict[int, PidStat] = {}
+        self.sweeps = 0  # of the pass now running or the last one
+
+    @property
+    def in_progress(self) -> bool:
+        return self._test is not None
+
+    def sweep(self) -> tuple[bool, ProcessId | None]:
+        """(the pass is over, the process found). Over with None: nothing matched."""
+        if self._test is None:
+            self._test = self._begin()
+            if self._test is None:
+                return True, None
+            listed = sorted(itertools.islice(_pids_iter(self._proc_root), MAX_LISTED_PIDS), reverse=True)
+            self._pending = array("l", listed)
+            self._candidates = {}
+            self.sweeps = 0
+        self.sweeps += 1
+        deadline = self._clock() + self._budget_s
+        test, pending, candidates = self._test, self._pending, self._candidates
+        for _ in range(self._max_per_sweep):
+            if not pending:
                 break
-    return choose_root(candidates)
+            pid = pending.pop()
+            stat = test(pid)
+            if stat is not None:
+                candidates[pid] = stat
+            if self._clock() >= deadline:
+                break
+        if pending:
+            return False, None
+        self._test = None
+        root = choose_root(candidates)
+        self._candidates = {}
+        return True, (ProcessId(root, candidates[root].starttime) if root is not None else None)
+
+    def run(self) -> ProcessId | None:
+        """A whole pass at once (tests, the bench)."""
+        while True:
+            done, found = self.sweep()
+            if done:
+                return found
 
 
-def find_by_name(proc_root: str, pattern: re.Pattern[str], exclude: Iterable[int] = ()) -> int | None:
-    """The root of the processes whose comm or command line matches `pattern` (re.search, so a
-    plain substring works). `exclude` keeps the exporter itself out: its own command line may
-    carry the pattern as an argument."""
-    skip = set(exclude)
-    candidates: dict[int, PidStat] = {}
-    for pid in pids(proc_root):
-        if pid in skip:
-            continue
-        stat = read_stat(proc_root, pid)
+def _pids_iter(proc_root: str) -> Iterable[int]:
+    try:
+        with os.scandir(proc_root) as entries:
+            for entry in entries:
+                if entry.name.isdigit():
+                    yield int(entry.name)
+    except OSError:
+        return
+
+
+class NameTest:
+    """The test of a search by name: does the pattern occur in the process's comm or the start
+    of its command line. Counts the command lines that took too long to tell."""
+
+    def __init__(self, proc_root: str, pattern: Matcher, exclude: Iterable[int] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._proc_root = proc_root
+        self._pattern = pattern
+        self._skip = frozenset(exclude)
+        self._clock = clock
+        self.undecided = 0
+
+    def __call__(self, pid: int) -> PidStat | None:
+        if pid in self._skip:
+            return None
+        stat = read_stat(self._proc_root, pid)
         if stat is None:
-            continue
-        cmdline = read_text(os.path.join(proc_root, str(pid), "cmdline")) or ""
-        if pattern.search(stat.comm) or pattern.search(cmdline.replace("\0", " ").strip()):
-            candidates[pid] = stat
-    return choose_root(candidates)
+            return None
+        for text in (stat.comm, read_cmdline(self._proc_root, pid)):
+            got = self._search(text)
+            if got is None:
+                self.undecided += 1
+                return None
+            if got:
+                return stat
+        return None
+
+    def _search(self, text: str) -> bool | None:
+        pattern = self._pattern
+        if isinstance(pattern, LinearPattern):
+            return pattern.search(text, self._clock() + MAX_MATCH_S, self._clock)
+        return bool(pattern.search(text))
+
+
+def name_search(proc_root: str, pattern: Matcher, clock: Callable[[], float] = time.monotonic,
+                on_pass: Callable[[NameTest], None] | None = None) -> ProcessSearch:
+    """A search by name; `on_pass` is handed each pass's test when it starts (for its counts)."""
+
+    def begin() -> PidTest:
+        test = NameTest(proc_root, pattern, self_and_parent(proc_root), clock)
+        if on_pass is not None:
+            on_pass(test)
+        return test
+
+    return ProcessSearch(proc_root, begin, clock)
+
+
+def port_search(proc_root: str, port: int, clock: Callable[[], float] = time.monotonic) -> ProcessSearch:
+    """A search for the process holding a socket that listens on `port`. Reading another user's
+    fd links needs the same uid or CAP_SYS_PTRACE; processes we may not look into are skipped."""
+
+    def begin() -> PidTest | None:
+        inodes = listening_inodes(proc_root, port)
+        if not inodes:
+            return None
+        return lambda pid: _holds_socket(proc_root, pid, inodes)
+
+    return ProcessSearch(proc_root, begin, clock)
+
+
+def _holds_socket(proc_root: str, pid: int, inodes: set[int]) -> PidStat | None:
+    fd_dir = os.path.join(proc_root, str(pid), "fd")
+    try:
+        with os.scandir(fd_dir) as entries:
+            for entry in itertools.islice(entries, MAX_FDS_PER_PROCESS):
+                target = read_link(entry.path)
+                if target is not None and socket_inode(target) in inodes:
+                    return read_stat(proc_root, pid)
+    except OSError:
+        return None
+    return None
+
+
+def find_by_port(proc_root: str, port: int) -> int | None:
+    """The process holding a socket that listens on `port`, in one whole search."""
+    found = port_search(proc_root, port).run()
+    return found.pid if found is not None else None
+
+
+def find_by_name(proc_root: str, pattern: Matcher, exclude: Iterable[int] = ()) -> int | None:
+    """The root of the processes whose comm or command line (its first MAX_CMDLINE_BYTES)
+    matches `pattern`, in one whole search. `exclude` keeps the exporter itself out: its own
+    command line may carry the pattern as an argument."""
+    test = NameTest(proc_root, pattern, exclude)
+    found = ProcessSearch(proc_root, lambda: test, budget_s=float("inf")).run()
+    return found.pid if found is not None else None
 
 
 def scan_process(
