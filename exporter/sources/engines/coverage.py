@@ -8,7 +8,8 @@ tests/test_engines_normalize.py fails when the committed file differs from this 
 from __future__ import annotations
 
 from exporter.catalog import engine as engine_catalog
-from exporter.sources.engines.normalize import ABSENT_MODELS, MAX_RANK, REASONS
+from exporter.logstate import MAX_QUOTED_CHARS, STATE_LOG_BURST, STATE_LOG_INTERVAL_S
+from exporter.sources.engines.normalize import ABSENT_MODELS, MAX_PAGE_FAMILIES, MAX_PAGE_NAMES, MAX_RANK, REASONS
 from exporter.sources.engines.registry import DETECTION_ORDER, KINDS, SPECS, YIELDS_TO, coverage
 from exporter.sources.engines.table import Alias, EngineSpec, Product, Term, When
 
@@ -32,7 +33,10 @@ do not edit by hand. The normalized families are documented in docs/metrics.md.
    an exposition at all (HTML error page) and an unknown engine otherwise.
 2. **Filtering**: only the sample names in the engine's table are parsed; everything else
    (including `*_created` samples, `process_*`, `python_*`, `http_*`) is counted in
-   `unmapped_samples` and dropped before its labels are read.
+   `unmapped_samples` and dropped before its labels are read. A page of more than
+   {MAX_PAGE_FAMILIES:,} native families (real engines print 100-300) is refused whole
+   (`llm_exporter_collect_errors_total{{reason="too_many_families"}}`): the parser stops at
+   {MAX_PAGE_NAMES:,} distinct names, so a page of made-up families costs no more than an honest page.
 3. **Labels**: every series gets `target` and `engine`; `model` when the engine names its model
    (values {", ".join(f'`"{v}"`' for v in sorted(ABSENT_MODELS))} mean "no model"; a series without
    a model label, such as vLLM's `cache_config_info`, gets the page's model); `rank` for a
@@ -58,6 +62,13 @@ do not edit by hand. The normalized families are documented in docs/metrics.md.
 8. **Page conditions**: an alias or product marked "only on pages that contain/lack" applies
    according to a substring of the raw page: a HELP text (the parser does not read HELP lines),
    or `⏎name{{`, a sample line of another family.
+
+Each family is counted as mapped, ignored (on purpose, listed per engine below) or unaccounted in
+`llm_exporter_engine_families`; a change of the unaccounted set is logged, as are drops starting and
+stopping and a page's role contradicting the target's option: at most {STATE_LOG_BURST} lines of each
+kind per target in {STATE_LOG_INTERVAL_S:g} s (the next line says how many changes were not logged;
+`llm_exporter_log_lines_suppressed_total` counts them), quoting at most {MAX_QUOTED_CHARS} characters of
+family names.
 
 ## Live engines
 

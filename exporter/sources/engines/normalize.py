@@ -146,8 +146,8 @@ class TooManyFamiliesError(ValueError):
 
     def __init__(self, families: int | None = None) -> None:
         counted = f"{families} families" if families is not None else f"more than {MAX_PAGE_NAMES} metric names"
-        super().__init__(f"the page has {counted}, over the budget of {MAX_PAGE_FAMILIES} (real engines print "
-                         "100-300): refused unread")
+        super().__init__(f"the page has {counted}, over the budget of {MAX_PAGE_FAMILIES} families (real "
+                         "engines print 100-300): none of it is read")
 
 
 # ---------------------------------------------------------------------------------------------
