@@ -10,6 +10,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from exporter.planner.limits import (
+    MAX_BATCHED_TOKENS,
+    MAX_CPU_THREADS,
+    MAX_CPUS,
+    MAX_NUM_SEQS,
+    MAX_PRICE,
+    MAX_TOKENS_PER_REQUEST,
+    MAX_TP,
+)
 from exporter.planner.model import DTYPES, KV_DTYPES, PlanError, Setup, cpu_device, gpu_device
 from exporter.planner.observe import Observed, ObserveError, observe_exporter, read_loadtest
 from exporter.planner.plan import CANDIDATE_KEYS, Candidate, parse_candidate, plan
@@ -89,6 +98,21 @@ def _observe(args: argparse.Namespace) -> Observed:
     return read_loadtest(source)
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """The flags within the planner's bounds (limits.py), each refused in one line naming it, before
+    any source is read or replay sized by them."""
+    ranges = (("--tp", args.tp, 1, MAX_TP), ("--max-num-seqs", args.max_num_seqs, 1, MAX_NUM_SEQS),
+              ("--max-batched-tokens", args.max_batched_tokens, 1, MAX_BATCHED_TOKENS),
+              ("--cpu-threads", args.cpu_threads, 1, MAX_CPU_THREADS), ("--cpu-cores", args.cpu_cores, 1, MAX_CPUS),
+              ("--output-tokens", args.output_tokens, 1, MAX_TOKENS_PER_REQUEST),
+              ("--gpu-price-per-hour", args.price, 0, MAX_PRICE))
+    for flag, value, lo, hi in ranges:
+        if value is not None and not lo <= value <= hi:  # NaN and the infinities too
+            raise PlanError(f"{flag} {value:g} is out of range: {lo:g}..{hi:g}")
+    if not (0 < args.slo_ttft < 3600 and 0 < args.slo_tpot < 60):
+        raise PlanError("--slo-ttft must be in (0, 3600) s and --slo-tpot in (0, 60) s")
+
+
 def base_setup(args: argparse.Namespace, observed: Observed) -> Setup:
     from exporter.specs.models import UnsupportedModel, load_model
 
@@ -107,10 +131,9 @@ def base_setup(args: argparse.Namespace, observed: Observed) -> Setup:
         device = gpu_device(args.gpu_name or observed.gpu_name)
     else:
         raise PlanError("the source names no GPU: give --gpu NAME, or --cpu-threads N for a CPU engine")
-    for flag, value in (("--max-num-seqs", args.max_num_seqs), ("--max-batched-tokens", args.max_batched_tokens)):
-        if value < 1:
-            raise PlanError(f"{flag} must be at least 1")
     tp = (args.tp or max(1, observed.gpu_count)) if device.kind == "gpu" else 1
+    if not 1 <= tp <= MAX_TP:
+        raise PlanError(f"the source sees {observed.gpu_count} GPUs, more than {MAX_TP} per replica: give --tp N")
     setup = Setup(device, model, tp=tp, max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
                   price_per_gpu_hour=args.price)
     return setup.with_dtype(args.dtype, args.kv_dtype)
@@ -121,13 +144,10 @@ def command_plan(args: argparse.Namespace, env: Mapping[str, str], out: Any = No
 
     out, err = out or sys.stdout, err or sys.stderr
     try:
+        check_flags(args)
         candidates: list[Candidate] = [parse_candidate(text, i) for i, text in enumerate(args.candidate)]
-        if not (0 < args.slo_ttft < 3600 and 0 < args.slo_tpot < 60):
-            raise PlanError("--slo-ttft must be in (0, 3600) s and --slo-tpot in (0, 60) s")
         observed = _observe(args)
         base = base_setup(args, observed)
-        if args.cpu_cores is not None and not 1 <= args.cpu_cores <= 65536:
-            raise PlanError("--cpu-cores must be in 1..65536")
         doc = plan(observed, base, candidates, ttft_slo=args.slo_ttft, tpot_slo=args.slo_tpot, seed=args.seed,
                    search_rate=args.rate_search, cpu_cores=args.cpu_cores)
     except (PlanError, ObserveError) as error:
@@ -200,6 +220,11 @@ def render_table(doc: Mapping[str, Any]) -> str:
                          p["verdict"]])
         text.append(_table(["candidate", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "tok/s", "goodput", "max rps",
                             "KV headroom", "$/1M tok", "J/tok", "verdict"], rows))
+    stopped = [(c["point"], c["predicted"]["replay_stopped"]) for c in doc["current"]]
+    stopped += [(terminal_safe(c["name"])[:40], c["predicted"]["replay_stopped"]) for c in doc["candidates"]]
+    for name, why in stopped:
+        if why:
+            text.append(f"\nNote: {name}: {why}; its figures are of what finished before.")
     text.append("\nAssumptions: " + " ".join(doc["assumptions"]) + "\n")
     return "".join(text)
 

@@ -11,12 +11,15 @@ nominal peak and only mean something on that same device.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from exporter.planner.limits import MAX_CPU_THREADS, MAX_PLAN_CPU_S, MAX_REPLAY_ARRIVALS, MAX_REPLAY_CPU_S
 from exporter.planner.observe import Point
 from exporter.probe.loadtest import percentile
 from exporter.simulator.costs import Hardware, decode_batch, prefill_batch, step_cost
@@ -97,8 +100,8 @@ def cpu_device(threads: int, free_cores: float | None = None) -> Device:
     """A CPU engine's device. Each thread streams memory and computes on its own core; threads past
     the cores free for the engine (`free_cores`: the host's, less what else runs there, such as a load
     generator) time-share them and add nothing."""
-    if not 1 <= threads <= 1024:
-        raise PlanError(f"threads {threads}: 1..1024")
+    if not 1 <= threads <= MAX_CPU_THREADS:
+        raise PlanError(f"threads {threads}: 1..{MAX_CPU_THREADS}")
     cores = float(threads) if free_cores is None else max(1.0, min(float(threads), free_cores))
     name = f"CPU ({threads} threads)" if cores == threads else f"CPU ({threads} threads, {cores:.2g} cores free)"
     return Device(name, "cpu", min(CPU_NOMINAL_BANDWIDTH, CPU_NOMINAL_BANDWIDTH_PER_THREAD * cores),
@@ -411,12 +414,38 @@ class Prediction:
     waiting_share: float  # share of steps with requests waiting
     full_share: float  # share of steps with max_num_seqs running
     kv_peak: float  # KV pool peak use 0..1
+    stopped: str | None = None  # why the replay stopped short of the requests it wanted, in words
+    stopped_by: str | None = None  # which budget stopped it: a key of STOP_WORDS
+
+
+class ReplaySpent(Exception):
+    """A replay reached its budget (`reason`: arrivals, steps or cpu): raised from inside the twin's
+    engine, so the replay stops there instead of growing; the replay reports what it had."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# The CPU clock is read once per this many steps: cheap, and a step is microseconds.
+CPU_CHECK_EVERY_STEPS = 1024
+# What stops a replay, in the words of its note (Prediction.stopped).
+STOP_WORDS = {
+    "arrivals": "{arrivals:,} arrivals: the offered load outruns the device and its queue would grow without end",
+    "steps": "{steps:,} steps",
+    "cpu": "{cpu:g} s of CPU",
+    "time": "{sim:g} s of simulated time",
+}
 
 
 class _Recorder:
-    """The twin's observer, keeping what the planner reports (the engine calls every hook)."""
+    """The twin's observer, keeping what the planner reports (the engine calls every hook), and the
+    replay's budget: past `max_arrivals` arrivals, `max_steps` steps or CPU time `cpu_deadline`
+    (time.process_time) it raises ReplaySpent inside the engine, so no chunk of simulated time can
+    run past them."""
 
-    def __init__(self, skip: int) -> None:
+    def __init__(self, skip: int, *, max_arrivals: int = MAX_REPLAY_ARRIVALS, max_steps: int | None = None,
+                 cpu_deadline: float = math.inf) -> None:
         self.skip = skip
         self.done: list[Request] = []
         self.steps = 0
@@ -424,8 +453,16 @@ class _Recorder:
         self.full_steps = 0
         self.preemptions = 0
         self.max_num_seqs = 1
+        self.arrivals = 0
+        self.max_arrivals = max_arrivals
+        self.max_steps = max_steps
+        self.cpu_deadline = cpu_deadline
 
-    def on_arrival(self, req: Request, now: float) -> None: ...
+    def on_arrival(self, req: Request, now: float) -> None:
+        self.arrivals += 1
+        if self.arrivals > self.max_arrivals:
+            raise ReplaySpent("arrivals")
+
     def on_itl(self, value: float, count: int) -> None: ...
     def on_first_token(self, req: Request, now: float) -> None: ...
     def on_prefix_cache(self, queries: int, hits: int) -> None: ...
@@ -440,6 +477,10 @@ class _Recorder:
         self.steps += 1
         self.waiting_steps += rec.waiting > 0
         self.full_steps += rec.running >= self.max_num_seqs
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            raise ReplaySpent("steps")
+        if self.steps % CPU_CHECK_EVERY_STEPS == 0 and time.process_time() > self.cpu_deadline:
+            raise ReplaySpent("cpu")
 
     def on_finish(self, req: Request, now: float, reason: str) -> None:
         req.finished_at = now
@@ -492,11 +533,17 @@ MAX_REPLAY_SIM_S = 3600.0
 MAX_REPLAY_STEPS = 200_000  # about 4 s of CPU: the bound on one replay whatever the candidate
 
 
+# The plan's CPU deadline (time.process_time), set by plan.plan for its run; every replay stops there.
+PLAN_CPU_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("plan_cpu_deadline", default=math.inf)
+
+
 def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload | None = None, seed: int = 0,
            requests: int | None = None, ttft_slo_s: float = 2.5, tpot_slo_s: float = 0.1,
-           max_steps: int = MAX_REPLAY_STEPS) -> Prediction:
+           max_steps: int = MAX_REPLAY_STEPS, max_arrivals: int = MAX_REPLAY_ARRIVALS) -> Prediction:
     """Run the twin's engine under `setup` with the point's workload until `requests` finish (after a
-    warm-up), bounded in requests and simulated time; the latencies are the twin's own."""
+    warm-up), bounded in arrivals (so in memory), steps, CPU time and simulated time; the latencies
+    are the twin's own. A replay cut short says why in `stopped`; past the plan's CPU deadline
+    (PLAN_CPU_DEADLINE) it is a PlanError."""
     work = workload or workload_for(point)
     closed = work.arrival == "fixed"
     level = work.concurrency if closed else 1
@@ -505,21 +552,45 @@ def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload |
     want = requests or (max(24, 3 * level) if closed else 200)
     want = min(MAX_REPLAY_REQUESTS, want)
     skip = max(level * 2, want // 10)
-    rec = _Recorder(skip)
+    plan_deadline = PLAN_CPU_DEADLINE.get()
+    rec = _Recorder(skip, max_arrivals=max_arrivals, max_steps=max_steps,
+                    cpu_deadline=min(time.process_time() + MAX_REPLAY_CPU_S, plan_deadline))
     rec.max_num_seqs = setup.max_num_seqs
-    # Open-loop arrivals at far more than the device serves would queue without end: the time cap stops it.
+    # Open-loop arrivals at far more than the device serves would queue without end: the arrivals
+    # budget stops it (inside the engine, whatever the chunk), the time cap a slow drain.
     host = HostConfig(cpu_budget_cores=64.0, request_overhead_s=cal.host_s)
-    engine = Engine(hardware(setup, cal), setup.model, engine_config(setup), host, work, random.Random(seed), rec)
     chunk = 1.0
     peak_kv = 0.0
-    while len(rec.done) < want + skip and engine.t < MAX_REPLAY_SIM_S and rec.steps < max_steps:
-        engine.advance_to(engine.t + chunk)
-        used = engine.num_blocks - engine.free_blocks
-        peak_kv = max(peak_kv, used / engine.num_blocks if engine.num_blocks else 0.0)
-        chunk = min(chunk * 1.5, 30.0)
+    stopped = None
+    engine = None
+    try:
+        engine = Engine(hardware(setup, cal), setup.model, engine_config(setup), host, work, random.Random(seed), rec)
+        while len(rec.done) < want + skip and engine.t < MAX_REPLAY_SIM_S:
+            engine.advance_to(engine.t + chunk)
+            used = engine.num_blocks - engine.free_blocks
+            peak_kv = max(peak_kv, used / engine.num_blocks if engine.num_blocks else 0.0)
+            chunk = min(chunk * 1.5, 30.0)
+    except ReplaySpent as spent:
+        stopped = spent.reason
+    if stopped == "cpu" and time.process_time() > plan_deadline:
+        raise PlanError(f"the plan ran past its budget of {MAX_PLAN_CPU_S:g} s of CPU (limits.MAX_PLAN_CPU_S): "
+                        "fewer points or candidates, or --no-rate-search")
+    if stopped is None and len(rec.done) < want + skip:
+        stopped = "time"
+    note = None if stopped is None else "the replay stopped at " + STOP_WORDS[stopped].format(
+        arrivals=max_arrivals, steps=max_steps, cpu=MAX_REPLAY_CPU_S, sim=MAX_REPLAY_SIM_S)
+    if engine is None:  # its first closed-loop round alone was over the arrivals budget
+        return Prediction(None, None, None, None, 0.0, 0.0, None, 0.0, 0.0, 0, 1.0, 0.0, 0.0, note, stopped)
+    if engine.num_blocks:  # the last chunk, when a budget ended it half-way
+        peak_kv = max(peak_kv, (engine.num_blocks - engine.free_blocks) / engine.num_blocks)
+    act = engine.activity
+    busy = act.gpu_busy_s / engine.t if engine.t else 0.0
+    steps = max(1, rec.steps)
     measured = rec.done[skip:]
-    if not measured:
-        return Prediction(None, None, None, None, 0.0, 0.0, None, 0.0, 0.0, rec.preemptions, 1.0, 0.0, peak_kv)
+    if not measured:  # what the device did is known, what a request saw is not
+        return Prediction(None, None, None, None, 0.0, 0.0, None, min(1.0, busy),
+                          act.memory_s / max(1e-12, act.memory_s + act.compute_s), rec.preemptions,
+                          rec.waiting_steps / steps, rec.full_steps / steps, peak_kv, note, stopped)
     start = min(r.arrival for r in measured)
     first_done = rec.done[skip - 1].finished_at if skip else start
     end = measured[-1].finished_at
@@ -529,16 +600,13 @@ def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload |
     tokens = sum(r.generated for r in measured)
     good = sum(1 for r in measured if r.first_token - r.arrival <= ttft_slo_s
                and (r.generated <= 1 or (r.finished_at - r.first_token) / (r.generated - 1) <= tpot_slo_s))
-    act = engine.activity
-    busy = act.gpu_busy_s / engine.t if engine.t else 0.0
-    steps = max(1, rec.steps)
     return Prediction(
         ttft_p50=percentile(ttft, 0.5), ttft_p99=percentile(ttft, 0.99), tpot_p50=percentile(tpot, 0.5),
         tpot_p99=percentile(tpot, 0.99), output_tps=tokens / span, requests_per_s=len(measured) / span,
         goodput_share=good / len(measured), gpu_busy=min(1.0, busy),
         memory_share=act.memory_s / max(1e-12, act.memory_s + act.compute_s),
         preemptions=rec.preemptions, waiting_share=rec.waiting_steps / steps, full_share=rec.full_steps / steps,
-        kv_peak=peak_kv)
+        kv_peak=peak_kv, stopped=note, stopped_by=stopped)
 
 
 def verdict(pred: Prediction) -> str:

@@ -8,13 +8,24 @@ The planner calibrates on these and nothing else: it never sees a candidate's me
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from exporter import jsonsafe
+from exporter.planner.limits import (
+    MAX_CONCURRENCY,
+    MAX_COUNT,
+    MAX_CPUS,
+    MAX_DURATION_S,
+    MAX_LATENCY_S,
+    MAX_RATE_RPS,
+    MAX_TOKENS_PER_REQUEST,
+    MAX_TOKENS_PER_S,
+)
 from exporter.reach import exporter_base_url, failure_words, http_status_words, why_unreachable
 
 MAX_POINTS = 32  # a load test has at most 32 steps (loadtest.MAX_STEPS)
@@ -86,66 +97,148 @@ def _num(value: Any) -> float | None:
         else None
 
 
+def _kind(value: Any) -> str:
+    """What a JSON value is, in the words of an error line (never the value itself: it may be huge)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return f"{value:.6g}" if math.isfinite(value) else str(value)
+    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+class Reader:
+    """Typed reads of one JSON document from another party (a load-test file, an exporter's
+    diagnosis): a missing key or null is absent, anything else of the wrong shape or out of range is
+    an ObserveError naming the source, the path and what was allowed, in one line (exit 2)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, path: str, what: str) -> ObserveError:
+        return ObserveError(f"{self.source}: {path}: {what}")
+
+    def obj(self, parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+        value = parent.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise self.fail(path, f"expected an object, got {_kind(value)}")
+        return value
+
+    def num(self, parent: Mapping[str, Any], key: str, path: str, lo: float, hi: float,
+            unit: str = "") -> float | None:
+        value = parent.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(path, f"expected a number, got {_kind(value)}")
+        value = float(value)
+        if not lo <= value <= hi:  # NaN and the infinities too
+            raise self.fail(path, f"{_kind(value)} is out of range: {lo:g}..{hi:g}{unit}")
+        return value
+
+    def text(self, parent: Mapping[str, Any], key: str, path: str) -> str | None:
+        value = parent.get(key)
+        if value is None or isinstance(value, str):
+            return value
+        raise self.fail(path, f"expected a string, got {_kind(value)}")
+
+    def flag(self, parent: Mapping[str, Any], key: str, path: str) -> bool | None:
+        value = parent.get(key)
+        if value is None or isinstance(value, bool):
+            return value
+        raise self.fail(path, f"expected true or false, got {_kind(value)}")
+
+
 # --- a load test's JSON ------------------------------------------------------------------------------
 
 def from_loadtest(doc: Mapping[str, Any], source: str) -> Observed:
-    """One point per step that recorded requests (docs/loadtest.md, schema llm-exporter-loadtest/1)."""
-    if not isinstance(doc, Mapping) or not str(doc.get("schema", "")).startswith("llm-exporter-loadtest/"):
+    """One point per step that recorded requests (docs/loadtest.md, schema llm-exporter-loadtest/1).
+    Every value the planner reads is checked for its shape and range first (Reader)."""
+    schema = doc.get("schema") if isinstance(doc, Mapping) else None
+    if not isinstance(schema, str) or not schema.startswith("llm-exporter-loadtest/"):
         raise ObserveError(f"{source}: not a load-test report (no schema llm-exporter-loadtest/1)")
     steps = doc.get("steps")
     if not isinstance(steps, list) or not steps:
         raise ObserveError(f"{source}: the report has no steps")
+    read = Reader(source)
     points = []
-    for step in steps[:MAX_POINTS]:
-        if not isinstance(step, Mapping):
-            continue
-        ok = _num((step.get("requests") or {}).get("ok")) or 0
-        lat = step.get("latency_s") or {}
-        thr = step.get("throughput") or {}
-        ttft, tpot = lat.get("ttft") or {}, lat.get("tpot") or {}
-        if ok < 1 or _num(tpot.get("p50")) is None or _num(ttft.get("p50")) is None:
-            continue
-        ttft_stat, tpot_stat = _stat(ttft), _stat(tpot)
-        server = step.get("server") or {}
-        engine_ttft, engine_itl = _num(server.get("ttft_mean_s")), _num(server.get("itl_mean_s"))
-        if engine_ttft and engine_itl:
-            # The engine's own TTFT and inter-token means over the step (the exporter's histograms):
-            # they time the engine's steps, which the client cannot when the API server coalesces a
-            # stream's tokens into a few chunks (vLLM under load sends most of a short answer at once).
-            ttft_stat = Stat(engine_ttft, ttft_stat.p99, ttft_stat.count, ttft_stat.spread)
-            tpot_stat = Stat(engine_itl, tpot_stat.p99, tpot_stat.count, tpot_stat.spread)
-        mode = "rate" if step.get("mode") == "rate" else "concurrency"
-        level = _num(step.get("level")) or 0.0
-        output_tokens = (_num(thr.get("output_tokens")) or 0.0) / ok
-        output_tps = _num(thr.get("output_tokens_per_s")) or 0.0
-        gap = 0.0
-        if mode == "concurrency" and output_tps > 0 and ttft_stat.p50 and tpot_stat.p50:
-            cycle = level * output_tokens / output_tps
-            gap = max(0.0, cycle - ttft_stat.p50 - max(0.0, output_tokens - 1) * tpot_stat.p50)
-        points.append(Point(
-            label=f"{'c' if mode == 'concurrency' else 'r'}={level:g}", mode=mode, level=level,
-            in_flight=_num((step.get("in_flight") or {}).get("mean")) or level,
-            requests_per_s=_num(thr.get("requests_per_s")) or 0.0,
-            prompt_tokens=(_num(thr.get("input_tokens")) or 0.0) / ok,
-            output_tokens=output_tokens, ttft=ttft_stat, tpot=tpot_stat, output_tps=output_tps,
-            duration_s=_num(step.get("elapsed_s")) or 0.0, client_gap_s=min(gap, 600.0),
-            client_cores=max(0.0, min(4096.0, _num((step.get("client") or {}).get("cpu_cores")) or 0.0))))
+    for i, step in enumerate(steps[:MAX_POINTS]):
+        point = _loadtest_point(read, step, f"steps[{i}]")
+        if point is not None:
+            points.append(point)
     if not points:
         raise ObserveError(f"{source}: no step recorded a request with its TTFT and TPOT")
-    config = doc.get("config") or {}
-    model = config.get("model") if isinstance(config.get("model"), str) else None
-    gpu = config.get("gpu") if isinstance(config.get("gpu"), str) else None
-    client = config.get("client") if isinstance(config.get("client"), Mapping) else {}
-    cpus = _num(client.get("cpus"))
-    shared = int(cpus) if cpus and 1 <= cpus <= 65536 and client.get("loopback_target") is True else None
+    config = read.obj(doc, "config", "config")
+    model, gpu = read.text(config, "model", "config.model"), read.text(config, "gpu", "config.gpu")
+    client = read.obj(config, "client", "config.client")
+    cpus = read.num(client, "cpus", "config.client.cpus", 1, MAX_CPUS)
+    loopback = read.flag(client, "loopback_target", "config.client.loopback_target")
+    shared = int(cpus) if cpus and loopback is True else None
     return Observed(source=source, points=tuple(points), model=model, gpu_name=gpu, gpu_count=1 if gpu else 0,
                     shared_host_cpus=shared)
 
 
-def _stat(d: Mapping[str, Any]) -> Stat:
-    p50, p95 = _num(d.get("p50")), _num(d.get("p95"))
+def _loadtest_point(read: Reader, step: Any, at: str) -> Point | None:
+    """One step as a point; None for a step that recorded no request with its TTFT and TPOT."""
+    if not isinstance(step, Mapping):
+        raise read.fail(at, f"expected an object, got {_kind(step)}")
+    mode = read.text(step, "mode", f"{at}.mode") or "concurrency"
+    if mode not in ("concurrency", "rate"):
+        raise read.fail(f"{at}.mode", "expected concurrency or rate")
+    if mode == "concurrency":
+        level = read.num(step, "level", f"{at}.level", 1, MAX_CONCURRENCY, " requests in flight")
+    else:
+        level = read.num(step, "level", f"{at}.level", 0, MAX_RATE_RPS, " requests/s")
+    ok = read.num(read.obj(step, "requests", f"{at}.requests"), "ok", f"{at}.requests.ok", 0, MAX_COUNT) or 0
+    lat = read.obj(step, "latency_s", f"{at}.latency_s")
+    ttft_stat = _stat(read, read.obj(lat, "ttft", f"{at}.latency_s.ttft"), f"{at}.latency_s.ttft")
+    tpot_stat = _stat(read, read.obj(lat, "tpot", f"{at}.latency_s.tpot"), f"{at}.latency_s.tpot")
+    thr = read.obj(step, "throughput", f"{at}.throughput")
+    rps = read.num(thr, "requests_per_s", f"{at}.throughput.requests_per_s", 0, MAX_RATE_RPS) or 0.0
+    input_tokens = read.num(thr, "input_tokens", f"{at}.throughput.input_tokens", 0, MAX_COUNT) or 0.0
+    output_total = read.num(thr, "output_tokens", f"{at}.throughput.output_tokens", 0, MAX_COUNT) or 0.0
+    output_tps = read.num(thr, "output_tokens_per_s", f"{at}.throughput.output_tokens_per_s", 0,
+                          MAX_TOKENS_PER_S) or 0.0
+    server = read.obj(step, "server", f"{at}.server")
+    engine_ttft = read.num(server, "ttft_mean_s", f"{at}.server.ttft_mean_s", 0, MAX_LATENCY_S, " s")
+    engine_itl = read.num(server, "itl_mean_s", f"{at}.server.itl_mean_s", 0, MAX_LATENCY_S, " s")
+    mean_in_flight = read.num(read.obj(step, "in_flight", f"{at}.in_flight"), "mean", f"{at}.in_flight.mean", 0,
+                              MAX_CONCURRENCY)
+    elapsed = read.num(step, "elapsed_s", f"{at}.elapsed_s", 0, MAX_DURATION_S, " s") or 0.0
+    cores = read.num(read.obj(step, "client", f"{at}.client"), "cpu_cores", f"{at}.client.cpu_cores", 0,
+                     MAX_CPUS) or 0.0
+    if ok < 1 or tpot_stat.p50 is None or ttft_stat.p50 is None:
+        return None
+    for name, total in (("input_tokens", input_tokens), ("output_tokens", output_total)):
+        if total / ok > MAX_TOKENS_PER_REQUEST:
+            raise read.fail(f"{at}.throughput.{name}", f"{total / ok:.6g} tokens per request (over requests.ok) "
+                                                       f"is out of range: 0..{MAX_TOKENS_PER_REQUEST:g}")
+    if engine_ttft and engine_itl:
+        # The engine's own TTFT and inter-token means over the step (the exporter's histograms):
+        # they time the engine's steps, which the client cannot when the API server coalesces a
+        # stream's tokens into a few chunks (vLLM under load sends most of a short answer at once).
+        ttft_stat = Stat(engine_ttft, ttft_stat.p99, ttft_stat.count, ttft_stat.spread)
+        tpot_stat = Stat(engine_itl, tpot_stat.p99, tpot_stat.count, tpot_stat.spread)
+    level = level or 0.0
+    output_tokens = output_total / ok
+    gap = 0.0
+    if mode == "concurrency" and output_tps > 0 and ttft_stat.p50 and tpot_stat.p50:
+        cycle = level * output_tokens / output_tps
+        gap = max(0.0, cycle - ttft_stat.p50 - max(0.0, output_tokens - 1) * tpot_stat.p50)
+    return Point(label=f"{'c' if mode == 'concurrency' else 'r'}={level:g}", mode=mode, level=level,
+                 in_flight=mean_in_flight or level, requests_per_s=rps, prompt_tokens=input_tokens / ok,
+                 output_tokens=output_tokens, ttft=ttft_stat, tpot=tpot_stat, output_tps=output_tps,
+                 duration_s=elapsed, client_gap_s=min(gap, 600.0), client_cores=min(4096.0, cores))
+
+
+def _stat(read: Reader, d: Mapping[str, Any], at: str) -> Stat:
+    p50, p95, p99 = (read.num(d, q, f"{at}.{q}", 0, MAX_LATENCY_S, " s") for q in ("p50", "p95", "p99"))
+    count = read.num(d, "count", f"{at}.count", 0, MAX_COUNT)
     spread = (p95 / p50 - 1.0) if p50 and p95 is not None else None
-    return Stat(p50, _num(d.get("p99")), int(_num(d.get("count")) or 0), spread)
+    return Stat(p50, p99, int(count or 0), spread)
 
 
 def read_loadtest(path: str) -> Observed:
@@ -269,11 +362,15 @@ def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], wi
                            "prefill/decode seconds): calibrate from a load test (--from loadtest.json)")
     queries = inc("llm_prefix_cache_queries_total")
     hit = inc("llm_prefix_cache_hits_total") / queries if queries else 0.0
-    in_flight = sum(running) / len(running) if running else 0.0
+    _check_window(done, window_s, gen, inc("llm_prompt_tokens_total"), ttft, tpot)
+    gauge = sum(running) / len(running) if running else 0.0
     # Little's law over the whole window (requests/s x time each spends in the engine) against the
     # gauge sampled once a second, which misses requests that start and end between samples.
     little = done / window_s * (ttft.p50 + max(0.0, gen / done - 1.0) * tpot.p50)
-    in_flight = max(in_flight, little)
+    in_flight = max(gauge, little)
+    if not 0.0 <= in_flight <= MAX_CONCURRENCY:  # NaN too: the replay's level comes from this
+        raise ObserveError(f"{in_flight:.6g} requests in flight over the window (llm_requests_running sampled "
+                           f"{gauge:.6g}, Little's law {little:.6g}) is out of range: 0..{MAX_CONCURRENCY}")
     # Replayed as a closed loop at the window's mean running requests when there were some: the batch
     # the engine ran sets its step times, whatever process sent the requests. Candidates that scale the
     # rate replay Poisson arrivals at this window's rate instead (model.workload_for).
@@ -283,6 +380,19 @@ def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], wi
                   requests_per_s=done / window_s, prompt_tokens=inc("llm_prompt_tokens_total") / done,
                   output_tokens=gen / done, ttft=ttft, tpot=tpot, output_tps=gen / window_s, duration_s=window_s)
     return point, min(0.95, max(0.0, hit))
+
+
+def _check_window(done: float, window_s: float, gen: float, prompt: float, ttft: Stat, tpot: Stat) -> None:
+    """The window's rates, lengths and latencies within the planner's bounds (limits.py), each
+    refused in one line that names the family it came from: the replay is sized by them."""
+    checks = ((done / window_s, MAX_RATE_RPS, "requests/s finished (llm_requests_finished_total)"),
+              (prompt / done, MAX_TOKENS_PER_REQUEST, "prompt tokens per request (llm_prompt_tokens_total)"),
+              (gen / done, MAX_TOKENS_PER_REQUEST, "tokens generated per request (llm_generation_tokens_total)"),
+              (ttft.p50, MAX_LATENCY_S, "s TTFT"), (tpot.p50, MAX_LATENCY_S, "s TPOT"))
+    for value, hi, what in checks:
+        if value is None or not 0.0 <= value <= hi:
+            raise ObserveError(f"{value if value is not None else float('nan'):.6g} {what} over the window is "
+                               f"out of range: 0..{hi:g}")
 
 
 async def _failure(base: str, path: str, error: Any) -> str:
@@ -302,13 +412,56 @@ async def _failure(base: str, path: str, error: Any) -> str:
     return f"cannot reach {shown}: {failure_words(error.reason, error.message)}"
 
 
+class TargetInfo(NamedTuple):
+    engine: str | None
+    model: str | None
+    gpu_name: str | None
+    gpu_count: int
+
+
+def _diagnosis_target(read: Reader, diagnosis: Any, wanted: str | None) -> tuple[str | None, TargetInfo]:
+    """The target to observe (loadtest.pick_target's rule: --target, else the busiest) and what the
+    diagnosis says of it, every value read through `read`: an answer of the wrong shape at any depth
+    is one line naming the path, never a traceback."""
+    from exporter.probe.loadtest import pick_target
+
+    none = TargetInfo(None, None, None, 0)
+    if not isinstance(diagnosis, Mapping):
+        raise read.fail("the document", f"expected an object, got {_kind(diagnosis)}")
+    targets = read.obj(diagnosis, "targets", "targets")
+    # pick_target reads targets.NAME.numbers.running: give it only checked values.
+    view: dict[str, Any] = {}
+    for name, entry in targets.items():
+        at = f"targets[{json.dumps(name)[:80]}]"
+        entry = {} if entry is None else entry
+        if not isinstance(entry, Mapping):
+            raise read.fail(at, f"expected an object, got {_kind(entry)}")
+        running = read.num(read.obj(entry, "numbers", f"{at}.numbers"), "running", f"{at}.numbers.running", 0,
+                           float("inf"))
+        view[name] = {"numbers": {"running": running}}
+    chosen = pick_target({"targets": view}, wanted)
+    if chosen is None:
+        return None, none
+    entry = targets[chosen] or {}
+    at = f"targets[{json.dumps(chosen)[:80]}]"
+    gpus = entry.get("gpus")
+    if gpus is not None and not isinstance(gpus, list):
+        raise read.fail(f"{at}.gpus", f"expected a list, got {_kind(gpus)}")
+    gpus = gpus or []
+    first = gpus[0] if gpus else None
+    if first is not None and not isinstance(first, Mapping):
+        raise read.fail(f"{at}.gpus[0]", f"expected an object, got {_kind(first)}")
+    gpu_name = read.text(first, "name", f"{at}.gpus[0].name") if first else None
+    return chosen, TargetInfo(read.text(entry, "engine", f"{at}.engine"), read.text(entry, "model", f"{at}.model"),
+                              gpu_name, len(gpus))
+
+
 async def observe_exporter(base_url: str, window_s: float, *, target: str | None = None,
                            output_tokens: float | None = None,
                            clock: Callable[[], float] = time.monotonic) -> Observed:
     """Scrape the exporter's /metrics at the start and end of `window_s` (and its running gauge about
     once a second between), read /api/v1/diagnosis for the target, model and GPUs. Only these two
     URLs are fetched, each bounded in time and bytes (the engine scrapes' HTTP client)."""
-    from exporter.probe.loadtest import pick_target
     from exporter.sources.base import SourceError
     from exporter.sources.engines.http import HttpClient
 
@@ -324,10 +477,9 @@ async def observe_exporter(base_url: str, window_s: float, *, target: str | None
             raise ObserveError(await _failure(base, "/api/v1/diagnosis", error)) from None
         except (ValueError, jsonsafe.JsonTooDeep):
             raise ObserveError(f"{base}/api/v1/diagnosis is not JSON: is this an llm-exporter?") from None
-        chosen = pick_target(diagnosis, target) if isinstance(diagnosis, Mapping) else None
+        chosen, about = _diagnosis_target(Reader(f"{base}/api/v1/diagnosis"), diagnosis, target)
         if chosen is None:
             raise ObserveError(f"{base}: no engine target{f' named {target!r}' if target else ''} in its diagnosis")
-        entry = diagnosis["targets"][chosen] or {}
 
         async def scrape() -> Scrape:
             try:
@@ -351,11 +503,7 @@ async def observe_exporter(base_url: str, window_s: float, *, target: str | None
         await diag_client.aclose()
         await metrics_client.aclose()
     point, hit = point_from_scrapes(first, last, running, clock() - start, f"window {window_s:g}s", output_tokens)
-    gpus = entry.get("gpus") or []
-    gpu_name = gpus[0].get("name") if gpus and isinstance(gpus[0], Mapping) else None
-    engine, model = entry.get("engine"), entry.get("model")
-    return Observed(source=base, points=(point,), engine=engine if isinstance(engine, str) else None,
-                    model=model if isinstance(model, str) else None,
-                    gpu_name=gpu_name if isinstance(gpu_name, str) else None, gpu_count=len(gpus) or last.gpus,
+    return Observed(source=base, points=(point,), engine=about.engine, model=about.model, gpu_name=about.gpu_name,
+                    gpu_count=about.gpu_count or last.gpus,
                     power_w=sum(powers) / len(powers) if powers else None,
                     prefix_hit_rate=hit)

@@ -5,14 +5,28 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.planner.limits import (
+    MAX_CONCURRENCY,
+    MAX_CPU_THREADS,
+    MAX_NUM_SEQS,
+    MAX_PLAN_CPU_S,
+    MAX_PRICE,
+    MAX_RATE_RPS,
+    MAX_SCALE,
+    MAX_TOKENS_PER_REQUEST,
+    MAX_TP,
+    RATE_SEARCH_MAX_ARRIVALS,
+)
 from exporter.planner.model import (
     DTYPES,
     IDLE_POWER_SHARE,
     KV_DTYPES,
+    PLAN_CPU_DEADLINE,
     PRIOR_EFFICIENCY,
     PRIOR_OVERHEAD_S,
     Calibration,
@@ -31,6 +45,7 @@ from exporter.planner.model import (
     workload_for,
 )
 from exporter.planner.observe import Observed, Point
+from exporter.simulator.workload import Workload
 
 SCHEMA_ID = "llm-exporter-plan/1"
 MAX_CANDIDATES = 16
@@ -38,11 +53,13 @@ RATE_SEARCH_STEPS = 7
 RATE_SEARCH_MAX_STEPS = 50_000  # per replay of the search: 14 replays per candidate at most
 
 
-def _positive(kind: type) -> Callable[[str], Any]:
+def _positive(kind: type, most: float) -> Callable[[str], Any]:
+    """A positive number of `kind`, at most `most` (limits.py: each bound far above any real setting,
+    so a typo is refused before a replay is sized by it)."""
     def parse(text: str) -> Any:
         value = kind(text)
-        if not (value > 0 and math.isfinite(value)):
-            raise ValueError("must be positive")
+        if not (0 < value <= most):  # NaN and the infinities too
+            raise ValueError(f"must be positive and at most {most:g}")
         return value
     return parse
 
@@ -60,16 +77,17 @@ def _choice(table: Mapping[str, object]) -> Callable[[str], str]:
 CANDIDATE_KEYS: Mapping[str, tuple[Callable[[str], Any], str]] = {
     "name": (str, "label in the report"),
     "gpu": (str, "GPU from the spec table (h100-sxm, H200, L4...)"),
-    "threads": (_positive(int), "CPU threads of the engine (CPU deployments)"),
-    "tp": (_positive(int), "GPUs per replica (tensor parallel)"),
+    "threads": (_positive(int, MAX_CPU_THREADS), "CPU threads of the engine (CPU deployments)"),
+    "tp": (_positive(int, MAX_TP), "GPUs per replica (tensor parallel)"),
     "dtype": (_choice(DTYPES), "weight dtype: " + ", ".join(DTYPES)),
     "kv_dtype": (_choice(KV_DTYPES), "KV-cache dtype: " + ", ".join(KV_DTYPES)),
-    "max_num_seqs": (_positive(int), "running-sequence limit (vLLM --max-num-seqs, llama.cpp -np)"),
-    "rate": (_positive(float), "request rate multiplier (open loop)"),
-    "concurrency": (_positive(int), "requests in flight (closed loop), instead of the observed level"),
-    "prompt": (_positive(float), "prompt length multiplier"),
-    "output": (_positive(float), "output length multiplier"),
-    "price": (_positive(float), "price of one GPU-hour"),
+    "max_num_seqs": (_positive(int, MAX_NUM_SEQS), "running-sequence limit (vLLM --max-num-seqs, llama.cpp -np)"),
+    "rate": (_positive(float, MAX_SCALE), "request rate multiplier (open loop)"),
+    "concurrency": (_positive(int, MAX_CONCURRENCY), "requests in flight (closed loop), instead of the observed "
+                                                      "level"),
+    "prompt": (_positive(float, MAX_SCALE), "prompt length multiplier"),
+    "output": (_positive(float, MAX_SCALE), "output length multiplier"),
+    "price": (_positive(float, MAX_PRICE), "price of one GPU-hour"),
 }
 
 
@@ -144,7 +162,7 @@ def prediction_dict(pred: Prediction) -> dict[str, Any]:
             "tpot_p99_s": _r(pred.tpot_p99), "output_tokens_per_s": _r(pred.output_tps, 3),
             "requests_per_s": _r(pred.requests_per_s, 4), "goodput_share": _r(pred.goodput_share, 4),
             "device_busy": _r(pred.gpu_busy, 4), "kv_peak": _r(pred.kv_peak, 4), "preemptions": pred.preemptions,
-            "verdict": verdict(pred)}
+            "verdict": verdict(pred), "replay_stopped": pred.stopped}
 
 
 def _err(pred: float | None, obs: float | None) -> float | None:
@@ -161,15 +179,17 @@ def max_rate(setup: Setup, cal: Calibration, point: Point, scales: Mapping[str, 
         work = workload_for(dataclasses.replace(point, mode="rate", requests_per_s=rate), prompt_scale=scales["prompt"],
                             output_scale=scales["output"])
         p = replay(setup, cal, point, workload=work, seed=seed, requests=300, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo,
-                   max_steps=RATE_SEARCH_MAX_STEPS)
+                   max_steps=RATE_SEARCH_MAX_STEPS, max_arrivals=RATE_SEARCH_MAX_ARRIVALS)
         # Within the SLOs, and keeping up: a replay cut short while the queue still grows is not a pass.
         return (p.ttft_p99 is not None and p.tpot_p99 is not None and p.ttft_p99 <= ttft_slo
-                and p.tpot_p99 <= tpot_slo and p.requests_per_s >= 0.9 * rate)
-    lo, hi = 0.0, base_rate
+                and p.tpot_p99 <= tpot_slo and p.requests_per_s >= 0.9 * rate and p.stopped_by != "arrivals")
+    lo, hi = 0.0, min(base_rate, MAX_RATE_RPS)
     for _ in range(RATE_SEARCH_STEPS):
         if not ok(hi):
             break
-        lo, hi = hi, hi * 2
+        if hi >= MAX_RATE_RPS:  # keeps up at the highest rate a replay may have
+            return _r(hi, 4)
+        lo, hi = hi, min(hi * 2, MAX_RATE_RPS)
     else:
         return _r(lo, 4)
     for _ in range(RATE_SEARCH_STEPS):
@@ -190,14 +210,63 @@ def economics(setup: Setup, pred: Prediction) -> dict[str, Any]:
     return {"cost_per_million_tokens": _r(cost, 4), "energy_joules_per_token": _r(energy, 4)}
 
 
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A candidate checked before any replay: its setup, KV figures, scales and workload."""
+
+    cand: Candidate
+    setup: Setup
+    capacity: int
+    share: float
+    scales: Mapping[str, float]
+    work: Workload
+
+
+def _prepare(observed: Observed, primary: Point, base: Setup, cand: Candidate,
+             cpu_cores: float | None) -> _Prepared:
+    """Everything about a candidate that can be refused is refused here, before calibration replays
+    anything: an unknown device, weights that do not fit, and traffic past the replay's bounds
+    (limits.py) once its multipliers meet the observed workload."""
+    level = cand.changes.get("concurrency")
+    setup = apply(base, cand, free_cores(observed, level or primary.level, cpu_cores))
+    capacity, share = fit_check(setup)
+    scales = {"rate": cand.changes.get("rate", 1.0), "prompt": cand.changes.get("prompt", 1.0),
+              "output": cand.changes.get("output", 1.0)}
+    work = workload_for(primary, rate_scale=scales["rate"], prompt_scale=scales["prompt"],
+                        output_scale=scales["output"], concurrency=level, prefix_hit_rate=observed.prefix_hit_rate,
+                        think_s=None if level is None else client_gap(observed.points, level))
+    checks = ((work.rate_rps if work.arrival == "poisson" else None, MAX_RATE_RPS, "rate", "requests/s",
+               primary.requests_per_s or primary.level),
+              (work.prompt.mean, MAX_TOKENS_PER_REQUEST, "prompt", "prompt tokens per request", primary.prompt_tokens),
+              (work.output.mean, MAX_TOKENS_PER_REQUEST, "output", "output tokens per request", primary.output_tokens))
+    for value, most, key, what, observed_value in checks:
+        if value is not None and value > most:
+            raise PlanError(f"candidate {cand.name!r}: {key}={scales[key]:g} times the observed {observed_value:.6g} "
+                            f"is {value:.6g} {what}: at most {most:g}")
+    return _Prepared(cand, setup, capacity, share, scales, work)
+
+
 def plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, ttft_slo: float, tpot_slo: float,
          seed: int = 0, search_rate: bool = True, cpu_cores: float | None = None) -> dict[str, Any]:
-    """The whole plan as the JSON document (schema llm-exporter-plan/1)."""
+    """The whole plan as the JSON document (schema llm-exporter-plan/1), within MAX_PLAN_CPU_S of CPU."""
+    token = PLAN_CPU_DEADLINE.set(time.process_time() + MAX_PLAN_CPU_S)
+    try:
+        return _plan(observed, base, candidates, ttft_slo=ttft_slo, tpot_slo=tpot_slo, seed=seed,
+                     search_rate=search_rate, cpu_cores=cpu_cores)
+    finally:
+        PLAN_CPU_DEADLINE.reset(token)
+
+
+def _plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, ttft_slo: float, tpot_slo: float,
+          seed: int, search_rate: bool, cpu_cores: float | None) -> dict[str, Any]:
     primary = observed.points[-1]
     if base.device.kind == "cpu":
         base = dataclasses.replace(base, device=cpu_device(base.device.threads,
                                                            free_cores(observed, primary.level, cpu_cores)))
     kv_capacity, weight_share = fit_check(base)
+    if len(candidates) > MAX_CANDIDATES:
+        raise PlanError(f"{len(candidates)} candidates: at most {MAX_CANDIDATES} in one plan")
+    prepared = [_prepare(observed, primary, base, cand, cpu_cores) for cand in candidates]
     cal = calibrate(base, observed.points, seed=seed)
     current = []
     for p in observed.points:
@@ -211,20 +280,11 @@ def plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, tt
                         "error": {"ttft_p50": _err(pred.ttft_p50, p.ttft.p50),
                                   "tpot_p50": _err(pred.tpot_p50, p.tpot.p50),
                                   "output_tokens_per_s": _err(pred.output_tps, p.output_tps)}})
-    if len(candidates) > MAX_CANDIDATES:
-        raise PlanError(f"{len(candidates)} candidates: at most {MAX_CANDIDATES} in one plan")
     rows = []
-    for cand in candidates:
-        level = cand.changes.get("concurrency")
-        setup = apply(base, cand, free_cores(observed, level or primary.level, cpu_cores))
-        capacity, share = fit_check(setup)
+    for prep in prepared:
+        cand, setup, capacity, share, scales = prep.cand, prep.setup, prep.capacity, prep.share, prep.scales
         ccal = transfer(base, cal, setup)
-        scales = {"rate": cand.changes.get("rate", 1.0), "prompt": cand.changes.get("prompt", 1.0),
-                  "output": cand.changes.get("output", 1.0)}
-        work = workload_for(primary, rate_scale=scales["rate"], prompt_scale=scales["prompt"],
-                            output_scale=scales["output"], concurrency=level, prefix_hit_rate=observed.prefix_hit_rate,
-                            think_s=None if level is None else client_gap(observed.points, level))
-        pred = replay(setup, ccal, primary, workload=work, seed=seed, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
+        pred = replay(setup, ccal, primary, workload=prep.work, seed=seed, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
         context = primary.prompt_tokens * scales["prompt"] + primary.output_tokens * scales["output"]
         rows.append({
             "name": cand.name, "changes": dict(cand.changes), "device": setup.device.name, "tp": setup.tp,
