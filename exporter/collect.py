@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 from exporter import __version__
 from exporter.clock import Clocks
 from exporter.expose import Renderer
+from exporter.logstate import StateLog
 from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult, labels_of
 from exporter.sources.base import Source, SourceData, SourceError
 
@@ -37,6 +38,8 @@ log = logging.getLogger("llm_exporter.collect")
 MAX_SCRAPES_IN_FLIGHT = 256
 # An exporter is meant for one node's engines: past this many targets, start says what it costs.
 MANY_TARGETS = MAX_SCRAPES_IN_FLIGHT
+# The `reason` of llm_exporter_log_lines_suppressed_total for a source's failing/recovered lines.
+LOG_SOURCE_STATE = "source_state"
 # State-change lines one cycle may log (a thousand targets failing at once is one summary).
 MAX_STATE_LINES_PER_CYCLE = 10
 
@@ -50,6 +53,8 @@ class SourceHealth:
     last_success_ts: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
     last_state: str = ""  # "ok" or the last error reason, for one log line per change
+    ever_failed: bool = False  # a success after this is a recovery, worth a line
+    log: StateLog = field(default_factory=lambda: StateLog(reasons=(LOG_SOURCE_STATE,)))
     in_flight: asyncio.Task | None = None
 
 
@@ -217,21 +222,30 @@ class Collector:
                             MappingProxyType(attrs), source.kind, self.timeouts[name])
 
     def _log_state(self, name: str, state: str, message: str) -> None:
+        """One line when a source starts failing (or fails another way) and one when it recovers,
+        rate-limited per source (logstate.StateLog: a target flipping between timeout and ok every
+        cycle is 3 lines a minute, not one a cycle) and bounded per cycle (a summary past
+        MAX_STATE_LINES_PER_CYCLE)."""
         health = self.health[name]
-        if state == health.last_state or (state == "busy" and health.last_state not in ("", "ok")):
-            return  # busy: the collection that failed before is still running, the same outage
-        previous, health.last_state = health.last_state, state
-        if state == "ok" and not previous:
-            return
-        if self._state_lines >= MAX_STATE_LINES_PER_CYCLE:
-            key = "recovered" if state == "ok" else state
-            self._state_unlogged[key] = self._state_unlogged.get(key, 0) + 1
-            return
-        self._state_lines += 1
-        if state == "ok":
-            log.info("source %s recovered", name)
-        else:
-            log.warning("source %s failing: %s: %s", name, state, message)
+        if state == "busy" and health.last_state not in ("", "ok"):
+            state = health.last_state  # the collection that failed before is still running: the same outage
+        health.last_state = state
+
+        def write(suffix: str) -> None:
+            if self._state_lines >= MAX_STATE_LINES_PER_CYCLE:
+                key = "recovered" if state == "ok" else state
+                self._state_unlogged[key] = self._state_unlogged.get(key, 0) + 1
+                return
+            self._state_lines += 1
+            if state == "ok":
+                log.info("source %s recovered%s", name, suffix)
+            else:
+                log.warning("source %s failing: %s: %s%s", name, state, message, suffix)
+
+        # The first success needs no line: "" -> "ok" is the start, not a recovery.
+        health.log.update(name, "" if state == "ok" and not health.ever_failed else state,
+                               LOG_SOURCE_STATE, write, initial="")
+        health.ever_failed |= state != "ok"
 
     def _end_state_lines(self) -> None:
         if self._state_unlogged:
@@ -297,6 +311,9 @@ class Collector:
             out.append(Sample("llm_exporter_collect_duration_seconds", source, result.duration_s))
             if health.last_success_ts is not None:
                 out.append(Sample("llm_exporter_last_success_timestamp_seconds", source, health.last_success_ts))
+            for reason, count in health.log.suppressed.items():
+                out.append(Sample("llm_exporter_log_lines_suppressed_total", labels_of(source=name, reason=reason),
+                                  float(count)))
             for reason, count in sorted(health.errors.items()):
                 out.append(Sample("llm_exporter_collect_errors_total", labels_of(source=name, reason=reason),
                                   float(count)))

@@ -4,10 +4,12 @@ a cycle took 1.5-1.7 s at a 1 s interval, the healthy target read `source_up 0` 
 waited behind 10,000 others on the event loop past its timeout) and the start logged one line per
 failing target (10,000 lines). Now start warns, engine scrapes run MAX_SCRAPES_IN_FLIGHT at a time
 with each timeout counted from its turn, state changes are a few lines and a summary per cycle,
-and a cycle over its interval is counted and logged when it starts and ends."""
+and a cycle over its interval is counted and logged when it starts and ends. And a target whose
+state flips every cycle (log amplification) is three lines a minute, the rest counted."""
 
 from __future__ import annotations
 
+import http.server
 import pathlib
 import re
 import time
@@ -15,7 +17,8 @@ import time
 import httpx
 
 from exporter.collect import MAX_STATE_LINES_PER_CYCLE
-from tests.support import exporter_run, fake_engine
+from exporter.logstate import STATE_LOG_BURST
+from tests.support import exporter_run, fake_engine, send_body, serve_in_background, wait_until
 
 TARGETS = 10_000
 PAGE = b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 1\n'
@@ -58,3 +61,32 @@ def test_ten_thousand_targets_warn_and_leave_the_healthy_one_up(tmp_path: pathli
     assert len(failing) <= 5 * MAX_STATE_LINES_PER_CYCLE, len(failing)
     assert "more sources changed state this cycle" in log
     assert len(log) < 50_000, len(log)
+
+
+class _Flapping(http.server.BaseHTTPRequestHandler):
+    """Answers 200 and 503 in turn: the target's state flips every cycle."""
+
+    calls = 0
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        type(self).calls += 1
+        send_body(self, PAGE, status=200 if self.calls % 2 else 503)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_target_flipping_every_cycle_is_three_lines_a_minute_and_counted() -> None:
+    """Before, a target whose state flipped every cycle wrote a line a cycle (at 200 ms, 300 a minute)."""
+    server, url = serve_in_background(_Flapping)
+    try:
+        with exporter_run("--engine", f"{url}/metrics,kind=vllm,name=flap") as (base, _, stderr):
+            assert wait_until(lambda: _Flapping.calls >= 40, timeout=30)
+            text = httpx.get(base + "/metrics", timeout=10).text
+            stderr.seek(0)
+            lines = [line for line in stderr.read().decode().splitlines() if "source engine:flap" in line]
+    finally:
+        server.shutdown()
+    assert 1 <= len(lines) <= STATE_LOG_BURST + 1, lines
+    held = _metric(text, "llm_exporter_log_lines_suppressed_total", '{reason="source_state",source="engine:flap"}')
+    assert held is not None and held >= 10, held
