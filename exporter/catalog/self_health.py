@@ -49,7 +49,8 @@ FAMILIES = (
     family("llm_exporter_log_lines_suppressed_total", "counter", "lines",
            "State-change log lines of the source held back by the rate limit (3 lines per kind of line and "
            "target a minute; the next line written says how many), by reason: unaccounted_families, "
-           "series_dropped, role_conflict; every source: source_state (its failing and recovered lines).", ("source", "reason"), "self"),
+           "series_dropped, role_conflict; every source: source_state (its failing and recovered lines).",
+           ("source", "reason"), "self"),
     family("llm_exporter_engine_families", "gauge", "families",
            "Native metric families on the target's last page, by what the engine table says of them: "
            "mapped (feeds an llm_* family), ignored (left out on purpose, docs/engines.md says why) or "
