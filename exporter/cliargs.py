@@ -10,7 +10,13 @@ off and looks at every option-looking word first:
     llm-exporter loadtest: unknown option --concurency (did you mean --concurrency?)
 
 with exit status 2, the status of every bad argument (docs/cli.md). exporter/cli.py builds the
-top parser with it, and add_subparsers hands it down, so each command's parser is one too."""
+top parser with it, and add_subparsers hands it down, so each command's parser is one too.
+
+Every other argparse error (a value of the wrong type, a missing argument, two that exclude each
+other) is one line too, `llm-exporter loadtest: argument --prompt-tokens: invalid int value:
+'1e308'`, not argparse's usage block before it: a script reading stderr gets the reason, not a
+screen of options. A word with a NUL byte (possible only in-process: exec refuses it) is refused
+by name rather than reaching open() as a ValueError."""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from exporter.termsafe import terminal_safe
+from exporter.yamlsafe import shorten
 
 EXIT_USAGE = 2
 
@@ -40,8 +47,15 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
         argv = list(sys.argv[1:] if args is None else args)
+        if any("\0" in word for word in argv):
+            self.error("an argument contains a NUL byte")
         self.refuse_unknown_options(argv)
         return super().parse_known_args(argv, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        """One line and exit 2 (argparse prints its usage block first)."""
+        self.exit(EXIT_USAGE, f"{self.prog}: {terminal_safe(shorten(message))} ({self.prog} --help lists the "
+                              "options)\n")
 
     def refuse_unknown_options(self, argv: Sequence[str]) -> None:
         """Exit 2 naming the first word of `argv` that looks like an option of this parser (or of the

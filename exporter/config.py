@@ -49,6 +49,7 @@ from exporter.settings import (
     ConfigError,
     Duration,
     Integer,
+    Text,
     UnknownKeyError,
     as_bool,
     did_you_mean,
@@ -329,8 +330,12 @@ def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float,
 
 
 def _opt(options: Mapping[str, Any], key: str) -> str | None:
+    """A target's text option, None when unset; a list or mapping, or text with a control character
+    (a NUL made open() raise), is refused naming the option."""
     value = options.get(key)
-    return None if value in (None, "") else str(value)
+    if value is None or value == "":
+        return None
+    return Text().parse(value, f"engine.{key}")
 
 
 def _target_credentials(url: str, options: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:

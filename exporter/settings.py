@@ -213,14 +213,25 @@ class Choice(_ValueType):
         return text
 
 
+MAX_TEXT_CHARS = 4096  # a path (PATH_MAX), a URL or a pattern; a longer value is a mistake or an attack
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 @dataclass(frozen=True, slots=True)
 class Text(_ValueType):
-    """A string (a path, a URL, a regex, a name); empty means unset."""
+    """A string (a path, a URL, a regex, a name) of at most MAX_TEXT_CHARS characters, with no
+    control characters (a NUL made open() raise); empty means unset. A YAML number or boolean is
+    taken as its text (`model: 7b` is a name); a list or mapping is refused."""
 
     def parse(self, value: object, name: str) -> str:
-        if isinstance(value, Mapping | list | tuple):
+        if isinstance(value, Mapping | list | tuple | set | bytes):
             raise ConfigError(name, value, "expected text")
-        return str(value)
+        text = str(value)
+        if len(text) > MAX_TEXT_CHARS:
+            raise ConfigError(name, value, f"longer than {MAX_TEXT_CHARS} characters")
+        if _CONTROL.search(text):
+            raise ConfigError(name, value, "contains a control character (a NUL, a line break, ...)")
+        return text
 
 
 MAX_NAME_LIST = 64  # globs in one list setting
@@ -317,16 +328,28 @@ class Listen(_ValueType):
     """HOST:PORT; the Config keeps it as two fields, listen_host and listen_port."""
 
     def parse(self, value: object, name: str) -> tuple[str, int]:
+        if isinstance(value, Mapping | list | tuple | set | bool | bytes):
+            raise ConfigError(name, value, "expected HOST:PORT")
         return parse_listen(str(value), name)
 
 
+MAX_HOST_CHARS = 253  # the longest DNS name
+# A host name, an IPv4 address or a bracketed IPv6 one (with a %zone): what bind() can take.
+_LISTEN_HOST_RE = re.compile(r"[A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\]|[0-9A-Fa-f:.]+")
+
+
 def parse_listen(value: str, field_name: str = "listen") -> tuple[str, int]:
+    if not isinstance(value, str):
+        raise ConfigError(field_name, value, "expected HOST:PORT")
     host, sep, port_text = value.rpartition(":")
-    if not sep or not port_text.isdigit():
+    if not sep or not port_text.isascii() or not port_text.isdigit() or len(port_text) > 5:
         raise ConfigError(field_name, value, "expected HOST:PORT")
     port = int(port_text)
     if not 0 <= port <= 65535:
         raise ConfigError(field_name, value, "port out of range")
+    if len(host) > MAX_HOST_CHARS + 2 or not _LISTEN_HOST_RE.fullmatch(host):
+        raise ConfigError(field_name, value, "expected HOST:PORT with a host name, an IPv4 address or "
+                          "[an IPv6 address]")
     return (host.strip("[]") or "0.0.0.0"), port
 
 

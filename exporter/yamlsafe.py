@@ -214,6 +214,8 @@ def load_yaml_file(path: str | os.PathLike[str]) -> Any:
         raw = read_regular_file(path, MAX_YAML_BYTES)
     except OSError as error:
         raise YamlLoadError(error.strerror or str(error)) from None
+    except ValueError:  # a NUL in the name (YAML and LLM_EXPORTER_CONFIG can hold one)
+        raise YamlLoadError("not a file name (it contains a NUL byte)") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -209,6 +209,8 @@ def _in_process(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str
             rc = cli.run(list(argv), env if env is not None else {})
         except SystemExit as exit_:  # argparse
             rc = int(exit_.code or 0)
+        except Exception as error:  # noqa: BLE001 - what a real process would die of, with a traceback
+            rc, _ = 1, err.write(f"Traceback (in-process): {type(error).__name__}: {error}\n")
         finally:
             root.handlers[:], root.level = handlers, level
     return rc, err.getvalue()
@@ -230,3 +232,121 @@ def _no_serving():
         yield
     finally:
         app.serve, app.bind_listener = saved
+
+
+# --- class 7: every value of a valid config replaced by a wrong shape -----------------------------
+
+def _valid_config(tmp_path: pathlib.Path) -> dict:
+    """A config that sets nearly every setting, each nested shape included; `run` accepts it."""
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    return {
+        "engines": [
+            {"url": "http://127.0.0.1:9/metrics", "name": "a", "kind": "vllm", "timeout": "500ms", "role": "decode",
+             "model": "m", "basic_auth": {"username": "u", "password_env": "PW"},
+             "tls_config": {"insecure_skip_verify": False}},
+            {"url": "http://127.0.0.1:10/metrics", "name": "b", "bearer_token_file": str(token)},
+            "http://127.0.0.1:11,name=c,kind=sglang",
+        ],
+        "probes": [{"url": "http://127.0.0.1:9", "target": "a", "every": "15s", "prompt_tokens": 8, "max_tokens": 4,
+                    "api": "chat", "timeout": "5s", "model": "m"}],
+        "listen": "127.0.0.1:0", "interval": "1s", "engine_timeout": "500ms", "max_payload_bytes": "8MiB",
+        "gpu_backend": "none",
+        "host": {"enabled": False, "backend": "procfs", "proc_root": "/proc", "sys_root": "/sys"},
+        "engine_port": 8000, "engine_process_name": "vllm", "engine_network_devices": ["eth0", "mlx5_*"],
+        "network_exclude": ["lo"], "model": "llama-3.1-8b", "tensor_parallel": 1, "gpu_price_per_hour": 2.5,
+        "slo_ttft": "1s", "slo_tbt": "100ms", "quantile_window": "5m", "log_level": "error",
+        "max_series_per_target": 1000, "max_concurrent_scrapes": 4, "kv_cache_dtype": "fp8",
+        "verdict_hold_cycles": 3, "rate_window": "15s", "gpu_spec": {"mem_bandwidth_bytes_per_s": 3.35e12},
+        "target_gpus": {"a": [0], "b": [1]},
+    }
+
+
+# What each value is replaced with: the shapes a hand-written or generated file gets wrong.
+WRONG_VALUES = {
+    "list": [1, "two"], "dict": {"k": "v"}, "string": "zzz", "null": None, "negative": -1, "huge": 1e308,
+    "nan": float("nan"), "bool": True, "nul": "a\0b", "long": "x" * 10_000, "deep": [[[[{"k": [[{}]]}]]]],
+}
+
+
+def _paths(node: object, prefix: tuple = ()) -> list[tuple]:
+    out = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out += _paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            out += _paths(value, (*prefix, index))
+    return out
+
+
+def _replaced(doc: dict, path: tuple, value: object) -> dict:
+    import copy
+
+    doc = copy.deepcopy(doc)
+    node = doc
+    for step in path[:-1]:
+        node = node[step]
+    node[path[-1]] = value
+    return doc
+
+
+def test_every_value_of_a_config_replaced_by_a_wrong_shape_is_one_line_and_exit_2(tmp_path):
+    import yaml
+
+    base = _valid_config(tmp_path)
+    path = tmp_path / "c.yaml"
+    env = {"PW": "pa55"}
+    path.write_text(yaml.safe_dump(base))
+    assert _in_process("run", "--config", str(path), env=env) == (0, "")
+    failures, refused, started = [], 0, 0
+    for where in _paths(base):
+        for name, value in WRONG_VALUES.items():
+            path.write_text(yaml.safe_dump(_replaced(base, where, value), width=1 << 20))
+            rc, stderr = _in_process("run", "--config", str(path), env=env)
+            lines = stderr.splitlines()
+            if "Traceback" in stderr or rc not in (0, 2) or (rc == 2 and len(lines) != 1) or (rc == 0 and stderr):
+                failures.append(f"{'.'.join(map(str, where))} = {name}: exit {rc}: {stderr[-300:]!r}")
+            elif rc == 2:
+                refused += 1
+                assert lines[0].startswith("llm-exporter: ") and len(lines[0]) < 1200, lines[0]
+            else:
+                started += 1
+    assert not failures, f"{len(failures)} of {refused + started + len(failures)}:\n" + "\n".join(failures[:40])
+    assert refused > started  # most wrong shapes are refused; the rest are values of another valid kind
+
+
+# Text a flag or an environment variable can carry: every setting gets each.
+WRONG_TEXTS = ("[1, 2]", '{"k": "v"}', "zzz", "-1", "0", "1e308", "nan", "inf", "9" * 5000, "x" * 10_000, "a\x01b",
+               "[" * 10_000, '{"a": {"b": [1]}}', "true")
+
+
+def _settings_with(attribute: str) -> list:
+    from exporter.settings import SETTINGS
+
+    return [s for s in SETTINGS if s.field and getattr(s, attribute)]
+
+
+def test_every_setting_as_an_environment_variable_with_wrong_text_is_one_line_and_exit_2():
+    failures = []
+    for setting in _settings_with("env"):
+        for text in WRONG_TEXTS:
+            rc, stderr = _in_process("run", "--gpu-backend", "none", "--no-host", "--listen", "127.0.0.1:0",
+                                     env={setting.env: text, "LLM_EXPORTER_LOG_LEVEL": "error"}
+                                     if setting.name != "log_level" else {setting.env: text})
+            if "Traceback" in stderr or rc not in (0, 2) or len(stderr.splitlines()) != (rc == 2):
+                failures.append(f"{setting.env}={text[:20]!r}: exit {rc}: {stderr[-300:]!r}")
+    assert not failures, "\n".join(failures[:40])
+
+
+def test_every_flag_with_wrong_text_is_one_line_and_exit_2():
+    failures = []
+    for setting in _settings_with("flag"):
+        if setting.flag_action == "store_false":
+            continue
+        for text in WRONG_TEXTS:
+            argv = ["run", "--gpu-backend", "none", "--no-host", "--listen", "127.0.0.1:0", "--log-level", "error"]
+            rc, stderr = _in_process(*argv, setting.flag, text)
+            if "Traceback" in stderr or rc not in (0, 2) or len(stderr.splitlines()) != (rc == 2):
+                failures.append(f"{setting.flag} {text[:20]!r}: exit {rc}: {stderr[-300:]!r}")
+    assert not failures, "\n".join(failures[:40])
