@@ -38,6 +38,8 @@ from exporter.jsonsafe import JsonTooDeep
 from exporter.reach import exporter_base_url, failure_words, http_status_words, why_unreachable
 from exporter.redact import CredentialError, read_secret_file, redact_url
 from exporter.settings import BY_NAME, add_flags
+from exporter.shapes import DIAGNOSIS, ShapeError
+from exporter.shapes import check as check_shape
 from exporter.sources.base import SourceError
 from exporter.sources.engines.auth import client_context
 from exporter.sources.engines.http import HttpClient
@@ -192,6 +194,10 @@ def fetch_diagnosis(url: str, timeout_s: float, access: ExporterAccess | None = 
         raise RuntimeError(f"{shown} did not answer JSON (is it an llm-exporter?)") from None
     if not isinstance(doc, dict):
         raise RuntimeError(f"{shown} answered an unexpected document")
+    try:  # render_report reads it as exporter/shapes.py DIAGNOSIS says: another shape is "cannot tell"
+        check_shape(doc, DIAGNOSIS)
+    except ShapeError as error:
+        raise RuntimeError(f"{shown} answered a diagnosis of another shape: {error}") from None
     return doc
 
 
@@ -257,7 +263,7 @@ def exit_code(diagnosis: Mapping[str, Any]) -> int:
 
 
 def _scores_line(scores: Mapping[str, float]) -> str:
-    ranked = sorted(scores.items(), key=lambda kv: -kv[1])
+    ranked = sorted(((n, v) for n, v in scores.items() if v is not None), key=lambda kv: -kv[1])  # null: not finite
     return ", ".join(f"{name} {value:.2f}" for name, value in ranked)
 
 
