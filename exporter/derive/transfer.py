@@ -54,6 +54,12 @@ class Transfer(NamedTuple):
     engine_links: int
 
 
+MAX_LINK_WINDOWS = 256
+"""Link windows kept: links are named by the host, and pods' interfaces come and go and are renamed
+(a window per name seen in forget_after_s was 1.1 MB/s of RSS under renames). The host source reads
+at most 64 links a cycle (host_net.MAX_NETWORK_LINKS): four cycles' worth of fresh names."""
+
+
 class Windows(StageState):
     """A rate window and a KV transfer histogram window per target, and a window per link (shared by
     the targets: the link is the host's) for its error rate and its mean utilization: the all-reduce
@@ -62,7 +68,7 @@ class Windows(StageState):
     def __init__(self, settings: DeriveSettings) -> None:
         self.rates = Scopes(lambda: RateWindow(settings.rate_window_s), settings.forget_after_s)
         self.transfers = Scopes(lambda: HistogramWindow(settings.quantile_window_s), settings.forget_after_s)
-        self.links = Scopes(lambda: RateWindow(settings.rate_window_s), settings.forget_after_s)
+        self.links = Scopes(lambda: RateWindow(settings.rate_window_s), settings.forget_after_s, MAX_LINK_WINDOWS)
         self.link_errors: dict[str, float] = {}  # device -> errors and drops per second, over the window
         self.link_util: dict[str, float] = {}  # device -> mean utilization (busier direction) over the window
 

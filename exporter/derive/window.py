@@ -163,14 +163,19 @@ class Scopes:
     """A dict of windows by scope (target, GPU) that forgets scopes not seen for a while,
     so targets that disappear do not leak memory."""
 
-    def __init__(self, factory, forget_after_s: float) -> None:
+    def __init__(self, factory, forget_after_s: float, max_items: int | None = None) -> None:
         self._factory = factory
         self._forget_after_s = forget_after_s
+        self._max_items = max_items  # for scopes the outside world names (network links) and renames
         self._items: dict[str, object] = {}
 
     def get(self, scope: str):
         item = self._items.get(scope)
         if item is None:
+            if self._max_items is not None and len(self._items) >= self._max_items:
+                # The least recently seen goes: names that churn cost max_items windows, not one each.
+                items = self._items
+                del items[min(items, key=lambda k: getattr(items[k], "last_seen", float("-inf")))]
             item = self._items[scope] = self._factory()
         return item
 
