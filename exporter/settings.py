@@ -465,8 +465,10 @@ SETTINGS: tuple[Setting, ...] = (
             "on the NUMA node or PCI host bridge of the engine's GPUs (docs/host.md)"),
     Setting("network_exclude", NameList(), "tuple[str, ...] | None", None,
             "network links not read at all, names or globs; replaces the default list",
+            # host_common.DEFAULT_NETWORK_EXCLUDE (tests/test_hardening_host_r3.py checks they agree)
             default_text="lo, veth*, docker*, br-*, virbr*, cali*, cni*, flannel*, cilium_*, lxc*, vxlan*, "
-                         "tunl*, kube-ipvs*"),
+                         "tunl*, kube-ipvs*, gke*, eni*, azv*, weave, datapath, genev_sys_*, ovn-k8s-*, antrea-*, "
+                         "kube-bridge, kube-dummy-if, nodelocaldns, podman*, lxdbr*, " + "[0-9a-f]" * 15),
     Setting("model", Text(), "str | None", None,
             "model shape: a built-in name (e.g. llama-3.1-70b) or a config.json path", flag="--model"),
     Setting("tensor_parallel", Integer(1, 64), "int | None", None,

@@ -4,6 +4,8 @@ and the sample helper."""
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from exporter.settings import ConfigError
@@ -12,13 +14,62 @@ from exporter.sources.host_match import LinearPattern, PatternError
 
 log = logging.getLogger("exporter.sources.host")
 
+POD_ID_GLOB = "[0-9a-f]" * 15
+"""A name of 15 hex digits: the host end of a pod's interface under OVN-Kubernetes and
+OpenShift SDN (a container id's start; kube-prometheus' node_exporter excludes `[a-f0-9]{15}`)."""
 DEFAULT_NETWORK_EXCLUDE: tuple[str, ...] = (
     "lo", "veth*", "docker*", "br-*", "virbr*", "cali*", "cni*", "flannel*", "cilium_*", "lxc*",
-    "vxlan*", "tunl*", "kube-ipvs*",
+    "vxlan*", "tunl*", "kube-ipvs*", "gke*", "eni*", "azv*", "weave", "datapath", "genev_sys_*",
+    "ovn-k8s-*", "antrea-*", "kube-bridge", "kube-dummy-if", "nodelocaldns", "podman*", "lxdbr*",
+    POD_ID_GLOB,
 )
-"""Network links not read by default: loopback, and the host-side ends and bridges of container
-networking (one veth per pod on a node). Inside a pod its own interface is eth0 (a veth renamed),
-so a sidecar still reads it."""
+"""Network links not read by default: loopback, and the host-side ends, bridges and tunnels of
+container networking (one interface per pod on a node; pods come and go): Docker and podman,
+libvirt and LXD, Calico (cali*, tunl0, vxlan.calico), Flannel (flannel.1, cni0), Cilium
+(cilium_*, lxc*), Weave (weave, vethwe-*, datapath), the AWS VPC CNI (eni*), GKE (gke*), Azure
+CNI (azv*), OVN-Kubernetes (ovn-k8s-*, genev_sys_*, 15 hex digits), Antrea, kube-router and
+NodeLocal DNSCache. Inside a pod its own interface is eth0 (a veth renamed), so a sidecar still
+reads it."""
+
+PRESENCE_LOG_INTERVAL_S = 60.0
+MAX_PRESENCE_LINES = 10
+"""Availability lines (a file gone, back again) logged per PRESENCE_LOG_INTERVAL_S: each is one
+line per state change, and files that come and go by the thousand (a host's devices churning)
+cost at most these, then one count of the rest."""
+MAX_PRESENCE_KEYS = 512
+"""Files and devices whose availability is remembered: the host files are a few dozen, two per
+GPU. Past it the least recently seen is forgotten (a name gone for good)."""
+
+
+class LogBudget:
+    """At most `lines` lines per `interval_s`; the rest are counted, and the next line let through
+    says how many were not logged."""
+
+    def __init__(self, lines: int, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lines = lines
+        self._interval_s = interval_s
+        self._clock = clock
+        self._window_start = float("-inf")
+        self._used = 0
+        self._held_back = 0  # suppressed since the last line let through
+        self.suppressed = 0  # since start
+
+    def info(self, message: str, *args: object) -> None:
+        self.log(logging.INFO, message, *args)
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        now = self._clock()
+        if now - self._window_start >= self._interval_s:
+            self._window_start, self._used = now, 0
+        if self._used >= self._lines:
+            self._held_back += 1
+            self.suppressed += 1
+            return
+        self._used += 1
+        if self._held_back:
+            message += f" ({self._held_back} similar line(s) not logged in the last {self._interval_s:g}s)"
+            self._held_back = 0
+        log.log(level, message, *args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,19 +120,27 @@ class HostOptions:
 
 
 class PresenceLog:
-    """Logs a file or device going missing, and coming back, once per change (not every cycle)."""
+    """Logs a file or device going missing, and coming back, once per change (not every cycle),
+    through a LogBudget; remembers at most MAX_PRESENCE_KEYS of them, the most recently seen."""
 
-    def __init__(self) -> None:
-        self._state: dict[str, bool] = {}
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._state: dict[str, bool] = {}  # least recently noted first
+        self.budget = LogBudget(MAX_PRESENCE_LINES, PRESENCE_LOG_INTERVAL_S, clock)
+
+    def __len__(self) -> int:
+        return len(self._state)
 
     def note(self, key: str, present: bool) -> bool:
-        before = self._state.get(key)
+        state = self._state
+        before = state.pop(key, None)
+        state[key] = present
+        if before is None and len(state) > MAX_PRESENCE_KEYS:
+            del state[next(iter(state))]
         if before != present:
-            self._state[key] = present
             if not present:
-                log.info("host: %s not available; its series are omitted", key)
+                self.budget.info("host: %s not available; its series are omitted", key)
             elif before is False:
-                log.info("host: %s available again", key)
+                self.budget.info("host: %s available again", key)
         return present
 
 

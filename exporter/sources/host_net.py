@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exporter.snapshot import Sample
-from exporter.sources.host_common import HostOptions, PresenceLog
+from exporter.sources.host_common import HostOptions, PresenceLog, log
 from exporter.sources.host_files import HeldFiles
 from exporter.sources.host_pci import PciLink, parse_int, parse_numa_node, pci_devices_dir
 from exporter.sources.host_proc import Reader
@@ -44,6 +44,11 @@ MAX_ATTR_BYTES = 4096  # a sysfs attribute is at most one page
 MAX_HELD_NETWORK_FILES = 128
 """fds held open for the per-cycle network reads (with the host source's 256 others, 384 fds,
 well under the 1024 soft limit minus the HTTP server's 512 connections); beyond it, plain reads."""
+NETWORK_LOG_INTERVAL_S = 60.0
+"""Links appearing, going away, or with files that cannot be read are logged as one summary line
+with counts, at most this often (the first change after a quiet spell at once): pods' interfaces
+come and go by the hundred, and a line per interface and file was about 9 lines per pod."""
+MAX_LOGGED_NAMES = 5  # names quoted per kind of change in that line; the rest are counted
 
 KINDS = ("ethernet", "infiniband", "roce")
 DIRECTIONS = ("receive", "transmit")
@@ -471,6 +476,12 @@ class NetworkTracker:
         self._proc_fds: dict[str, int] = {}  # PROC_NET_DEV -> its fd, held
         # Closes it when the source is dropped without close(), as HeldFiles does.
         self._finalizer = weakref.finalize(self, _close_fds, self._proc_fds)
+        # Only what follows the links read now: the names of the last discovery (None before
+        # the first) and the files of each that could not be read last cycle.
+        self._known: frozenset[str] | None = None
+        self._unreadable: dict[str, frozenset[str]] = {}
+        self._changes = LinkChanges()
+        self._next_log = float("-inf")
 
     @property
     def links(self) -> tuple[NetLink, ...]:
@@ -506,9 +517,13 @@ class NetworkTracker:
                 gone = True
                 continue
             readings.append(reading)
-        if gone:  # an interface went away: discover them all again next cycle
+        if gone:  # an interface went away or was renamed: discover them all again next cycle
             self._next_discovery, self._listed = float("-inf"), None
         self._files.close_unread()
+        if self._changes and now >= self._next_log:
+            log.info("host: network links %s; %d read now", self._changes.summary(), len(self._links))
+            self._changes = LinkChanges()
+            self._next_log = now + NETWORK_LOG_INTERVAL_S
         return network_samples(readings, self._rates, now)
 
     def _listing(self, gpus: Sequence[PciLink]) -> tuple:
@@ -542,6 +557,12 @@ class NetworkTracker:
         # Logged once: the links past the bound are not read.
         self._presence.note(f"network links past the bound of {MAX_NETWORK_LINKS}", not found.capped)
         self._links = found.links
+        devices = frozenset(link.device for link in found.links)
+        if self._known is not None:  # the first list is where we start, not a change
+            self._changes.add("appeared", devices - self._known)
+            self._changes.add("gone", self._known - devices)
+        self._known = devices
+        self._unreadable = {d: keys for d, keys in self._unreadable.items() if d in devices}
         self._speeds = {link.device: read_speed(link, read_attr) for link in found.links}
         self._states = {}
         nics = [link for link in found.links if not link.rdma]
@@ -568,19 +589,23 @@ class NetworkTracker:
         return None
 
     def _read(self, link: NetLink, nic_counters: dict[str, dict[str, int]] | None) -> LinkReading | None:
+        """This cycle's reading of a link; None when it is gone (or renamed: a held fd follows
+        the device, so only its name tells)."""
         read = self._files.read
         text, up = read_state(link, read)
-        if text is None and not os.path.isdir(link.path):
-            self._presence.note(link.state_path, False)
-            return None
-        self._presence.note(link.state_path, text is not None)
+        if nic_counters is not None and not link.rdma:
+            counters = nic_counters.get(link.device)
+            if counters is None:  # no such name in this namespace any more
+                return None
+        else:
+            counters = read_counters(link, read)
+            if (text is None or not counters) and not os.path.isdir(link.path):
+                return None
+        self._note_unreadable(link, text is None, counters)
         before = self._states.get(link.device, text)
         self._states[link.device] = text
         if text != before:  # came up, went down, renegotiated: the rate may have changed
             self._speeds[link.device] = read_speed(link, read_attr)
-        counters = None if nic_counters is None or link.rdma else nic_counters.get(link.device)
-        if counters is None:
-            counters = read_counters(link, read, self._presence)
         return LinkReading(
             device=link.device,
             kind=link.kind,
@@ -590,6 +615,50 @@ class NetworkTracker:
             speed_bytes_per_s=self._speeds.get(link.device),
             counters=counters,
         )
+
+    def _note_unreadable(self, link: NetLink, no_state: bool, counters: Mapping[str, int]) -> None:
+        missing = frozenset(key for key, _, _ in link.counters if key not in counters)
+        if no_state:
+            missing |= {"state"}
+        before = self._unreadable.get(link.device, frozenset())
+        if missing == before:
+            return
+        if missing:
+            self._unreadable[link.device] = missing
+        else:
+            del self._unreadable[link.device]
+        if missing - before:
+            self._changes.add("with files not read", (f"{link.device}: {', '.join(sorted(missing))}",))
+        elif not missing:
+            self._changes.add("read again", (link.device,))
+
+
+class LinkChanges:
+    """What changed since the last summary line: per kind of change, a count and the first
+    MAX_LOGGED_NAMES names (names are at most MAX_DEVICE_NAME characters: the line is bounded)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._names: dict[str, list[str]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._counts)
+
+    def add(self, kind: str, names: Iterable[str]) -> None:
+        listed = sorted(names)
+        if not listed:
+            return
+        self._counts[kind] = self._counts.get(kind, 0) + len(listed)
+        kept = self._names.setdefault(kind, [])
+        kept.extend(listed[: MAX_LOGGED_NAMES - len(kept)])
+
+    def summary(self) -> str:
+        parts = []
+        for kind, count in self._counts.items():
+            names = self._names[kind]
+            more = f", and {count - len(names)} more" if count > len(names) else ""
+            parts.append(f"{count} {kind} ({'; '.join(names)}{more})")
+        return ", ".join(parts)
 
 
 PROC_NET_DEV = "/proc/self/net/dev"  # this process's namespace, whatever proc_root says
