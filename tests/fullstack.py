@@ -320,8 +320,11 @@ class LiveEngine:
     engine_timeout: str = "1800ms"
     # Prometheus tells Alertmanager an alert ends 4 x this after each send: on two cores a busy engine
     # can stall an evaluation for seconds, and at the twin's 1s every alert then "resolved" and fired
-    # again at once (seen in the live story).
-    resend_delay: str = "3s"
+    # again at once (seen in the live story). At 3s (ends 12 s after a send) a clean-clone CI run saw
+    # the TTFT page, its fast and slow pair both firing, resolve during the overload and open again
+    # the moment the engine was killed and the CPU came back: a second page. A firing alert is sent
+    # at once whatever this is, and a resolve too; only the re-sends of one still firing wait for it.
+    resend_delay: str = "10s"
     # The exporter's window (tails and SLO attainment) scaled like the rules' 5m windows, so that the
     # exporter and the burn-rate rules read one window (docs/diagnosis.md): 5m at the story's
     # TIME_SCALE 0.02 is 6s, raised to five 2 s scrapes.
