@@ -533,8 +533,15 @@ MAX_REPLAY_SIM_S = 3600.0
 MAX_REPLAY_STEPS = 200_000  # about 4 s of CPU: the bound on one replay whatever the candidate
 
 
-# The plan's CPU deadline (time.process_time), set by plan.plan for its run; every replay stops there.
-PLAN_CPU_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("plan_cpu_deadline", default=math.inf)
+def _over_plan_budget(budget_s: float) -> PlanError:
+    return PlanError(f"the plan ran past its budget of {budget_s:g} s of CPU (limits.MAX_PLAN_CPU_S): "
+                     "fewer points or candidates, or --no-rate-search")
+
+
+# The plan's CPU deadline (time.process_time) and budget in seconds, set by plan.plan for its run:
+# every replay stops there.
+PLAN_CPU_DEADLINE: contextvars.ContextVar[tuple[float, float]] = contextvars.ContextVar(
+    "plan_cpu_deadline", default=(math.inf, MAX_PLAN_CPU_S))
 
 
 def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload | None = None, seed: int = 0,
@@ -552,7 +559,9 @@ def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload |
     want = requests or (max(24, 3 * level) if closed else 200)
     want = min(MAX_REPLAY_REQUESTS, want)
     skip = max(level * 2, want // 10)
-    plan_deadline = PLAN_CPU_DEADLINE.get()
+    plan_deadline, plan_budget = PLAN_CPU_DEADLINE.get()
+    if time.process_time() > plan_deadline:  # replays of under CPU_CHECK_EVERY_STEPS steps never look inside
+        raise _over_plan_budget(plan_budget)
     rec = _Recorder(skip, max_arrivals=max_arrivals, max_steps=max_steps,
                     cpu_deadline=min(time.process_time() + MAX_REPLAY_CPU_S, plan_deadline))
     rec.max_num_seqs = setup.max_num_seqs
@@ -573,8 +582,7 @@ def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload |
     except ReplaySpent as spent:
         stopped = spent.reason
     if stopped == "cpu" and time.process_time() > plan_deadline:
-        raise PlanError(f"the plan ran past its budget of {MAX_PLAN_CPU_S:g} s of CPU (limits.MAX_PLAN_CPU_S): "
-                        "fewer points or candidates, or --no-rate-search")
+        raise _over_plan_budget(plan_budget)
     if stopped is None and len(rec.done) < want + skip:
         stopped = "time"
     note = None if stopped is None else "the replay stopped at " + STOP_WORDS[stopped].format(

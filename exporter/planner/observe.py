@@ -34,6 +34,7 @@ MAX_METRICS_BYTES = 32 << 20
 MAX_DIAGNOSIS_BYTES = 8 << 20
 MAX_WINDOW_S = 3600.0
 SAMPLE_EVERY_S = 1.0
+MAX_QUOTED = 120  # characters of a parser's complaint quoted in an error line (it may quote the page)
 
 
 class ObserveError(ValueError):
@@ -486,7 +487,11 @@ async def observe_exporter(base_url: str, window_s: float, *, target: str | None
                 body = await metrics_client.get(max_body=MAX_METRICS_BYTES)
             except SourceError as error:
                 raise ObserveError(await _failure(base, "/metrics", error)) from None
-            return parse_scrape(body.decode("utf-8", "replace"), chosen)
+            try:
+                return parse_scrape(body.decode("utf-8", "replace"), chosen)
+            except ValueError as error:  # ExpositionError: an HTML page, JSON, garbage
+                raise ObserveError(f"{base}/metrics is not a Prometheus exposition ({str(error)[:MAX_QUOTED]}): "
+                                   "is this an llm-exporter?") from None
 
         first = await scrape()
         start = clock()
