@@ -15,6 +15,7 @@ from exporter.config import Config, ConfigError, env_warnings, load_config
 from exporter.redact import RedactUrlCredentials
 from exporter.safefile import STARTUP_TIMEOUT_S, Detached, FileReadError
 from exporter.settings import add_flags
+from exporter.yamlsafe import shorten
 
 EXIT_CONFIG = 2
 DEMO_GPU_PRICE_PER_HOUR = "4.00"
@@ -114,6 +115,12 @@ def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         sock = bind_listener(config)
     except ConfigError as error:
         print(f"llm-exporter: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (ValueError, TypeError, OSError) as error:
+        # A value the checks let through that the start still cannot take: it came from the
+        # flags, variables or files, so it is theirs to fix, said in one line (exit 2), never a traceback.
+        print(f"llm-exporter: cannot start with this configuration: {shorten(f'{type(error).__name__}: {error}')}",
+              file=sys.stderr)
         return EXIT_CONFIG
     tune_gc()
     asyncio.run(serve(config, sources, sock, web=web, own_process=True))

@@ -491,12 +491,22 @@ def parse_probe_spec(spec: str | Mapping[str, Any], engines: tuple[EngineTarget,
 
 
 def refuse_userinfo(url: str, what: str, advice: str) -> None:
-    """A URL given on a command line (doctor --url, loadtest URL and --exporter) carries no
-    user[:password]@: it would be visible to every local user. The error never shows it."""
+    """A URL given on a command line (doctor --url, loadtest URL and --exporter, plan --from) carries
+    no user[:password]@: it would be visible to every local user. The error never shows it. And it
+    is an http:// or https:// URL with a host and a port in range: a bad one is a bad argument (exit
+    2) before anything is sent, not a ValueError (`http://[::1`) nor a sweep of requests that all
+    fail without ever connecting (`:99999`)."""
     _, userinfo, _, ambiguous = split_userinfo(url)
     if userinfo is not None or ambiguous:
         raise ConfigError(what, redact_url(url), "user[:password]@ in the URL: a secret on the command line is "
                           f"visible to every local user; {advice}")
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as error:
+        raise ConfigError(what, url, f"not a URL ({error})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(what, url, "expected an http:// or https:// URL with a host")
 
 
 def _probe_url(url: str) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import pathlib
@@ -167,8 +168,9 @@ def test_a_reload_with_a_user_written_twice_keeps_the_last_good_config(tmp_path)
         _write_yaml(web, f"basic_auth_users:\n  prometheus: {_hash(good)}\n  prometheus: {_hash(other)}\n")
         process.send_signal(signal.SIGHUP)
         assert wait_until(lambda: "not reloaded (SIGHUP)" in log.read_text(), timeout=15), log.read_text()
-        scraped = httpx.get(base + "/metrics", timeout=5, auth=("prometheus", good))
-        assert scraped.status_code == 200 and _value(scraped.text, RELOAD_OK) == 0.0
+        # The metric is on the page of the next collection cycle (100 ms here, later on a busy machine).
+        assert wait_until(lambda: _value(httpx.get(base + "/metrics", timeout=5, auth=("prometheus", good)).text,
+                                         RELOAD_OK) == 0.0, timeout=15)
         assert httpx.get(base + "/metrics", timeout=5, auth=("prometheus", other)).status_code == 401
         assert httpx.get(base + "/metrics", timeout=5).status_code == 401
         # The block written twice, the second empty: refused the same way (not as "auth off").
@@ -350,3 +352,274 @@ def test_every_flag_with_wrong_text_is_one_line_and_exit_2():
             if "Traceback" in stderr or rc not in (0, 2) or len(stderr.splitlines()) != (rc == 2):
                 failures.append(f"{setting.flag} {text[:20]!r}: exit {rc}: {stderr[-300:]!r}")
     assert not failures, "\n".join(failures[:40])
+
+
+# --- class 7: a load test that goes bad mid-sweep ---------------------------------------------------
+
+LOADTEST_FAILSAFE_S = 90.0  # a sweep of three 1 s steps takes about 5 s; before a fix one could hang
+LOADTEST_WALL_BOUND_S = 45.0  # about 9x the sweep, for a busy CI machine
+LOADTEST_RSS_BOUND = 400 << 20  # the load generator peaks near 60 MB here
+
+
+class _Server:
+    """One loopback server that is both an OpenAI-style streaming engine (/v1/completions: 20 ms to
+    the first token, 5 ms between tokens, exactly max_tokens) and an exporter (/api/v1/diagnosis,
+    /metrics), each of which can go bad: the diagnosis after `good_polls` answers (then a wrong
+    shape, then numbers no exporter sends), the engine when `die_at` requests are in flight at once
+    (it stops listening and resets the requests in flight: a server that died)."""
+
+    def __init__(self, *, good_polls: int | None = None, die_at: int | None = None) -> None:
+        import http.server
+        import threading
+
+        self.good_polls, self.die_at = good_polls, die_at
+        self.polls = self.in_flight = 0
+        self.lock = threading.Lock()
+        self.dead = threading.Event()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                outer.complete(self)
+
+            def do_GET(self) -> None:  # noqa: N802
+                outer.exporter(self)
+
+            def log_message(self, *args: object) -> None:
+                return
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> _Server:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.dead.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def complete(self, handler) -> None:
+        body = json.loads(handler.rfile.read(int(handler.headers["Content-Length"])))
+        with self.lock:
+            self.in_flight += 1
+            if self.die_at is not None and self.in_flight >= self.die_at and not self.dead.is_set():
+                self.dead.set()
+                self.httpd.socket.close()  # no more connections: refused from now on
+        try:
+            if self.dead.is_set():
+                handler.connection.shutdown(2)  # the requests in flight are reset too
+                return
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/event-stream")
+            handler.end_headers()
+            time.sleep(0.02)
+            for i in range(body["max_tokens"]):
+                if self.dead.is_set():
+                    handler.connection.shutdown(2)
+                    return
+                time.sleep(0.005 if i else 0)
+                handler.wfile.write(b'data: {"choices":[{"index":0,"text":" tok"}]}\n\n')
+            usage = {"prompt_tokens": 8, "completion_tokens": body["max_tokens"]}
+            handler.wfile.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode()
+                                + b"\n\ndata: [DONE]\n\n")
+        except OSError:
+            pass
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def exporter(self, handler) -> None:
+        if handler.path.startswith("/api/v1/diagnosis"):
+            with self.lock:
+                self.polls += 1
+                poll = self.polls
+            good = {"ready": True, "targets": {"twin": {"verdict": "memory_bandwidth", "evidence": ["all fine"],
+                                                        "numbers": {"running": 1, "waiting": 0}}}}
+            if self.good_polls is None or poll <= self.good_polls:
+                payload = json.dumps(good)
+            elif poll <= self.good_polls + 2:  # a list where an object belongs: the sweep died of it
+                payload = json.dumps({"ready": True, "targets": [good["targets"]["twin"]]})
+            else:  # a shape that passes, numbers no exporter sends (NaN broke the JSON report at the end)
+                payload = ('{"ready": true, "targets": {"twin": {"verdict": "' + "v" * 5000 + '", "evidence": ["'
+                           + "e" * 20_000 + '"], "numbers": {"running": NaN, "waiting": 1e999, '
+                           '"kv_usage_ratio": -3}}}}')
+            body, kind = payload.encode(), "application/json"
+        else:
+            body, kind = (b'llm_requests_running{target="twin"} 1e308\nllm_kv_cache_usage_ratio{target="twin"} 7\n'
+                          b'llm_requests_waiting{target="twin"} -5\n'), "text/plain"
+        handler.send_response(200)
+        handler.send_header("Content-Type", kind)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+
+def _loadtest(tmp_path: pathlib.Path, *args: str, interrupt_after_step: int | None = None) -> tuple[int, str, str,
+                                                                                                      float, int]:
+    """`llm-exporter loadtest ARGS --json --html` as a real process: (exit status, stdout, stderr,
+    seconds, peak RSS). With `interrupt_after_step`, SIGINT once that step's progress line is out."""
+    import psutil
+
+    out, err = tmp_path / "out", tmp_path / "err"
+    started, peak = time.monotonic(), 0
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "exporter.cli", "loadtest", *args, "--json",
+                                    str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")],
+                                   stdout=stdout, stderr=stderr)
+        watched = psutil.Process(process.pid)
+        try:
+            while process.poll() is None and time.monotonic() - started < LOADTEST_FAILSAFE_S:
+                with contextlib.suppress(psutil.Error):
+                    peak = max(peak, watched.memory_info().rss)
+                if interrupt_after_step is not None and f"step {interrupt_after_step}/" in err.read_text():
+                    process.send_signal(signal.SIGINT)
+                    interrupt_after_step = None
+                time.sleep(0.05)
+        finally:
+            stop_process(process)
+    return process.returncode, out.read_text(), err.read_text(), time.monotonic() - started, peak
+
+
+def _report(tmp_path: pathlib.Path) -> dict:
+    import jsonschema
+
+    from exporter.probe.report import REPORT_SCHEMA
+
+    path = tmp_path / "r.json"
+    assert path.exists(), "no JSON report: the steps measured were lost"
+    report = json.loads(path.read_text())
+    jsonschema.validate(report, REPORT_SCHEMA)
+    assert (tmp_path / "r.html").read_text().startswith("<!doctype html>")
+    return report
+
+
+SWEEP = ("--concurrency", "1,2,3", "--warmup", "0s", "--duration", "1s", "--max-tokens", "8", "--prompt-tokens", "8")
+
+
+def test_a_loadtest_whose_exporter_answers_garbage_mid_sweep_keeps_every_step(tmp_path):
+    """Before: the first wrong-shaped diagnosis (a list where an object belongs) killed the sweep
+    with a traceback (exit 1, no table, no JSON); numbers like NaN broke the JSON report at the very
+    end. Now each such poll fails in one line (in the step's notes), the sweep runs to its end and
+    every step is written; the server side keeps only what made sense."""
+    with _Server(good_polls=3) as server:
+        rc, out, err, took, rss = _loadtest(tmp_path, server.url, "--exporter", server.url, *SWEEP)
+    assert "Traceback" not in err, err[-2000:]
+    assert rc == 0, err[-2000:]
+    report = _report(tmp_path)
+    assert [s["level"] for s in report["steps"]] == [1, 2, 3] and all(s["requests"]["ok"] for s in report["steps"])
+    first, second, third = (s["server"] for s in report["steps"])
+    assert first["verdict"] == "memory_bandwidth" and first["poll_errors"] == 0
+    notes = " ".join(report["steps"][1]["notes"] + report["steps"][2]["notes"])
+    assert second["poll_errors"] and "targets is an array, not an object" in notes, notes
+    # The garbage numbers are dropped, never kept as NaN, infinite, negative or above a ratio's 1.
+    assert (third["running_max"], third["waiting_max"], third["kv_usage_max"], third["verdict"]) == (None,) * 4
+    assert all(len(line) < 500 for line in third["evidence"])
+    assert "polls failed" in out  # the table's notes say where the exporter's side went
+    assert took < LOADTEST_WALL_BOUND_S and rss < LOADTEST_RSS_BOUND, (took, rss >> 20)
+
+
+def test_a_loadtest_whose_engine_dies_at_level_3_keeps_the_steps_it_finished(tmp_path):
+    with _Server(die_at=3) as server:
+        rc, out, err, took, rss = _loadtest(tmp_path, server.url, *SWEEP)
+    assert "Traceback" not in err, err[-2000:]
+    assert rc == 2, err
+    assert err.strip().splitlines()[-1] == f"llm-exporter loadtest: cannot reach {server.url}: connection refused"
+    report = _report(tmp_path)
+    assert [s["level"] for s in report["steps"]] == [1, 2, 3]
+    assert report["stopped"]["reason"] == "connection" and "stopped:" in report["steps"][2]["notes"][-1]
+    assert all(s["requests"]["ok"] and not s["requests"]["failed"] for s in report["steps"][:2])
+    assert report["recommendation"]["slo"]["max_concurrency"] == 2  # judged on the two steps completed
+    assert took < LOADTEST_WALL_BOUND_S and rss < LOADTEST_RSS_BOUND, (took, rss >> 20)
+
+
+def test_an_interrupted_loadtest_writes_the_steps_it_finished(tmp_path):
+    """Before: Ctrl-C exited 130 and wrote nothing, whatever the steps had measured."""
+    with _Server() as server:
+        rc, out, err, took, _ = _loadtest(tmp_path, server.url, *SWEEP, interrupt_after_step=1)
+    assert "Traceback" not in err, err[-2000:]
+    assert rc == 130, err
+    report = _report(tmp_path)
+    assert [s["level"] for s in report["steps"]] == [1] and report["steps"][0]["requests"]["ok"]
+    assert report["stopped"]["reason"] == "interrupted" and report["stopped"]["after"] == 1
+    assert err.strip().splitlines()[-1] == ("llm-exporter loadtest: interrupted in step 2 of 3 (concurrency 2); "
+                                            "1 step finished and kept")
+    assert took < LOADTEST_WALL_BOUND_S
+
+
+def test_a_step_that_raises_stops_the_sweep_and_keeps_the_steps_before_it():
+    """Whatever raises inside a step (here the progress callback, at step 3) stops the sweep with
+    one line naming the step and the error; the two steps before it are the report, judged alone."""
+    import asyncio
+    import dataclasses
+
+    from exporter.probe import loadtest as lt
+
+    @dataclasses.dataclass
+    class Ok:
+        ok: bool = True
+        reason: str = ""
+        status: int | None = 200
+        ttft_s: float | None = 0.01
+        itl_s: tuple = (0.001,)
+        e2e_s: float | None = 0.02
+        prompt_tokens: int | None = 4
+        completion_tokens: int | None = 2
+
+    async def send(spec: lt.RequestSpec) -> Ok:
+        await asyncio.sleep(0.01)
+        return Ok()
+
+    def progress(index: int, steps: int, level: float, stats: object, done: float) -> None:
+        if index == 2:
+            raise KeyError("a figure no check foresaw")
+
+    config = lt.SweepConfig(mode="concurrency", levels=(1, 2, 4), warmup_s=0.0, duration_s=0.3)
+    report = asyncio.run(lt.run_sweep(send, lt.Workload(prompt_words=4, max_tokens=2), config, progress=progress))
+    assert [s["level"] for s in report["steps"]] == [1, 2]
+    assert report["stopped"] == {
+        "reason": "error", "cause": "KeyError: 'a figure no check foresaw'", "after": 2,
+        "text": "an error in step 3 of 3 (concurrency 4), KeyError: 'a figure no check foresaw'; 2 steps finished "
+                "and kept"}
+    assert report["recommendation"]["slo"]["max_concurrency"] == 2
+
+
+# (arguments, what the one line says): each was a traceback (exit 1), a sweep of requests that could
+# never connect (:99999 ran 105 s of failures), or a report lost after the sweep (--json into a
+# folder that does not exist).
+BAD_ARGUMENTS = [
+    (("loadtest", "http://127.0.0.1:9", "--concurrency", "inf"), "invalid concurrency="),
+    (("loadtest", "http://127.0.0.1:9", "--concurrency", "nan"), "invalid concurrency="),
+    (("loadtest", "http://127.0.0.1:9", "--concurrency", "9" * 400), "invalid concurrency="),
+    (("loadtest", "http://127.0.0.1:99999"), "invalid url='http://127.0.0.1:99999': not a URL"),
+    (("loadtest", "http://[::1"), "invalid url='http://[::1': not a URL"),
+    (("loadtest", "http://127.0.0.1:9", "--exporter", "http://[::1"), "invalid exporter="),
+    (("loadtest", "http://127.0.0.1:9", "--exporter", "ftp://x"), "invalid exporter="),
+    (("loadtest", "http://127.0.0.1:9", "--json", "/nonexistent/folder/r.json"), "no such directory"),
+    (("loadtest", "http://127.0.0.1:9", "--html", "/"), "is a directory"),
+    (("loadtest", "http://127.0.0.1:9", "--dataset", "a\0b"), "an argument contains a NUL byte"),
+    (("loadtest", "http://127.0.0.1:9", "--prompt-tokens", "1e308"), "invalid int value"),
+    (("doctor", "--url", "http://[::1"), "invalid url="),
+    (("doctor", "--url", "http://127.0.0.1:99999"), "invalid url="),
+    (("run", "--config", "a\0b"), "an argument contains a NUL byte"),
+]
+
+
+@pytest.mark.parametrize(("argv", "words"), BAD_ARGUMENTS, ids=lambda value: str(value)[:40])
+def test_bad_arguments_are_one_line_and_exit_2_before_anything_is_sent(argv, words):
+    started = time.monotonic()
+    rc, stderr = _in_process(*argv)
+    line = _one_line(stderr)
+    assert rc == 2 and words in line, stderr
+    assert time.monotonic() - started < 5.0  # refused before a request, not after a sweep of failures
+
+
+def test_a_dataset_that_is_a_fifo_is_refused_instead_of_waiting_for_ever(tmp_path):
+    fifo = tmp_path / "d.jsonl"
+    os.mkfifo(fifo)
+    rc, stderr, took = _run_cli("loadtest", "http://127.0.0.1:9", "--dataset", str(fifo))
+    assert rc == 2 and "not a regular file (a FIFO)" in _one_line(stderr), stderr
+    assert took < REFUSED_START_BOUND_S

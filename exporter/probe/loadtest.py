@@ -57,6 +57,9 @@ POLL_TIMEOUT_S = 2.0
 MAX_DIAGNOSIS_BYTES = 8 << 20  # as `doctor`
 MAX_METRICS_BYTES = 32 << 20
 MAX_EVIDENCE_LINES = 12
+MAX_EVIDENCE_CHARS = 400  # one evidence line is a sentence; a longer one is cut (the report keeps each)
+MAX_VERDICT_CHARS = 64  # verdict names are identifiers (kv_capacity); a longer "verdict" is no verdict
+MAX_SERVER_VALUE = 1e18  # the exporter's own domain for counts (catalog.base.MAX_VALUE): past it, garbage
 KV_WATERMARK = 0.8  # size concurrency so the KV cache peaks below 80%: room for longer contexts
 PLATEAU_GAIN = 0.10  # throughput that rises by less than this from one step to the next has stopped
 LATENCY_RISE = 0.10  # ... while a latency median rose by more than this
@@ -364,8 +367,8 @@ def server_summary(polls: Sequence[Poll], errors: int, target: str | None, error
         "target": target, "polls": len(polls), "poll_errors": errors, "error": error,
         "kv_usage_max": _r(max(kv)) if kv else None,
         "preemptions": _r(preempt, 0) if preempt is not None else None,
-        "waiting_mean": _r(waiting_mean, 2), "waiting_max": waiting_max,
-        "running_mean": _r(running_mean, 2), "running_max": running_max,
+        "waiting_mean": _r(waiting_mean, 2), "waiting_max": _r(waiting_max, 2),
+        "running_mean": _r(running_mean, 2), "running_max": _r(running_max, 2),
         "ttft_mean_s": _r(ttft_s / ttft_n) if ttft_n and ttft_s is not None else None,
         "itl_mean_s": _r(itl_s / itl_n) if itl_n and itl_s is not None else None,
         "verdict": mode, "verdict_last": last.verdict if last else None,
@@ -388,11 +391,45 @@ def read_metrics(text: str, target: str | None) -> dict[str, float]:
     for name, labels, value, _ in parse(text, keep=frozenset(_WANTED).__contains__).samples:
         if target is not None and dict(labels).get("target") != target:
             continue
-        if math.isfinite(value):
-            key = _WANTED[name]
+        key = _WANTED[name]
+        # The exporter's own domains (a ratio in [0, 1], counts in [0, 1e18]); past them an answer is
+        # garbage, and an infinite or huge number would overflow the recommendation's arithmetic.
+        if 0.0 <= value <= (1.0 if key == "kv_usage" else MAX_SERVER_VALUE):
             # A gauge per rank (TP) is the same engine's: KV usage is its max, the queue its sum.
             out[key] = max(out.get(key, value), value) if key == "kv_usage" else out.get(key, 0.0) + value
     return out
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_diagnosis(doc: object) -> Mapping[str, Any]:
+    """`doc` when the parts of /api/v1/diagnosis the load test reads have the shapes it reads them
+    as (exporter/shapes.py DIAGNOSIS); else RuntimeError naming the first part that does not, which
+    fails that poll in one line (a list where an object belongs made the sweep die with a traceback
+    and lose every step)."""
+    from exporter.shapes import DIAGNOSIS, ShapeError, check, kind
+
+    if not isinstance(doc, dict):
+        raise RuntimeError(f"exporter: /api/v1/diagnosis is {kind(doc)}, not a JSON object")
+    try:
+        check(doc, DIAGNOSIS)
+    except ShapeError as error:
+        raise RuntimeError(f"exporter: /api/v1/diagnosis: {error}") from None
+    return doc
+
+
+def server_number(value: object, ceiling: float = MAX_SERVER_VALUE) -> float | None:
+    """A number the exporter sent, when it is one in [0, ceiling]; else None (JSON's NaN and
+    Infinity, 1e999, a negative count, a boolean, a string)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of 400 digits
+        return None
+    return number if 0.0 <= number <= ceiling else None
 
 
 def pick_target(diagnosis: Mapping[str, Any], wanted: str | None) -> str | None:
@@ -404,28 +441,31 @@ def pick_target(diagnosis: Mapping[str, Any], wanted: str | None) -> str | None:
         return wanted if wanted in targets else None
 
     def running(name: str) -> float:
-        numbers = (targets[name] or {}).get("numbers") or {}
-        value = numbers.get("running")
-        return float(value) if isinstance(value, int | float) else 0.0
+        entry = targets[name]
+        numbers = entry.get("numbers") if isinstance(entry, dict) else None
+        value = server_number(numbers.get("running")) if isinstance(numbers, dict) else None
+        return value or 0.0
     return sorted(targets, key=lambda n: (-running(n), n))[0]
 
 
 def poll_from(diagnosis: Mapping[str, Any] | None, metrics: Mapping[str, float], target: str | None,
               t: float) -> Poll:
-    entry = ((diagnosis or {}).get("targets") or {}).get(target or "") or {}
-    numbers = entry.get("numbers") or {}
+    targets = (diagnosis or {}).get("targets")
+    entry = targets.get(target or "") if isinstance(targets, dict) else None
+    entry = entry if isinstance(entry, dict) else {}
+    numbers = entry.get("numbers") if isinstance(entry.get("numbers"), dict) else {}
 
-    def number(key: str, fallback: str) -> float | None:
+    def number(key: str, fallback: str, ceiling: float = MAX_SERVER_VALUE) -> float | None:
         value = metrics.get(key)
-        if value is None:
-            value = numbers.get(fallback)
-        return float(value) if isinstance(value, int | float) else None
-    evidence = tuple(str(e) for e in (entry.get("evidence") or ()) if isinstance(e, str))
+        return server_number(numbers.get(fallback), ceiling) if value is None else value
+    raw_evidence = entry.get("evidence")
+    evidence = tuple(_clip(e, MAX_EVIDENCE_CHARS) for e in (raw_evidence if isinstance(raw_evidence, list) else ())
+                     if isinstance(e, str))[:MAX_EVIDENCE_LINES]
     verdict = entry.get("verdict")
-    return Poll(t, verdict if isinstance(verdict, str) else None, evidence,
-                number("kv_usage", "kv_usage_ratio"), number("waiting", "waiting"), number("running", "running"),
-                metrics.get("preemptions_total"), metrics.get("ttft_sum"), metrics.get("ttft_count"),
-                metrics.get("itl_sum"), metrics.get("itl_count"))
+    return Poll(t, verdict if isinstance(verdict, str) and len(verdict) <= MAX_VERDICT_CHARS else None, evidence,
+                number("kv_usage", "kv_usage_ratio", 1.0), number("waiting", "waiting"),
+                number("running", "running"), metrics.get("preemptions_total"), metrics.get("ttft_sum"),
+                metrics.get("ttft_count"), metrics.get("itl_sum"), metrics.get("itl_count"))
 
 
 class ExporterWatch:
@@ -461,8 +501,7 @@ class ExporterWatch:
             raise RuntimeError(f"exporter: /api/v1/diagnosis: {error}") from None
         except ValueError:
             raise RuntimeError("exporter: /api/v1/diagnosis is not JSON") from None
-        if not isinstance(diagnosis, dict):
-            raise RuntimeError("exporter: /api/v1/diagnosis is not a JSON object")
+        check_diagnosis(diagnosis)
         if self.target is None:  # chosen once, so a step never mixes two targets' readings
             self.target = pick_target(diagnosis, None)
         return poll_from(diagnosis, read_metrics(text, self.target), self.target, t)
@@ -479,11 +518,15 @@ class ExporterWatch:
                 polls.append(await self.poll(now))
             except RuntimeError as error:
                 errors, last_error = errors + 1, str(error)
+            except Exception as error:  # noqa: BLE001 - an answer no check foresaw fails this poll, not the sweep
+                errors, last_error = errors + 1, f"exporter: an answer that could not be read ({type(error).__name__})"
             if now >= end:
                 break
             next_at += self.interval_s
             await asyncio.sleep(max(0.0, min(next_at, end) - clock()))
-        return server_summary(polls, errors, self.target, last_error if not polls else None)
+        summary = server_summary(polls, errors, self.target, last_error if not polls else None)
+        summary["last_poll_error"] = last_error
+        return summary
 
     async def aclose(self) -> None:
         await self._diagnosis.aclose()
@@ -544,16 +587,18 @@ class DatasetError(ValueError):
 def load_dataset(path: str, *, max_bytes: int = MAX_DATASET_BYTES, max_lines: int = MAX_DATASET_LINES,
                  default_max_tokens: int | None = None) -> list[RequestSpec]:
     """JSONL of {"prompt": str, "max_tokens": int}; blank lines skipped; bounded in bytes and lines."""
+    from exporter.safefile import read_regular_file
+
+    if "\0" in path:
+        raise DatasetError(f"{path!r}: not a file name")
     try:
         size = os.stat(path).st_size
         if size > max_bytes:
             raise DatasetError(f"{path}: {size} bytes, over the {max_bytes >> 20} MiB cap")
-        with open(path, "rb") as handle:
-            raw = handle.read(max_bytes + 1)
+        # A regular file only: a FIFO given as --dataset waited for a writer for ever.
+        raw = read_regular_file(path, max_bytes)
     except OSError as error:
         raise DatasetError(f"{path}: {error.strerror or error}") from None
-    if len(raw) > max_bytes:
-        raise DatasetError(f"{path}: over the {max_bytes >> 20} MiB cap")
     specs: list[RequestSpec] = []
     for number, line in enumerate(raw.decode("utf-8", "replace").splitlines(), 1):
         if not line.strip():
@@ -658,6 +703,8 @@ class SweepConfig:
         if not 1 <= len(self.levels) <= MAX_STEPS:
             raise ValueError(f"between 1 and {MAX_STEPS} steps")
         for level in self.levels:
+            if not math.isfinite(level):
+                raise ValueError(f"{self.mode} {level:g}: not a number")
             if self.mode == "concurrency" and (level != int(level) or not 1 <= level <= MAX_CONCURRENCY):
                 raise ValueError(f"concurrency {level:g}: an integer 1..{MAX_CONCURRENCY}")
             if self.mode == "rate" and not 0 < level <= MAX_RATE:
@@ -771,6 +818,9 @@ async def run_step(send: Send, workload: Workload, config: SweepConfig, level: f
     if progress is not None and not breaker.tripped:
         progress(stats, 1.0)
     record = step_record(stats, config, level, in_flight, window_start, deadline, started_at, server)
+    if server and server.get("poll_errors"):  # where the exporter's side of the sweep went, in the table too
+        record["notes"].append(f"{server['poll_errors']} of {server['polls'] + server['poll_errors']} exporter "
+                               f"polls failed, the last: {server.get('last_poll_error')}")
     # The load generator's own CPU (cores busy over the step): on the engine's host it is CPU the engine
     # did not have, which the planner needs to scale a CPU engine's threads (docs/planner.md).
     record["client"] = {"cpu_cores": _r((time.process_time() - cpu_start) / max(1e-9, clock() - start), 4)}
@@ -1014,8 +1064,15 @@ def _next_levels(steps: Sequence[Mapping[str, Any]], slo: Mapping[str, Any], kv:
 # --- the sweep -----------------------------------------------------------------------------------
 
 async def run_sweep(send: Send, workload: Workload, config: SweepConfig, *, watch: ExporterWatch | None = None,
-                    progress: Progress | None = None, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Every step in order, then the knee and the recommendation: the report (docs/loadtest.md)."""
+                    progress: Progress | None = None, meta: Mapping[str, Any] | None = None,
+                    keep_on_interrupt: bool = False) -> dict[str, Any]:
+    """Every step in order, then the knee and the recommendation: the report (docs/loadtest.md).
+
+    A sweep that cannot go on keeps what it finished: a server that takes no connection (the
+    Breaker), a step that raised (an answer no check foresaw: `stopped.reason` "error"), or, with
+    `keep_on_interrupt`, Ctrl-C (asyncio.run cancels this task: "interrupted"). The report then has
+    the steps completed, `stopped` says where and why, and the knee and the recommendation are
+    judged on the completed steps alone."""
     config.check()
     steps: list[dict[str, Any]] = []
     breaker = Breaker()
@@ -1024,7 +1081,17 @@ async def run_sweep(send: Send, workload: Workload, config: SweepConfig, *, watc
         def step_progress(stats: StepStats, done: float, i: int = i, level: float = level) -> None:
             if progress is not None:
                 progress(i, len(config.levels), level, stats, done)
-        step = await run_step(send, workload, config, level, watch=watch, progress=step_progress, breaker=breaker)
+        try:
+            step = await run_step(send, workload, config, level, watch=watch, progress=step_progress,
+                                  breaker=breaker)
+        except asyncio.CancelledError:
+            if not keep_on_interrupt:
+                raise
+            stopped = _stopped_in_step("interrupted", "interrupted", i, config)
+            break
+        except Exception as error:  # noqa: BLE001 - the steps done are kept and the reason said in one line
+            stopped = _stopped_in_step("error", f"{type(error).__name__}: {_clip(str(error), 200)}", i, config)
+            break
         step["index"] = i
         steps.append(step)
         stopped = breaker.stopped((meta or {}).get("url"))
@@ -1032,12 +1099,8 @@ async def run_sweep(send: Send, workload: Workload, config: SweepConfig, *, watc
             step["notes"].append(f"stopped: {stopped['text']}")
             break
     # The step the server went away in says nothing about the knee: judged are the steps completed.
-    judged = steps[:-1] if stopped is not None else steps
-    if any(dig(s, "requests", "ok") for s in judged):
-        knee = find_knee(judged, config.ttft_slo_s, config.tbt_slo_s)
-        recommendation = recommend(judged, knee)
-    else:  # nothing succeeded: no knee, no number, whatever share failed
-        knee, recommendation = None, no_recommendation(NO_SUCCESS)
+    judged = steps[:-1] if stopped is not None and stopped["reason"] not in STOPPED_BETWEEN_STEPS else steps
+    knee, recommendation = conclude(judged, config)
     return {
         "schema": SCHEMA_ID,
         "config": {**(meta or {}), "mode": config.mode, "levels": list(config.levels), "warmup_s": config.warmup_s,
@@ -1052,6 +1115,32 @@ async def run_sweep(send: Send, workload: Workload, config: SweepConfig, *, watc
         "last_failure": None if breaker.last_failure is None else
         {"reason": breaker.last_failure[0], "status": breaker.last_failure[1]},
     }
+
+
+# Stops that leave no partial step in `steps` (the step they interrupted is not recorded at all).
+STOPPED_BETWEEN_STEPS = frozenset({"error", "interrupted"})
+
+
+def _stopped_in_step(reason: str, cause: str, index: int, config: SweepConfig) -> dict[str, Any]:
+    """The report's `stopped` block for a sweep that stopped inside step `index` (not recorded)."""
+    level = config.levels[index]
+    where = f"in step {index + 1} of {len(config.levels)} ({config.mode} {level:g})"
+    done = f"{index} step{'s' if index != 1 else ''} finished and kept"
+    what = f"interrupted {where}" if reason == "interrupted" else f"an error {where}, {cause}"
+    return {"reason": reason, "cause": cause, "after": index, "text": f"{what}; {done}"}
+
+
+def conclude(steps: Sequence[Mapping[str, Any]], config: SweepConfig) -> tuple[dict[str, Any] | None,
+                                                                               dict[str, Any]]:
+    """The knee and the recommendation from `steps`, or none of either when no request succeeded. An
+    error here (a figure no check foresaw) costs the conclusion, never the steps measured."""
+    if not any(dig(s, "requests", "ok") for s in steps):  # nothing succeeded: no knee, no number
+        return None, no_recommendation(NO_SUCCESS)
+    try:
+        knee = find_knee(steps, config.ttft_slo_s, config.tbt_slo_s)
+        return knee, recommend(steps, knee)
+    except (ArithmeticError, ValueError, TypeError, KeyError) as error:
+        return None, no_recommendation(f"no recommendation: it could not be computed ({type(error).__name__})")
 
 
 def no_recommendation(why: str) -> dict[str, Any]:

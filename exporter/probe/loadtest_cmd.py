@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,6 +20,7 @@ from exporter.probe.loadtest import (
     MAX_PROMPT_WORDS,
     MAX_STEP_DURATION_S,
     MAX_TOKENS_LIMIT,
+    STOPPED_BETWEEN_STEPS,
     DatasetError,
     ExporterWatch,
     StepStats,
@@ -44,10 +47,14 @@ USAGE = """\
 
 Exit status: 0 the sweep ran, 1 the server answered but no request succeeded, 2 bad arguments or
 a server (URL or --exporter) that takes no connection: after 5 tries in a row, spaced out, the sweep
-stops and says why ("cannot reach URL: connection refused"). docs/cli.md has every command's.
+stops and says why ("cannot reach URL: connection refused"), or a sweep that stopped on an error;
+130 Ctrl-C. A sweep that stops keeps the steps it finished (table, --json, --html) and says where
+it stopped. docs/cli.md has every command's.
 """
 EXIT_OK, EXIT_NOTHING, EXIT_CONFIG = 0, 1, 2
 EXIT_UNREACHABLE = 2  # as a bad argument: the URL given names nothing that answers
+EXIT_STOPPED = 2  # the sweep stopped early (a dead server, an error): the steps finished are written
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT; the steps finished are written too
 DEMO_MODEL = "llama-3.1-8b"
 DEMO_GPU = "NVIDIA H100 80GB HBM3"  # as `llm-exporter demo`
 
@@ -114,9 +121,29 @@ def _levels(text: str, name: str, integer: bool) -> tuple[float, ...]:
         values = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise ConfigError(name, text, "expected comma-separated numbers") from None
-    if not values or (integer and any(v != int(v) for v in values)):
+    # inf and nan are floats too: int(inf) raised OverflowError, int(nan) ValueError
+    if not values or not all(math.isfinite(v) for v in values) or (integer and any(v != int(v) for v in values)):
         raise ConfigError(name, text, "expected comma-separated " + ("integers" if integer else "numbers"))
     return values
+
+
+def check_output(path: str | None, flag: str) -> None:
+    """An output file the sweep will write (--json, --html), checked before any load is sent: a
+    sweep of hours must not end in a traceback because its folder does not exist. ConfigError
+    names the flag and why."""
+    from exporter.config import ConfigError
+
+    if path is None:
+        return
+    if path == "" or "\0" in path:
+        raise ConfigError(flag, path, "not a file name")
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigError(flag, path, "is a directory")
+    if not os.path.isdir(folder):
+        raise ConfigError(flag, path, f"no such directory: {folder}")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ConfigError(flag, path, "not writable")
 
 
 def sweep_config(args: Any) -> tuple[SweepConfig, Workload, dict[str, Any]]:
@@ -246,7 +273,7 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
     import sys
 
     from exporter.config import ConfigError, refuse_userinfo
-    from exporter.probe.report import render_html, render_table
+    from exporter.probe.report import render_table
     from exporter.redact import redact_url
     from exporter.termsafe import terminal_safe, terminal_safe_tree
 
@@ -264,6 +291,8 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
         for what, given in (("url", args.url), ("exporter", args.exporter)):
             if given:
                 refuse_userinfo(given, what, "the server's key goes in --api-key-env")
+        check_output(args.json_out, "json")
+        check_output(args.html_out, "html")
     except ConfigError as error:
         print(f"llm-exporter loadtest: {terminal_safe(str(error))}", file=err)
         return EXIT_CONFIG
@@ -282,6 +311,8 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
         try:
             report = asyncio.run(_sweep(url, exporter_url, model, args, headers, config, workload, meta, progress,
                                         check_exporter=not args.demo))
+            # asyncio.run delivers a first Ctrl-C as a cancellation, which the sweep turns into a
+            # report of its finished steps (stopped: interrupted); a second one is KeyboardInterrupt.
         finally:
             progress.end_line()
     except Unreachable as error:
@@ -296,23 +327,41 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
         if demo is not None:
             demo.stop()
     ok = succeeded(report)
-    if ok or not report.get("stopped"):  # a server never reached: the one line below says all there is
+    stopped = report.get("stopped")
+    if ok or not stopped or (stopped["reason"] in STOPPED_BETWEEN_STEPS and report["steps"]):
+        # A server never reached: the one line below says all there is.
         out.write(render_table(terminal_safe_tree(report)))  # verdicts, notes: an exporter's or engine's text
         out.flush()
-    if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=2, allow_nan=False)
-            handle.write("\n")
-    if args.html_out:
-        with open(args.html_out, "w", encoding="utf-8") as handle:
-            handle.write(render_html(report))
-    if report.get("stopped"):
-        print(f"llm-exporter loadtest: {terminal_safe(report['stopped']['text'])}", file=err)
-        return EXIT_UNREACHABLE
+    unwritten = _write_outputs(report, args.json_out, args.html_out)
+    if unwritten is not None:
+        print(f"llm-exporter loadtest: {terminal_safe(unwritten)}", file=err)
+        return EXIT_CONFIG
+    if stopped:
+        print(f"llm-exporter loadtest: {terminal_safe(stopped['text'])}", file=err)
+        return EXIT_INTERRUPTED if stopped["reason"] == "interrupted" else EXIT_STOPPED
     if not ok:
         print(f"llm-exporter loadtest: no request succeeded: {_no_success(report)}", file=err)
         return EXIT_NOTHING
     return EXIT_OK
+
+
+def _write_outputs(report: Mapping[str, Any], json_out: str | None, html_out: str | None) -> str | None:
+    """Write --json and --html; None when done, else why not in one line (the other is still
+    written: a sweep's measurements are not lost to one file that could not be)."""
+    from exporter.probe.report import render_html
+
+    problems = []
+    for path, render in ((json_out, lambda: json.dumps(report, indent=2, allow_nan=False) + "\n"),
+                         (html_out, lambda: render_html(report))):
+        if not path:
+            continue
+        try:
+            text = render()
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        except (OSError, ValueError) as error:
+            problems.append(f"cannot write {path}: {getattr(error, 'strerror', None) or error}")
+    return "; ".join(problems) or None
 
 
 def _no_success(report: Mapping[str, Any]) -> str:
@@ -342,7 +391,8 @@ async def _sweep(url: str, exporter_url: str | None, model: str | None, args: An
     try:
         if watch is not None and check_exporter:
             await _check_exporter(watch)
-        return await run_sweep(send, workload, config, watch=watch, progress=progress, meta=meta)
+        return await run_sweep(send, workload, config, watch=watch, progress=progress, meta=meta,
+                               keep_on_interrupt=True)
     finally:
         close()
         if watch is not None:

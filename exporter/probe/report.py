@@ -34,6 +34,7 @@ _SERVER = {
         "verdict": _STR, "verdict_last": _STR,
         "verdicts": {"type": "object", "additionalProperties": {"type": "integer"}},
         "evidence": {"type": "array", "items": {"type": "string"}},
+        "last_poll_error": _STR,
     },
 }
 _STEP = {
@@ -86,7 +87,7 @@ REPORT_SCHEMA: dict[str, Any] = {
                                   "kv_watermark": {"type": "number"},
                                   "client": {"type": "object",
                                              "properties": {"cpus": _INT, "loopback_target": {"type": "boolean"}}}}},
-        "steps": {"type": "array", "items": _STEP, "minItems": 1},
+        "steps": {"type": "array", "items": _STEP},  # empty when the sweep stopped in its first step
         "knee": {"type": ["object", "null"], "required": ["index", "level", "reasons", "verdict_before",
                                                           "verdict_at", "text"],
                  "properties": {"index": {"type": "integer"}, "level": {"type": "number"},
