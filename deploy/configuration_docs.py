@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from exporter import config as config_module  # noqa: E402
 from exporter.cli import build_parser  # noqa: E402
-from exporter.settings import BY_NAME, ENV_PREFIX, EXTENSION_PREFIX, SETTINGS, Setting  # noqa: E402
+from exporter.settings import BY_NAME, ENV_PREFIX, EXTENSION_PREFIX, MAX_TEXT_CHARS, SETTINGS, Setting  # noqa: E402
 
 OUT = ROOT / "docs" / "configuration.md"
 SKIP_FIELDS: set[str] = set()  # Config fields that are no setting (none today)
@@ -134,6 +134,16 @@ def render() -> str:
         f"An `{ENV_PREFIX}*` variable that is no setting is ignored with a warning naming the closest one",
         "(tests and builds share the prefix). Mapping settings (`gpu_spec`, `target_gpus`) take a JSON",
         "object in a variable. Byte sizes take a plain number of bytes or `512KiB`, `8MiB`, `1GiB`.",
+        f"Text settings (paths, URLs, patterns) hold at most {MAX_TEXT_CHARS} characters and no control "
+        "characters; a list or a mapping where text belongs is refused.",
+        "",
+        "A key written twice in one mapping, at any depth of the file (inside an engine target too), is",
+        "refused naming the file, the line and the key, `duplicate key 'engines' at line 9, column 1 (first",
+        "at line 2)`: YAML parsers keep the last one silently, so a second `engines: []` would run with no",
+        "target. The web config file (`--web.config.file`) is read the same way, as the Prometheus",
+        "exporter-toolkit reads it. A merge key is no duplicate of the keys it brings: an explicit key",
+        "overrides a merged one (`{<<: *d, timeout: 1s}`); `<<` itself written twice is one (write",
+        "`<<: [*a, *b]`).",
         "",
         "## `llm-exporter run`",
         "",
