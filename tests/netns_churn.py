@@ -24,7 +24,7 @@ import httpx
 import psutil
 
 PAIRS = 30  # 60 interfaces: within MAX_NETWORK_LINKS, so every one is read
-PROCESS_CHURN_S = 6.0
+PROCESS_CHURN_S = 4.0
 ROUND_PAUSE_S = 0.12  # a little over the exporter's 100 ms cycle: it sees each generation
 IN_PROCESS_ROUNDS = 60
 

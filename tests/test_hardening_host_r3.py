@@ -229,7 +229,7 @@ def test_a_pattern_that_needs_backtracking_is_one_line_and_exit_2(pattern, why):
 
 # --- class 8: network interfaces that come and go --------------------------------------------------
 
-# Before: 6 s of renames cost the real exporter 480 log lines; 60 rounds in process kept 2.5 MB
+# Before: 4-6 s of renames cost the real exporter 480 log lines; 60 rounds in process kept 2.5 MB
 # (9 paths per name it ever saw) and logged 15,280 records; with the host fixed but not the
 # derive stage's per-link windows, the real exporter grew 6.5 MB in 6 s (1.1 MB/s, for the 10
 # minutes it kept a name). Now: 1 line, 0 records, ~0.2 MB of heap, ~1 MB of RSS (caches filling to
@@ -250,7 +250,7 @@ def test_interface_churn_keeps_the_host_source_bounded_and_its_log_quiet():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     process, local = result["process"], result["in_process"]
     print(json.dumps({"process": process, "in_process": local}))
-    assert process["alive"] and process["names"] > 1000, result
+    assert process["alive"] and process["names"] > 600, result
     assert process["log_lines"] <= CHURN_LOG_LINES_BOUND, result
     assert process["rss_growth_bytes"] < CHURN_RSS_BOUND_BYTES, result
     assert 0 < process["network_info_series"] <= 64, result  # what is read now, not every name seen

@@ -121,7 +121,9 @@ class HostSource:
             finally:
                 self._files.close_unread()  # what this cycle did not read: a gone pid, a gone GPU
         attrs = {"gpu_pci_addresses": ",".join(link.address for link in links),
-                 "network_devices": ",".join(link.device for link in self._network.links)}
+                 "network_devices": ",".join(link.device for link in self._network.links),
+                 # availability lines not logged since start (over the PresenceLog's budget)
+                 "log_lines_suppressed": str(self._presence.budget.suppressed)}
         return SourceData(samples=tuple(samples), attrs=attrs)
 
     def _collect_locked(self) -> tuple[list[Sample], tuple[PciLink, ...]]:

@@ -47,9 +47,10 @@ listening sockets first, so a host with more connections than that still shows i
 MAX_FDS_PER_PROCESS = 16384
 """fds looked at per process when finding who holds the engine's port: a listening socket is
 opened at start, among the first fds; a process holding a million fds costs no more than this."""
-SEARCH_SWEEP_BUDGET_S = 0.2
-"""Wall time one sweep of a search may take (a cycle is 1 s by default); the next cycle goes on
-where it stopped. A host's process list, however long or hostile, costs at most this per cycle."""
+SEARCH_SWEEP_BUDGET_S = 0.05
+"""Wall time one sweep of a search may take, half the shortest interval (0.1 s); the next cycle
+goes on where it stopped. A host's few hundred processes take a few ms; a process list however
+long or hostile costs at most this (plus one process's MAX_MATCH_S) per cycle."""
 MAX_SEARCH_PROCESSES_PER_SWEEP = 2048  # processes looked at per sweep, whatever their cost
 MAX_MATCH_S = 0.05
 """Time one command line may take to match. The pattern runs in linear time (host_match.py) over
