@@ -49,8 +49,9 @@ _UNSUPPORTED = {
     "GROUPREF": "backreferences", "GROUPREF_EXISTS": "conditionals", "ASSERT": "lookarounds",
     "ASSERT_NOT": "lookarounds", "ATOMIC_GROUP": "atomic groups", "POSSESSIVE_REPEAT": "possessive repeats",
 }
-# What a predicate's one-character pattern takes from the flags in force at that point.
+# The flags that change what one character matches, and their letters in a scoped group.
 _CHAR_FLAGS = re.IGNORECASE | re.DOTALL | re.ASCII
+_FLAG_LETTERS = ((re.IGNORECASE, "i"), (re.DOTALL, "s"), (re.ASCII, "a"))
 _ASCII_WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 # What an assertion needs to know of the character before a position: (is a newline, is a word
 # character in Unicode, in ASCII); None at the start of the text.
@@ -76,9 +77,10 @@ class LinearPattern:
         self._kind: list[int] = []
         self._out: list[tuple[int, ...]] = []
         self._arg: list[object] = []
-        self._predicates: list[re.Pattern[str]] = []
+        self._global_flags = 0  # the pattern's own flags; a group's are scoped over them
         self._reads_before = False  # an assertion looks at the character before a position
         self._dollar = False  # `$` without MULTILINE also matches before a final newline
+        self._global_flags = parsed.state.flags
         end = self._state(_END, (), None)
         try:
             self._start = self._sequence(list(parsed), parsed.state.flags, end)
@@ -162,7 +164,14 @@ class LinearPattern:
                 else:
                     raise PatternError(f"{item_op} in a character class is not supported")
             source = f"[{''.join(parts)}]"
-        return re.compile(source, flags & _CHAR_FLAGS)
+        # A group's flags are scoped, as in the pattern: re does not treat `(?a:\W)` as `\W`
+        # under a global ASCII flag, and the one-character test must say what re says.
+        outer = self._global_flags & _CHAR_FLAGS
+        add = "".join(c for f, c in _FLAG_LETTERS if flags & f and not outer & f)
+        remove = "".join(c for f, c in _FLAG_LETTERS if outer & f and not flags & f)
+        if add or remove:
+            source = f"(?{add}{'-' + remove if remove else ''}:{source})"
+        return re.compile(source, outer)
 
     # --- the DFA, built as the text asks for it ---------------------------------------------------
 
