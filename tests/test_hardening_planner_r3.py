@@ -200,7 +200,7 @@ def _get(url: str) -> str:
 # --- class 7: wrong shapes at every path ------------------------------------------------------------
 
 WRONG: dict[str, Any] = {"list": [1], "object": {"a": 1}, "string": "x", "null": None, "negative": -1,
-                         "huge": 1e308, "nan": math.nan, "infinity": math.inf}
+                         "huge": 1e308, "nan": math.nan, "infinity": math.inf, "huge_int": 10**400}
 # What the planner reads of a load test (docs/planner.md), by kind: any other shape there is refused by path.
 STEP_NUMBERS = ("level", "requests.ok", "elapsed_s", "in_flight.mean", "client.cpu_cores",
                 "throughput.requests_per_s", "throughput.input_tokens", "throughput.output_tokens",
@@ -215,10 +215,10 @@ READ = {**{f"steps[{i}].{p}": "number" for i in (0, 1) for p in STEP_NUMBERS},
         "config.client.cpus": "number", "config.client.loopback_target": "boolean"}
 # Wrong for each kind: a number's null is absent (a step with no TTFT is skipped), -1 and 1e308 are out of
 # range; an object's {"a": 1} is an object; a string's "x" is a string (a mode of "x" is refused).
-REFUSED = {"number": ("list", "object", "string", "negative", "huge", "nan", "infinity"),
-           "object": ("list", "string", "negative", "huge", "nan", "infinity"),
-           "string": ("list", "object", "negative", "huge", "nan", "infinity"),
-           "boolean": ("list", "object", "string", "negative", "huge", "nan", "infinity")}
+REFUSED = {"number": ("list", "object", "string", "negative", "huge", "nan", "infinity", "huge_int"),
+           "object": ("list", "string", "negative", "huge", "nan", "infinity", "huge_int"),
+           "string": ("list", "object", "negative", "huge", "nan", "infinity", "huge_int"),
+           "boolean": ("list", "object", "string", "negative", "huge", "nan", "infinity", "huge_int")}
 # The lines a document may end on without naming a path: the whole document, or the sentinel below that
 # a plan which read its source reaches (a model that does not exist: no calibration, no replay).
 DOCUMENT_WORDS = ("not a load-test report", "the report has no steps", "no step recorded a request")
@@ -346,7 +346,7 @@ def test_an_exporter_diagnosis_of_the_wrong_shape_at_any_path_is_one_line_and_ex
         server.server_close()
     wrong_for = {"object": ("list", "string", "negative", "huge", "nan", "infinity"),
                  "list": ("object", "string", "negative", "huge", "nan", "infinity"),
-                 "number": ("list", "object", "string", "negative", "nan"),
+                 "number": ("list", "object", "string", "negative", "huge", "nan", "infinity", "huge_int"),
                  "string": ("list", "object", "negative", "huge", "nan", "infinity")}
     for text, kind in read.items():
         missing = set(wrong_for[kind]) - seen.get(text, set())
@@ -378,6 +378,7 @@ def test_an_exporter_metrics_page_that_is_not_an_exposition_is_one_line():
 
 @pytest.mark.parametrize(("args", "words"), [
     (["--tp", "100000"], "--tp 100000 is out of range: 1..1024"),
+    (["--tp", "1" + "0" * 400], "--tp 100000000000... is out of range: 1..1024"),
     (["--max-num-seqs", "1000000000"], "--max-num-seqs 1e+09 is out of range"),
     (["--max-batched-tokens", "0"], "--max-batched-tokens 0 is out of range"),
     (["--output-tokens", "nan"], "--output-tokens nan is out of range"),

@@ -108,7 +108,8 @@ def check_flags(args: argparse.Namespace) -> None:
               ("--gpu-price-per-hour", args.price, 0, MAX_PRICE))
     for flag, value, lo, hi in ranges:
         if value is not None and not lo <= value <= hi:  # NaN and the infinities too
-            raise PlanError(f"{flag} {value:g} is out of range: {lo:g}..{hi:g}")
+            shown = f"{value:g}" if isinstance(value, float) or abs(value) < 1e15 else f"{str(value)[:12]}..."
+            raise PlanError(f"{flag} {shown} is out of range: {lo:g}..{hi:g}")
     if not (0 < args.slo_ttft < 3600 and 0 < args.slo_tpot < 60):
         raise PlanError("--slo-ttft must be in (0, 3600) s and --slo-tpot in (0, 60) s")
 

@@ -93,17 +93,14 @@ class Observed:
     shared_host_cpus: int | None = None
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
-        else None
-
-
 def _kind(value: Any) -> str:
     """What a JSON value is, in the words of an error line (never the value itself: it may be huge)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int) and abs(value) > 1e300:  # f"{:g}" of a 400-digit int overflows a float
+        return f"an integer of {len(str(abs(value)))} digits"
     if isinstance(value, int | float):
         return f"{value:.6g}" if math.isfinite(value) else str(value)
     return {str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
@@ -135,10 +132,9 @@ class Reader:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(path, f"expected a number, got {_kind(value)}")
-        value = float(value)
-        if not lo <= value <= hi:  # NaN and the infinities too
+        if not lo <= value <= hi:  # NaN and the infinities too; an int compares exactly, whatever its size
             raise self.fail(path, f"{_kind(value)} is out of range: {lo:g}..{hi:g}{unit}")
-        return value
+        return float(value)
 
     def text(self, parent: Mapping[str, Any], key: str, path: str) -> str | None:
         value = parent.get(key)
@@ -424,6 +420,7 @@ def _diagnosis_target(read: Reader, diagnosis: Any, wanted: str | None) -> tuple
     """The target to observe (loadtest.pick_target's rule: --target, else the busiest) and what the
     diagnosis says of it, every value read through `read`: an answer of the wrong shape at any depth
     is one line naming the path, never a traceback."""
+    from exporter.catalog.base import MAX_VALUE
     from exporter.probe.loadtest import pick_target
 
     none = TargetInfo(None, None, None, 0)
@@ -438,7 +435,7 @@ def _diagnosis_target(read: Reader, diagnosis: Any, wanted: str | None) -> tuple
         if not isinstance(entry, Mapping):
             raise read.fail(at, f"expected an object, got {_kind(entry)}")
         running = read.num(read.obj(entry, "numbers", f"{at}.numbers"), "running", f"{at}.numbers.running", 0,
-                           float("inf"))
+                           MAX_VALUE)  # an exporter's own domain for every engine value
         view[name] = {"numbers": {"running": running}}
     chosen = pick_target({"targets": view}, wanted)
     if chosen is None:
