@@ -142,6 +142,8 @@ def _resolve(base_dir: str, value: object, key: str) -> str:
         read_regular_file(path, MAX_PEM_BYTES)
     except OSError as error:
         raise WebConfigError(f"tls_server_config.{key} {path!r}: {error.strerror or error}") from None
+    except ValueError:  # a NUL in the name: open() raises ValueError, not OSError
+        raise WebConfigError(f"tls_server_config.{key} {shorten(repr(path))}: not a file name") from None
     return path
 
 
@@ -284,8 +286,8 @@ def fingerprint(paths: tuple[str, ...]) -> bytes:
         try:
             st = os.stat(path)
             data = read_regular_file(path, MAX_PEM_BYTES)
-        except OSError as error:  # missing, or refused (not a regular file, too large): the parse says why
-            digest.update(f"missing:{error.errno}:{error}".encode())
+        except (OSError, ValueError) as error:  # missing, refused, a NUL in the name: the parse says why
+            digest.update(f"missing:{getattr(error, 'errno', None)}:{error}".encode())
             continue
         digest.update(f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:".encode())
         digest.update(hashlib.sha256(data).digest())

@@ -623,3 +623,24 @@ def test_a_dataset_that_is_a_fifo_is_refused_instead_of_waiting_for_ever(tmp_pat
     rc, stderr, took = _run_cli("loadtest", "http://127.0.0.1:9", "--dataset", str(fifo))
     assert rc == 2 and "not a regular file (a FIFO)" in _one_line(stderr), stderr
     assert took < REFUSED_START_BOUND_S
+
+
+def test_a_web_config_naming_a_file_with_a_nul_is_one_line_at_start_and_a_refused_reload(tmp_path, caplog):
+    """A NUL in a certificate path (YAML's "\\0") made open() raise ValueError: a traceback at start,
+    and at reload a traceback in the log at every poll. Now: one line, and a refused reload."""
+    import trustme
+
+    from exporter import webconfig
+    from tests.test_security import _server_cert
+
+    web = tmp_path / "web.yml"
+    web.write_text('tls_server_config: {cert_file: "a\\0b", key_file: k}\n')
+    rc, stderr = _in_process("run", "--web.config.file", str(web), "--gpu-backend", "none", "--no-host")
+    assert rc == 2 and "not a file name" in _one_line(stderr), stderr
+    cert = _server_cert(trustme.CA(), tmp_path)
+    _write_yaml(web, {"tls_server_config": cert})
+    manager = webconfig.WebConfigManager(str(web))
+    _write_yaml(web, {"tls_server_config": {**cert, "cert_file": "s\0.crt"}})
+    assert manager.check() is False and manager.check() is None  # refused once, then nothing changed
+    assert manager.tls_enabled and not manager.last_reload_successful
+    assert [r for r in caplog.records if r.exc_info] == []
