@@ -116,13 +116,14 @@ def _gpu_source(config: Config, host: Source | None) -> Source | None:
             raise ConfigError("gpu_backend", "sim", "needs sim_url (the twin's URL) outside `llm-exporter demo`")
         from exporter.sources.gpu.sim import SimGpuSource
 
-        return SimGpuSource(config.sim_url)
+        return SimGpuSource(config.sim_url, retry_interval_s=config.gpu_retry_interval_s)
     from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
 
     # Without an engine selector the host source finds no pids; NVML then sums all processes.
     selected = _engine_port(config) or config.engine_pidfile or config.engine_process_name
     engine_pids = getattr(host, "engine_pids", None) if selected else None
-    return NvmlSource(NvmlOptions(required=config.gpu_backend == "nvml", engine_pids=engine_pids))
+    return NvmlSource(NvmlOptions(required=config.gpu_backend == "nvml", engine_pids=engine_pids,
+                                  retry_interval_s=config.gpu_retry_interval_s))
 
 
 def bind_listener(config: Config) -> socket.socket:
@@ -304,7 +305,8 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
             for t, target in zip(twins, targets, strict=True)) if probe_every_s else config.probes
         config = dataclasses.replace(config, engines=targets, probes=probes, model=config.model or model,
                                      sim_url=twins[0].url if config.host_backend == "sim" else config.sim_url)
-        sources = build_sources(config, gpu_source=SimGpuSource([t.twin for t in twins]))
+        sources = build_sources(config, gpu_source=SimGpuSource([t.twin for t in twins],
+                                                                   retry_interval_s=config.gpu_retry_interval_s))
         # The bound port, not the configured one: port 0 means any free port.
         base = f"http://{'127.0.0.1' if config.listen_host in ('0.0.0.0', '') else config.listen_host}:" \
                f"{sock.getsockname()[1]}"

@@ -32,6 +32,8 @@ DEFAULT_MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 DEFAULT_PROBE_EVERY_S = 15.0
 DEFAULT_PROBE_TIMEOUT_S = 10.0
 MIN_PROBE_EVERY_S = 1.0
+DEFAULT_GPU_RETRY_S = 10.0
+MIN_GPU_RETRY_S = 1.0  # a re-initialisation opens every GPU again: tens of NVML calls per GPU
 MAX_TARGET_GPUS = 1024  # GPU indices one target may list in target_gpus (a node has at most a few dozen)
 TARGET_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
 MAX_MODEL_NAME = 256
@@ -446,6 +448,11 @@ SETTINGS: tuple[Setting, ...] = (
             flag="--gpu-backend", flag_choices=True),
     Setting("sim_url", Text(), "str | None", None, "twin URL for --gpu-backend sim and --host-backend sim",
             flag="--sim-url"),
+    Setting("gpu_retry_interval_s", Duration(minimum_s=MIN_GPU_RETRY_S,
+                                             minimum_reason="a re-initialisation opens every GPU again"),
+            "float", DEFAULT_GPU_RETRY_S, "first wait before the GPU source initialises NVML again after a lost "
+            "GPU or a failed start; doubles while it stays lost, up to 5m (default 10s)",
+            flag="--gpu-retry-interval", aliases=("gpu_retry_interval_s",)),
     Setting("host_enabled", Boolean(), "bool", True, "disable the host source", flag="--no-host",
             flag_action="store_false"),
     Setting("host_backend", Choice(HOST_BACKENDS), "str", "procfs",

@@ -11,6 +11,14 @@ healthy card and move only through scheduled `GpuFault`s (the `faults` scenario)
 GPU's, they survive an engine restart and a scenario switch. So do the driver's recovery action
 (none on a healthy card) and, on boards in an NVSwitch fabric, the fabric state (completed and
 healthy), which a `GpuFault` can set.
+
+What NVML answers can fail too, at run time (`POST /sim/gpu/<index>/fault`, docs/simulator.md): a
+GPU that fell off the bus answers GpuIsLost to every call, one whose calls fail answers another
+NVML return code, a field can become unsupported, and the library as a whole can fail (nvmlInit
+answers DriverNotLoaded). /sim/gpu then shows what NVML would: a failing GPU's entry holds only its
+index and the code, a failing field is null with its code under `nvml_errors`, a failing library is
+the document's `nvml_error`. The engine runs on: the fault is in what NVML says, not in the work.
+Like the error counters, faults survive an engine restart and a scenario switch, until recovered.
 """
 
 from __future__ import annotations
@@ -43,6 +51,25 @@ NVSWITCH_GPUS = frozenset({"h100-sxm", "h200-sxm", "h20", "b200", "gb200"})
 _RECOVERY_CODES = {name: code for code, name in RECOVERY_ACTIONS}
 _FABRIC_STATE_CODES = {name: code for code, name in FABRIC_STATES}
 _FABRIC_HEALTH_CODES = {name: code for code, name in FABRIC_HEALTH}
+
+# NVML return codes (nvmlReturn_t) the twin's faults answer with; exporter/sources/gpu/_errors.py
+# sorts them as the NVML source does (absent field, transient failure, lost GPU).
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
+# Every code nvml.h defines (1..29) and Unknown: a fault answers one NVML could.
+NVML_ERROR_CODES = frozenset({*range(1, 30), NVML_ERROR_UNKNOWN})
+FAULT_KINDS = ("lost", "nvml_error", "unsupported_field")
+# The GPU object's fields a fault can make fail: all but its identity (index, uuid, name) and the
+# XID events (the driver's event queue, not a query of the device).
+FAILING_FIELDS = frozenset({
+    "utilization_ratio", "dram_bandwidth_utilization_ratio", "sm_active_ratio", "tensor_active_ratio",
+    "memory_utilization_ratio", "sm_occupancy_ratio", "memory_used_bytes", "memory_total_bytes",
+    "memory_reserved_bytes", "processes", "power_watts", "power_limit_watts", "power_default_limit_watts",
+    "energy_joules_total", "temperature_celsius", "memory_temperature_celsius", "sm_clock_hertz",
+    "sm_clock_max_hertz", "memory_clock_hertz", "memory_clock_max_hertz", "clock_event_reasons", "pcie", "nvlink",
+    "pcie_replay_errors_total", "ecc_errors", "remapped_rows", "recovery_action", "fabric"})
 
 IDLE_UTILIZATION = 0.05  # below this average a GPU counts as idle (derive.signals.BUSY_UTILIZATION)
 
@@ -168,6 +195,8 @@ class GpuDevice:
     recovery_action: int = 0  # NVML code (RECOVERY_ACTIONS): 0 none
     fabric_state: int = _FABRIC_STATE_CODES["completed"]
     fabric_health: int = _FABRIC_HEALTH_CODES["healthy"]
+    nvml_error: int = 0  # the NVML return code every call on the GPU answers (0: it answers)
+    field_errors: dict[str, int] = field(default_factory=dict)  # /sim/gpu field -> the code it answers
 
 
 def _power_clock(headroom_w: float, dynamic_w: float) -> float:
@@ -186,6 +215,7 @@ class GpuModel:
         self.power_limit_w = power_limit_w or hw.gpu.tdp_watts * thermal.power_limit_share
         self.t = 0.0  # twin seconds integrated so far
         self._faults: list[tuple[float, GpuFault]] = []  # (absolute time, fault), in time order
+        self.library_error = 0  # the code nvmlInit and every call answer while the library fails (0: none)
         self.devices: list[GpuDevice] = []
         for i in range(hw.tp):
             offset = rng.uniform(-1.5, 1.5)  # no two cards sit in the same airflow
@@ -366,7 +396,10 @@ class GpuModel:
         fabric = spec.key in NVSWITCH_GPUS
         out: list[dict[str, object]] = []
         for d in self.devices:
-            out.append({
+            if d.nvml_error:  # nothing but the error: NVML cannot even say which card it was
+                out.append({"index": d.index, "nvml_error": d.nvml_error})
+                continue
+            entry: dict[str, object] = {
                 "index": d.index,
                 "uuid": d.uuid,
                 "name": d.name,
@@ -407,5 +440,72 @@ class GpuModel:
                 "fabric": None if not fabric else {
                     "state": d.fabric_state, "health": d.fabric_health,
                     "status": 0 if d.fabric_state == _FABRIC_STATE_CODES["completed"] else None},
-            })
+            }
+            if d.field_errors:
+                entry.update(dict.fromkeys(d.field_errors))
+                entry["nvml_errors"] = dict(d.field_errors)
+            out.append(entry)
         return out
+
+
+def _device(models: list[GpuModel], index: int) -> GpuDevice:
+    for model in models:
+        for d in model.devices:
+            if d.index == index:
+                return d
+    shown = ", ".join(str(d.index) for m in models for d in m.devices)
+    raise LookupError(f"no GPU {index} in this twin (its GPUs: {shown})")
+
+
+def inject_fault(models: list[GpuModel], index: int | None, kind: str, *, code: int | None = None,
+                 field_name: str | None = None) -> dict[str, object]:
+    """Make GPU `index` (None: every GPU, and for nvml_error the library itself) fail as NVML would
+    show it, until recover_faults. Raises ValueError for a bad kind, code or field, LookupError for
+    a GPU the twin does not have. Returns what now fails."""
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"kind is one of {', '.join(FAULT_KINDS)}")
+    devices = [d for m in models for d in m.devices] if index is None else [_device(models, index)]
+    if kind == "unsupported_field":
+        if code is not None:
+            raise ValueError("unsupported_field answers NotSupported (3); nvml_error with a field takes a code")
+        code = NVML_ERROR_NOT_SUPPORTED
+        if field_name is None:
+            raise ValueError("unsupported_field needs a field (a key of the GPU's /sim/gpu object)")
+    elif kind == "lost":
+        if code is not None or field_name is not None:
+            raise ValueError("lost takes no code or field: a GPU off the bus answers GpuIsLost (15) to everything")
+        code = NVML_ERROR_GPU_IS_LOST
+    elif code is None:
+        code = NVML_ERROR_UNKNOWN
+    if not isinstance(code, int) or isinstance(code, bool) or code not in NVML_ERROR_CODES:
+        raise ValueError("code is an NVML return code: 1 to 29, or 999 (Unknown)")
+    if field_name is not None:
+        if not isinstance(field_name, str) or field_name not in FAILING_FIELDS:
+            raise ValueError(f"field is one of the GPU's /sim/gpu fields: {', '.join(sorted(FAILING_FIELDS))}")
+        for d in devices:
+            d.field_errors[field_name] = code
+        return {"gpus": [d.index for d in devices], "field": field_name, "code": code}
+    if index is None and kind == "nvml_error":
+        for m in models:
+            m.library_error = code
+        return {"library": True, "code": code}
+    for d in devices:
+        d.nvml_error = code
+    return {"gpus": [d.index for d in devices], "code": code}
+
+
+def recover_faults(models: list[GpuModel], index: int | None) -> dict[str, object]:
+    """GPU `index` answers again (None: every GPU and the library). Returns the GPUs recovered."""
+    devices = [d for m in models for d in m.devices] if index is None else [_device(models, index)]
+    for d in devices:
+        d.nvml_error = 0
+        d.field_errors.clear()
+    if index is None:
+        for m in models:
+            m.library_error = 0
+    return {"gpus": [d.index for d in devices]}
+
+
+def library_error(models: list[GpuModel]) -> int | None:
+    """The code nvmlInit answers while the library fails (a fault on every GPU: `all`), else None."""
+    return next((m.library_error for m in models if m.library_error), None)

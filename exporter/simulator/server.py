@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import socket
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -21,12 +22,15 @@ from typing import Any
 import exporter.jsonsafe as jsonsafe
 from exporter.httpserver import LISTEN_BACKLOG, HttpServer, respond
 from exporter.simulator.clock import RealtimeClock
+from exporter.simulator.gpu import inject_fault, recover_faults
 from exporter.simulator.openai_api import ApiLimits, OpenAIApi
 from exporter.simulator.scenarios import SWITCH_SETTLE_S, get_scenario
 from exporter.simulator.twin import Twin
 
 Handler = Callable[[dict, Any], Awaitable[tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]]]
-MAX_CONTROL_BODY = 4096  # a /sim/scenario body names one scenario
+MAX_CONTROL_BODY = 4096  # a /sim/scenario body names one scenario, a /sim/gpu/<index>/fault body one fault
+# POST /sim/gpu/<index>/fault and /recover: an NVML index (a few digits) or `all`.
+GPU_CONTROL = re.compile(r"/sim/gpu/(all|[0-9]{1,4})/(fault|recover)")
 
 
 class TwinApp:
@@ -57,6 +61,11 @@ class TwinApp:
             await api(scope, receive, send)
             return
         handler = self.routes.get(key)
+        if handler is None and GPU_CONTROL.fullmatch(path):
+            handler = self.sim_gpu_control if key[0] == "POST" else None
+            if handler is None:
+                await respond(send, 405, b"method not allowed\n", b"text/plain", extra=[(b"allow", b"POST")])
+                return
         if handler is None:
             allowed = [m for m, p in (*self.routes, *self.api.routes) if p == path]
             if allowed:
@@ -117,6 +126,32 @@ class TwinApp:
         if self.on_switch is not None:
             self.on_switch(doc)
         return _json(200, doc)
+
+    async def sim_gpu_control(self, scope: dict, receive: Any) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
+        """POST /sim/gpu/<index>/fault {"kind": K, "code": N, "field": F}: the GPU (`all`: every GPU,
+        and for nvml_error the library) fails as NVML shows it; /recover: it answers again."""
+        match = GPU_CONTROL.fullmatch(scope["path"])
+        assert match is not None  # routed here only on a match
+        index = None if match.group(1) == "all" else int(match.group(1))
+        self.clock.sync()
+        models = self.clock.twin.gpu_models
+        try:
+            if match.group(2) == "recover":
+                return _json(200, recover_faults(models, index))
+            try:
+                body = jsonsafe.loads(await _read_body(receive, MAX_CONTROL_BODY) or b"{}")
+            except ValueError:
+                body = None
+            if not isinstance(body, dict) or set(body) - {"kind", "code", "field"}:
+                raise ValueError('give a JSON body {"kind": "lost" | "nvml_error" | "unsupported_field", '
+                                 '"code": N (nvml_error), "field": F (unsupported_field, nvml_error)}')
+            doc = inject_fault(models, index, str(body.get("kind")), code=body.get("code"),
+                               field_name=body.get("field"))
+        except LookupError as e:
+            return _json(404, {"error": str(e)})
+        except ValueError as e:
+            return _json(400, {"error": str(e)})
+        return _json(200, {**doc, "twin_time_s": self.clock.twin.now})
 
     def _expectation(self, name: str) -> dict[str, Any]:
         """A twin alone does not know its exporter: its answer assumes the default one (1 s interval)."""

@@ -25,7 +25,7 @@ from exporter.simulator.engine import (
     estimate_capacity,
     kv_pool_blocks,
 )
-from exporter.simulator.gpu import GpuModel, Slice
+from exporter.simulator.gpu import GpuModel, Slice, library_error
 from exporter.simulator.host import HostModel, HostTopology
 from exporter.simulator.pd import PdPair, pd_base_rate
 from exporter.simulator.recorders import FORMATS, Recorder, make_recorder, render_merged
@@ -371,6 +371,7 @@ class Twin:
             "interconnect": self.hw.link if self.hw.tp > 1 else "none",
             "role": self.config.role,
             "gpus": [device for gpu in self.gpu_models for device in gpu.state()],
+            "nvml_error": library_error(self.gpu_models),  # a failing NVML library (docs/simulator.md)
             "data_parallel": len(self.engines),
             "engine": {
                 "running": st.running, "waiting": st.waiting, "tokenizing": st.frontend_queue,
