@@ -644,3 +644,70 @@ def test_a_web_config_naming_a_file_with_a_nul_is_one_line_at_start_and_a_refuse
     assert manager.check() is False and manager.check() is None  # refused once, then nothing changed
     assert manager.tls_enabled and not manager.last_reload_successful
     assert [r for r in caplog.records if r.exc_info] == []
+
+
+# Diagnoses of another shape: `doctor --url` died on each with a traceback (exit 1) while rendering.
+WRONG_DIAGNOSES = [
+    ({"targets": [1]}, "targets is an array, not an object"),
+    ({"targets": {"a": [1]}}, "targets.a is an array, not an object"),
+    ({"targets": {"a": None}}, "targets.a is null, not an object"),
+    ({"targets": {"a": {"evidence": 5}}}, "targets.a.evidence is a number, not an array"),
+    ({"targets": {"a": {"evidence": [{"x": 1}]}}}, "targets.a.evidence[0] is an object, not a string"),
+    ({"targets": {"a": {"slo": [1]}}}, "targets.a.slo is an array, not an object"),
+    ({"targets": {"a": {"slo": {"ttft": [1]}}}}, "targets.a.slo.ttft is an array, not an object"),
+    ({"targets": {"a": {"probe": "x"}}}, "targets.a.probe is a string, not an object"),
+    ({"targets": {"a": {"probe": {"failing": True}}}}, "targets.a.probe.words is missing"),
+    ({"targets": {"a": {"scores": {"x": "y"}}}}, "targets.a.scores.x is a string, not a number"),
+    ({"targets": {"a": {"also_limiting": [[1]]}}}, "targets.a.also_limiting[0] is an array, not a string"),
+    ({"targets": {"a": {"verdict": [1]}}}, "targets.a.verdict is an array, not a string"),
+    ({"targets": {"a": {"engine": {"a": 1}}}}, "targets.a.engine is an object, not a string"),
+    ({"targets": {"a": {"unaccounted_families": [1, 2]}}}, "targets.a.unaccounted_families[0] is a number"),
+    ({"unreachable": [1]}, "unreachable[0] is a number, not an object"),
+    ({"unreachable": {"a": 1}}, "unreachable is an object, not an array"),
+    ({"gpu_faults_unassigned": [1]}, "gpu_faults_unassigned[0] is a number, not an object"),
+    ({"notes": 5}, "notes is a number, not an array"),
+    ({"ready": True, "status": [1]}, "status is an array, not a string"),
+]
+
+
+@contextlib.contextmanager
+def _diagnosis_server(documents: list):
+    """An "exporter" whose /api/v1/diagnosis answers documents[0] (tests change it)."""
+    import http.server
+
+    from tests.support import send_body, serve_in_background
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            send_body(self, json.dumps(documents[0]).encode(), content_type="application/json")
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server, url = serve_in_background(Handler)
+    try:
+        yield url
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_doctor_on_a_diagnosis_of_another_shape_cannot_tell_in_one_line():
+    documents: list = [None]
+    failures = []
+    with _diagnosis_server(documents) as url:
+        for document, words in WRONG_DIAGNOSES:
+            documents[0] = document
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                rc, stderr = _in_process("doctor", "--url", url)
+            lines = out.getvalue().splitlines()
+            if rc != 3 or stderr or len(lines) != 1 or words not in lines[0] or "Traceback" in out.getvalue():
+                failures.append(f"{json.dumps(document)}: exit {rc}: {(stderr + out.getvalue())[-300:]!r}")
+        documents[0] = {"ready": True, "status": "healthy", "targets": {"a": {"verdict": "headroom",
+                                                                              "scores": {"compute": None}}}}
+        done = subprocess.run([sys.executable, "-m", "exporter.cli", "doctor", "--url", url], capture_output=True,
+                              text=True, timeout=EXIT_FAILSAFE_S, check=False)
+    assert not failures, "\n".join(failures)
+    # A null score (diagnosis.finite makes a non-finite one null) is left out, not a TypeError.
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
