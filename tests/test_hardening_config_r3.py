@@ -409,6 +409,7 @@ class _Server:
             if self.die_at is not None and self.in_flight >= self.die_at and not self.dead.is_set():
                 self.dead.set()
                 self.httpd.socket.close()  # no more connections: refused from now on
+        counted = False
         try:
             if self.dead.is_set():
                 handler.connection.shutdown(2)  # the requests in flight are reset too
@@ -424,13 +425,21 @@ class _Server:
                 time.sleep(0.005 if i else 0)
                 handler.wfile.write(b'data: {"choices":[{"index":0,"text":" tok"}]}\n\n')
             usage = {"prompt_tokens": 8, "completion_tokens": body["max_tokens"]}
+            # Counted out before the client can see the end: it sends its next request only after
+            # [DONE], so the count here never runs ahead of the client's concurrency.
+            counted = self._leave()
             handler.wfile.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode()
                                 + b"\n\ndata: [DONE]\n\n")
         except OSError:
             pass
         finally:
-            with self.lock:
-                self.in_flight -= 1
+            if not counted:
+                self._leave()
+
+    def _leave(self) -> bool:
+        with self.lock:
+            self.in_flight -= 1
+        return True
 
     def exporter(self, handler) -> None:
         if handler.path.startswith("/api/v1/diagnosis"):
