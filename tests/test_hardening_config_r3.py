@@ -364,16 +364,18 @@ LOADTEST_RSS_BOUND = 400 << 20  # the load generator peaks near 60 MB here
 class _Server:
     """One loopback server that is both an OpenAI-style streaming engine (/v1/completions: 20 ms to
     the first token, 5 ms between tokens, exactly max_tokens) and an exporter (/api/v1/diagnosis,
-    /metrics), each of which can go bad: the diagnosis after `good_polls` answers (then a wrong
-    shape, then numbers no exporter sends), the engine when `die_at` requests are in flight at once
-    (it stops listening and resets the requests in flight: a server that died)."""
+    /metrics), each of which can go bad once `bad_at` requests were in flight at once (so in the
+    step of that concurrency, never before): the diagnosis (twice a wrong shape, then numbers no
+    exporter sends) with `diagnosis_goes_bad`, else the engine (it stops listening and resets the
+    requests in flight: a server that died)."""
 
-    def __init__(self, *, good_polls: int | None = None, die_at: int | None = None) -> None:
+    def __init__(self, *, bad_at: int | None = None, diagnosis_goes_bad: bool = False) -> None:
         import http.server
         import threading
 
-        self.good_polls, self.die_at = good_polls, die_at
-        self.polls = self.in_flight = 0
+        self.bad_at, self.diagnosis_goes_bad = bad_at, diagnosis_goes_bad
+        self.bad_polls = self.in_flight = 0
+        self.gone_bad = False
         self.lock = threading.Lock()
         self.dead = threading.Event()
         outer = self
@@ -406,7 +408,8 @@ class _Server:
         body = json.loads(handler.rfile.read(int(handler.headers["Content-Length"])))
         with self.lock:
             self.in_flight += 1
-            if self.die_at is not None and self.in_flight >= self.die_at and not self.dead.is_set():
+            self.gone_bad = self.gone_bad or (self.bad_at is not None and self.in_flight >= self.bad_at)
+            if self.gone_bad and not self.diagnosis_goes_bad and not self.dead.is_set():
                 self.dead.set()
                 self.httpd.socket.close()  # no more connections: refused from now on
         counted = False
@@ -444,13 +447,12 @@ class _Server:
     def exporter(self, handler) -> None:
         if handler.path.startswith("/api/v1/diagnosis"):
             with self.lock:
-                self.polls += 1
-                poll = self.polls
+                bad = self.bad_polls = self.bad_polls + (self.gone_bad and self.diagnosis_goes_bad)
             good = {"ready": True, "targets": {"twin": {"verdict": "memory_bandwidth", "evidence": ["all fine"],
                                                         "numbers": {"running": 1, "waiting": 0}}}}
-            if self.good_polls is None or poll <= self.good_polls:
+            if not bad:
                 payload = json.dumps(good)
-            elif poll <= self.good_polls + 2:  # a list where an object belongs: the sweep died of it
+            elif bad <= 2:  # a list where an object belongs: the sweep died of it
                 payload = json.dumps({"ready": True, "targets": [good["targets"]["twin"]]})
             else:  # a shape that passes, numbers no exporter sends (NaN broke the JSON report at the end)
                 payload = ('{"ready": true, "targets": {"twin": {"verdict": "' + "v" * 5000 + '", "evidence": ["'
@@ -514,7 +516,7 @@ def test_a_loadtest_whose_exporter_answers_garbage_mid_sweep_keeps_every_step(tm
     with a traceback (exit 1, no table, no JSON); numbers like NaN broke the JSON report at the very
     end. Now each such poll fails in one line (in the step's notes), the sweep runs to its end and
     every step is written; the server side keeps only what made sense."""
-    with _Server(good_polls=3) as server:
+    with _Server(bad_at=2, diagnosis_goes_bad=True) as server:
         rc, out, err, took, rss = _loadtest(tmp_path, server.url, "--exporter", server.url, *SWEEP)
     assert "Traceback" not in err, err[-2000:]
     assert rc == 0, err[-2000:]
@@ -532,7 +534,7 @@ def test_a_loadtest_whose_exporter_answers_garbage_mid_sweep_keeps_every_step(tm
 
 
 def test_a_loadtest_whose_engine_dies_at_level_3_keeps_the_steps_it_finished(tmp_path):
-    with _Server(die_at=3) as server:
+    with _Server(bad_at=3) as server:
         rc, out, err, took, rss = _loadtest(tmp_path, server.url, *SWEEP)
     assert "Traceback" not in err, err[-2000:]
     assert rc == 2, err
