@@ -57,7 +57,8 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-probe", dest="probe", action="store_false",
                         help=f"no client-side probe (default: one every {DEMO_PROBE_EVERY_S:g}s to each twin's "
                              "OpenAI API; the verdict leaves the probe's own work out, so idle stays idle)")
-    add_flags(parser, ("gpu_price_per_hour", "listen", "interval_s", "log_level", "host_backend"),
+    add_flags(parser, ("gpu_price_per_hour", "listen", "interval_s", "log_level", "host_backend",
+                       "gpu_retry_interval_s"),
               helps={"gpu_price_per_hour": "price of one GPU-hour, for the cost-per-token panels (default "
                                            f"{DEMO_GPU_PRICE_PER_HOUR}, an example figure of the order of "
                                            "public-cloud on-demand H100 prices)",
@@ -66,7 +67,8 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
                      "interval_s": "collection interval (default 1s)",
                      "log_level": "debug, info, warning or error (default warning)"},
               defaults={"listen": "127.0.0.1:9480", "interval_s": "1s", "log_level": "warning",
-                        "host_backend": "sim", "gpu_price_per_hour": DEMO_GPU_PRICE_PER_HOUR})
+                        "host_backend": "sim", "gpu_price_per_hour": DEMO_GPU_PRICE_PER_HOUR,
+                        "gpu_retry_interval_s": "10s"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,7 +151,7 @@ def command_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             raise ConfigError("speed", args.speed, "must be between 0.1 and 100")
         config = load_config({"listen": args.listen, "interval": args.interval, "log_level": args.log_level,
                               "gpu_backend": "none", "gpu_price_per_hour": args.gpu_price_per_hour,
-                              "host_backend": args.host_backend}, {})
+                              "host_backend": args.host_backend, "gpu_retry_interval": args.gpu_retry_interval}, {})
         setup_logging(config.log_level)
         asyncio.run(run_demo(config, scenario=args.scenario, engines=args.engines, gpus=args.gpus,
                              engine_format=args.engine_format, gpu_name=args.gpu_name, model=args.model,

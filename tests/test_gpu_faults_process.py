@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import os
+import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 
 import httpx
@@ -25,7 +28,7 @@ from exporter.simulator.gpu import FAILING_FIELDS, inject_fault, recover_faults
 from exporter.sources.base import SourceError
 from exporter.sources.gpu import sim as sim_backend
 from exporter.sources.gpu.sim import SimGpuSource
-from tests.support import background_process, exporter_run, free_port, wait_until
+from tests.support import background_process, exporter_run, free_port, stop_process, wait_until
 
 INTERVAL = "250ms"
 RETRY_S = 1.0  # --gpu-retry-interval: the back-off is 1, 2, 4 s
@@ -139,7 +142,13 @@ def _post(url: str, body: dict | None = None) -> httpx.Response:
 
 
 def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
-    assert wait_until(check, timeout=timeout, interval=0.1), what
+    def tolerant() -> bool:
+        try:
+            return check()
+        except httpx.HTTPError:  # not listening yet
+            return False
+
+    assert wait_until(tolerant, timeout=timeout, interval=0.1), what
 
 
 @pytest.mark.e2e
@@ -237,3 +246,37 @@ def test_run_through_gpu_loss_backoff_recovery_unsupported_field_and_driver_fail
         assert sum("source gpu failing: driver_not_loaded" in m for _, m in log) == 1, log
         stderr.seek(0)
         assert "Traceback" not in stderr.read().decode()
+
+
+@pytest.mark.e2e
+def test_demo_through_gpu_loss_and_recovery() -> None:
+    """`llm-exporter demo` reads its twins in process: a fault posted to its twin's /sim/gpu shows
+    the same way, and the GPU comes back at the re-initialisation after it recovers."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "exporter.cli", "demo", "--listen", f"127.0.0.1:{port}", "--interval", INTERVAL,
+               "--gpus", "2", "--no-probe", "--gpu-retry-interval", f"{RETRY_S:g}s"]
+    with tempfile.TemporaryFile() as stdout:
+        process = subprocess.Popen(command, stdout=stdout, stderr=subprocess.DEVNULL,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            _wait(lambda: _up(base, "1") == 1.0, 30, "the demo serving GPU 1")
+            stdout.seek(0)
+            found = re.search(r"twin 0 +(http://127\.0\.0\.1:[0-9]+)/metrics", stdout.read().decode())
+            assert found, "the banner names the twin"
+            twin = found.group(1)
+            assert _post(twin + "/sim/gpu/1/fault", {"kind": "lost"}).json()["gpus"] == [1]
+            _wait(lambda: _up(base, "1") == 0.0, 10, "GPU 1 down")
+            fams = _families(base)
+            assert _gpu_families(fams, "1") == {"llm_gpu_up"} and _gpu_families(fams, "0") >= ALWAYS
+            assert _value(fams, "llm_gpu_fault", gpu="1", fault="lost", target="demo-0") == 1.0
+            assert _value(fams, "llm_exporter_source_up", source="gpu") == 1.0
+            assert httpx.get(base + "/api/v1/diagnosis", timeout=5).json()["status"] == "unhealthy"
+            assert _doctor(base) == 4
+            _post(twin + "/sim/gpu/1/recover")
+            _wait(lambda: _up(base, "1") == 1.0, 15, "GPU 1 back")
+            fams = _families(base)
+            assert _gpu_families(fams, "1") >= ALWAYS and _value(fams, "llm_gpu_fault", gpu="1") is None
+            assert _doctor(base) != 4
+        finally:
+            stop_process(process)
