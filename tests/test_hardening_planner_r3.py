@@ -125,7 +125,10 @@ def test_a_candidate_multiplier_out_of_range_is_refused_and_one_in_range_stops_a
     refused = plan_process("--from", report, "--candidate", "rate=1e6", "--no-rate-search")
     assert refused.code == 2 and "rate=1e6: must be positive and at most 1000" in one_line(refused.err)
     assert refused.peak_rss_mib < MAX_PEAK_RSS_MIB, refused
-    stopped = plan_process("--from", report, "--candidate", "name=flood,rate=1000,output=100", "--no-rate-search",
+    # An open-loop source, so that rate= scales Poisson arrivals (issue 41: a plan replays in its
+    # source's one mode, and 1000 times a closed loop's clients is a closed loop, which cannot flood).
+    open_loop = write(tmp_path, with_step("mode", "rate", level=22.667), "open.json")
+    stopped = plan_process("--from", open_loop, "--candidate", "name=flood,rate=1000,output=100", "--no-rate-search",
                            "--json", str(tmp_path / "plan.json"))
     assert stopped.code == 0, stopped.err[-2000:]
     assert f"Note: flood: the replay stopped at {MAX_REPLAY_ARRIVALS:,} arrivals" in stopped.out

@@ -267,12 +267,15 @@ def test_exporter_window_is_the_difference_of_two_scrapes_of_one_target() -> Non
     last = parse_scrape(EXPOSITION.format(done=30, prompt=3000, gen=5000, fast=20) + llama.format(s=49.8), "a")
     point, hit = point_from_scrapes(first, last, [2.0, 4.0], 10.0, "w")
     assert point.requests_per_s == 2.0 and point.prompt_tokens == 100 and point.output_tokens == 200
-    assert point.tpot.p50 == pytest.approx(39.8 / (4000 - 20))  # decode seconds per generated token after the first
-    assert 0.1 <= point.ttft.p50 < 1.0  # half of the window's 20 TTFTs are at most 0.1 s
+    # llama.cpp: decode seconds per generated token after the first, a mean and labelled one
+    assert point.tpot.mean == pytest.approx(39.8 / (4000 - 20)) and point.tpot.p50 is None
+    assert point.tpot.kind == "mean" and point.tpot.centre == point.tpot.mean
+    assert 0.1 <= point.ttft.p50 < 1.0 and point.ttft.kind == "p50"  # half of the 20 TTFTs are at most 0.1 s
     # Little's law (2 requests/s x time in the engine) beats the gauge's 3 sampled once a second.
-    little = 2.0 * (point.ttft.p50 + 199 * point.tpot.p50)
+    little = 2.0 * (point.ttft.p50 + 199 * point.tpot.mean)
     assert point.in_flight == pytest.approx(little) and little > 3.0 and hit == 0.0
-    assert (point.mode, point.level) == ("concurrency", round(little))
+    # A window replays as an open loop at its rate (issue 41: a closed loop of fixed lengths runs in lockstep).
+    assert (point.mode, point.level) == ("rate", 2.0)
     # With _sum and _count the window's mean is the centre, not the coarse buckets' median.
     hist = ("# TYPE llm_inter_token_latency_seconds histogram\n"
             'llm_inter_token_latency_seconds_bucket{{target="a",le="0.01"}} {n}\n'
@@ -282,7 +285,9 @@ def test_exporter_window_is_the_difference_of_two_scrapes_of_one_target() -> Non
     first = parse_scrape(EXPOSITION.format(done=10, prompt=1000, gen=1000, fast=10) + hist.format(n=0, s=0), "a")
     last = parse_scrape(EXPOSITION.format(done=30, prompt=3000, gen=5000, fast=20) + hist.format(n=1000, s=2.0), "a")
     point, _ = point_from_scrapes(first, last, [2.0], 10.0, "w")
-    assert point.tpot.p50 == pytest.approx(0.002)  # not the 0.005 the 0-10 ms bucket interpolates to
+    # The mean is fitted, not the 0.005 the 0-10 ms bucket interpolates to; the buckets' p50 stays as what it is.
+    assert point.tpot.centre == pytest.approx(0.002) and point.tpot.kind == "mean"
+    assert point.tpot.p50 == pytest.approx(0.005)
     quiet = parse_scrape(EXPOSITION.format(done=10, prompt=1000, gen=1000, fast=10), "a")
     with pytest.raises(ObserveError, match="no request finished"):
         point_from_scrapes(quiet, quiet, [], 10.0, "w")

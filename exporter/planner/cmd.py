@@ -198,15 +198,25 @@ def render_table(doc: Mapping[str, Any]) -> str:
             f"Calibration: bandwidth {cal['bandwidth_efficiency']} of peak, decode compute "
             f"{cal['decode_compute_efficiency']}, prefill compute {cal['prefill_compute_efficiency']}, step overhead "
             f"{_ms(cal['step_overhead_seconds'])} ms, host {_ms(cal['host_seconds_per_request'])} ms per request\n\n",
+            f"Replay: {doc['replay_mode']}; the current rows and every candidate replay this way.\n\n",
             "Current configuration, predicted against observed (check these errors before trusting the rest):\n"]
     rows = []
+    compared = {"ttft": "p50", "tpot": "p50"}
     for c in doc["current"]:
         o, p, e = c["observed"], c["predicted"], c["error"]
-        rows.append([c["point"], f"{_ms(o['ttft_p50_s'])} / {_ms(p['ttft_p50_s'])}", _pct(e["ttft_p50"]),
-                     f"{_ms(o['tpot_p50_s'])} / {_ms(p['tpot_p50_s'])}", _pct(e["tpot_p50"]),
+        compared = c["compared"]
+        centre = {k: f"{k}_{compared[k]}_s" for k in compared}
+        rows.append([c["point"], f"{_ms(o[centre['ttft']])} / {_ms(p[centre['ttft']])}", _pct(e["ttft"]),
+                     f"{_ms(o['ttft_p50_s'])} / {_ms(p['ttft_p50_s'])}",
+                     f"{_ms(o['ttft_p99_s'])} / {_ms(p['ttft_p99_s'])}",
+                     f"{_ms(o[centre['tpot']])} / {_ms(p[centre['tpot']])}", _pct(e["tpot"]),
                      f"{_num(o['output_tokens_per_s'])} / {_num(p['output_tokens_per_s'])}",
                      _pct(e["output_tokens_per_s"])])
-    text.append(_table(["point", "TTFT p50 ms obs/pred", "err", "TPOT p50 ms obs/pred", "err", "tok/s obs/pred",
+    # The first column of each latency is the statistic the source measured exactly (the engine's
+    # mean where it has one) and the error is on it; p50 and p99 are the source's own percentiles (a
+    # load test's requests, or the exporter's histogram buckets), '-' where it has none.
+    text.append(_table(["point", f"TTFT {compared['ttft']} ms obs/pred", "err", "TTFT p50 ms obs/pred",
+                        "TTFT p99 ms obs/pred", f"TPOT {compared['tpot']} ms obs/pred", "err", "tok/s obs/pred",
                         "err"], rows))
     if doc["candidates"]:
         text.append("\nCandidates:\n")
@@ -216,11 +226,11 @@ def render_table(doc: Mapping[str, Any]) -> str:
             rows.append([terminal_safe(c["name"])[:40], f"{_ms(p['ttft_p50_s'])}/{_ms(p['ttft_p99_s'])}",
                          f"{_ms(p['tpot_p50_s'])}/{_ms(p['tpot_p99_s'])}", _num(p["output_tokens_per_s"]),
                          _num(p["goodput_share"], "{:.0%}"), _num(c["max_rate_within_slo_rps"], "{:.2f}"),
-                         _num(c["kv"]["headroom_vs_max_num_seqs"], "{:.2f}"),
+                         _num(c["kv"]["headroom_vs_max_num_seqs"], "{:.2f}x"),
                          _num(c["cost_per_million_tokens"], "${:.2f}"), _num(c["energy_joules_per_token"], "{:.2f}"),
                          p["verdict"]])
-        text.append(_table(["candidate", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "tok/s", "goodput", "max rps",
-                            "KV headroom", "$/1M tok", "J/tok", "verdict"], rows))
+        text.append(_table(["candidate", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "tok/s", "goodput", "max req/s",
+                            "KV headroom (x max_num_seqs)", "$/1M tok", "J/tok", "verdict"], rows))
     stopped = [(c["point"], c["predicted"]["replay_stopped"]) for c in doc["current"]]
     stopped += [(terminal_safe(c["name"])[:40], c["predicted"]["replay_stopped"]) for c in doc["candidates"]]
     for name, why in stopped:

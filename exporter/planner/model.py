@@ -231,7 +231,7 @@ def calibrate(setup: Setup, points: Sequence[Point], *, refine: bool = True, see
     by a search that replays the points through the twin (queueing, prefill interleaving)."""
     if not points:
         raise PlanError("nothing observed to calibrate on")
-    obs = [(p, p.tpot.p50) for p in points if p.tpot.p50]
+    obs = [(p, p.tpot.centre) for p in points if p.tpot.centre]
     if not obs:
         raise PlanError("no observed TPOT to calibrate on")
 
@@ -242,9 +242,13 @@ def calibrate(setup: Setup, points: Sequence[Point], *, refine: bool = True, see
         # search prefill and host time and settle the per-batch factors, all by replaying every point.
         stall = []
         for p, _ in obs:
-            pred = replay(setup, cal, p, seed=seed).tpot_p50
+            replayed = replay(setup, cal, p, seed=seed)
+            pred = replayed.centre("tpot", p.tpot.kind)
             step = decode_step_s(setup, cal, _decode_batch(p, setup), _context(p))
-            stall.append(pred / step if pred and step > 0 else 1.0)
+            # An open loop the first fit cannot keep up with (its prefill read from a TTFT that also
+            # queued) runs a batch that grows without end: its steps say nothing of the point's.
+            kept_up = p.mode != "rate" or replayed.requests_per_s >= 0.9 * p.requests_per_s
+            stall.append(pred / step if pred and step > 0 and kept_up else 1.0)
         cal = _fit(setup, points, [(p, t / r) for (p, t), r in zip(obs, stall, strict=True)])
         cal = _batch_factors(setup, points, _refine(setup, points, cal, seed), seed)
     rse_t = max((p.tpot.rse() for p in points), default=0.0)
@@ -296,12 +300,12 @@ def _fit(setup: Setup, points: Sequence[Point], obs: Sequence[tuple[Point, float
 
     # A TTFT is the prefill alone only where nothing queues: read it at the lightest load observed (the
     # replay search then fits the rest).
-    timed = [p for p in points if p.ttft.p50]
+    timed = [p for p in points if p.ttft.centre]
     lightest = [p for p in timed if p.in_flight <= 1.5 * min(q.in_flight for q in timed)] if timed else []
 
     def prefill_error(eff: float) -> float:
         cal = Calibration(bw, comp, eff, overhead, batch_factors=factors)
-        err = sum((math.log(prefill_s(setup, cal, p.prompt_tokens) / p.ttft.p50)) ** 2 for p in lightest)
+        err = sum((math.log(prefill_s(setup, cal, p.prompt_tokens) / p.ttft.centre)) ** 2 for p in lightest)
         # A short prompt's prefill can be memory-bound: every efficiency above some value fits as well;
         # the prior breaks the tie instead of the grid's first value.
         return err + TIE_WEIGHT * math.log(eff / PRIOR_EFFICIENCY["prefill"]) ** 2
@@ -321,10 +325,10 @@ def _refine(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int) 
         total = 0.0
         for p in points:
             pred = replay(setup, c, p, seed=seed)
-            if pred.tpot_p50 and p.tpot.p50:
-                total += math.log(pred.tpot_p50 / p.tpot.p50) ** 2
-            if pred.ttft_p50 and p.ttft.p50:
-                total += math.log(pred.ttft_p50 / p.ttft.p50) ** 2
+            for which, stat in (("tpot", p.tpot), ("ttft", p.ttft)):
+                value = pred.centre(which, stat.kind)
+                if value and stat.centre:
+                    total += math.log(value / stat.centre) ** 2
         # A parameter the points cannot see (a prefill too short to be compute-bound) would wander; a weak
         # pull to the prior keeps it where the twin has it, far below any real misfit.
         prior = math.log(c.prefill / PRIOR_EFFICIENCY["prefill"]) ** 2 + math.log(c.host_s / PRIOR_HOST_S) ** 2
@@ -359,7 +363,7 @@ def _batch_factors(setup: Setup, points: Sequence[Point], cal: Calibration, seed
     that change with the batch, and Vidur profiles each batch size for that reason. Points at the
     same batch share one factor (geometric mean); a few rounds settle the factors against each other
     through the replay."""
-    by_batch = _by_batch(setup, [(p, p.tpot.p50) for p in points if p.tpot.p50])
+    by_batch = _by_batch(setup, [(p, p.tpot.centre) for p in points if p.tpot.centre])
     if not by_batch:
         return cal
     factors = dict(cal.batch_factors)
@@ -368,12 +372,12 @@ def _batch_factors(setup: Setup, points: Sequence[Point], cal: Calibration, seed
         trial = dataclasses.replace(cal, batch_factors=tuple(sorted(factors.items())))
         for b, group in by_batch.items():
             logs = []
-            for p, _ in group:
-                pred = replay(setup, trial, p, seed=seed).tpot_p50
+            for p, seen in group:
+                pred = replay(setup, trial, p, seed=seed).centre("tpot", p.tpot.kind)
                 if pred:
                     o = cal.overhead_s
-                    logs.append(math.log((p.tpot.p50 - o) / (pred - o)) if min(p.tpot.p50, pred) > 2 * o
-                                else math.log(p.tpot.p50 / pred))
+                    logs.append(math.log((seen - o) / (pred - o)) if min(seen, pred) > 2 * o
+                                else math.log(seen / pred))
             if logs:
                 factors[b] = _clamp(factors[b] * math.exp(sum(logs) / len(logs)))
     return dataclasses.replace(cal, batch_factors=tuple(sorted(factors.items())))
@@ -416,6 +420,13 @@ class Prediction:
     kv_peak: float  # KV pool peak use 0..1
     stopped: str | None = None  # why the replay stopped short of the requests it wanted, in words
     stopped_by: str | None = None  # which budget stopped it: a key of STOP_WORDS
+    ttft_mean: float | None = None
+    tpot_mean: float | None = None  # per generated token after the first, over all requests (as an ITL mean)
+
+    def centre(self, which: str, kind: str) -> float | None:
+        """The predicted `which` (ttft or tpot) as the statistic `kind` (mean or p50) an observation
+        carries (observe.Stat.kind): a mean is compared with a mean, a median with a median."""
+        return getattr(self, f"{which}_{'mean' if kind == 'mean' else 'p50'}")
 
 
 class ReplaySpent(Exception):
@@ -559,6 +570,11 @@ def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload |
     want = requests or (max(24, 3 * level) if closed else 200)
     want = min(MAX_REPLAY_REQUESTS, want)
     skip = max(level * 2, want // 10)
+    # An open loop starts from an empty engine and fills to its steady batch over a request's time in
+    # the engine: requests finished before that saw a smaller batch (shorter steps, no queue). Two
+    # rounds of the largest running batch are left out, and as many measured (the batch, not the queue:
+    # an overloaded replay's queue grows without end; the replay's bounds still hold).
+    peak_in_flight = 0
     plan_deadline, plan_budget = PLAN_CPU_DEADLINE.get()
     if time.process_time() > plan_deadline:  # replays of under CPU_CHECK_EVERY_STEPS steps never look inside
         raise _over_plan_budget(plan_budget)
@@ -576,6 +592,13 @@ def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload |
         engine = Engine(hardware(setup, cal), setup.model, engine_config(setup), host, work, random.Random(seed), rec)
         while len(rec.done) < want + skip and engine.t < MAX_REPLAY_SIM_S:
             engine.advance_to(engine.t + chunk)
+            if not closed:
+                # Rounded up to a power of two: a batch one larger (1% more traffic) must not move the
+                # measured requests, or the throughput's sampling noise reads as the traffic's effect.
+                peak_in_flight = max(peak_in_flight, len(engine.running))
+                rounds = 1 << max(0, 2 * peak_in_flight - 1).bit_length()
+                skip = min(MAX_REPLAY_REQUESTS, max(skip, rounds))
+                want = min(MAX_REPLAY_REQUESTS, max(want, rounds))
             used = engine.num_blocks - engine.free_blocks
             peak_kv = max(peak_kv, used / engine.num_blocks if engine.num_blocks else 0.0)
             chunk = min(chunk * 1.5, 30.0)
@@ -606,6 +629,9 @@ def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload |
     ttft = [r.first_token - r.arrival for r in measured]
     tpot = [(r.finished_at - r.first_token) / (r.generated - 1) for r in measured if r.generated > 1]
     tokens = sum(r.generated for r in measured)
+    decoded = [r for r in measured if r.generated > 1]
+    tpot_mean = (sum(r.finished_at - r.first_token for r in decoded) / sum(r.generated - 1 for r in decoded)
+                 if decoded else None)
     good = sum(1 for r in measured if r.first_token - r.arrival <= ttft_slo_s
                and (r.generated <= 1 or (r.finished_at - r.first_token) / (r.generated - 1) <= tpot_slo_s))
     return Prediction(
@@ -614,7 +640,7 @@ def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload |
         goodput_share=good / len(measured), gpu_busy=min(1.0, busy),
         memory_share=act.memory_s / max(1e-12, act.memory_s + act.compute_s),
         preemptions=rec.preemptions, waiting_share=rec.waiting_steps / steps, full_share=rec.full_steps / steps,
-        kv_peak=peak_kv, stopped=note, stopped_by=stopped)
+        kv_peak=peak_kv, stopped=note, stopped_by=stopped, ttft_mean=sum(ttft) / len(ttft), tpot_mean=tpot_mean)
 
 
 def verdict(pred: Prediction) -> str:

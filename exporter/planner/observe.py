@@ -8,6 +8,7 @@ The planner calibrates on these and nothing else: it never sees a candidate's me
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import time
@@ -43,12 +44,26 @@ class ObserveError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Stat:
-    """A latency as the source reports it: median, tail, and how many values it came from."""
+    """A latency as the source reports it: median, tail, mean, and how many values it came from.
+    `centre` is what the planner calibrates on and scores against: the mean where the source has one
+    (an engine's histogram _sum/_count, a load test's server-side means: exact, where buckets of a
+    few milliseconds are too coarse for a median), else the median; a prediction is compared with
+    the same statistic (`kind`), never a mean with a median."""
 
     p50: float | None
     p99: float | None = None
     count: int = 0
     spread: float | None = None  # relative spread (p95/p50 - 1) for the confidence intervals
+    mean: float | None = None
+
+    @property
+    def centre(self) -> float | None:
+        return self.mean if self.mean is not None else self.p50
+
+    @property
+    def kind(self) -> str:
+        """Which statistic `centre` is: mean or p50."""
+        return "mean" if self.mean is not None else "p50"
 
     def rse(self) -> float:
         """Relative standard error of the median: 1.2533 sigma / (sqrt(n) median), sigma from the
@@ -217,14 +232,16 @@ def _loadtest_point(read: Reader, step: Any, at: str) -> Point | None:
         # The engine's own TTFT and inter-token means over the step (the exporter's histograms):
         # they time the engine's steps, which the client cannot when the API server coalesces a
         # stream's tokens into a few chunks (vLLM under load sends most of a short answer at once).
-        ttft_stat = Stat(engine_ttft, ttft_stat.p99, ttft_stat.count, ttft_stat.spread)
-        tpot_stat = Stat(engine_itl, tpot_stat.p99, tpot_stat.count, tpot_stat.spread)
+        # The calibration fits these means (Stat.centre); the load test's own percentiles stay
+        # beside them, for the report.
+        ttft_stat = dataclasses.replace(ttft_stat, mean=engine_ttft)
+        tpot_stat = dataclasses.replace(tpot_stat, mean=engine_itl)
     level = level or 0.0
     output_tokens = output_total / ok
     gap = 0.0
-    if mode == "concurrency" and output_tps > 0 and ttft_stat.p50 and tpot_stat.p50:
+    if mode == "concurrency" and output_tps > 0 and ttft_stat.centre and tpot_stat.centre:
         cycle = level * output_tokens / output_tps
-        gap = max(0.0, cycle - ttft_stat.p50 - max(0.0, output_tokens - 1) * tpot_stat.p50)
+        gap = max(0.0, cycle - ttft_stat.centre - max(0.0, output_tokens - 1) * tpot_stat.centre)
     return Point(label=f"{'c' if mode == 'concurrency' else 'r'}={level:g}", mode=mode, level=level,
                  in_flight=mean_in_flight or level, requests_per_s=rps, prompt_tokens=input_tokens / ok,
                  output_tokens=output_tokens, ttft=ttft_stat, tpot=tpot_stat, output_tps=output_tps,
@@ -341,19 +358,20 @@ def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], wi
             p99, _ = _delta_quantile(0.99, first.buckets.get(fam, {}), last.buckets[fam])
             total = last.sums.get(f"{fam}_sum", 0.0) - first.sums.get(f"{fam}_sum", 0.0)
             count = last.sums.get(f"{fam}_count", 0.0) - first.sums.get(f"{fam}_count", 0.0)
-            # The window's mean where the histogram has _sum and _count: engines' buckets are too coarse
-            # for a median of a few milliseconds (vLLM's ITL buckets start at 10 ms, so any p50 below
-            # reads 5 ms), and a steady load's mean is close to its median.
-            centre = total / count if count >= 1 and total > 0 else p50
-            if centre is not None:
-                stats[key] = Stat(centre, p99, n, (p95 / p50 - 1.0) if p95 and p50 else None)
+            # The window's mean where the histogram has _sum and _count is what the planner fits
+            # (Stat.centre): engines' buckets are too coarse for a median of a few milliseconds (vLLM's
+            # ITL buckets start at 10 ms, so any p50 below reads 5 ms). The buckets' p50 and p99 are
+            # reported beside it as what they are.
+            mean = total / count if count >= 1 and total > 0 else None
+            if mean is not None or p50 is not None:
+                stats[key] = Stat(p50, p99, n, (p95 / p50 - 1.0) if p95 and p50 else None, mean)
     tpot = stats.get("tpot") or stats.get("itl")
     if tpot is None and gen > done and inc("llm_decode_seconds_total") > 0:
         # llama.cpp: no latency histograms, but decode seconds summed over slots per generated token.
-        tpot = Stat(inc("llm_decode_seconds_total") / max(1.0, gen - done), None, int(gen))
+        tpot = Stat(None, None, int(gen), mean=inc("llm_decode_seconds_total") / max(1.0, gen - done))
     ttft = stats.get("ttft")
     if ttft is None and inc("llm_prefill_seconds_total") > 0:
-        ttft = Stat(inc("llm_prefill_seconds_total") / done, None, int(done))
+        ttft = Stat(None, None, int(done), mean=inc("llm_prefill_seconds_total") / done)
     if tpot is None or ttft is None:
         raise ObserveError("the exporter has no TTFT or TPOT for this target (no latency histograms and no "
                            "prefill/decode seconds): calibrate from a load test (--from loadtest.json)")
@@ -363,17 +381,16 @@ def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], wi
     gauge = sum(running) / len(running) if running else 0.0
     # Little's law over the whole window (requests/s x time each spends in the engine) against the
     # gauge sampled once a second, which misses requests that start and end between samples.
-    little = done / window_s * (ttft.p50 + max(0.0, gen / done - 1.0) * tpot.p50)
+    little = done / window_s * (ttft.centre + max(0.0, gen / done - 1.0) * tpot.centre)
     in_flight = max(gauge, little)
     if not 0.0 <= in_flight <= MAX_CONCURRENCY:  # NaN too: the replay's level comes from this
         raise ObserveError(f"{in_flight:.6g} requests in flight over the window (llm_requests_running sampled "
                            f"{gauge:.6g}, Little's law {little:.6g}) is out of range: 0..{MAX_CONCURRENCY}")
-    # Replayed as a closed loop at the window's mean running requests when there were some: the batch
-    # the engine ran sets its step times, whatever process sent the requests. Candidates that scale the
-    # rate replay Poisson arrivals at this window's rate instead (model.workload_for).
-    closed = in_flight >= 0.5
-    point = Point(label=label, mode="concurrency" if closed else "rate",
-                  level=float(max(1, round(in_flight))) if closed else done / window_s, in_flight=in_flight,
+    # Replayed as an open loop: Poisson arrivals at the window's rate. A deployment's traffic comes
+    # from clients that do not wait for each other; a closed loop of fixed lengths at the window's mean
+    # in flight runs in lockstep (every request arrives in the same step, and each TTFT waits behind
+    # all the prompts: +455% on the demo's decode-heavy window). The candidates scale this rate.
+    point = Point(label=label, mode="rate", level=done / window_s, in_flight=in_flight,
                   requests_per_s=done / window_s, prompt_tokens=inc("llm_prompt_tokens_total") / done,
                   output_tokens=gen / done, ttft=ttft, tpot=tpot, output_tps=gen / window_s, duration_s=window_s)
     return point, min(0.95, max(0.0, hit))
@@ -385,7 +402,7 @@ def _check_window(done: float, window_s: float, gen: float, prompt: float, ttft:
     checks = ((done / window_s, MAX_RATE_RPS, "requests/s finished (llm_requests_finished_total)"),
               (prompt / done, MAX_TOKENS_PER_REQUEST, "prompt tokens per request (llm_prompt_tokens_total)"),
               (gen / done, MAX_TOKENS_PER_REQUEST, "tokens generated per request (llm_generation_tokens_total)"),
-              (ttft.p50, MAX_LATENCY_S, "s TTFT"), (tpot.p50, MAX_LATENCY_S, "s TPOT"))
+              (ttft.centre, MAX_LATENCY_S, "s TTFT"), (tpot.centre, MAX_LATENCY_S, "s TPOT"))
     for value, hi, what in checks:
         if value is None or not 0.0 <= value <= hi:
             raise ObserveError(f"{value if value is not None else float('nan'):.6g} {what} over the window is "

@@ -157,9 +157,26 @@ def _r(value: float | None, digits: int = 6) -> float | None:
     return None if value is None or not math.isfinite(value) else round(value, digits)
 
 
+# The one replay mode of a plan, from how its primary point's traffic came: the current rows and every
+# candidate replay the same way (a `concurrency=` candidate asks for a closed loop by name).
+REPLAY_MODES = {
+    "concurrency": "closed loop at the observed concurrency (rate=k: k times the clients)",
+    "rate": "open loop: Poisson arrivals at the observed request rate (rate=k: k times the rate)",
+}
+
+
+def observed_dict(p: Point) -> dict[str, Any]:
+    """What the source measured, each statistic as what it is: percentiles from the load test's own
+    requests or the exporter's histogram buckets, means from the engine's _sum/_count."""
+    return {"ttft_p50_s": _r(p.ttft.p50), "ttft_p99_s": _r(p.ttft.p99), "ttft_mean_s": _r(p.ttft.mean),
+            "tpot_p50_s": _r(p.tpot.p50), "tpot_p99_s": _r(p.tpot.p99), "tpot_mean_s": _r(p.tpot.mean),
+            "output_tokens_per_s": _r(p.output_tps, 3)}
+
+
 def prediction_dict(pred: Prediction) -> dict[str, Any]:
     return {"ttft_p50_s": _r(pred.ttft_p50), "ttft_p99_s": _r(pred.ttft_p99), "tpot_p50_s": _r(pred.tpot_p50),
-            "tpot_p99_s": _r(pred.tpot_p99), "output_tokens_per_s": _r(pred.output_tps, 3),
+            "tpot_p99_s": _r(pred.tpot_p99), "ttft_mean_s": _r(pred.ttft_mean), "tpot_mean_s": _r(pred.tpot_mean),
+            "queue_share": _r(pred.waiting_share, 4), "output_tokens_per_s": _r(pred.output_tps, 3),
             "requests_per_s": _r(pred.requests_per_s, 4), "goodput_share": _r(pred.goodput_share, 4),
             "device_busy": _r(pred.gpu_busy, 4), "kv_peak": _r(pred.kv_peak, 4), "preemptions": pred.preemptions,
             "verdict": verdict(pred), "replay_stopped": pred.stopped}
@@ -227,11 +244,19 @@ def _prepare(observed: Observed, primary: Point, base: Setup, cand: Candidate,
     """Everything about a candidate that can be refused is refused here, before calibration replays
     anything: an unknown device, weights that do not fit, and traffic past the replay's bounds
     (limits.py) once its multipliers meet the observed workload."""
-    level = cand.changes.get("concurrency")
-    setup = apply(base, cand, free_cores(observed, level or primary.level, cpu_cores))
-    capacity, share = fit_check(setup)
     scales = {"rate": cand.changes.get("rate", 1.0), "prompt": cand.changes.get("prompt", 1.0),
               "output": cand.changes.get("output", 1.0)}
+    level = cand.changes.get("concurrency")
+    if level is None and primary.mode == "concurrency" and scales["rate"] != 1.0:
+        # The plan's one replay mode is the closed loop its point ran (replay_mode): k times the
+        # traffic is k times the clients, each keeping the observed turnaround; a Poisson replay of
+        # the same rate would answer another question (and gave 2x traffic a third of the TTFT).
+        level = max(1, round(primary.level * scales["rate"]))
+        if level > MAX_CONCURRENCY:
+            raise PlanError(f"candidate {cand.name!r}: rate={scales['rate']:g} times the observed {primary.level:g} "
+                            f"clients is {level} requests in flight: at most {MAX_CONCURRENCY}")
+    setup = apply(base, cand, free_cores(observed, level or primary.level, cpu_cores))
+    capacity, share = fit_check(setup)
     work = workload_for(primary, rate_scale=scales["rate"], prompt_scale=scales["prompt"],
                         output_scale=scales["output"], concurrency=level, prefix_hit_rate=observed.prefix_hit_rate,
                         think_s=None if level is None else client_gap(observed.points, level))
@@ -274,12 +299,15 @@ def _plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, t
     for p in observed.points:
         pred = replay(base, cal, p, seed=seed, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo,
                       workload=workload_for(p, prefix_hit_rate=observed.prefix_hit_rate))
-        current.append({"point": p.label, "mode": p.mode, "level": p.level,
-                        "observed": {"ttft_p50_s": _r(p.ttft.p50), "ttft_p99_s": _r(p.ttft.p99),
-                                     "tpot_p50_s": _r(p.tpot.p50), "tpot_p99_s": _r(p.tpot.p99),
-                                     "output_tokens_per_s": _r(p.output_tps, 3)},
+        current.append({"point": p.label, "mode": p.mode, "level": p.level, "replay": REPLAY_MODES[p.mode],
+                        "observed": observed_dict(p),
                         "predicted": prediction_dict(pred),
-                        "error": {"ttft_p50": _err(pred.ttft_p50, p.ttft.p50),
+                        # Each error compares the statistic the source gave (Stat.kind: the engine's
+                        # mean where it has one, else the median) with the same one predicted.
+                        "compared": {"ttft": p.ttft.kind, "tpot": p.tpot.kind},
+                        "error": {"ttft": _err(pred.centre("ttft", p.ttft.kind), p.ttft.centre),
+                                  "tpot": _err(pred.centre("tpot", p.tpot.kind), p.tpot.centre),
+                                  "ttft_p50": _err(pred.ttft_p50, p.ttft.p50),
                                   "tpot_p50": _err(pred.tpot_p50, p.tpot.p50),
                                   "output_tokens_per_s": _err(pred.output_tps, p.output_tps)}})
     rows = []
@@ -313,6 +341,7 @@ def _plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, t
                  "kv_bytes_per_element": _r(base.model.kv_dtype_bytes, 4), "max_num_seqs": base.max_num_seqs,
                  "kv_capacity_tokens": kv_capacity, "weights_share_of_memory": _r(weight_share, 4)},
         "slo": {"ttft_s": ttft_slo, "tpot_s": tpot_slo},
+        "replay_mode": REPLAY_MODES[primary.mode],
         "calibration": cal.as_dict(),
         "current": current,
         "candidates": rows,
