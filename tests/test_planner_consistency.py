@@ -88,10 +88,20 @@ def test_open_loop_rates_agree_with_the_current_row_and_rise_with_load(load: flo
     check_consistency(rate_plan(observed_open(load * capacity, prompt, output)))
 
 
-def test_the_table_states_the_replay_mode_and_the_statistic_compared() -> None:
-    from exporter.planner.cmd import render_table
+def test_the_table_and_page_state_the_replay_mode_statistics_and_units() -> None:
+    import re
+
+    from exporter.planner.cmd import render_html, render_table
 
     doc = rate_plan(observed_open(5.0, 512, 128))
     text = render_table(doc)
     assert "Replay: open loop: Poisson arrivals at the observed request rate" in text
-    assert "TTFT mean ms obs/pred" in text and "TTFT p50 ms" in text
+    assert "TTFT mean ms obs/pred" in text and "TTFT p50 ms" in text and "KV headroom (x max_num_seqs)" in text
+    page = render_html(doc)
+    # Every calibration metric plotted (TTFT included), latencies in ms only, the current configuration
+    # among the candidates' bars, and a unit on every number drawn.
+    for title in ("TTFT mean (ms)", "TPOT mean (ms)", "output (tokens/s)", "TTFT p50 (ms)", "TPOT p50 (ms)"):
+        assert f'aria-label="{title}"' in page, title
+    assert "(s)" not in page and page.count(">current (window)</text>") == 3
+    drawn = re.findall(r'font-size="10">([^<]*)</text>', page)
+    assert drawn and all(re.fullmatch(r"[0-9.e+-]+ (ms|tokens/s)", d) for d in drawn), drawn

@@ -240,12 +240,19 @@ def render_table(doc: Mapping[str, Any]) -> str:
     return "".join(text)
 
 
+# One unit per quantity on the page: latencies in ms (the table's unit), throughput in tokens/s.
+HTML_UNITS = {"ms": 1000.0, "tokens/s": 1.0}
+
+
 def _bars(title: str, items: Sequence[tuple[str, float | None, float | None]], unit: str) -> str:
-    """An SVG of paired bars: observed (grey) and predicted (blue) per label."""
+    """An SVG of paired bars: observed (grey) and predicted (blue) per label, values in `unit` (a key
+    of HTML_UNITS: the values come in seconds or tokens/s), each bar labelled with its value and unit."""
+    scale = HTML_UNITS[unit]
+    items = [(label, None if a is None else a * scale, None if b is None else b * scale) for label, a, b in items]
     values = [v for _, a, b in items for v in (a, b) if v is not None]
     top = max(values) if values else 1.0
     h, bar = 28 * len(items) + 30, 10
-    parts = [f'<svg width="640" height="{h}" role="img" aria-label="{html.escape(title)}">',
+    parts = [f'<svg width="720" height="{h}" role="img" aria-label="{html.escape(title)} ({html.escape(unit)})">',
              f'<text x="0" y="14" font-size="13">{html.escape(title)} ({html.escape(unit)})</text>']
     for i, (label, obs, pred) in enumerate(items):
         y = 24 + 28 * i
@@ -255,24 +262,41 @@ def _bars(title: str, items: Sequence[tuple[str, float | None, float | None]], u
                 continue
             w = 400 * value / top if top else 0
             parts.append(f'<rect x="180" y="{y + j * (bar + 1)}" width="{w:.1f}" height="{bar}" fill="{color}"/>'
-                         f'<text x="{184 + w:.1f}" y="{y + j * (bar + 1) + 9}" font-size="10">{value:.4g}</text>')
+                         f'<text x="{184 + w:.1f}" y="{y + j * (bar + 1) + 9}" font-size="10">'
+                         f'{value:.4g} {html.escape(unit)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
 
 def render_html(doc: Mapping[str, Any]) -> str:
-    current = [(c["point"], c["observed"]["tpot_p50_s"], c["predicted"]["tpot_p50_s"]) for c in doc["current"]]
-    tps = [(c["point"], c["observed"]["output_tokens_per_s"], c["predicted"]["output_tokens_per_s"])
-           for c in doc["current"]]
-    cands = [(c["name"], None, c["predicted"]["output_tokens_per_s"]) for c in doc["candidates"]]
+    rows = doc["current"]
+
+    def calibration(which: str) -> tuple[str, list[tuple[str, float | None, float | None]]]:
+        """The statistic each error is on (the source's mean or p50), observed against predicted."""
+        kinds = {c["compared"][which] for c in rows}
+        kind = kinds.pop() if len(kinds) == 1 else "p50"
+        key = f"{which}_{kind}_s"
+        return f"{which.upper()} {kind}", [(c["point"], c["observed"][key], c["predicted"][key]) for c in rows]
+
+    ttft_title, ttft = calibration("ttft")
+    tpot_title, tpot = calibration("tpot")
+    tps = [(c["point"], c["observed"]["output_tokens_per_s"], c["predicted"]["output_tokens_per_s"]) for c in rows]
+    # The current configuration first, as the replay predicts it (blue), then every candidate.
+    now = rows[-1]["predicted"] if rows else None
+    def ladder(key: str) -> list[tuple[str, float | None, float | None]]:
+        first = [(f"current ({rows[-1]['point']})", None, now[key])] if now else []
+        return first + [(c["name"], None, c["predicted"][key]) for c in doc["candidates"]]
     body = [
         "<!doctype html><html><head><meta charset='utf-8'><title>llm-exporter plan</title>",
         "<style>body{font-family:sans-serif;max-width:960px;margin:2em auto}pre{white-space:pre-wrap}</style>",
         "</head><body><h1>What-if plan</h1>",
+        f"<p>Replay: {html.escape(str(doc.get('replay_mode', '')))}.</p>",
         "<h2>1. Calibration: the current configuration, observed (grey) and predicted (blue)</h2>",
         "<p>Read these errors first: every prediction below inherits them.</p>",
-        _bars("TPOT p50", current, "s"), _bars("output tokens/s", tps, "tokens/s"),
-        "<h2>2. Candidates (predicted output tokens/s)</h2>", _bars("output tokens/s", cands, "tokens/s"),
+        _bars(ttft_title, ttft, "ms"), _bars(tpot_title, tpot, "ms"), _bars("output", tps, "tokens/s"),
+        "<h2>2. Candidates, predicted, beside the current configuration</h2>",
+        _bars("output", ladder("output_tokens_per_s"), "tokens/s"), _bars("TTFT p50", ladder("ttft_p50_s"), "ms"),
+        _bars("TPOT p50", ladder("tpot_p50_s"), "ms"),
         "<h2>Table</h2><pre>", html.escape(render_table(doc)), "</pre>",
         "<h2>JSON</h2><pre>", html.escape(json.dumps(doc, indent=2)), "</pre></body></html>\n"]
     return "".join(body)
