@@ -357,8 +357,8 @@ def test_every_flag_with_wrong_text_is_one_line_and_exit_2():
 # --- class 7: a load test that goes bad mid-sweep ---------------------------------------------------
 
 LOADTEST_FAILSAFE_S = 90.0  # a sweep of three 1 s steps takes about 5 s; before a fix one could hang
-LOADTEST_WALL_BOUND_S = 45.0  # about 9x the sweep, for a busy CI machine
-LOADTEST_RSS_BOUND = 400 << 20  # the load generator peaks near 60 MB here
+LOADTEST_WALL_BOUND_S = 30.0  # about 9x the 3.5 s the sweep takes, for a busy CI machine
+LOADTEST_RSS_BOUND = 256 << 20  # the load generator peaks at 35 MiB here (7x)
 
 
 class _Server:
