@@ -144,7 +144,8 @@ def _step(parent: Any, index: Any) -> str:
     if isinstance(parent, yaml.SequenceNode) and isinstance(index, int):
         return f"[{index}]"
     if isinstance(parent, yaml.MappingNode) and isinstance(index, yaml.ScalarNode):
-        return "." + shorten(index.value, 64)
+        text = index.value if index.value.isprintable() else repr(index.value)[1:-1]  # no escapes to a terminal
+        return "." + shorten(text, 64)
     return ""
 
 
