@@ -98,6 +98,38 @@ def test_the_backend_backs_off_as_nvml_and_keeps_an_absent_field_out_until_it_re
     assert at(9.0) == {"up": {"0": 1.0, "1": 1.0}, "power": {"0", "1"}, "state": "ok", "lost": ""}
 
 
+def test_a_twin_that_invents_gpus_every_cycle_cannot_grow_what_the_backend_remembers() -> None:
+    """A hostile /sim/gpu: 1,200 new GPUs a cycle, a third lost, a third with every field
+    unsupported, a third healthy. What the backend keeps and says once stays bounded."""
+    healthy = Twin(TwinConfig(epoch=0.0)).gpu_state()["gpus"][0]
+    now = [0.0]
+
+    class Hostile:
+        cycle = 0
+
+        def gpu_state(self) -> dict:
+            self.cycle += 1
+            gpus = []
+            for i in range(1200):
+                index = self.cycle * 1200 + i
+                if i % 3 == 0:
+                    gpus.append({"index": index, "nvml_error": 15})
+                elif i % 3 == 1:
+                    gpus.append({**healthy, "index": index, "uuid": f"GPU-{index}",
+                                 "nvml_errors": dict.fromkeys(FAILING_FIELDS, 3), **dict.fromkeys(FAILING_FIELDS)})
+                else:
+                    gpus.append({**healthy, "index": index, "uuid": f"GPU-{index}"})
+            return {"gpus": gpus}
+
+    source = SimGpuSource(Hostile(), retry_interval_s=1.0, clock=lambda: now[0])
+    for cycle in range(5):  # before the first re-initialisation (1 s), which would clear the lost ones
+        now[0] = cycle * 0.2
+        data = asyncio.run(source.collect())
+        assert sum(1 for s in data.samples if s.name == "llm_gpu_up") == 1200
+    assert len(source._known) <= sim_backend.MAX_KNOWN_GPUS and len(source._lost) <= sim_backend.MAX_KNOWN_GPUS
+    assert len(source._absent) <= sim_backend.MAX_KNOWN_GPUS and len(source._said) <= sim_backend.MAX_SAID_KEYS
+
+
 # --- the real processes ------------------------------------------------------------------------------
 
 def _families(base: str) -> dict[str, list]:

@@ -40,7 +40,6 @@ from exporter.sources.gpu._errors import (
     LOG,
     NO_PERMISSION,
     Kind,
-    OnceLog,
     classify_code,
 )
 
@@ -51,9 +50,12 @@ MAX_SIM_GPU_BYTES = 1024 * 1024
 # a GPU stays lost, up to this.
 GPU_RETRY_INTERVAL_S = 10.0
 GPU_RETRY_MAX_S = 300.0
-# GPUs whose identity is remembered (to label one that is lost): far more than a node has, and a
-# bound on what a twin URL that invents a new index every cycle can make us keep.
+# GPUs whose identity, loss or absent fields are remembered (and said once): far more than a node
+# has, and a bound on what a twin URL that invents new GPUs every cycle can make us keep or log.
 MAX_KNOWN_GPUS = 1024
+# Lines said once per (GPU, field) or per lost GPU: a node's few GPUs x 28 fields fit many times
+# over; past it nothing more is said (the series still say it), so a hostile twin cannot grow it.
+MAX_SAID_KEYS = 8192
 
 # /sim/gpu field -> family (a plain gauge or counter per GPU).
 _SCALARS: tuple[tuple[str, str], ...] = (
@@ -246,7 +248,7 @@ class SimGpuSource:
         self.fetch_timeout_s = fetch_timeout_s
         self._clients: dict[str, HttpClient] = {}
         self._clock = clock
-        self._once = OnceLog(LOG)
+        self._said: set[tuple[str, ...]] = set()  # what was logged once (OnceLog's, bounded)
         self._retry_interval_s = retry_interval_s
         self._retry_delay = retry_interval_s
         self._retry_at = 0.0
@@ -371,30 +373,40 @@ class SimGpuSource:
         for key, known in read.known.items():
             if key in self._known or len(self._known) < MAX_KNOWN_GPUS:
                 self._known[key] = known
-            self._once.forget_key(("lost", *map(str, key)))
+            self._said.discard(("lost", *map(str, key)))
         for key, why in read.newly_lost.items():
+            if len(self._lost) >= MAX_KNOWN_GPUS:
+                break  # down this cycle all the same; remembered (and said) for the first ones only
             self._lost.add(key)
             known = self._known.get(key)
-            self._once.log(logging.WARNING, ("lost", *map(str, key)),
+            self._say(logging.WARNING, ("lost", *map(str, key)),
                            "GPU %s (%s) lost: %s; NVML will be re-initialised", key[1],
                            known.uuid if known else "never read", why)
         for key, fields in read.absent.items():
+            if key not in self._absent and len(self._absent) >= MAX_KNOWN_GPUS:
+                continue  # omitted this cycle all the same
             absent = self._absent.setdefault(key, set())
             known = self._known.get(key)
             for name, code in sorted(fields.items()):
                 absent.update(_FIELDS if name == _EVERY_FIELD else (name,))
-                self._once.log(logging.INFO, ("absent", known.uuid if known else "", name),
+                self._say(logging.INFO, ("absent", *map(str, key), name),
                                "GPU %s (%s): %s not available, series omitted: %s",
                                key[1], known.name if known else "", name, _describe(code))
-        for key, fields in read.transient.items():
+        for key, fields in list(read.transient.items())[:MAX_KNOWN_GPUS]:
             for name, code in sorted(fields.items()):
-                self._once.log(logging.DEBUG, ("transient", *map(str, key), name),
+                self._say(logging.DEBUG, ("transient", *map(str, key), name),
                                "GPU %s: %s failed this cycle: %s", key[1], name, _describe(code))
         if read.lost and not self._needs_reinit:
             self._needs_reinit = True
             self._schedule_retry(now)
         elif not read.lost:
             self._retry_delay = self._retry_interval_s
+
+    def _say(self, level: int, key: tuple[str, ...], message: str, *args: object) -> None:
+        if key in self._said or len(self._said) >= MAX_SAID_KEYS:
+            return
+        self._said.add(key)
+        LOG.log(level, message, *args)
 
     def _schedule_retry(self, now: float) -> None:
         self._retry_at = now + self._retry_delay
