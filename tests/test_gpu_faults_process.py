@@ -133,8 +133,9 @@ def test_a_twin_that_invents_gpus_every_cycle_cannot_grow_what_the_backend_remem
 # --- the real processes ------------------------------------------------------------------------------
 
 def _families(base: str) -> dict[str, list]:
-    text = httpx.get(base + "/metrics", timeout=5).text
-    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+    response = httpx.get(base + "/metrics", timeout=5)
+    response.raise_for_status()  # 503 before the first collection: not an exposition
+    return {f.name: f.samples for f in text_string_to_metric_families(response.text)}
 
 
 def _gpu_families(fams: dict[str, list], gpu: str) -> set[str]:
