@@ -263,12 +263,19 @@ def test_run_through_gpu_loss_backoff_recovery_unsupported_field_and_driver_fail
         _wait(lambda: _value(_families(base), "llm_exporter_collections") >= cycles + 3, 10, "three more cycles")
         assert _value(_families(base), "llm_gpu_power_watts", gpu="0") is None
 
-        # 5. The driver goes: every GPU lost, then the re-initialisation fails: a source error by reason.
+        # 5. The driver goes: every GPU lost, then the re-initialisation fails: a source error by reason,
+        # and the GPUs stay lost in the diagnosis.
         _post(twin + "/sim/gpu/all/fault", {"kind": "nvml_error", "code": 9})
         _wait(lambda: _value(_families(base), "llm_exporter_source_up", source="gpu") == 0.0, 10, "source down")
         fams = _families(base)
         assert _value(fams, "llm_exporter_collect_errors", source="gpu", reason="driver_not_loaded") >= 1
         assert not fams.get("llm_gpu_up")  # as --gpu-backend nvml: an init failure has no GPU series
+        # ... but the GPUs it read before count as lost: the diagnosis is unhealthy, not HEALTHY for
+        # want of GPU series (gpu_faults.SOURCE_LOST_REASONS).
+        diagnosis = httpx.get(base + "/api/v1/diagnosis", timeout=5).json()
+        faults = sorted((f["gpu"], f["fault"]) for f in diagnosis["targets"]["t"]["gpu_faults"])
+        assert diagnosis["status"] == "unhealthy" and faults == [("0", "lost"), ("1", "lost")], diagnosis
+        assert _doctor(base) == 4
         _post(twin + "/sim/gpu/all/recover")
         _wait(lambda: _value(_families(base), "llm_exporter_source_up", source="gpu") == 1.0, 15, "source back")
         fams = _families(base)

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from exporter.catalog import FAMILIES, family_of
 from exporter.catalog.base import Family
 from exporter.snapshot import Labels, Sample, Snapshot, SourceKind
+from exporter.specs.gpu_faults import SOURCE_LOST_REASONS
 
 KV_USAGE = "llm_kv_cache_usage_ratio"  # per rank, weighted by the rank's capacity
 KV_CAPACITY = "llm_kv_cache_capacity_tokens"
@@ -559,6 +560,9 @@ class ViewCache:
         # Built once: read() tells a source's kind by the identity of its build function.
         self.engine_layout = partial(_engine_layout, needs=needs)
         self.gpu_layout = partial(_gpu_layout, needs=needs)
+        # The GPUs the GPU source read last (up or lost): lost, all of them, while the source fails
+        # for a reason that means NVML cannot open them (gpu_faults.SOURCE_LOST_REASONS).
+        self.gpus_seen: tuple[GpuView, ...] = ()
 
     def __len__(self) -> int:
         return len(self._layouts)
@@ -636,6 +640,9 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
             gpu_source = "ok" if result.ok else (result.error_reason or "failed")
             if result.ok:
                 gpus, lost_gpus = _gpu_views(*cache.read(name, result.samples, cache.gpu_layout))
+                cache.gpus_seen = (*gpus, *lost_gpus)
+            elif gpu_source in SOURCE_LOST_REASONS:
+                lost_gpus = cache.gpus_seen
         elif kind is SourceKind.HOST:
             host_source = "ok" if result.ok else (result.error_reason or "failed")
             if result.ok:

@@ -63,6 +63,13 @@ holds the GPU unhealthy this long after it was last seen, as the XID and ECC ale
 1h window; standing states (a pending or failed remap, a recovery action, a lost GPU) hold while
 they last."""
 
+SOURCE_LOST_REASONS = frozenset({"driver_not_loaded", "nvml_init", "nvml_missing", "nvml_permission",
+                                 "nvml_mismatch", "no_gpus"})
+"""GPU source failures (its collect error reasons) after which the GPUs it read before count as lost:
+NVML can no longer open them (the driver unloaded or crashed, a GPU fallen off the bus so the count
+drops to none). Under --gpu-backend nvml such a failure is a source error with no GPU series, and
+the diagnosis read HEALTHY. A timeout or a busy cycle is not one of them: slow is not gone."""
+
 # The driver's recovery action (llm_gpu_recovery_action), by NVML code: what to do about each.
 RECOVERY_WORDS: dict[int, Action] = {
     1: RESET_GPU, 2: REBOOT_NODE, 3: Action("drain_p2p", "drain peer-to-peer and multi-node NVLink work on it"),
