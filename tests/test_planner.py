@@ -351,7 +351,9 @@ def test_plan_from_a_running_demo_exporter(realtime_demo, tmp_path) -> None:
     assert doc["observed"]["model"] and doc["observed"]["gpu"] and doc["base"]["device"].startswith("H100")
     (point,) = doc["current"]
     assert point["observed"]["tpot_p50_s"] > 0 and point["predicted"]["tpot_p50_s"] > 0
-    assert abs(point["error"]["tpot_p50"]) < 0.5 and abs(point["error"]["output_tokens_per_s"]) < 0.5, point
+    # On the statistic compared (the window's mean): the buckets' p50 is coarse (issue 41)
+    assert point["compared"]["tpot"] == "mean", point
+    assert abs(point["error"]["tpot"]) < 0.5 and abs(point["error"]["output_tokens_per_s"]) < 0.5, point
     assert [c["name"] for c in doc["candidates"]] == ["h200", "double"]
     page = html.read_text()
     assert page.index("Calibration") < page.index("Candidates") and "<script" not in page

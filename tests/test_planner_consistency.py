@@ -80,7 +80,9 @@ def test_closed_loop_rates_agree_with_the_current_row_and_rise_with_load(level: 
 
 
 @FEW
-@given(load=st.floats(0.05, 0.6), prompt=st.integers(64, 2048), output=st.integers(16, 256))
+# Up to 0.4 of capacity: nearer it, a queue's wait rises by 1/(1 - load) per unit of load, and 1% more
+# traffic rightly moves TTFT by more than 2% (+3% at 0.55 here); the ladder to 3x still crosses it.
+@given(load=st.floats(0.05, 0.4), prompt=st.integers(64, 2048), output=st.integers(16, 256))
 def test_open_loop_rates_agree_with_the_current_row_and_rise_with_load(load: float, prompt: int,
                                                                         output: int) -> None:
     # The rate as a share of what the twin serves at 64 clients: the ladder up to 3x crosses capacity.

@@ -526,11 +526,19 @@ def along_level(points: Sequence[Point], level: float, value: Callable[[Point], 
     return max(0.0, y0 + (level - x0) * (y1 - y0) / (x1 - x0))
 
 
+def _lengths(mean: float, sigma: float) -> LengthDist:
+    """The observed mean, fixed, or lognormal with the observed spread (observe.Point.prompt_sigma)."""
+    mean = max(1.0, mean)
+    if sigma <= 0:
+        return LengthDist(mean, kind="fixed")
+    return LengthDist(mean, kind="lognormal", sigma=sigma, lo=1, hi=max(2, int(mean * 64)))
+
+
 def workload_for(point: Point, *, rate_scale: float = 1.0, prompt_scale: float = 1.0, output_scale: float = 1.0,
                  concurrency: int | None = None, prefix_hit_rate: float = 0.0,
                  think_s: float | None = None) -> Workload:
-    prompt = LengthDist(max(1.0, point.prompt_tokens * prompt_scale), kind="fixed")
-    output = LengthDist(max(1.0, point.output_tokens * output_scale), kind="fixed")
+    prompt = _lengths(point.prompt_tokens * prompt_scale, point.prompt_sigma)
+    output = _lengths(point.output_tokens * output_scale, point.output_sigma)
     if concurrency is not None or (point.mode == "concurrency" and rate_scale == 1.0):
         level = concurrency if concurrency is not None else max(1, round(point.level))
         return Workload(prompt, output, arrival="fixed", concurrency=level, prefix_hit_rate=prefix_hit_rate,
@@ -617,7 +625,7 @@ def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload |
     act = engine.activity
     busy = act.gpu_busy_s / engine.t if engine.t else 0.0
     steps = max(1, rec.steps)
-    measured = rec.done[skip:]
+    measured = rec.done[skip:skip + want]  # not what else the last chunk of simulated time finished
     if not measured:  # what the device did is known, what a request saw is not
         return Prediction(None, None, None, None, 0.0, 0.0, None, min(1.0, busy),
                           act.memory_s / max(1e-12, act.memory_s + act.compute_s), rec.preemptions,
@@ -626,6 +634,13 @@ def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload |
     first_done = rec.done[skip - 1].finished_at if skip else start
     end = measured[-1].finished_at
     span = max(1e-9, end - first_done)
+    if not closed and len(measured) > 1:
+        # An open loop that keeps up serves what arrives: its throughput is the offered rate. A sample's
+        # finish times add noise that reads as the traffic's effect (+5% tokens/s for 1% more
+        # arrivals); a replay that falls behind keeps the finish-time span.
+        arrived = max(r.arrival for r in measured) - min(r.arrival for r in measured)
+        if arrived > 0 and span <= arrived / 0.9 and work.rate_rps:  # kept up: within 90% of the arrivals
+            span = len(measured) / work.rate_rps  # the offered rate itself, not a sample of it
     ttft = [r.first_token - r.arrival for r in measured]
     tpot = [(r.finished_at - r.first_token) / (r.generated - 1) for r in measured if r.generated > 1]
     tokens = sum(r.generated for r in measured)

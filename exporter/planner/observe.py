@@ -90,6 +90,11 @@ class Point:
     # throughput, less the engine's TTFT and decode time): the load generator's own think time.
     client_gap_s: float = 0.0
     client_cores: float = 0.0  # CPUs the load generator kept busy over the step
+    # The lengths' log-space spread where the source has their histograms (an exporter's
+    # llm_request_prompt_tokens / llm_request_generation_tokens): replayed as lognormal lengths of the
+    # observed means. 0: fixed lengths (a load test sends one prompt and one max_tokens).
+    prompt_sigma: float = 0.0
+    output_sigma: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +281,11 @@ COUNTERS = ("llm_requests_finished_total", "llm_prompt_tokens_total", "llm_gener
             "llm_prefix_cache_queries_total")
 HISTOGRAMS = {"ttft": "llm_time_to_first_token_seconds", "tpot": "llm_time_per_output_token_seconds",
               "itl": "llm_inter_token_latency_seconds"}
+LENGTHS = {"prompt": "llm_request_prompt_tokens", "output": "llm_request_generation_tokens"}
 GAUGES = ("llm_requests_running", "llm_gpu_power_watts")
+# The widest log-space spread read from a length histogram: chat traffic is 0.5-1; past 1.5 the
+# buckets (1-2-5 per decade) no longer tell a spread from a mixture.
+MAX_LENGTH_SIGMA = 1.5
 
 
 @dataclass(slots=True)
@@ -293,7 +302,7 @@ class Scrape:
 def parse_scrape(text: str, target: str | None) -> Scrape:
     from exporter.sources.engines.exposition import parse
 
-    wanted = set(COUNTERS) | set(GAUGES) | {f"{h}_{part}" for h in HISTOGRAMS.values()
+    wanted = set(COUNTERS) | set(GAUGES) | {f"{h}_{part}" for h in (*HISTOGRAMS.values(), *LENGTHS.values())
                                             for part in ("bucket", "sum", "count")}
     out = Scrape()
     gpus: set[str] = set()
@@ -365,6 +374,7 @@ def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], wi
             mean = total / count if count >= 1 and total > 0 else None
             if mean is not None or p50 is not None:
                 stats[key] = Stat(p50, p99, n, (p95 / p50 - 1.0) if p95 and p50 else None, mean)
+    sigmas = {key: _length_sigma(first, last, fam) for key, fam in LENGTHS.items()}
     tpot = stats.get("tpot") or stats.get("itl")
     if tpot is None and gen > done and inc("llm_decode_seconds_total") > 0:
         # llama.cpp: no latency histograms, but decode seconds summed over slots per generated token.
@@ -392,8 +402,23 @@ def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], wi
     # all the prompts: +455% on the demo's decode-heavy window). The candidates scale this rate.
     point = Point(label=label, mode="rate", level=done / window_s, in_flight=in_flight,
                   requests_per_s=done / window_s, prompt_tokens=inc("llm_prompt_tokens_total") / done,
-                  output_tokens=gen / done, ttft=ttft, tpot=tpot, output_tps=gen / window_s, duration_s=window_s)
+                  output_tokens=gen / done, ttft=ttft, tpot=tpot, output_tps=gen / window_s, duration_s=window_s,
+                  prompt_sigma=sigmas["prompt"], output_sigma=sigmas["output"])
     return point, min(0.95, max(0.0, hit))
+
+
+def _length_sigma(first: Scrape, last: Scrape, fam: str) -> float:
+    """The log-space spread of the window's lengths from their histogram: for a lognormal, mean over
+    median is exp(sigma^2 / 2). 0 (fixed lengths) without the histogram or enough requests. A real
+    spread lengthens the TTFT's tail and mean (a long prompt holds the prefills behind it)."""
+    if fam not in last.buckets:
+        return 0.0
+    p50, n = _delta_quantile(0.5, first.buckets.get(fam, {}), last.buckets[fam])
+    total = last.sums.get(f"{fam}_sum", 0.0) - first.sums.get(f"{fam}_sum", 0.0)
+    if not p50 or n < 10 or total <= 0:
+        return 0.0
+    ratio = total / n / p50
+    return min(MAX_LENGTH_SIGMA, math.sqrt(2 * math.log(ratio))) if ratio > 1 else 0.0
 
 
 def _check_window(done: float, window_s: float, gen: float, prompt: float, ttft: Stat, tpot: Stat) -> None:
