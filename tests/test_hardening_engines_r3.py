@@ -28,8 +28,6 @@ import pathlib
 import re
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 
@@ -37,7 +35,7 @@ import httpx
 import pytest
 
 from exporter.sources.engines.normalize import MAX_PAGE_FAMILIES
-from tests.support import free_port, http_status, serve_in_background, stop_process, wait_until
+from tests.support import exporter_run, http_status, serve_in_background, wait_until
 
 pytestmark = pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="reads /proc/PID/stat")
 
@@ -104,23 +102,10 @@ def engine() -> Iterator[str]:
         server.server_close()
 
 
-@contextlib.contextmanager
-def _exporter(*engines: str, interval: str = INTERVAL) -> Iterator[tuple[str, subprocess.Popen, object]]:
-    port = free_port()
-    command = [sys.executable, "-m", "exporter.cli", "run", "--listen", f"127.0.0.1:{port}", "--interval", interval,
-               "--engine-timeout", interval, "--gpu-backend", "none", "--no-host",
-               *(arg for target in engines for arg in ("--engine", target))]
-    with tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        base = f"http://127.0.0.1:{port}"
-        try:
-            if not wait_until(lambda: http_status(base + "/readyz") == 200, timeout=20):
-                stderr.seek(0)
-                raise AssertionError(f"exporter never became ready: {stderr.read().decode()[-2000:]}")
-            yield base, process, stderr
-        finally:
-            stop_process(process)
+def _exporter(*engines: str, interval: str = INTERVAL):
+    """`llm-exporter run` on `engines` at `interval` (the scrape timeout as long): support.exporter_run."""
+    return exporter_run("--interval", interval, "--engine-timeout", interval,
+                        *(arg for target in engines for arg in ("--engine", target)))
 
 
 def _cpu_s(pid: int) -> float:
