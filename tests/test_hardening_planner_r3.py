@@ -20,7 +20,7 @@ import io
 import json
 import math
 import os
-import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,29 +55,40 @@ class Outcome(NamedTuple):
     wall_s: float
 
 
-def plan_process(*args: str, timeout: float = 90.0) -> Outcome:
-    """`llm-exporter plan ARGS` as a real process; its peak RSS from wait4 (this child's own rusage)."""
-    def guard() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_GUARD, ADDRESS_SPACE_GUARD))
+# Forks the plan from a small fresh Python and reports the plan's own wait4 peak RSS: a child forked
+# (or vforked) from pytest itself counts the copy of pytest it was before exec in its ru_maxrss (559
+# MiB late in `make test`, for a plan of 35). The address-space guard keeps a regressed run from
+# taking the machine; a kill of the wrapper at the timeout takes the plan with it (its process group).
+_MEASURE = """import os, resource, sys
+pid = os.fork()
+if pid == 0:
+    resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
+    os.execv(sys.executable, [sys.executable, *sys.argv[3:]])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[2], "w") as report:
+    report.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status) & 0xFF)
+"""
 
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+
+def plan_process(*args: str, timeout: float = 90.0) -> Outcome:
+    """`llm-exporter plan ARGS` as a real process, with its own peak RSS (see _MEASURE)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile("r") as rss:
         start = time.monotonic()
-        process = subprocess.Popen([sys.executable, "-m", "exporter.cli", "plan", *args], stdout=out, stderr=err,
-                                   preexec_fn=guard)
-        while True:
-            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() - start > timeout:
-                process.kill()
-                pid, status, usage = os.wait4(process.pid, 0)
-                break
-            time.sleep(0.02)
-        process.returncode = os.waitstatus_to_exitcode(status)
+        process = subprocess.Popen([sys.executable, "-c", _MEASURE, str(ADDRESS_SPACE_GUARD), rss.name,
+                                    "-m", "exporter.cli", "plan", *args], stdout=out, stderr=err,
+                                   start_new_session=True)
+        try:
+            code = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            code = process.wait()
         wall = time.monotonic() - start
         out.seek(0)
         err.seek(0)
-        return Outcome(process.returncode, out.read().decode(), err.read().decode(), usage.ru_maxrss / 1024, wall)
+        peak_kib = float(rss.read() or "inf")
+        return Outcome(code, out.read().decode(), err.read().decode(), peak_kib / 1024, wall)
 
 
 def one_line(err: str) -> str:
