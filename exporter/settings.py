@@ -465,7 +465,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("engine_pidfile", Text(), "str | None", None, "find the engine process by pid file",
             flag="--engine-pidfile"),
     Setting("engine_process_name", Text(), "str | None", None,
-            "find the engine process by name (regex on comm/cmdline)", flag="--engine-process-name"),
+            "find the engine process by name: a regex searched in its comm and the first 4 KiB of its command "
+            "line, in linear time (backreferences and lookarounds refused)", flag="--engine-process-name"),
     Setting("engine_network_devices", NameList(), "tuple[str, ...] | None", None,
             "network links that belong to the engine (llm_host_network_info engine=\"true\"): names or globs "
             "of the device label, e.g. [eth0, \"mlx5_*\"] (an RDMA port is <ibdev>:<port>); default: the links "
