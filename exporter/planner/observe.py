@@ -55,6 +55,11 @@ class Stat:
     count: int = 0
     spread: float | None = None  # relative spread (p95/p50 - 1) for the confidence intervals
     mean: float | None = None
+    # A TPOT mean's weighting: "requests" from a per-request TPOT histogram (each request's TPOT counts
+    # once: vLLM's and SGLang's request_time_per_output_token), "tokens" from inter-token latencies or
+    # decode seconds per token (each token counts once). Long requests decode at other batches than
+    # short ones, so the two differ (by 9% on the twin): the prediction is taken the same way.
+    mean_over: str = "tokens"
 
     @property
     def centre(self) -> float | None:
@@ -373,7 +378,8 @@ def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], wi
             # reported beside it as what they are.
             mean = total / count if count >= 1 and total > 0 else None
             if mean is not None or p50 is not None:
-                stats[key] = Stat(p50, p99, n, (p95 / p50 - 1.0) if p95 and p50 else None, mean)
+                stats[key] = Stat(p50, p99, n, (p95 / p50 - 1.0) if p95 and p50 else None, mean,
+                                  mean_over="requests" if key == "tpot" else "tokens")
     sigmas = {key: _length_sigma(first, last, fam) for key, fam in LENGTHS.items()}
     tpot = stats.get("tpot") or stats.get("itl")
     if tpot is None and gen > done and inc("llm_decode_seconds_total") > 0:

@@ -49,6 +49,9 @@ from exporter.simulator.workload import Workload
 
 SCHEMA_ID = "llm-exporter-plan/1"
 MAX_CANDIDATES = 16
+# The twin's workload takes a hit share below 1 (a request always prefills its last token); the observed
+# share is capped the same way (observe.py).
+MAX_PREFIX_HIT = 0.95
 RATE_SEARCH_STEPS = 7
 RATE_SEARCH_MAX_STEPS = 50_000  # per replay of the search: 14 replays per candidate at most
 
@@ -60,6 +63,15 @@ def _positive(kind: type, most: float) -> Callable[[str], Any]:
         value = kind(text)
         if not (0 < value <= most):  # NaN and the infinities too
             raise ValueError(f"must be positive and at most {most:g}")
+        return value
+    return parse
+
+
+def _share(most: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = float(text)
+        if not (0 <= value <= most):  # NaN too
+            raise ValueError(f"a share from 0 to {most:g}")
         return value
     return parse
 
@@ -87,6 +99,8 @@ CANDIDATE_KEYS: Mapping[str, tuple[Callable[[str], Any], str]] = {
                                                       "level"),
     "prompt": (_positive(float, MAX_SCALE), "prompt length multiplier"),
     "output": (_positive(float, MAX_SCALE), "output length multiplier"),
+    "prefix": (_share(MAX_PREFIX_HIT), "prefix-cache hit share of each prompt (0 to "
+                                        f"{MAX_PREFIX_HIT:g}), instead of the observed one"),
     "price": (_positive(float, MAX_PRICE), "price of one GPU-hour"),
 }
 
@@ -173,9 +187,11 @@ def observed_dict(p: Point) -> dict[str, Any]:
             "output_tokens_per_s": _r(p.output_tps, 3)}
 
 
-def prediction_dict(pred: Prediction) -> dict[str, Any]:
+def prediction_dict(pred: Prediction, tpot_mean_over: str = "tokens") -> dict[str, Any]:
+    """The replay's figures; its TPOT mean weighted as the source's is (observe.Stat.mean_over)."""
     return {"ttft_p50_s": _r(pred.ttft_p50), "ttft_p99_s": _r(pred.ttft_p99), "tpot_p50_s": _r(pred.tpot_p50),
-            "tpot_p99_s": _r(pred.tpot_p99), "ttft_mean_s": _r(pred.ttft_mean), "tpot_mean_s": _r(pred.tpot_mean),
+            "tpot_p99_s": _r(pred.tpot_p99), "ttft_mean_s": _r(pred.ttft_mean),
+            "tpot_mean_s": _r(pred.centre("tpot", "mean", tpot_mean_over)),
             "queue_share": _r(pred.waiting_share, 4), "output_tokens_per_s": _r(pred.output_tps, 3),
             "requests_per_s": _r(pred.requests_per_s, 4), "goodput_share": _r(pred.goodput_share, 4),
             "device_busy": _r(pred.gpu_busy, 4), "kv_peak": _r(pred.kv_peak, 4), "preemptions": pred.preemptions,
@@ -258,7 +274,8 @@ def _prepare(observed: Observed, primary: Point, base: Setup, cand: Candidate,
     setup = apply(base, cand, free_cores(observed, level or primary.level, cpu_cores))
     capacity, share = fit_check(setup)
     work = workload_for(primary, rate_scale=scales["rate"], prompt_scale=scales["prompt"],
-                        output_scale=scales["output"], concurrency=level, prefix_hit_rate=observed.prefix_hit_rate,
+                        output_scale=scales["output"], concurrency=level,
+                        prefix_hit_rate=cand.changes.get("prefix", observed.prefix_hit_rate),
                         think_s=None if level is None else client_gap(observed.points, level))
     checks = ((work.rate_rps if work.arrival == "poisson" else None, MAX_RATE_RPS, "rate", "requests/s",
                primary.requests_per_s or primary.level),
@@ -294,19 +311,19 @@ def _plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, t
     if len(candidates) > MAX_CANDIDATES:
         raise PlanError(f"{len(candidates)} candidates: at most {MAX_CANDIDATES} in one plan")
     prepared = [_prepare(observed, primary, base, cand, cpu_cores) for cand in candidates]
-    cal = calibrate(base, observed.points, seed=seed)
+    cal = calibrate(base, observed.points, seed=seed, prefix_hit_rate=observed.prefix_hit_rate)
     current = []
     for p in observed.points:
         pred = replay(base, cal, p, seed=seed, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo,
                       workload=workload_for(p, prefix_hit_rate=observed.prefix_hit_rate))
         current.append({"point": p.label, "mode": p.mode, "level": p.level, "replay": REPLAY_MODES[p.mode],
                         "observed": observed_dict(p),
-                        "predicted": prediction_dict(pred),
+                        "predicted": prediction_dict(pred, p.tpot.mean_over),
                         # Each error compares the statistic the source gave (Stat.kind: the engine's
                         # mean where it has one, else the median) with the same one predicted.
-                        "compared": {"ttft": p.ttft.kind, "tpot": p.tpot.kind},
+                        "compared": {"ttft": p.ttft.kind, "tpot": p.tpot.kind, "tpot_mean_over": p.tpot.mean_over},
                         "error": {"ttft": _err(pred.centre("ttft", p.ttft.kind), p.ttft.centre),
-                                  "tpot": _err(pred.centre("tpot", p.tpot.kind), p.tpot.centre),
+                                  "tpot": _err(pred.centre("tpot", p.tpot.kind, p.tpot.mean_over), p.tpot.centre),
                                   "ttft_p50": _err(pred.ttft_p50, p.ttft.p50),
                                   "tpot_p50": _err(pred.tpot_p50, p.tpot.p50),
                                   "output_tokens_per_s": _err(pred.output_tps, p.output_tps)}})
@@ -320,7 +337,7 @@ def _plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, t
             "name": cand.name, "changes": dict(cand.changes), "device": setup.device.name, "tp": setup.tp,
             "weight_bytes_per_element": _r(setup.model.dtype_bytes, 4), "max_num_seqs": setup.max_num_seqs,
             "calibration": "observed" if ccal is cal else "prior (another kind of device)",
-            "predicted": prediction_dict(pred),
+            "predicted": prediction_dict(pred, primary.tpot.mean_over),
             "max_rate_within_slo_rps": max_rate(setup, ccal, primary, scales, ttft_slo, tpot_slo, seed)
             if search_rate else None,
             "kv": {"capacity_tokens": capacity, "weights_share_of_memory": _r(share, 4),
