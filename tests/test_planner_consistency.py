@@ -98,11 +98,13 @@ def test_the_table_and_page_state_the_replay_mode_statistics_and_units() -> None
     doc = rate_plan(observed_open(5.0, 512, 128))
     text = render_table(doc)
     assert "Replay: open loop: Poisson arrivals at the observed request rate" in text
-    assert "TTFT mean ms obs/pred" in text and "TTFT p50 ms" in text and "KV headroom (x max_num_seqs)" in text
+    assert "TTFT mean ms obs/pred" in text and "TPOT mean per token ms obs/pred" in text
+    assert "TTFT p50 ms" in text and "KV headroom (x max_num_seqs)" in text
     page = render_html(doc)
     # Every calibration metric plotted (TTFT included), latencies in ms only, the current configuration
     # among the candidates' bars, and a unit on every number drawn.
-    for title in ("TTFT mean (ms)", "TPOT mean (ms)", "output (tokens/s)", "TTFT p50 (ms)", "TPOT p50 (ms)"):
+    for title in ("TTFT mean (ms)", "TPOT mean per token (ms)", "output (tokens/s)", "TTFT p50 (ms)",
+                  "TPOT p50 (ms)"):
         assert f'aria-label="{title}"' in page, title
     assert "(s)" not in page and page.count(">current (window)</text>") == 3
     drawn = re.findall(r'font-size="10">([^<]*)</text>', page)

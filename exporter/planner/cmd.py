@@ -205,7 +205,7 @@ def render_table(doc: Mapping[str, Any]) -> str:
     for c in doc["current"]:
         o, p, e = c["observed"], c["predicted"], c["error"]
         compared = c["compared"]
-        centre = {k: f"{k}_{compared[k]}_s" for k in compared}
+        centre = {k: f"{k}_{compared[k]}_s" for k in ("ttft", "tpot")}
         rows.append([c["point"], f"{_ms(o[centre['ttft']])} / {_ms(p[centre['ttft']])}", _pct(e["ttft"]),
                      f"{_ms(o['ttft_p50_s'])} / {_ms(p['ttft_p50_s'])}",
                      f"{_ms(o['ttft_p99_s'])} / {_ms(p['ttft_p99_s'])}",
@@ -216,8 +216,8 @@ def render_table(doc: Mapping[str, Any]) -> str:
     # mean where it has one) and the error is on it; p50 and p99 are the source's own percentiles (a
     # load test's requests, or the exporter's histogram buckets), '-' where it has none.
     text.append(_table(["point", f"TTFT {compared['ttft']} ms obs/pred", "err", "TTFT p50 ms obs/pred",
-                        "TTFT p99 ms obs/pred", f"TPOT {compared['tpot']} ms obs/pred", "err", "tok/s obs/pred",
-                        "err"], rows))
+                        "TTFT p99 ms obs/pred", f"TPOT {_tpot_statistic(compared)} ms obs/pred", "err",
+                        "tok/s obs/pred", "err"], rows))
     if doc["candidates"]:
         text.append("\nCandidates:\n")
         rows = []
@@ -268,6 +268,13 @@ def _bars(title: str, items: Sequence[tuple[str, float | None, float | None]], u
     return "".join(parts)
 
 
+def _tpot_statistic(compared: Mapping[str, str]) -> str:
+    """The TPOT statistic compared, in words: a mean says what it is over (requests or tokens)."""
+    if compared["tpot"] != "mean":
+        return compared["tpot"]
+    return "mean per request" if compared.get("tpot_mean_over") == "requests" else "mean per token"
+
+
 def render_html(doc: Mapping[str, Any]) -> str:
     rows = doc["current"]
 
@@ -276,7 +283,8 @@ def render_html(doc: Mapping[str, Any]) -> str:
         kinds = {c["compared"][which] for c in rows}
         kind = kinds.pop() if len(kinds) == 1 else "p50"
         key = f"{which}_{kind}_s"
-        return f"{which.upper()} {kind}", [(c["point"], c["observed"][key], c["predicted"][key]) for c in rows]
+        words = _tpot_statistic(rows[0]["compared"]) if which == "tpot" and kind == "mean" and rows else kind
+        return f"{which.upper()} {words}", [(c["point"], c["observed"][key], c["predicted"][key]) for c in rows]
 
     ttft_title, ttft = calibration("ttft")
     tpot_title, tpot = calibration("tpot")
