@@ -27,6 +27,7 @@ it in `make test`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import statistics
 import sys
@@ -111,12 +112,16 @@ class Measured:
     output_tps: float
 
 
-def measure(setup: Setup, work: Workload, requests: int = TRUTH_REQUESTS) -> Measured:
-    """The twin under `work`: its requests' own TTFT p50 and TPOT p50 (after a warm-up of a tenth of
-    them, and of two rounds of a closed loop), and the tokens/s generated while they ran."""
+def measure(setup: Setup, work: Workload, requests: int = TRUTH_REQUESTS, seed: int = SEED) -> Measured:
+    """The twin under `work`: its requests' own TTFT p50 and TPOT p50 (after a warm-up of a quarter as
+    many, and of two rounds of a closed loop), and its throughput. A closed loop's is its clients times
+    a request's tokens over a request's cycle (each client sends its next request when the last one
+    ends): tokens counted between two moments would depend on where they fall among its waves of
+    requests (10% at 128 in flight). An open loop's is the tokens generated while they ran."""
     tee = _Tee()
-    engine = truth_engine(setup, work, tee)
-    skip = max(requests // 4, 2 * work.concurrency if work.arrival == "fixed" else 0)
+    engine = truth_engine(setup, work, tee, seed)
+    closed = work.arrival == "fixed"
+    skip = max(requests // 4, 2 * work.concurrency if closed else 0)
     start_tokens, start_t = 0, 0.0
     while len(tee.done) < skip + requests and engine.t < 3600:
         engine.advance_to(engine.t + 0.25)
@@ -125,7 +130,11 @@ def measure(setup: Setup, work: Workload, requests: int = TRUTH_REQUESTS) -> Mea
     measured = tee.done[skip:skip + requests]
     ttft = [r.first_token - r.arrival for r in measured]
     tpot = [(r.finished_at - r.first_token) / (r.generated - 1) for r in measured if r.generated > 1]
-    tps = (engine.counters.generation_tokens - start_tokens) / max(1e-9, engine.t - start_t)
+    if closed:
+        cycle = statistics.fmean(r.finished_at - r.arrival for r in measured) + work.think_s
+        tps = work.concurrency * statistics.fmean(r.generated for r in measured) / cycle
+    else:
+        tps = (engine.counters.generation_tokens - start_tokens) / max(1e-9, engine.t - start_t)
     return Measured(percentile(ttft, 0.5), percentile(tpot, 0.5), tps)
 
 
@@ -187,14 +196,19 @@ def loadtest_step(level: int) -> dict[str, Any]:
     skip = max(2 * level, 10)
     while len(tee.done) < skip:
         engine.advance_to(engine.t + 0.25)
+    # The load test's step is a fixed duration (--duration), long enough here for LT_REQUESTS at the
+    # warm-up's pace: its throughput is what that duration saw, waves and all.
     t0, tokens0, n0 = engine.t, engine.counters.generation_tokens, len(tee.done)
-    while len(tee.done) < n0 + LT_REQUESTS:
-        engine.advance_to(engine.t + 0.25)
-    elapsed = engine.t - t0
-    done = tee.done[n0:]
+    duration = math.ceil(LT_REQUESTS / (skip / t0))
+    engine.advance_to(t0 + duration)
+    return _step(level, tee.done[n0:], duration, engine.counters.generation_tokens - tokens0)
+
+
+def _step(level: int, done: Sequence[Request], elapsed: float, gen: int) -> dict[str, Any]:
+    """A load test's step over these finished requests: their percentiles, the throughput, and the
+    engine's TTFT and inter-token means (what the load test reads from the exporter it watches)."""
     ttft = [r.first_token - r.arrival for r in done]
     tpot = [(r.finished_at - r.first_token) / (r.generated - 1) for r in done]
-    gen = engine.counters.generation_tokens - tokens0
     return {"mode": "concurrency", "level": level, "elapsed_s": elapsed, "requests": {"ok": len(done)},
             "latency_s": {"ttft": _pcts(ttft), "tpot": _pcts(tpot)},
             "throughput": {"requests_per_s": len(done) / elapsed, "input_tokens": sum(r.prompt for r in done),
@@ -209,6 +223,69 @@ def observe_loadtest() -> Observed:
     doc = {"schema": "llm-exporter-loadtest/1", "config": {"model": MODEL.name, "gpu": BASE.device.name},
            "steps": [loadtest_step(level) for level in LT_LEVELS]}
     return from_loadtest(doc, "twin load test")
+
+
+# --- one run, observed both ways -----------------------------------------------------------------------
+
+SAME_RUN_LEVEL = 32
+SAME_RUN_S = 60.0
+# Closed-loop questions, so both plans answer the same one whatever their source's replay mode.
+SAME_RUN_CANDIDATES = ("concurrency=16", "concurrency=32", "gpu=h200,concurrency=32", "dtype=fp8,concurrency=32",
+                       "prompt=2,concurrency=32")
+
+
+def observe_same_run(seed: int = SEED) -> tuple[Observed, Observed]:
+    """One closed loop at SAME_RUN_LEVEL, as a load test runs against an engine its exporter watches:
+    the exporter's window over the step and the load test's JSON of the same requests."""
+    cfg = engine_config(BASE)
+    blocks = kv_pool_blocks(Hardware(BASE.device.spec, **TRUTH), MODEL, cfg)
+    recorder = make_recorder("vllm", MODEL.name, 0.0, 0.0, max_model_len=MODEL.max_context,
+                             kv_capacity_tokens=blocks * cfg.block_size)
+    tee = _Tee(recorder)
+    engine = truth_engine(BASE, loadtest_workload(SAME_RUN_LEVEL), tee, seed)
+    state = NormalizerState()
+
+    def scrape() -> str:
+        page = recorder.render(engine.state(), {"gpu_memory_utilization": str(cfg.gpu_memory_utilization)})
+        return render(normalize(page, target="twin", kind="vllm", state=state).samples).decode()
+
+    engine.advance_to(WINDOW_WARMUP_S)
+    first, n0, tokens0 = parse_scrape(scrape(), "twin"), len(tee.done), engine.counters.generation_tokens
+    running = []
+    for second in range(1, int(SAME_RUN_S) + 1):
+        engine.advance_to(WINDOW_WARMUP_S + second)
+        running.append(float(engine.state().running))
+    last = parse_scrape(scrape(), "twin")
+    point, hit = point_from_scrapes(first, last, running, SAME_RUN_S, "window")
+    window = Observed("twin window", (point,), engine="vllm", model=MODEL.name, gpu_name=BASE.device.name,
+                      gpu_count=1, prefix_hit_rate=hit)
+    step = _step(SAME_RUN_LEVEL, tee.done[n0:], SAME_RUN_S, engine.counters.generation_tokens - tokens0)
+    doc = {"schema": "llm-exporter-loadtest/1", "config": {"model": MODEL.name, "gpu": BASE.device.name},
+           "steps": [step]}
+    return window, from_loadtest(doc, "twin load test")
+
+
+def same_run(seed: int = SEED) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Each closed-loop question, as the plan from the window and the plan from the load test answer it."""
+    window, loadtest = observe_same_run(seed)
+    cands = [parse_candidate(t, i) for i, t in enumerate(SAME_RUN_CANDIDATES)]
+    docs = [plan(obs, BASE, cands, ttft_slo=2.5, tpot_slo=0.1, search_rate=False) for obs in (window, loadtest)]
+    return [(text, a["predicted"], b["predicted"])
+            for text, a, b in zip(SAME_RUN_CANDIDATES, docs[0]["candidates"], docs[1]["candidates"], strict=True)]
+
+
+def twin_spread(text: str, seeds: Sequence[int] = (1, 2, 3)) -> dict[str, float]:
+    """The twin's own spread on a closed-loop question: the half-range of its answers over `seeds`,
+    relative to their median, per metric."""
+    setup = apply(BASE, parse_candidate(text, 0))
+    c = parse_candidate(text, 0).changes
+    runs = [measure(setup, loadtest_workload(c.get("concurrency", SAME_RUN_LEVEL), LT_PROMPT * c.get("prompt", 1.0)),
+                    seed=s) for s in seeds]
+    out = {}
+    for key in ("ttft_p50", "tpot_p50", "output_tps"):
+        values = [getattr(r, key) for r in runs]
+        out[key] = (max(values) - min(values)) / 2 / statistics.median(values)
+    return out
 
 
 # --- the held-out configurations ------------------------------------------------------------------------
