@@ -54,6 +54,7 @@ TIERS: dict[str, str] = {
     "test_hardening_dns.py": "process",
     "test_hardening_auth.py": "process",
     "test_hardening_http.py": "process",
+    "test_webconfig_reload_process.py": "process",
     "test_hardening_parse.py": "process",
     "test_hardening_scrape.py": "process",
     "test_host_net_live.py": "process",
