@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pathlib
 import re
 import subprocess
@@ -69,8 +70,28 @@ def test_roofline_svg_places_the_decode_point_under_the_roof():
     gpu = {"gpu": "0", "name": "H100", "peak_bandwidth_bytes_per_second": 3.35e12, "peak_flops": 989.5e12,
            "intensity_flops_per_byte": 60.0, "achieved_flops": 60.0 * 2.3e12, "gpm_ratio": 0.7, "model_ratio": 0.69}
     svg = roofline_svg(gpu)
-    assert svg.startswith("<svg") and "<circle" in svg and "HBM model 69%, GPM 70%" in svg
+    assert svg.startswith("<svg") and "HBM model 69%, GPM 70%" in svg
     assert "no peak spec" in roofline_svg({"gpu": "1", "name": "mystery"})
+    # Where the point is, read from the SVG alone: the roof polyline (bandwidth slope, ridge, flat
+    # compute roof), the x-axis tick labels and the two circles (model point, GPM point).
+    roof = [tuple(map(float, p.split(","))) for p in re.search(r'<polyline points="([^"]+)"', svg).group(1).split()]
+    ticks = {float(t): float(x) for x, t in re.findall(r'<text x="([\d.]+)" y="\d+" font-size="13" '
+                                                        r'text-anchor="\w+" fill="#667">([\d.]+)</text>', svg)}
+    circles = [(float(x), float(y)) for x, y in re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)"', svg)]
+    assert len(roof) == 3 and len(circles) == 2, svg
+    (x0, y0), (ridge_x, ridge_y), _ = roof
+    (cx, cy), (gx, gy) = circles
+    # x: intensity 60 sits at log10(6) of the way from the "10" tick to the "100" tick; left of the
+    # ridge (989.5e12 / 3.35e12 = 295 FLOP/byte), so under the bandwidth roof, not the compute one.
+    assert cx == pytest.approx(ticks[10] + (ticks[100] - ticks[10]) * math.log10(6), abs=0.5)
+    assert x0 < cx < ridge_x and gx == cx
+    # y (SVG y grows downwards): below the bandwidth roof at that x, by the decades between the
+    # roof there (3.35e12 * 60) and the achieved 2.3e12 * 60, on the roof's own scale.
+    roof_y = y0 + (ridge_y - y0) * (cx - x0) / (ridge_x - x0)
+    px_per_decade = (y0 - ridge_y) / math.log10(989.5e12 / (3.35e12 * 0.1))
+    assert cy > roof_y
+    assert cy - roof_y == pytest.approx(math.log10(3.35 / 2.3) * px_per_decade, abs=1.0)
+    assert gy - roof_y == pytest.approx(math.log10(1 / 0.7) * px_per_decade, abs=1.0)  # GPM: 70% of the roof
 
 
 def test_page_says_no_recent_traffic_for_an_slo_without_requests():
