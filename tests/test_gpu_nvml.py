@@ -558,15 +558,30 @@ def test_gpm_metrics_average_over_the_window_between_two_cycles() -> None:
     assert fake.gpm_samples_live == 0
 
 
-def test_gpm_waits_for_100ms_without_sleeping() -> None:
+def test_gpm_waits_for_100ms_without_sleeping(monkeypatch) -> None:
     fake = FakeNvml(["h100"], "busy")
     source = make_source(fake, xid_events=False)
     collect(source)
     fake.set_load(0, sm_active_pct=20.0)
     fake.advance(0.05)
-    started = time.perf_counter()
+    # A wall-time bound cannot see a 100 ms sleep (the cycle takes tens of ms either way), so the
+    # sleeps themselves are recorded: the cycle 50 ms after the last must return, not wait.
+    slept: list[float] = []
+    real_sleep, real_async_sleep = time.sleep, asyncio.sleep
+
+    def recording_sleep(seconds: float) -> None:
+        slept.append(seconds)
+        real_sleep(seconds)
+
+    async def recording_async_sleep(seconds: float, *args: object, **kwargs: object) -> object:
+        slept.append(seconds)
+        return await real_async_sleep(seconds, *args, **kwargs)
+
+    monkeypatch.setattr(time, "sleep", recording_sleep)
+    monkeypatch.setattr(asyncio, "sleep", recording_async_sleep)
     fast = collect(source)
-    assert time.perf_counter() - started < 0.5
+    monkeypatch.undo()
+    assert [s for s in slept if s >= 0.01] == [], slept
     assert values(fast, "llm_gpu_sm_active_ratio") == []
     fake.set_load(0, sm_active_pct=80.0)
     fake.advance(0.10)
