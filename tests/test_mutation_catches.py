@@ -1,0 +1,187 @@
+"""Numbers users act on, checked where a planted bug went unseen (issue 46): each test here failed
+with that bug in place and passes without it.
+
+- KV bytes per token with tensor parallelism: vLLM says how much memory its KV cache holds per
+  worker; the bytes per token are that x the TP workers / the capacity in tokens. Ignoring the
+  workers reported 1/TP of the truth at every TP > 1 (tests/test_derive_*.py only ran TP 1). The
+  twin's side of the same physics: each GPU holds its share of the KV heads (all of them at TP 1,
+  one each once TP reaches the head count, replicated beyond), so the capacity in tokens it shows
+  follows min(TP, kv_heads), not TP.
+- The quantile window's monotonic guard (quantiles.tail raising each cumulative count to the
+  largest below it, as histogram_quantile() does): without it the SLO attainment of a window whose
+  bucket deltas are not monotonic read 0.50 instead of 0.83.
+"""
+
+from __future__ import annotations
+
+import math
+from types import MappingProxyType
+
+import httpx
+import pytest
+
+from exporter.config import Config
+from exporter.derive import build_deriver
+from exporter.derive.quantiles import tail
+from exporter.simulator.costs import Batch, Hardware, step_cost
+from exporter.simulator.engine import EngineConfig, kv_pool_blocks
+from exporter.simulator.twin import Twin, TwinConfig
+from exporter.snapshot import Snapshot, SourceKind, SourceResult
+from exporter.sources.engines.normalize import normalize
+from exporter.specs.gpus import lookup_gpu
+from exporter.specs.models import load_model, weight_bytes, weight_bytes_read_per_step
+from tests.support import exporter_run, fake_engine, wait_until
+
+GiB = 1024**3
+LLAMA_8B_KV = 2 * 32 * 8 * 128 * 2  # 131,072 B/token: 32 layers x 8 KV heads x head_dim 128 x BF16, K and V
+WORKER_KV = 40 * GiB  # what each TP worker allocates to its KV cache
+
+
+def vllm_kv_page(tp: int, kv_heads: int = 8, full_bytes: int = LLAMA_8B_KV, usage: float = 0.25) -> str:
+    """A vLLM page whose cache_config_info says what a TP group really holds: each worker has
+    WORKER_KV bytes of its share of the heads, min(tp, kv_heads) shares make one token's KV."""
+    per_worker_token = full_bytes / min(tp, kv_heads)
+    tokens = int(WORKER_KV // per_worker_token)
+    blocks = tokens // 16
+    return ("# TYPE vllm:cache_config_info gauge\n"
+            f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{blocks}",'
+            f'kv_cache_size_tokens="{blocks * 16}",kv_cache_memory_bytes="{WORKER_KV}"}} 1\n'
+            "# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{model_name="meta-llama/Llama-3.1-8B-Instruct"} 4\n'
+            "# TYPE vllm:kv_cache_usage_perc gauge\n"
+            f'vllm:kv_cache_usage_perc{{model_name="meta-llama/Llama-3.1-8B-Instruct"}} {usage}\n')
+
+
+def derived(page: str, tp: int, cycles: int = 2) -> dict[str, float]:
+    """The page through the real normalizer and a Deriver at `tp` GPUs per replica: name -> value
+    of the normalized and the derived samples, as /metrics shows them."""
+    deriver = build_deriver(Config(interval_s=1.0, model="llama-3.1-8b", tensor_parallel=tp))
+    out: list = []
+    previous = None
+    for t in range(cycles):
+        samples = normalize(page, target="a", kind="vllm").samples
+        snap = Snapshot(1_000.0 + t, MappingProxyType({"engine:a": SourceResult(
+            "engine:a", True, 0.0, float(t), tuple(samples), kind=SourceKind.ENGINE,
+            attrs=MappingProxyType({"kind": "engine", "target": "a", "engine": "vllm", "model": "llama-3.1-8b"}))}))
+        out = [*samples, *deriver(snap, previous)]
+        previous = snap
+    return {s.name: s.value for s in out}
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_kv_bytes_per_token_from_the_engine_counts_every_tp_worker(tp):
+    # Llama 3.1 8B holds 131,072 B of KV per token whatever the TP: the engine's per-worker
+    # memory x TP / the capacity in tokens. Ignoring the workers reads 65,536 at TP 2, 16,384 at TP 8.
+    values = derived(vllm_kv_page(tp), tp)
+    capacity = values["llm_kv_cache_capacity_tokens"]
+    assert capacity == pytest.approx(WORKER_KV * min(tp, 8) / LLAMA_8B_KV, rel=1e-3)
+    assert values["llm_kv_cache_bytes_per_token"] == pytest.approx(LLAMA_8B_KV, rel=1e-3)
+    # The pool in bytes is every worker's allocation together.
+    assert values["llm_kv_cache_capacity_bytes"] == pytest.approx(WORKER_KV * tp, rel=1e-3)
+    assert values["llm_kv_cache_used_bytes"] == pytest.approx(0.25 * WORKER_KV * tp, rel=1e-3)
+
+
+def test_kv_bytes_per_token_reported_by_the_running_exporter_at_tp_8():
+    """The same through `llm-exporter run --tensor-parallel 8` scraping a vLLM page."""
+    with fake_engine(vllm_kv_page(8).encode()) as (url, _), exporter_run(
+            "--engine", f"{url},kind=vllm,name=a", "--model", "llama-3.1-8b", "--tensor-parallel", "8") as (base, _, _):
+        def bytes_per_token() -> float | None:
+            for line in httpx.get(base + "/metrics", timeout=5).text.splitlines():
+                if line.startswith("llm_kv_cache_bytes_per_token{"):
+                    return float(line.rsplit(" ", 1)[1])
+            return None
+        assert wait_until(lambda: bytes_per_token() is not None, timeout=30)
+        assert bytes_per_token() == pytest.approx(LLAMA_8B_KV, rel=1e-3)
+
+
+def twin_capacity_tokens(model: str, tp: int) -> float:
+    """The KV capacity in tokens a twin of `model` on `tp` H100s shows, read from its vLLM page by
+    the exporter's normalizer (what llm_kv_cache_capacity_tokens says)."""
+    twin = Twin(TwinConfig(scenario="decode-heavy", model=model, gpus=tp, epoch=1_700_000_000.0))
+    samples = normalize(twin.metrics_text(), target="t", kind="vllm").samples
+    return next(s.value for s in samples if s.name == "llm_kv_cache_capacity_tokens")
+
+
+@pytest.mark.parametrize(("model", "kv_heads"), [("llama-3.1-8b", 8), ("qwen2.5-7b", 4)])
+def test_twin_kv_capacity_follows_the_kv_heads_each_gpu_holds(model, kv_heads):
+    # Per GPU: 0.9 x 80 GB - weights / TP - the activation reserve, in blocks of 16 tokens of
+    # (bytes per token / min(TP, kv_heads)): heads split over the ranks up to their count, one
+    # head per GPU (replicated) beyond it.
+    shape, gpu, cfg = load_model(model), lookup_gpu("h100-sxm"), EngineConfig()
+    full = 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.kv_dtype_bytes
+    for tp in (1, 2, 8):
+        budget = gpu.memory_bytes * cfg.gpu_memory_utilization
+        free = budget - weight_bytes(shape) / tp - cfg.activation_reserve_bytes
+        per_gpu_token = full / min(tp, kv_heads)
+        expected_blocks = math.floor(free / (cfg.block_size * per_gpu_token))
+        assert kv_pool_blocks(Hardware(gpu, tp=tp), shape, cfg) == expected_blocks
+        assert twin_capacity_tokens(model, tp) == expected_blocks * cfg.block_size
+
+
+@pytest.mark.parametrize(("model", "kv_heads"), [("llama-3.1-8b", 8), ("qwen2.5-7b", 4)])
+def test_step_kv_bytes_per_gpu_split_over_the_heads_and_replicated_beyond(model, kv_heads):
+    # A decode step of 64 sequences x 1,024 context tokens: each GPU reads its weights' share and
+    # the KV of its heads for every context token (and writes one new token per sequence).
+    shape, gpu = load_model(model), lookup_gpu("h100-sxm")
+    full = 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.kv_dtype_bytes
+    batch = Batch(decode_seqs=64, decode_context=64 * 1024, logits_tokens=64)
+    kv = {}
+    for tp in (1, 2, 4, 8):
+        cost = step_cost(Hardware(gpu, tp=tp), shape, batch)
+        kv[tp] = cost.bytes_per_gpu - weight_bytes_read_per_step(shape, 64) / tp
+        assert kv[tp] == pytest.approx(full / min(tp, kv_heads) * (64 * 1024 + 64), rel=1e-9)
+    assert kv[8] == pytest.approx(kv[kv_heads])  # at TP >= kv_heads each GPU holds one head
+
+
+# --- the quantile window's monotonic guard -------------------------------------------------
+
+BOUNDS = (0.1, 0.5, 1.0, float("inf"))
+# Two valid pages (cumulative counts rise with `le`) whose difference is not monotonic: the 0.5 s
+# bucket's own count fell from 10 to 8 while every cumulative count rose. Window deltas: 5, 3, 5, 6.
+PAGE1 = (10.0, 20.0, 25.0, 30.0)
+PAGE2 = (15.0, 23.0, 30.0, 36.0)
+
+
+def test_window_attainment_raises_each_count_to_the_largest_below_it():
+    delta = tuple(b - a for a, b in zip(PAGE1, PAGE2, strict=True))
+    t = tail("ttft", BOUNDS, delta, 0.5)
+    # 5 of 6 at or below 0.5 s once 3 is raised to the 5 below it, as histogram_quantile() does;
+    # without the guard 3/6 = 0.50.
+    assert t.slo_bound == 0.5
+    assert t.slo_attainment == pytest.approx(5 / 6)
+    assert t.count == 6
+    # Quantiles interpolate in the raised counts: p50 is rank 3 of 6, inside the first bucket.
+    assert t.quantile(0.5) == pytest.approx(0.1 * 3 / 5)
+    assert t.quantile(0.95) == pytest.approx(1.0)  # rank 5.7 in the +Inf bucket: the highest finite bound
+    assert t.quantile(0.99) == pytest.approx(1.0)
+
+
+def ttft_page(counts: tuple[float, ...]) -> bytes:
+    lines = ["# TYPE vllm:time_to_first_token_seconds histogram"]
+    labels = 'model_name="m"'
+    for bound, count in zip(BOUNDS, counts, strict=True):
+        le = "+Inf" if bound == float("inf") else f"{bound}"
+        lines.append(f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{le}"}} {count:g}')
+    lines.append(f"vllm:time_to_first_token_seconds_count{{{labels}}} {counts[-1]:g}")
+    lines.append(f"vllm:time_to_first_token_seconds_sum{{{labels}}} {counts[-1] * 0.3:g}")
+    lines.append("# TYPE vllm:num_requests_running gauge")
+    lines.append(f"vllm:num_requests_running{{{labels}}} 1")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_slo_attainment_of_a_non_monotonic_window_from_the_running_exporter():
+    """The issue's example through `llm-exporter run`: 0.83 with the guard, 0.50 without."""
+    with fake_engine(ttft_page(PAGE1)) as (url, engine), exporter_run(
+            "--engine", f"{url},kind=vllm,name=a", "--slo-ttft", "0.5s") as (base, _, _):
+        seen = engine.requests
+        assert wait_until(lambda: engine.requests >= seen + 2, timeout=30)  # PAGE1 checkpointed
+        engine.body = ttft_page(PAGE2)
+
+        def attainment() -> float | None:
+            for line in httpx.get(base + "/metrics", timeout=5).text.splitlines():
+                if line.startswith("llm_ttft_slo_attainment_ratio{"):
+                    assert 'bound="0.5"' in line
+                    return float(line.rsplit(" ", 1)[1])
+            return None
+        assert wait_until(lambda: attainment() is not None, timeout=30)
+        assert attainment() == pytest.approx(5 / 6, abs=1e-6)
