@@ -372,20 +372,27 @@ def test_the_exporter_shows_the_cost_models_error_live(realtime_demo) -> None:
                 found[line.split("{", 1)[0]] = float(line.rsplit(" ", 1)[1])
         return found
 
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+    # The twin runs on these priors; the gap (about -25% here) is the running gauge counting sequences
+    # still in prefill, which the observed TPOT (batch / decode tokens/s) cannot tell apart. The rate
+    # window (15 s) starts with the ramp, whose first seconds overweigh it: rather than sleeping for
+    # the window, poll until the error is within the bound on 3 readings in a row, 1 s apart (a cost
+    # model that is wrong never gets there and the deadline fails the test).
+    readings: list[dict[str, float]] = []
+
+    def settled() -> bool:
+        return len(readings) >= 3 and all(len(r) == 4 and abs(r["llm_model_tpot_error_ratio"]) < 0.6
+                                          for r in readings[-3:])
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not settled():
         with contextlib.suppress(httpx.HTTPError):
-            if len(found := series()) == 4:
-                break
+            readings.append(series())
         time.sleep(1)
-    time.sleep(20)  # the rate window fills with steady traffic (its first seconds overweigh the ramp)
-    found = series()
+    assert settled(), readings[-3:]
+    found = readings[-1]
     assert set(found) == {"llm_model_predicted_tpot_seconds", "llm_model_tpot_error_ratio",
                           "llm_model_predicted_decode_tokens_per_second", "llm_model_decode_throughput_error_ratio"}
     assert found["llm_model_predicted_tpot_seconds"] > 0
-    # The twin runs on these priors; the gap (about -25% here) is the running gauge counting sequences
-    # still in prefill, which the observed TPOT (batch / decode tokens/s) cannot tell apart.
-    assert abs(found["llm_model_tpot_error_ratio"]) < 0.6, found
     numbers = httpx.get(demo_exporter + "/api/v1/diagnosis", timeout=5).json()["targets"]["demo-0"]["numbers"]
     assert numbers["model_tpot_predicted_s"] > 0 and numbers["model_bound"] in ("memory", "compute")
     page = httpx.get(demo_exporter + "/", timeout=5).text
