@@ -28,6 +28,7 @@ debs:
 	command -v prometheus-node-exporter >/dev/null 2>&1 || missing="$$missing prometheus-node-exporter"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	command -v unshare >/dev/null 2>&1 || missing="$$missing util-linux"; \
 	ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing="$$missing libfaketime"; \
 	updated=""; \
 	if [ -n "$$missing" ]; then \
