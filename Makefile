@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 APT_PKGS := prometheus prometheus-alertmanager prometheus-node-exporter chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test test-fast test-live test-fleet test-deploy image container-debs fleet fleet-down fleet-debs venv debs demo run bench lint fmt golden generate docs dashboards dashboards-check alerts-test stack stack-down clean
+.PHONY: test test-fast test-live planner-validation test-fleet test-deploy image container-debs fleet fleet-down fleet-debs venv debs demo run bench mutation lint fmt golden generate docs dashboards dashboards-check alerts-test stack stack-down clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
@@ -66,6 +66,14 @@ test-live: venv
 	$(BIN)/python -m tests.live.engines install
 	LLM_EXPORTER_LIVE=1 $(BIN)/python -m pytest tests/live -p no:cacheprovider -v
 
+# The planner's full validation on real engines, outside CI (about 20 min on 2 cores): every configuration
+# of tests/live/test_planner_live.py measured in interleaved rounds of the long steps, each beside its noise
+# floor. The table is printed and written to $LLM_EXPORTER_PLAN_TABLE (default .plan-validation.md);
+# docs/planner.md "Measured accuracy on real engines" carries one. make test-live runs the short profile.
+planner-validation: venv
+	$(BIN)/python -m tests.live.engines install
+	LLM_EXPORTER_LIVE=1 LLM_EXPORTER_PLAN_PROFILE=full $(BIN)/python -m pytest tests/live/test_planner_live.py -p no:cacheprovider -v -s
+
 # The fleet tier (tests/fleet, about 5 min on 2 cores): deploy/fleet.py's simulated fleet with two
 # Prometheus servers, the central store (VictoriaMetrics + vmalert) and Alertmanager; docs/deploy.md.
 test-fleet: venv debs fleet-debs
@@ -121,6 +129,13 @@ demo: venv
 
 bench: venv debs fleet-debs
 	$(BIN)/python -m bench
+
+# Mutation testing (docs/testing.md "Mutation testing"), outside CI: mutmut over the modules whose numbers
+# users act on, each against the fast tests that cover it, in scratch copies (never a mutants/ folder here).
+# MODULES="quantiles slo" to run some; about 5-30 min a module on 2 cores.
+mutation: venv
+	$(BIN)/pip install -q -c constraints.txt mutmut==3.8.1
+	nice -n 19 $(BIN)/python -m tests.mutation $(MODULES)
 
 lint: venv
 	$(BIN)/ruff check exporter tests bench dashboards alerts

@@ -1,0 +1,149 @@
+"""`make mutation`: mutmut 3 over the modules whose numbers users act on, each against only the fast
+test files that cover it (docs/testing.md "Mutation testing").
+
+mutmut reads one configuration per directory (pyproject's [tool.mutmut]) and writes its mutants
+next to it, so each module runs in a scratch copy of the checkout with its own configuration: the
+shared working tree never gets a `mutants/` folder, and one module's runs never reuse another's
+test selection. The copies stay under $LLM_EXPORTER_MUTATION_DIR (default
+~/.cache/llm-exporter/mutation/<module>), so a second run of an unchanged module only redoes what
+changed (mutmut's own cache).
+
+    python -m tests.mutation [MODULE ...]    # default: every module in MODULES, in order
+    python -m tests.mutation --list
+
+Prints killed / total per module and the surviving mutants' names (`mutmut show NAME` in the
+module's folder shows the diff).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = ("-m", "not slow")
+
+
+@dataclass(frozen=True)
+class Module:
+    mutate: tuple[str, ...]  # files mutated (globs relative to the checkout)
+    tests: tuple[str, ...]  # pytest arguments: the fast test files (and -k / -m) that cover them
+
+
+MODULES: dict[str, Module] = {
+    # Quantiles and SLO attainment from the window's bucket deltas; the window itself.
+    "quantiles": Module(("exporter/derive/quantiles.py",),
+                        ("tests/test_derive_formulas.py", "tests/test_mutation_catches.py",
+                         "tests/test_derive_verdict.py", "tests/test_derive_stages.py", *FAST,
+                         "-k", "not running_exporter")),
+    "window": Module(("exporter/derive/window.py",),
+                     ("tests/test_derive_formulas.py", "tests/test_derive_verdict.py", "tests/test_mutation_catches.py",
+                      *FAST, "-k", "not running_exporter")),
+    # SLO thresholds, burn-rate windows and factors, and the rules built from them.
+    "slo": Module(("exporter/slo.py", "alerts/slo.py"), ("tests/test_alerts.py", "tests/test_units.py", *FAST)),
+    # Histogram and counter normalization of engine pages.
+    "normalize": Module(("exporter/sources/engines/normalize.py",),
+                        ("tests/test_engines_normalize.py", "tests/test_engines_conformance.py",
+                         "tests/test_hardening_numbers.py", *FAST)),
+    # The planner's calibration on observed operating points.
+    "planner-model": Module(("exporter/planner/model.py",), ("tests/test_planner.py", *FAST)),
+}
+
+MUTMUT = "mutmut==3.8.1"
+# What the tests read beside exporter/ and alerts/ (generated files, rules, boards, docs).
+ALSO_COPY = ("dashboards", "deploy", "docs", "bench", "Makefile", "constraints.txt", ".ci")
+
+
+def scratch_root() -> Path:
+    base = os.environ.get("LLM_EXPORTER_MUTATION_DIR")
+    return Path(base) if base else Path.home() / ".cache" / "llm-exporter" / "mutation"
+
+
+def toml_list(items: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def prepare(name: str, module: Module) -> Path:
+    """A copy of the checkout (no .git, no venv) with this module's [tool.mutmut]."""
+    work = scratch_root() / name
+    work.mkdir(parents=True, exist_ok=True)
+    patterns = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".hypothesis")
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        # Symlinks left out: the host and network fixture trees hold device -> parent loops, as
+        # the real /sys, which mutmut's own copy of tests/ would follow without end. No module
+        # here is tested on them.
+        return set(patterns(folder, names)) | {n for n in names if os.path.islink(os.path.join(folder, n))}
+    for top in ("exporter", "alerts", "tests", *ALSO_COPY):
+        src, dst = ROOT / top, work / top
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=ignore, dirs_exist_ok=True)
+        elif src.is_file():
+            shutil.copy2(src, dst)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    pyproject = re.sub(r"\n\[tool\.mutmut\].*?(?=\n\[|\Z)", "", pyproject, flags=re.S)
+    pyproject += ("\n[tool.mutmut]\n"
+                  'source_paths = ["exporter", "alerts"]\n'
+                  f"only_mutate = {toml_list(module.mutate)}\n"
+                  f"also_copy = {toml_list([t for t in ALSO_COPY if (ROOT / t).exists()])}\n"
+                  f"pytest_add_cli_args_test_selection = {toml_list(module.tests)}\n"
+                  # No timeouts of pytest-timeout in the mutants: mutmut times a mutant out itself.
+                  'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:timeout"]\n')
+    (work / "pyproject.toml").write_text(pyproject)
+    return work
+
+
+def counts(work: Path) -> dict[str, int]:
+    subprocess.run([sys.executable, "-m", "mutmut", "export-cicd-stats"], cwd=work, check=True,
+                   stdout=subprocess.DEVNULL)
+    return json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
+
+
+def survivors(work: Path) -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=work, check=True,
+                         capture_output=True, text=True).stdout
+    return [line.split(":")[0].strip() for line in out.splitlines() if line.strip().endswith(("survived", "no tests"))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("modules", nargs="*", help=f"default: all of {', '.join(MODULES)}")
+    p.add_argument("--list", action="store_true")
+    p.add_argument("--max-children", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    args = p.parse_args(argv)
+    if args.list:
+        for name, m in MODULES.items():
+            print(f"{name}: {' '.join(m.mutate)}  <-  {' '.join(m.tests)}")
+        return 0
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        p.error(f"unknown module(s) {', '.join(unknown)}; --list shows them")
+    rows = []
+    for name in args.modules or list(MODULES):
+        work = prepare(name, MODULES[name])
+        print(f"== {name}: mutmut in {work}", flush=True)
+        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)], cwd=work,
+                       check=False)
+        stats = counts(work)
+        left = survivors(work)
+        killed, total = stats.get("killed", 0), stats.get("total", 0)
+        rows.append((name, killed, total, left, stats))
+    print("\nmodule            killed / total      %   survived  (stats)")
+    for name, killed, total, left, stats in rows:
+        pct = 100.0 * killed / total if total else 0.0
+        print(f"{name:<17} {killed:>6} / {total:<6} {pct:5.1f}%  {len(left):>5}     {stats}")
+        for mutant in left:
+            print(f"    {mutant}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
