@@ -22,7 +22,7 @@ import pytest
 
 from exporter.config import Config
 from exporter.derive import build_deriver
-from exporter.derive.quantiles import tail
+from exporter.derive.quantiles import attainment, histogram_quantile, notes, slo_bound, tail
 from exporter.simulator.costs import Batch, Hardware, step_cost
 from exporter.simulator.engine import EngineConfig, kv_pool_blocks
 from exporter.simulator.twin import Twin, TwinConfig
@@ -185,3 +185,39 @@ def test_slo_attainment_of_a_non_monotonic_window_from_the_running_exporter():
             return None
         assert wait_until(lambda: attainment() is not None, timeout=30)
         assert attainment() == pytest.approx(5 / 6, abs=1e-6)
+
+
+# --- quantile and attainment edges that `make mutation` found untested ----------------------
+
+INF = float("inf")
+
+
+@pytest.mark.parametrize(("q", "bounds", "cumulative", "expected"), [
+    (0.5, (0.1, 0.5, INF), (0.0, 1.0, 1.0), 0.3),  # one observation in the window is enough
+    (0.5, (0.1, 0.5, INF), (0.0, 10.0, 10.0), 0.3),  # second bucket: from its lower bound 0.1
+    (0.5, (0.1, 0.5, INF), (4.0, 10.0, 10.0), 0.1 + 0.4 * 1 / 6),  # ... past the 4 below it
+    (0.99, (0.1, 0.5, INF), (1.0, 2.0, 10.0), 0.5),  # in +Inf: the highest finite bound
+    (0.99, (0.5, INF), (1.0, 3.0), 0.5),
+    (0.25, (-1.0, 1.0, INF), (10.0, 20.0, 20.0), -1.0),  # first bucket at or below 0: its bound
+    (0.5, (0.0, 1.0, INF), (2.0, 10.0, 10.0), 0.375),  # ... but the next bucket interpolates
+    (0.0, (0.1, 0.5, INF), (0.0, 4.0, 4.0), 0.1),  # rank 0 in an empty bucket: its bound
+])
+def test_histogram_quantile_interpolates_as_promql(q, bounds, cumulative, expected):
+    assert histogram_quantile(q, bounds, cumulative) == pytest.approx(expected)
+
+
+def test_histogram_quantile_and_attainment_without_data_are_absent():
+    assert histogram_quantile(0.5, (), (1.0,)) is None
+    assert histogram_quantile(0.5, (INF,), (3.0,)) is None  # only +Inf: no finite bound to name
+    assert histogram_quantile(0.5, (0.5, INF), (0.0, 0.0)) is None
+    assert attainment((0.5, INF), (), 0.5) is None
+    assert attainment((0.5, INF), (1.0, 1.0), 0.5) == 1.0  # one request, within the SLO
+    assert attainment((0.5, INF), (0.0, 1.0), 0.5) == 0.0  # one request, late
+    assert slo_bound((0.0, 1.0, INF), 0.0) == 0.0  # "at or below": a bound equal to the threshold
+    empty = tail("ttft", (), (), 0.5)
+    assert (empty.kind, empty.count, empty.slo_threshold, empty.slo_attainment) == ("ttft", 0.0, 0.5, None)
+    judged = tail("tbt", BOUNDS, (5.0, 5.0, 5.0, 6.0), 0.5)
+    assert (judged.kind, judged.slo_threshold, judged.note) == ("tbt", 0.5, "")
+    assert notes({"tbt": judged}) == []
+    unjudged = tail("tbt", BOUNDS, (5.0, 5.0, 5.0, 6.0), 0.05)
+    assert notes({"tbt": unjudged}) == ["no tbt bucket bound at or below the SLO 0.05s: attainment omitted"]
