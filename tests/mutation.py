@@ -5,8 +5,9 @@ mutmut reads one configuration per directory (pyproject's [tool.mutmut]) and wri
 next to it, so each module runs in a scratch copy of the checkout with its own configuration: the
 shared working tree never gets a `mutants/` folder, and one module's runs never reuse another's
 test selection. The copies stay under $LLM_EXPORTER_MUTATION_DIR (default
-~/.cache/llm-exporter/mutation/<module>), so a second run of an unchanged module only redoes what
-changed (mutmut's own cache).
+~/.cache/llm-exporter/mutation/<module>) for `mutmut show NAME` there; each run starts from no
+mutants, since mutmut's cache keys a mutant's verdict on the mutated code alone and would keep a
+survivor that a new test now kills.
 
     python -m tests.mutation [MODULE ...]    # default: every module in MODULES, in order
     python -m tests.mutation --list
@@ -73,6 +74,7 @@ def toml_list(items: tuple[str, ...] | list[str]) -> str:
 def prepare(name: str, module: Module) -> Path:
     """A copy of the checkout (no .git, no venv) with this module's [tool.mutmut]."""
     work = scratch_root() / name
+    shutil.rmtree(work / "mutants", ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     patterns = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".hypothesis")
 
