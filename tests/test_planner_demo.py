@@ -62,13 +62,12 @@ def test_the_prompt_is_per_admitted_request_while_a_queue_builds() -> None:
 
 # --- the real processes --------------------------------------------------------------------------------
 
-# The scenarios whose current row the plan predicts, with the bound on each error that holds today
-# (docs/planner.md "On the demo": measured -26% to +45% on TTFT, within 3% on TPOT and tokens/s). The
-# issue's bar is 30% on TTFT; decode-heavy's calibration reads its prefill at 0.4 of peak where the twin
-# runs 0.6 (+40%), so the test holds the bound it can keep and the table says the rest. kv-pressure is
-# left out: its queue grows for as long as the demo runs (docs/planner.md says why a window cannot say it).
-DEMO_BOUNDS = {"decode-heavy": {"ttft": 0.6, "tpot": 0.15, "output_tokens_per_s": 0.15},
-               "prefill-heavy": {"ttft": 0.6, "tpot": 0.15, "output_tokens_per_s": 0.15}}
+# The scenarios whose current row the plan predicts, with the bar: 30% on TTFT (measured -9% and
+# -4% here since the calibration settles the decode steps under each prefill trial; -26% to +45% before),
+# TPOT and tokens/s within 15% (measured within 3%). kv-pressure is left out: its queue grows for as long
+# as the demo runs (docs/planner.md "On the demo" says why a window cannot say it).
+DEMO_BOUNDS = {"decode-heavy": {"ttft": 0.3, "tpot": 0.15, "output_tokens_per_s": 0.15},
+               "prefill-heavy": {"ttft": 0.3, "tpot": 0.15, "output_tokens_per_s": 0.15}}
 DEMO_WARM_S = 20.0  # the protocol of the table: the plan starts 20 s after the demo
 DEMO_WINDOW = "10s"
 

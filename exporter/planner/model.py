@@ -254,8 +254,10 @@ def calibrate(setup: Setup, points: Sequence[Point], *, refine: bool = True, see
         cal = _fit(setup, points, [(p, t / r) for (p, t), r in zip(obs, stall, strict=True)])
         cal = _batch_factors(setup, points, _refine(setup, points, cal, seed, prefix_hit_rate), seed, prefix_hit_rate)
         # The factors' level moved into the decode fractions (_fold), which steps that carry a prefill
-        # also run at: the prefill and host time are searched again on them, and the factors settled.
-        cal = _batch_factors(setup, points, _refine(setup, points, cal, seed, prefix_hit_rate), seed, prefix_hit_rate)
+        # also run at: the prefill and host time are searched again on them, each trial with its decode
+        # settled, and the factors settled last.
+        cal = _refine(setup, points, cal, seed, prefix_hit_rate, settle=True)
+        cal = _batch_factors(setup, points, cal, seed, prefix_hit_rate)
     rse_t = max((p.tpot.rse() for p in points), default=0.0)
     rse_f = max((p.ttft.rse() for p in points), default=0.0)
     ci = {"bandwidth_efficiency": _interval(cal.bw, rse_t), "decode_compute_efficiency": _interval(cal.compute, rse_t),
@@ -329,10 +331,18 @@ SEARCH_FACTORS = (1.41, 1.19, 1.09, 1.04)
 SEARCH_PASSES = 6  # moves per factor at most: the closed form starts near the answer
 
 
-def _refine(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int, prefix: float) -> Calibration:
+def _refine(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int, prefix: float, *,
+            settle: bool = False) -> Calibration:
     """Coordinate search on the prefill efficiency and the host time per request, each move scored by
     replaying every point through the twin: the closed form cannot see requests queueing for the API
-    server or a slot, or prompts waiting behind each other; the replay does."""
+    server or a slot, or prompts waiting behind each other; the replay does. With `settle`, each trial's
+    decode steps are first settled to its points' TPOT (one round of _batch_factors): prefill chunks
+    share the decode steps, so a slower prefill reads as slower decode, and a search that held the
+    decode fixed stopped where the two traded off (the demo's decode-heavy window: prefill 0.41 of peak
+    where the twin runs 0.6, TTFT +43%)."""
+    def trial_of(c: Calibration) -> Calibration:
+        return _batch_factors(setup, points, c, seed, prefix, rounds=1) if settle else c
+
     def score(c: Calibration) -> float:
         total = 0.0
         for p in points:
@@ -356,7 +366,7 @@ def _refine(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int, 
                 trials = [t for t in trials if max(t.bw, t.compute, t.prefill) <= 1.0]
             if not trials:
                 break
-            value, trial = min(((score(t), t) for t in trials), key=lambda vt: vt[0])
+            value, trial = min(((score(t), t) for t in map(trial_of, trials)), key=lambda vt: vt[0])
             if value >= best - 1e-9:
                 break
             cal, best = trial, value
@@ -369,7 +379,8 @@ FACTOR_ROUNDS = 3
 FACTOR_RANGE = (0.25, 4.0)
 
 
-def _batch_factors(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int, prefix: float) -> Calibration:
+def _batch_factors(setup: Setup, points: Sequence[Point], cal: Calibration, seed: int, prefix: float, *,
+                   rounds: int = FACTOR_ROUNDS) -> Calibration:
     """Per observed decode batch, the ratio of its observed TPOT to the replayed one, on the roofline
     part of the step (the overhead is the same at every batch): one roofline cannot follow kernels
     that change with the batch, and Vidur profiles each batch size for that reason. Points at the
@@ -380,7 +391,7 @@ def _batch_factors(setup: Setup, points: Sequence[Point], cal: Calibration, seed
         return cal
     factors = dict(cal.batch_factors)
     factors.update({b: 1.0 for b in by_batch if b not in factors})
-    for _ in range(FACTOR_ROUNDS):
+    for _ in range(rounds):
         trial = dataclasses.replace(cal, batch_factors=tuple(sorted(factors.items())))
         for b, group in by_batch.items():
             logs = []
