@@ -168,12 +168,14 @@ def observe_window() -> Observed:
 
     engine.advance_to(WINDOW_WARMUP_S)
     first = parse_scrape(scrape(), "twin")
-    running = []
+    running, waiting = [], []
     for second in range(1, int(WINDOW_S) + 1):
         engine.advance_to(WINDOW_WARMUP_S + second)
-        running.append(float(engine.state().running))
+        gauges = parse_scrape(scrape(), "twin").gauges
+        running.append(gauges["llm_requests_running"])
+        waiting.append(gauges["llm_requests_waiting"])
     last = parse_scrape(scrape(), "twin")
-    point, hit = point_from_scrapes(first, last, running, WINDOW_S, "window")
+    point, hit = point_from_scrapes(first, last, running, WINDOW_S, "window", waiting=waiting)
     return Observed("twin window", (point,), engine="vllm", model=MODEL.name, gpu_name=setup.device.name,
                     gpu_count=1, prefix_hit_rate=hit)
 
@@ -229,9 +231,10 @@ def observe_loadtest() -> Observed:
 
 SAME_RUN_LEVEL = 32
 SAME_RUN_S = 60.0
-# Closed-loop questions, so both plans answer the same one whatever their source's replay mode.
-SAME_RUN_CANDIDATES = ("concurrency=16", "concurrency=32", "gpu=h200,concurrency=32", "dtype=fp8,concurrency=32",
-                       "prompt=2,concurrency=32")
+# Questions both plans answer in one replay mode: the window of a load test's closed loop is read as
+# one (observe.closed_loop_level).
+SAME_RUN_CANDIDATES = ("concurrency=16", "concurrency=32", "rate=2", "gpu=h200", "gpu=l40s", "dtype=fp8", "tp=2",
+                       "prompt=2")
 
 
 def observe_same_run(seed: int = SEED) -> tuple[Observed, Observed]:
@@ -251,12 +254,14 @@ def observe_same_run(seed: int = SEED) -> tuple[Observed, Observed]:
 
     engine.advance_to(WINDOW_WARMUP_S)
     first, n0, tokens0 = parse_scrape(scrape(), "twin"), len(tee.done), engine.counters.generation_tokens
-    running = []
+    running, waiting = [], []
     for second in range(1, int(SAME_RUN_S) + 1):
         engine.advance_to(WINDOW_WARMUP_S + second)
-        running.append(float(engine.state().running))
+        gauges = parse_scrape(scrape(), "twin").gauges
+        running.append(gauges["llm_requests_running"])
+        waiting.append(gauges["llm_requests_waiting"])
     last = parse_scrape(scrape(), "twin")
-    point, hit = point_from_scrapes(first, last, running, SAME_RUN_S, "window")
+    point, hit = point_from_scrapes(first, last, running, SAME_RUN_S, "window", waiting=waiting)
     window = Observed("twin window", (point,), engine="vllm", model=MODEL.name, gpu_name=BASE.device.name,
                       gpu_count=1, prefix_hit_rate=hit)
     step = _step(SAME_RUN_LEVEL, tee.done[n0:], SAME_RUN_S, engine.counters.generation_tokens - tokens0)

@@ -57,3 +57,44 @@ def test_the_docs_carry_the_twin_table() -> None:
                                ("loadtest", planner_twin.LOADTEST_CANDIDATES)):
         for cand in candidates:
             assert f"| {source} | `{cand}` |" in text, (source, cand)
+
+
+# The window's statistics come from the exporter's histograms (means exact, percentiles from buckets),
+# the load test's from its requests; on the means the two channels of one run differ by this much at
+# most (measured: TPOT within 3%, tokens/s 1%, TTFT 10%: the window's edges cut the waves of a closed
+# loop's requests differently from the load test's step).
+SAME_RUN_BOUNDS = {"tpot_mean_s": 0.05, "output_tokens_per_s": 0.05, "ttft_mean_s": 0.15}
+
+
+def test_a_window_and_a_load_test_of_one_run_agree() -> None:
+    """One closed loop of 32 clients observed through the exporter's window and through the load
+    test's JSON: the window is read as the closed loop it is, and the two plans answer each question
+    alike."""
+    window, loadtest = planner_twin.observe_same_run()
+    assert window.points[0].mode == "concurrency" and window.points[0].level == planner_twin.SAME_RUN_LEVEL
+    for text, from_window, from_loadtest in planner_twin.same_run():
+        for key, bound in SAME_RUN_BOUNDS.items():
+            a, b = from_window[key], from_loadtest[key]
+            assert abs(a / b - 1) <= bound, (text, key, a, b)
+
+
+def test_independent_arrivals_are_not_read_as_a_closed_loop() -> None:
+    (point,) = planner_twin.observe_window().points
+    assert point.mode == "rate", point
+
+
+def test_the_closed_loop_reading_needs_the_count_held_and_the_waiting_gauge() -> None:
+    import random
+
+    from exporter.planner.observe import closed_loop_level
+
+    held = [32.0, 32.0, 23.0, 32.0, 32.0, 8.0, 32.0, 32.0, 32.0, 32.0]  # dips: requests between client and engine
+    assert closed_loop_level(held, [0.0] * len(held)) == 32
+    # More clients than slots: 16 run, the rest wait, the sum holds.
+    assert closed_loop_level([16.0] * 10, [16.0, 16.0, 15.0, 16.0, 16.0, 16.0, 16.0, 14.0, 16.0, 16.0]) == 32
+    rng = random.Random(3)
+    poisson = [float(sum(1 for _ in range(200) if rng.random() < 0.15)) for _ in range(60)]
+    assert closed_loop_level(poisson, [0.0] * 60) is None
+    growing = [4.0] * 30
+    assert closed_loop_level(growing, [float(i) for i in range(30)]) is None  # a queue that builds
+    assert closed_loop_level([4.0] * 30) is None  # slots held full, no waiting gauge: cannot tell

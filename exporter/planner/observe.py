@@ -287,7 +287,16 @@ COUNTERS = ("llm_requests_finished_total", "llm_prompt_tokens_total", "llm_gener
 HISTOGRAMS = {"ttft": "llm_time_to_first_token_seconds", "tpot": "llm_time_per_output_token_seconds",
               "itl": "llm_inter_token_latency_seconds"}
 LENGTHS = {"prompt": "llm_request_prompt_tokens", "output": "llm_request_generation_tokens"}
-GAUGES = ("llm_requests_running", "llm_gpu_power_watts")
+GAUGES = ("llm_requests_running", "llm_requests_waiting", "llm_gpu_power_watts")
+# A window whose requests in flight (running + waiting, sampled once a second) sit at their highest
+# value in at least this share of the samples is a closed loop: clients that each send their next
+# request when the last one ends (a load test) hold the count at their number, dipping only while a
+# request is between the client and the engine. Independent arrivals reach their highest count about
+# once (Poisson), a growing queue at the end. Replayed as Poisson arrivals, a closed loop's lockstep
+# reads as other physics: the same run planned from a load test's JSON and from the exporter's window
+# disagreed by 85% on the TTFT of the same question (tests/planner_twin.py).
+CLOSED_LOOP_AT_TOP = 0.5
+MIN_CLOSED_LOOP_SAMPLES = 5
 # The widest log-space spread read from a length histogram: chat traffic is 0.5-1; past 1.5 the
 # buckets (1-2-5 per decade) no longer tell a spread from a mixture.
 MAX_LENGTH_SIGMA = 1.5
@@ -350,7 +359,8 @@ def _delta_quantile(q: float, before: Mapping[float, float], after: Mapping[floa
 
 
 def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], window_s: float,
-                       label: str, output_tokens: float | None = None) -> tuple[Point, float]:
+                       label: str, output_tokens: float | None = None,
+                       waiting: Sequence[float] = ()) -> tuple[Point, float]:
     """The window between two scrapes as one open-loop point, and its prefix-cache hit share.
     `output_tokens` per request, when given, counts requests for an engine that counts none (llama.cpp)."""
     def inc(name: str) -> float:
@@ -418,7 +428,29 @@ def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], wi
                   requests_per_s=done / window_s, prompt_tokens=prompt,
                   output_tokens=gen / done, ttft=ttft, tpot=tpot, output_tps=gen / window_s, duration_s=window_s,
                   prompt_sigma=sigmas["prompt"], output_sigma=sigmas["output"])
+    level = closed_loop_level(running, waiting)
+    if level is not None:
+        # Each client's turnaround outside the engine, as for a load test's step (_loadtest_point).
+        cycle = level * point.output_tokens / point.output_tps if point.output_tps > 0 else 0.0
+        gap = max(0.0, cycle - ttft.centre - max(0.0, point.output_tokens - 1) * tpot.centre)
+        point = dataclasses.replace(point, mode="concurrency", level=float(level), in_flight=float(level),
+                                    label=f"{label} (closed loop: {level} in flight)", client_gap_s=min(gap, 600.0))
     return point, min(0.95, max(0.0, hit))
+
+
+def closed_loop_level(running: Sequence[float], waiting: Sequence[float] = ()) -> int | None:
+    """The clients of a closed loop, where the requests in flight over the window say it is one
+    (CLOSED_LOOP_AT_TOP); None for independent arrivals, and without the waiting gauge: a slot
+    pool that open-loop traffic keeps full holds its running count as still as a closed loop does."""
+    if not waiting or len(waiting) != len(running):
+        return None
+    counts = [r + w for r, w in zip(running, waiting, strict=True)]
+    if len(counts) < MIN_CLOSED_LOOP_SAMPLES:
+        return None
+    top = max(counts)
+    if top < 2 or sum(1 for c in counts if c == top) < CLOSED_LOOP_AT_TOP * len(counts):
+        return None
+    return round(top)
 
 
 def _length_sigma(first: Scrape, last: Scrape, fam: str) -> float:
@@ -568,18 +600,22 @@ async def observe_exporter(base_url: str, window_s: float, *, target: str | None
         first = await scrape()
         start = clock()
         running: list[float] = []
+        waiting: list[float] = []
         powers: list[float] = []
         last = first
         while clock() - start < window_s:
             await asyncio.sleep(min(SAMPLE_EVERY_S, max(0.0, window_s - (clock() - start))))
             last = await scrape()
             running.append(last.gauges.get("llm_requests_running", 0.0))
+            if "llm_requests_waiting" in last.gauges:
+                waiting.append(last.gauges["llm_requests_waiting"])
             if "llm_gpu_power_watts" in last.gauges:
                 powers.append(last.gauges["llm_gpu_power_watts"])
     finally:
         await diag_client.aclose()
         await metrics_client.aclose()
-    point, hit = point_from_scrapes(first, last, running, clock() - start, f"window {window_s:g}s", output_tokens)
+    point, hit = point_from_scrapes(first, last, running, clock() - start, f"window {window_s:g}s", output_tokens,
+                                    waiting)
     return Observed(source=base, points=(point,), engine=about.engine, model=about.model, gpu_name=about.gpu_name,
                     gpu_count=about.gpu_count or last.gpus,
                     power_w=sum(powers) / len(powers) if powers else None,
