@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 APT_PKGS := prometheus prometheus-alertmanager prometheus-node-exporter chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test test-fast test-live test-fleet test-deploy image container-debs fleet fleet-down fleet-debs venv debs demo run bench mutation lint fmt golden generate docs dashboards dashboards-check alerts-test stack stack-down clean
+.PHONY: test test-fast test-live planner-validation test-fleet test-deploy image container-debs fleet fleet-down fleet-debs venv debs demo run bench mutation lint fmt golden generate docs dashboards dashboards-check alerts-test stack stack-down clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
@@ -65,6 +65,14 @@ test-fast: venv
 test-live: venv
 	$(BIN)/python -m tests.live.engines install
 	LLM_EXPORTER_LIVE=1 $(BIN)/python -m pytest tests/live -p no:cacheprovider -v
+
+# The planner's full validation on real engines, outside CI (about 20 min on 2 cores): every configuration
+# of tests/live/test_planner_live.py measured in interleaved rounds of the long steps, each beside its noise
+# floor. The table is printed and written to $LLM_EXPORTER_PLAN_TABLE (default .plan-validation.md);
+# docs/planner.md "Measured accuracy on real engines" carries one. make test-live runs the short profile.
+planner-validation: venv
+	$(BIN)/python -m tests.live.engines install
+	LLM_EXPORTER_LIVE=1 LLM_EXPORTER_PLAN_PROFILE=full $(BIN)/python -m pytest tests/live/test_planner_live.py -p no:cacheprovider -v -s
 
 # The fleet tier (tests/fleet, about 5 min on 2 cores): deploy/fleet.py's simulated fleet with two
 # Prometheus servers, the central store (VictoriaMetrics + vmalert) and Alertmanager; docs/deploy.md.

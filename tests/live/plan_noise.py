@@ -20,8 +20,11 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-KEYS = ("tpot_p50", "ttft_p50", "output_tokens_per_s")
-PREDICTED_KEYS = {"tpot_p50": "tpot_p50_s", "ttft_p50": "ttft_p50_s", "output_tokens_per_s": "output_tokens_per_s"}
+KEYS = ("tpot", "ttft", "output_tokens_per_s")
+# A run's latencies are the statistic its source has (observe.Stat.kind), as the planner compares them: the
+# engine's own means where the exporter watched the load test (vLLM here: its API server sends a short
+# answer in a few chunks, so the client's TPOT p50 is ~0), else the load test's medians (llama.cpp).
+STATS = ("p50", "mean")
 ROLES = ("calibration", "held-out", "extrapolation")
 
 G = TypeVar("G")
@@ -77,11 +80,19 @@ def median_index(values: Sequence[float]) -> int:
     return order[(len(order) - 1) // 2]
 
 
-def errors(predicted: Mapping[str, Any], truth: Mapping[str, float]) -> dict[str, float]:
+def predicted_key(key: str, stat: str) -> str:
+    """The plan JSON's field for a metric on a statistic: tpot_mean_s, ttft_p50_s, output_tokens_per_s."""
+    return key if key == "output_tokens_per_s" else f"{key}_{stat}_s"
+
+
+def errors(predicted: Mapping[str, Any], truth: Mapping[str, float], stat: str) -> dict[str, float]:
+    if stat not in STATS:
+        raise ValueError(stat)
     out = {}
-    for key, pkey in PREDICTED_KEYS.items():
-        assert predicted[pkey] is not None and predicted[pkey] > 0, (key, predicted)
-        out[key] = predicted[pkey] / truth[key] - 1.0
+    for key in KEYS:
+        value = predicted[predicted_key(key, stat)]
+        assert value is not None and value > 0, (key, stat, predicted)
+        out[key] = value / truth[key] - 1.0
     return out
 
 
@@ -90,14 +101,18 @@ class Row:
     engine: str
     role: str
     config: str
+    stat: str  # the latencies' statistic (STATS)
     predicted: Mapping[str, Any]
     truth: Mapping[str, float]
     floor: Mapping[str, float]
     runs: int
 
+    def pred(self, key: str) -> float:
+        return self.predicted[predicted_key(key, self.stat)]
+
     @property
     def err(self) -> dict[str, float]:
-        return errors(self.predicted, self.truth)
+        return errors(self.predicted, self.truth, self.stat)
 
     @property
     def excess(self) -> dict[str, float]:
@@ -116,11 +131,11 @@ class Table:
         self.limits = dict(limits)
         self.rows: list[Row] = []
 
-    def add(self, engine: str, role: str, config: str, predicted: Mapping[str, Any], truth: Mapping[str, float],
-            floor: Mapping[str, float], runs: int) -> Row:
+    def add(self, engine: str, role: str, config: str, stat: str, predicted: Mapping[str, Any],
+            truth: Mapping[str, float], floor: Mapping[str, float], runs: int) -> Row:
         if role not in ROLES:
             raise ValueError(role)
-        row = Row(engine, role, config, predicted, truth, floor, runs)
+        row = Row(engine, role, config, stat, predicted, truth, floor, runs)
         row.err  # noqa: B018 - a missing or zero prediction fails here, at the row that has it
         self.rows.append(row)
         return row
@@ -143,18 +158,16 @@ class Table:
         return {k: sum(1 for r in self.of(role) if r.excess[k] > 0) for k in KEYS}
 
     def markdown(self) -> str:
-        lines = ["| engine | role | configuration | runs | TPOT p50 ms pred / meas | err | floor | "
-                 "TTFT p50 ms pred / meas | err | floor | tok/s pred / meas | err | floor |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines = ["| engine | role | configuration | runs | latency stat | TPOT ms pred / meas | err | floor | "
+                 "TTFT ms pred / meas | err | floor | tok/s pred / meas | err | floor |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in self.rows:
-            p, t, e, f = r.predicted, r.truth, r.err, r.floor
+            t, e, f = r.truth, r.err, r.floor
             lines.append(
-                f"| {r.engine} | {r.role} | {r.config} | {r.runs} | "
-                f"{p['tpot_p50_s'] * 1e3:.1f} / {t['tpot_p50'] * 1e3:.1f} | {e['tpot_p50']:+.0%} | "
-                f"{_pct(f['tpot_p50'])} | "
-                f"{p['ttft_p50_s'] * 1e3:.0f} / {t['ttft_p50'] * 1e3:.0f} | {e['ttft_p50']:+.0%} | "
-                f"{_pct(f['ttft_p50'])} | "
-                f"{p['output_tokens_per_s']:.1f} / {t['output_tokens_per_s']:.1f} | "
+                f"| {r.engine} | {r.role} | {r.config} | {r.runs} | {r.stat} | "
+                f"{r.pred('tpot') * 1e3:.1f} / {t['tpot'] * 1e3:.1f} | {e['tpot']:+.0%} | {_pct(f['tpot'])} | "
+                f"{r.pred('ttft') * 1e3:.0f} / {t['ttft'] * 1e3:.0f} | {e['ttft']:+.0%} | {_pct(f['ttft'])} | "
+                f"{r.pred('output_tokens_per_s'):.1f} / {t['output_tokens_per_s']:.1f} | "
                 f"{e['output_tokens_per_s']:+.0%} | {_pct(f['output_tokens_per_s'])} |")
         for role in ("held-out", "extrapolation"):
             rows = self.of(role)
