@@ -26,7 +26,7 @@ from exporter.derive.quantiles import attainment, histogram_quantile, notes, slo
 from exporter.simulator.costs import Batch, Hardware, step_cost
 from exporter.simulator.engine import EngineConfig, kv_pool_blocks
 from exporter.simulator.twin import Twin, TwinConfig
-from exporter.snapshot import Snapshot, SourceKind, SourceResult
+from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult, labels_of
 from exporter.sources.engines.normalize import normalize
 from exporter.specs.gpus import lookup_gpu
 from exporter.specs.models import load_model, weight_bytes, weight_bytes_read_per_step
@@ -221,3 +221,102 @@ def test_histogram_quantile_and_attainment_without_data_are_absent():
     assert notes({"tbt": judged}) == []
     unjudged = tail("tbt", BOUNDS, (5.0, 5.0, 5.0, 6.0), 0.05)
     assert notes({"tbt": unjudged}) == ["no tbt bucket bound at or below the SLO 0.05s: attainment omitted"]
+
+
+# --- the quantiles stage through a Deriver: roles, partial targets, ranks, restarts ----------
+# What `make mutation` left alive in quantiles._compute and quantiles.numbers: the diagnosis'
+# per-kind numbers (doctor and /debug/diagnosis print them) read whole, on the paths the fast
+# tests never fed the stage.
+
+STAGE_BOUNDS = (("0.5", 0.5), ("2.5", 2.5), ("5", 5.0), ("+Inf", INF))
+TTFT, TBT, E2E = ("llm_time_to_first_token_seconds", "llm_inter_token_latency_seconds",
+                  "llm_e2e_request_latency_seconds")
+
+
+def stage_snapshot(t: float, hists: dict[str, dict[str, tuple[float, ...]]], role: str = "",
+                   layouts: dict[str, tuple[tuple[str, float], ...]] | None = None) -> Snapshot:
+    """One vLLM target at `t` whose histograms are name -> rank -> cumulative counts over
+    STAGE_BOUNDS or the name's `layouts` (one rank "": an unlabelled series)."""
+    samples = []
+    for name, ranks in hists.items():
+        for rank, counts in ranks.items():
+            labels = labels_of(target="a", engine="vllm", model="llama-3.1-8b", **({"rank": rank} if rank else {}))
+            samples += [Sample(name + "_bucket", labels + (("le", le),), c)
+                        for (le, _), c in zip((layouts or {}).get(name, STAGE_BOUNDS), counts, strict=True)]
+    attrs = {"kind": "engine", "target": "a", "engine": "vllm", "model": "llama-3.1-8b", "role": role}
+    results = {"engine:a": SourceResult("engine:a", True, 0.0, t, tuple(samples), kind=SourceKind.ENGINE,
+                                        attrs=MappingProxyType(attrs))}
+    return Snapshot(1_000.0 + t, MappingProxyType(results))
+
+
+def stage_numbers(deriver, snap: Snapshot) -> tuple[dict, list[Sample]]:
+    """The quantiles stage's numbers in the diagnosis (kind -> numbers), and the cycle's samples."""
+    out = list(deriver(snap, None))
+    numbers = deriver.diagnosis()["targets"]["a"]["numbers"]
+    return {k: v for k, v in numbers.items() if k in ("ttft", "tbt", "e2e")}, out
+
+
+def kind_numbers(count: float, quantiles: dict[str, float], slo: float | None, bound: float | None,
+                 attainment: float | None, **extra) -> dict:
+    return {"window_count": count, "quantiles": quantiles, "slo_seconds": slo, "slo_bound_used": bound,
+            "slo_attainment": attainment, "slo_window_count": count, "slo_no_recent_traffic": False,
+            "restarted_seconds_ago": None, "window_count_since_restart": None, "not_applicable": None} | extra
+
+
+def test_quantiles_stage_numbers_of_a_prefill_instance_say_tbt_is_not_applicable():
+    # A prefill instance exposes TBT too, but its token gaps are its decode partner's: no TBT
+    # quantiles, no TBT SLO line, and the reason in the numbers; TTFT and E2E still count.
+    deriver = build_deriver(Config(interval_s=5.0, slo_ttft_s=2.5, slo_tbt_s=0.5))
+    for t in range(2):
+        c = 10.0 * t
+        numbers, out = stage_numbers(deriver, stage_snapshot(5.0 * t, {
+            TTFT: {"": (0.0, c, c, c)}, TBT: {"": (c, c, c, c)}, E2E: {"": (0.0, 0.0, c, c)}}, role="prefill"))
+    assert numbers["tbt"] == {
+        "window_count": 0.0, "quantiles": {}, "slo_seconds": 0.5, "slo_bound_used": None, "slo_attainment": None,
+        "slo_window_count": 0.0, "slo_no_recent_traffic": False, "restarted_seconds_ago": None,
+        "window_count_since_restart": None,
+        "not_applicable": "prefill role: the instance hands each request to its decode partner after the first "
+                          "token, so the token gaps users see are the decode instance's"}
+    # 10 requests in the window, all between 0.5 and 2.5 s to the first token.
+    assert numbers["ttft"] == kind_numbers(10.0, {"0.5": 1.5, "0.95": 2.4, "0.99": 2.48}, 2.5, 2.5, 1.0)
+    assert numbers["e2e"] == kind_numbers(10.0, {"0.5": 3.75, "0.95": 4.875, "0.99": 4.975}, None, None, None)
+    assert not [s for s in out if s.name in ("llm_tbt_window_seconds", "llm_tbt_slo_attainment_ratio")]
+    assert [s.value for s in out if s.name == "llm_ttft_slo_attainment_ratio"] == [1.0]
+
+
+def test_quantiles_stage_reads_every_histogram_a_target_has_when_others_are_missing_or_new():
+    # No TBT histogram at all (a server that does not stream): TTFT and E2E are still judged.
+    # Then a TTFT histogram whose buckets changed (an engine upgrade) has no window yet: E2E,
+    # after it, still has one.
+    deriver = build_deriver(Config(interval_s=5.0, slo_ttft_s=2.5))
+    for t in range(2):
+        c = 4.0 * t
+        numbers, _ = stage_numbers(deriver, stage_snapshot(5.0 * t, {TTFT: {"": (c, c, c, c)},
+                                                                     E2E: {"": (0.0, c, c, c)}}))
+    assert set(numbers) == {"ttft", "e2e"}
+    assert numbers["e2e"]["window_count"] == 4.0 and numbers["e2e"]["quantiles"]["0.5"] == 1.5
+    assert numbers["ttft"] == kind_numbers(4.0, {"0.5": 0.25, "0.95": 0.475, "0.99": 0.495}, 2.5, 2.5, 1.0)
+    # TTFT on a 0.5 / 1 / 5 / +Inf layout now: no checkpoint on it yet, so no TTFT numbers;
+    # E2E, after it in the stage's order and on its old layout, still has its window.
+    upgraded = (("0.5", 0.5), ("1", 1.0), ("5", 5.0), ("+Inf", INF))
+    numbers, _ = stage_numbers(deriver, stage_snapshot(10.0, {TTFT: {"": (8.0,) * 4}, E2E: {"": (0.0, 8.0, 8.0, 8.0)}},
+                                                       layouts={TTFT: upgraded}))
+    assert set(numbers) == {"e2e"} and numbers["e2e"]["window_count"] == 8.0
+
+
+def test_quantiles_stage_counts_a_restart_of_one_rank_and_says_it_at_once():
+    # Two data-parallel ranks, 10 requests each per 5 s, all within 0.5 s; rank 1 restarts
+    # between t=10 and t=15 (20 -> 4). The window holds what either rank served: rank 0's 30 and
+    # rank 1's 20 + 4 = 54 at t=15 (the restart read on the summed counts, 40 -> 34, would add
+    # rank 0's 30 again: 74); the numbers say the restart 0 s after it was seen, with the 10 + 4
+    # requests since.
+    deriver = build_deriver(Config(interval_s=5.0, slo_ttft_s=0.5))
+    for t, r0, r1 in ((0, 0.0, 0.0), (5, 10.0, 10.0), (10, 20.0, 20.0), (15, 30.0, 4.0)):
+        numbers, out = stage_numbers(deriver, stage_snapshot(float(t), {TTFT: {
+            "0": (r0, r0, r0, r0), "1": (r1, r1, r1, r1)}}))
+    assert numbers["ttft"] == kind_numbers(54.0, {"0.5": 0.25, "0.95": 0.475, "0.99": 0.495}, 0.5, 0.5, 1.0,
+                                           restarted_seconds_ago=0.0, window_count_since_restart=14.0)
+    assert [s.value for s in out if s.name == "llm_ttft_slo_attainment_ratio"] == [1.0]
+    numbers, _ = stage_numbers(deriver, stage_snapshot(20.0, {TTFT: {"0": (40.0,) * 4, "1": (14.0,) * 4}}))
+    assert numbers["ttft"]["window_count"] == 74.0
+    assert numbers["ttft"]["restarted_seconds_ago"] == 5.0 and numbers["ttft"]["window_count_since_restart"] == 34.0
