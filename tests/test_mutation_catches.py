@@ -23,6 +23,7 @@ import pytest
 from exporter.config import Config
 from exporter.derive import build_deriver
 from exporter.derive.quantiles import attainment, histogram_quantile, notes, slo_bound, tail
+from exporter.derive.window import HistogramWindow, RateWindow, Scopes
 from exporter.simulator.costs import Batch, Hardware, step_cost
 from exporter.simulator.engine import EngineConfig, kv_pool_blocks
 from exporter.simulator.twin import Twin, TwinConfig
@@ -320,3 +321,109 @@ def test_quantiles_stage_counts_a_restart_of_one_rank_and_says_it_at_once():
     numbers, _ = stage_numbers(deriver, stage_snapshot(20.0, {TTFT: {"0": (40.0,) * 4, "1": (14.0,) * 4}}))
     assert numbers["ttft"]["window_count"] == 74.0
     assert numbers["ttft"]["restarted_seconds_ago"] == 5.0 and numbers["ttft"]["window_count_since_restart"] == 34.0
+
+
+# --- the windows themselves (exporter/derive/window.py): what `make mutation` left alive ------
+
+
+def rate_window(points: list[tuple[float, float, float]], window_s: float = 10.0, **kw) -> RateWindow:
+    """A RateWindow fed (ts, counter c, gauge g) points."""
+    w = RateWindow(window_s, **kw)
+    for ts, c, g in points:
+        w.observe(ts, {"c": c}, {"g": g})
+    return w
+
+
+def test_rate_window_baseline_is_the_newest_point_at_or_before_the_window_start():
+    # 10 s window: at t=20 the point at t=15 is inside, the one at t=10 is exactly the start
+    # (the baseline), t=0 goes: 100 over 10 s = 10/s (t=0 as baseline: 250/20 = 12.5/s).
+    w = rate_window([(0, 0, 0), (10, 150, 0), (20, 250, 0)], window_s=10)
+    assert w.increase("c") == (100, 10) and w.rate("c") == 10
+    w = rate_window([(0, 0, 0), (15, 150, 0), (20, 250, 0)], window_s=5)
+    assert w.increase("c") == (100, 5)
+    # A repeated snapshot (same ts) adds nothing: the rate stays 10/s, not 20/s.
+    w = rate_window([(0, 0, 0), (10, 100, 0), (10, 200, 0)], window_s=60)
+    assert w.rate("c") == 10
+    # At most 64 points: of 100 one-second points in a long window the oldest kept is t=36.
+    w = rate_window([(float(t), 10.0 * t, 0) for t in range(100)], window_s=1e9)
+    assert w.increase("c") == (630.0, 63.0)
+    short = rate_window([(float(t), 10.0 * t, 0) for t in range(10)], window_s=1e9, max_points=3)
+    assert short.increase("c") == (20, 2)
+
+
+@pytest.mark.parametrize("stat", ["max", "mean"])
+def test_rate_window_gauge_stats_leave_out_the_baseline_unless_it_is_alone(stat):
+    one = rate_window([(0, 0, 7)])
+    assert getattr(one, stat)("g") == 7  # a single point is the window
+    two = rate_window([(0, 0, 100), (5, 0, 1)])
+    assert getattr(two, stat)("g") == 1  # the baseline's 100 is before the window
+    three = rate_window([(0, 0, 100), (5, 0, 3), (8, 0, 2)])
+    assert getattr(three, stat)("g") == {"max": 3, "mean": 2.5}[stat]
+    assert getattr(three, stat)("other") is None
+
+
+def test_histogram_window_first_cycle_has_no_delta_and_a_new_layout_starts_again():
+    w = HistogramWindow(30.0)
+    assert w.observe(0.0, (0.5, INF), (1.0, 1.0)) is None  # one checkpoint: no window yet
+    assert w.observe(1.0, (0.5, INF), (2.0, 3.0)) == (1.0, 2.0)  # a delta of 1 is kept, not dropped
+    assert w.fresh == (1.0, 2.0) and w.restarted_at is None
+    # Same number of buckets, other bounds (an engine upgrade): no delta against the old layout.
+    assert w.observe(2.0, (1.0, INF), (5.0, 6.0)) is None
+    assert w.observe(3.0, (1.0, INF), (6.0, 8.0)) == (1.0, 2.0)
+
+
+def test_histogram_window_keeps_one_checkpoint_per_thirtieth_of_the_window():
+    # 30 s window: a checkpoint at most once a second. At t=0.98 none (0.98 s after the last), so
+    # at t=31 the baseline is still t=0's: delta 2. (A checkpoint at 0.98 would be the baseline: 1.)
+    w = HistogramWindow(30.0)
+    for ts, c in ((0.0, 0.0), (0.98, 1.0), (31.0, 2.0)):
+        delta = w.observe(ts, (INF,), (c,))
+    assert delta == (2.0,)
+
+
+def test_histogram_window_restart_at_the_window_start_is_out_of_the_window():
+    # Restart seen at t=10 (20 -> 1): one request since it, kept (not rounded away). At t=40 the
+    # restart's checkpoint is the baseline, so the whole delta is the running process's (4, not 5
+    # against the counts before the restart) and no restart is said.
+    w = HistogramWindow(30.0)
+    for ts, c in ((0.0, 10.0), (5.0, 20.0), (10.0, 1.0)):
+        w.observe(ts, (INF,), (c,))
+    assert w.restarted_at == 10.0 and w.fresh == (1.0,)
+    assert w.observe(11.0, (INF,), (3.0,)) == (13.0,) and w.fresh == (3.0,)
+    assert w.observe(40.0, (INF,), (5.0,)) == (4.0,)
+    assert w.restarted_at is None and w.fresh == (4.0,)
+
+
+class Seen:
+    def __init__(self, last_seen: float | None = None) -> None:
+        if last_seen is not None:
+            self.last_seen = last_seen
+
+
+def test_scopes_forget_stale_windows_and_evict_the_least_recently_seen():
+    scopes = Scopes(lambda: RateWindow(10.0), forget_after_s=60.0)
+    scopes.get("never-observed")  # last_seen -inf: stale at once
+    scopes.get("edge").observe(40.0, {}, {})  # exactly forget_after_s old: kept
+    scopes.sweep(100.0)
+    assert len(scopes) == 1 and scopes.get("edge").last_seen == 40.0
+    hist = Scopes(lambda: HistogramWindow(30.0), forget_after_s=60.0)
+    hist.get("h")
+    hist.sweep(0.0)
+    assert len(hist) == 0
+    # Something without last_seen is never stale, and goes first when one must go.
+    seen = {"b": Seen(5.0), "a": Seen(9.0), "c": Seen()}
+    bounded = Scopes(lambda: seen[order.pop(0)], forget_after_s=1.0, max_items=2)
+    order = ["b", "a", "c", "d"]
+    bounded.get("b")
+    bounded.get("a")
+    bounded.get("c")  # "b" (seen at 5, before "a" at 9) goes, not the alphabetical first
+    assert sorted(bounded._items) == ["a", "c"]
+    seen["d"] = Seen(1.0)
+    bounded.get("d")  # "c" has no last_seen: it goes
+    assert sorted(bounded._items) == ["a", "d"]
+    bounded.sweep(1e9)
+    assert sorted(bounded._items) == []
+    unseen = Scopes(lambda: Seen(), forget_after_s=1.0)
+    unseen.get("x")
+    unseen.sweep(1e9)
+    assert len(unseen) == 1
