@@ -427,3 +427,17 @@ def test_scopes_forget_stale_windows_and_evict_the_least_recently_seen():
     unseen.get("x")
     unseen.sweep(1e9)
     assert len(unseen) == 1
+
+
+def test_quantiles_stage_numbers_keep_their_digits_and_the_note_names_the_kind():
+    # p50 of 8 requests (1 under 0.5 s, 7 in 0.5-2.5 s): 0.5 + 2 x 3/7 = 1.357142857..., shown to
+    # 6 digits; the restart 2.3456 s ago to 0.1 s. No TTFT bound at or below a 0.1 s SLO: the
+    # note says which histogram lacks it.
+    deriver = build_deriver(Config(interval_s=5.0, slo_ttft_s=0.1))
+    for t, counts in ((0.0, (0.0,) * 4), (5.0, (1.0, 7.0, 7.0, 7.0)), (10.0, (0.0, 1.0, 1.0, 1.0)),
+                      (12.3456, (0.0, 1.0, 1.0, 1.0))):
+        numbers, _ = stage_numbers(deriver, stage_snapshot(t, {TTFT: {"": counts}}))
+    assert numbers["ttft"]["quantiles"]["0.5"] == 1.357143
+    assert numbers["ttft"]["restarted_seconds_ago"] == 2.3
+    assert "no ttft bucket bound at or below the SLO 0.1s: attainment omitted" in (
+        deriver.diagnosis()["targets"]["a"]["omitted"])
