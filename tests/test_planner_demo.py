@@ -109,3 +109,20 @@ def test_plan_predicts_the_demos_current_row(tmp_path) -> None:
         print(f"{scenario}: errors {row['error']} in {took:.0f} s")
         for key, bound in DEMO_BOUNDS[scenario].items():
             assert abs(row["error"][key]) <= bound, (scenario, key, row)
+
+
+def test_a_window_whose_queue_grows_says_the_deployment_is_overloaded() -> None:
+    """kv-pressure's window: 2 requests/s offered, 0.35 finished, the waiting queue growing. The plan says
+    so instead of scoring a steady replay against a transient; a queue that holds says nothing."""
+    from exporter.planner.observe import queue_growth
+
+    first, last = Scrape(), Scrape()
+    first.counters["llm_requests_finished_total"], last.counters["llm_requests_finished_total"] = 10.0, 17.0
+    first.gauges.update({"llm_requests_running": 4.0, "llm_requests_waiting": 3.0})
+    last.gauges.update({"llm_requests_running": 4.0, "llm_requests_waiting": 37.0})
+    note = queue_growth(first, last, 20.0)
+    assert note and "2.05 requests/s arrived" in note and "0.35/s finished" in note and "5.9 times" in note
+    last.gauges["llm_requests_waiting"] = 4.0  # one more waiting over 7 finished: a queue that holds
+    assert queue_growth(first, last, 20.0) is None
+    del first.gauges["llm_requests_waiting"]  # no waiting gauge: nothing to say
+    assert queue_growth(first, last, 20.0) is None

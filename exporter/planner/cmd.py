@@ -199,6 +199,7 @@ def render_table(doc: Mapping[str, Any]) -> str:
             f"{cal['decode_compute_efficiency']}, prefill compute {cal['prefill_compute_efficiency']}, step overhead "
             f"{_ms(cal['step_overhead_seconds'])} ms, host {_ms(cal['host_seconds_per_request'])} ms per request\n\n",
             f"Replay: {doc['replay_mode']}; the current rows and every candidate replay this way.\n\n",
+            *(f"Note: {terminal_safe(note)}.\n\n" for note in doc["observed"].get("notes", ())),
             "Current configuration, predicted against observed (check these errors before trusting the rest):\n"]
     rows = []
     compared = {"ttft": "p50", "tpot": "p50"}
@@ -299,6 +300,7 @@ def render_html(doc: Mapping[str, Any]) -> str:
         "<style>body{font-family:sans-serif;max-width:960px;margin:2em auto}pre{white-space:pre-wrap}</style>",
         "</head><body><h1>What-if plan</h1>",
         f"<p>Replay: {html.escape(str(doc.get('replay_mode', '')))}.</p>",
+        *(f"<p><strong>Note:</strong> {html.escape(str(note))}.</p>" for note in doc["observed"].get("notes", ())),
         "<h2>1. Calibration: the current configuration, observed (grey) and predicted (blue)</h2>",
         "<p>Read these errors first: every prediction below inherits them.</p>",
         _bars(ttft_title, ttft, "ms"), _bars(tpot_title, tpot, "ms"), _bars("output", tps, "tokens/s"),

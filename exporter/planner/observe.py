@@ -438,6 +438,36 @@ def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], wi
     return point, min(0.95, max(0.0, hit))
 
 
+# A queue that grew over the window by more than this share of the requests it finished is one the
+# device does not keep up with: its TTFTs grow for as long as the overload lasts.
+QUEUE_GROWTH_SHARE = 0.2
+
+
+def queue_growth(first: Scrape, last: Scrape, window_s: float) -> str | None:
+    """What the plan must say of a window whose queue grew (requests in flight at its end over its
+    start, against those it finished); None where the queue held or there is no waiting gauge. A
+    steady replay serves the window's finished rate, which is the device's capacity, not the offered
+    load: it cannot give the TTFT of a queue still growing, and the current row's error says nothing
+    about the model (the demo's kv-pressure: 2 requests/s offered, 0.35 finished)."""
+    if "llm_requests_waiting" not in first.gauges or "llm_requests_waiting" not in last.gauges:
+        return None
+    def held(s: Scrape) -> float:
+        return s.gauges.get("llm_requests_running", 0.0) + s.gauges["llm_requests_waiting"]
+    done = max(0.0, last.counters.get("llm_requests_finished_total", 0.0)
+               - first.counters.get("llm_requests_finished_total", 0.0))
+    grew = held(last) - held(first)
+    if grew <= max(1.0, QUEUE_GROWTH_SHARE * done) or last.gauges["llm_requests_waiting"] < 1:
+        return None
+    offered = (done + grew) / window_s
+    finished = done / window_s
+    ratio = f"{offered / finished:.2g} times" if finished > 0 else "more than"
+    return (f"the queue grew by {grew:g} requests in the {window_s:.0f} s window: about {offered:.3g} requests/s "
+            f"arrived and {finished:.3g}/s finished, so the offered load is {ratio} what the device serves. "
+            "Its TTFT grows for as long as that lasts; a steady replay at the finished rate (the device's "
+            "capacity) cannot give it, so read the current row's TTFT error as no test of the model. A "
+            "candidate keeps up where it serves the offered rate")
+
+
 def closed_loop_level(running: Sequence[float], waiting: Sequence[float] = ()) -> int | None:
     """The clients of a closed loop, where the requests in flight over the window say it is one
     (CLOSED_LOOP_AT_TOP); None for independent arrivals, and without the waiting gauge: a slot
@@ -614,9 +644,10 @@ async def observe_exporter(base_url: str, window_s: float, *, target: str | None
     finally:
         await diag_client.aclose()
         await metrics_client.aclose()
-    point, hit = point_from_scrapes(first, last, running, clock() - start, f"window {window_s:g}s", output_tokens,
-                                    waiting)
+    window = clock() - start
+    point, hit = point_from_scrapes(first, last, running, window, f"window {window_s:g}s", output_tokens, waiting)
+    growth = queue_growth(first, last, window)
     return Observed(source=base, points=(point,), engine=about.engine, model=about.model, gpu_name=about.gpu_name,
                     gpu_count=about.gpu_count or last.gpus,
                     power_w=sum(powers) / len(powers) if powers else None,
-                    prefix_hit_rate=hit)
+                    prefix_hit_rate=hit, notes=(growth,) if growth else ())

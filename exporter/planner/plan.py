@@ -348,7 +348,7 @@ def _plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, t
         "schema": SCHEMA_ID,
         "source": observed.source,
         "observed": {"engine": observed.engine, "model": observed.model, "gpu": observed.gpu_name,
-                     "prefix_hit_rate": _r(observed.prefix_hit_rate, 4),
+                     "prefix_hit_rate": _r(observed.prefix_hit_rate, 4), "notes": list(observed.notes),
                      "points": [{"label": p.label, "mode": p.mode, "level": p.level, "in_flight": _r(p.in_flight, 3),
                                  "prompt_tokens": _r(p.prompt_tokens, 1), "output_tokens": _r(p.output_tokens, 1),
                                  "requests_per_s": _r(p.requests_per_s, 4), "client_gap_s": _r(p.client_gap_s)}
@@ -376,7 +376,8 @@ ASSUMPTIONS = (
     "batches observed, the roofline's shape extrapolates from the nearest one.",
     "With one dtype and one thread count observed, the split of a step into memory, compute and per-step "
     "overhead comes from the priors; a CPU engine's cores are its threads up to the cores free for it.",
-    "Requests replay with the observed mean prompt and output lengths (fixed); real length spread widens tails.",
+    "Requests replay with the observed mean prompt and output lengths: lognormal with the spread an exporter's "
+    "length histograms show, fixed where the source has none (a load test sends one prompt and one max_tokens).",
     "MoE routing is uniform; prefill/decode disaggregation, speculative decoding and the network between "
     "servers are not calibrated (the twin models them from priors).",
     "Energy is a TDP-based estimate (a third of TDP idle, TDP when busy); cost is the GPU-hour price only.",
