@@ -79,6 +79,10 @@ def test_table_gates_the_error_beyond_the_floor() -> None:
     assert "| e | held-out | b | 3 | p50 | 15.0 / 10.0 | +50% | 10% |" in text
     assert "tpot 0% (50%; 1 of 3)" in text
     assert "tpot meets 15%" in text
+    t.unmeasured("e", "d", "1 of 3 rounds recorded a request")
+    assert "Not measured (held out, left out of the medians): e d (1 of 3 rounds recorded a request)." \
+        in t.markdown()
+    assert t.excess_medians()["tpot"] == pytest.approx(0.0)
     with pytest.raises(AssertionError):
         t.add("e", "held-out", "d", "p50", {**pred(0.01), "ttft_p50_s": None}, run(0.01), no_floor, 3)
     with pytest.raises(AssertionError):  # vLLM's rows compare the engine's means: a missing one fails

@@ -130,6 +130,10 @@ class Table:
     def __init__(self, limits: Mapping[str, float]) -> None:
         self.limits = dict(limits)
         self.rows: list[Row] = []
+        self.missing: list[str] = []  # held-out configurations the machine left unmeasured, and why
+
+    def unmeasured(self, engine: str, config: str, why: str) -> None:
+        self.missing.append(f"{engine} {config} ({why})")
 
     def add(self, engine: str, role: str, config: str, stat: str, predicted: Mapping[str, Any],
             truth: Mapping[str, float], floor: Mapping[str, float], runs: int) -> Row:
@@ -169,6 +173,8 @@ class Table:
                 f"{r.pred('ttft') * 1e3:.0f} / {t['ttft'] * 1e3:.0f} | {e['ttft']:+.0%} | {_pct(f['ttft'])} | "
                 f"{r.pred('output_tokens_per_s'):.1f} / {t['output_tokens_per_s']:.1f} | "
                 f"{e['output_tokens_per_s']:+.0%} | {_pct(f['output_tokens_per_s'])} |")
+        if self.missing:
+            lines += ["", "Not measured (held out, left out of the medians): " + "; ".join(self.missing) + "."]
         for role in ("held-out", "extrapolation"):
             rows = self.of(role)
             if not rows:
