@@ -574,3 +574,44 @@ def test_a_real_alertmanager_pages_once_per_slo_breach_with_the_longer_burn_pair
         process.terminate()
         process.wait(timeout=10)
         receiver.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# In process: what `make mutation` (slo) found that only the --check subprocess above looked at
+# ----------------------------------------------------------------------------------------------
+def test_generated_files_are_what_the_generator_builds_in_this_process():
+    """test_generated_files_are_current runs the generator in a child process, where a mutation
+    tool's coverage cannot see it: the same comparison in process, file by file."""
+    for path, text in generate.render().items():
+        assert path.read_text() == text, f"{path.relative_to(ROOT)} differs from alerts/generate.py's output"
+
+
+def test_burn_alerts_keep_firing_for_their_short_window_only_when_configured():
+    def keep(cfg: dict) -> dict[tuple[str, str], str | None]:
+        burns = [r for g in generate.build(cfg)["slo"] for r in g["rules"] if r.get("alert", "").endswith("Burn")]
+        return {(r["alert"], r["labels"]["long"]): r.get("keep_firing_for") for r in burns}
+
+    on, off = keep(generate.CONFIG), keep({**generate.CONFIG, "burn_keep_firing": False})
+    shorts = {br["long"]: br["short"] for br in generate.CONFIG["burn_rates"]}
+    assert on and all(v == shorts[long] for (_, long), v in on.items())
+    assert off.keys() == on.keys() and set(off.values()) == {None}
+
+
+@pytest.mark.parametrize(("seconds", "words"), [
+    (30 * 86400, "30 days"), (72 * 3600, "3 days"), (5.25 * 86400, "5.2 days"),  # 72 h and up: days
+    (50 * 3600, "50 hours"), (3600, "1 hour"), (1.25 * 3600, "1.2 hours"),
+    (60, "1 minute"), (225, "3.8 minutes"), (90, "1.5 minutes"),
+    (1, "1 second"), (2.25, "2.2 seconds"), (30, "30 seconds"),
+])
+def test_human_duration_words(seconds, words):
+    assert slo.human_duration(seconds) == words
+
+
+def test_burn_budget_and_duration_helpers():
+    # The alert descriptions' "At 14.4x the budget lasts 50 hours" over a 30-day period.
+    assert [slo.budget_lasts("30d", f) for f in (14.4, 6, 3, 1)] == ["50 hours", "5 days", "10 days", "30 days"]
+    assert slo.prometheus_duration(0.2) == "1s" and slo.prometheus_duration(9 * 86400) == "9d"
+    assert slo.prometheus_duration(5184) == "1h26m24s"
+    with pytest.raises(ValueError, match="unsupported duration '5x'"):
+        slo.duration_seconds("5x")
+    assert slo.latency_text(0.999, "tbt") == "999 ms"
