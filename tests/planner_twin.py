@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.expose import render
+from exporter.physics.costs import Hardware
 from exporter.planner.model import Setup, engine_config, gpu_device
 from exporter.planner.observe import Observed, from_loadtest, parse_scrape, point_from_scrapes
 from exporter.planner.plan import apply, parse_candidate, plan
 from exporter.probe.loadtest import percentile
-from exporter.simulator.costs import Hardware
 from exporter.simulator.engine import Engine, HostConfig, Request, kv_pool_blocks
 from exporter.simulator.recorders import make_recorder
 from exporter.simulator.workload import LengthDist, Workload

@@ -145,7 +145,7 @@ def test_config_does_not_reach_into_sources():
 
 
 # Import name -> the distribution in pyproject's `dependencies` that provides it.
-RUNTIME_IMPORTS = {"h11": "h11", "yaml": "pyyaml", "prometheus_client": "prometheus-client", "psutil": "psutil",
+RUNTIME_IMPORTS = {"h11": "h11", "yaml": "pyyaml", "prometheus_client": "prometheus-client",
                    "pynvml": "nvidia-ml-py", "bcrypt": "bcrypt", "certifi": "certifi"}
 
 
@@ -165,3 +165,46 @@ def test_the_package_imports_only_the_standard_library_and_its_declared_dependen
                 found.setdefault(top, set()).add(name)
     undeclared = {top: sorted(users) for top, users in found.items() if top not in RUNTIME_IMPORTS}
     assert not undeclared, f"imports of packages that are not runtime dependencies: {undeclared}"
+    # NVML is loaded by name (importlib.import_module("pynvml")), so that importing the GPU source needs no driver.
+    lazily = {"pynvml"} if 'import_module("pynvml")' in (PACKAGE / "sources/gpu/nvml.py").read_text() else set()
+    unused = sorted(dist for top, dist in RUNTIME_IMPORTS.items() if top not in found and top not in lazily)
+    assert not unused, f"declared runtime dependencies nothing under exporter/ imports: {unused}"
+
+
+# --- layers -------------------------------------------------------------------------------------------
+
+# From the bottom (docs/developing.md, "Layers"): what every layer may read (the specs, the physics, the
+# safe readers), the runtime (sources -> collect -> derive -> expose -> server), the tools (the twin,
+# the load test, the planner), and the commands that compose them. A module imports nothing from a
+# layer above its own: the runtime runs beside an engine and carries none of the tools.
+LAYERS = ("base", "runtime", "tools", "commands")
+BASE = ("exporter.specs", "exporter.physics")
+BASE_MODULES = {"exporter", "exporter.safefile", "exporter.jsonsafe", "exporter.redact", "exporter.yamlsafe",
+                "exporter.termsafe"}
+TOOLS = ("exporter.simulator", "exporter.planner", "exporter.probe")
+COMMANDS = {"exporter.app", "exporter.cli", "exporter.doctor", "exporter.planner.cmd", "exporter.probe.loadtest_cmd"}
+
+
+def layer_of(module: str) -> int:
+    if module in COMMANDS:
+        return LAYERS.index("commands")
+    if module.startswith(TOOLS):
+        return LAYERS.index("tools")
+    if module in BASE_MODULES or module.startswith(BASE):
+        return LAYERS.index("base")
+    return LAYERS.index("runtime")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{m} ({LAYERS[layer_of(m)]}) imports {d} ({LAYERS[layer_of(d)]})"
+            for m, deps in sorted(graph.items()) for d in sorted(deps) if layer_of(d) > layer_of(m)]
+
+
+def test_the_layer_finder_finds_an_upward_import():
+    planted = {"exporter.derive.x": {"exporter.planner.model"}, "exporter.planner.model": {"exporter.physics.costs"}}
+    assert upward_imports(planted) == ["exporter.derive.x (runtime) imports exporter.planner.model (tools)"]
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    found = upward_imports(import_graph(type_checking=True))
+    assert not found, "upward imports:\n" + "\n".join(found)

@@ -24,7 +24,7 @@ from exporter.config import Config
 from exporter.derive import build_deriver
 from exporter.derive.quantiles import attainment, histogram_quantile, notes, slo_bound, tail
 from exporter.derive.window import HistogramWindow, RateWindow, Scopes
-from exporter.simulator.costs import Batch, Hardware, step_cost
+from exporter.physics.costs import Batch, Hardware, step_cost
 from exporter.simulator.engine import EngineConfig, kv_pool_blocks
 from exporter.simulator.twin import Twin, TwinConfig
 from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult, labels_of

@@ -106,7 +106,7 @@ def test_per_batch_factors_follow_kernels_that_change_with_the_batch() -> None:
 
 
 def test_batch_factor_interpolates_in_log_batch_and_holds_past_the_ends() -> None:
-    from exporter.simulator.costs import batch_factor
+    from exporter.physics.costs import batch_factor
 
     factors = ((1.0, 1.0), (4.0, 2.0))
     assert batch_factor(factors, 1) == 1.0 and batch_factor(factors, 4) == 2.0

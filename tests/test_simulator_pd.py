@@ -264,7 +264,7 @@ def test_start_twins_serves_a_pair_decode_first() -> None:
 
 
 def test_a_network_all_reduce_costs_its_latency_and_its_bytes_at_the_link_rate() -> None:
-    from exporter.simulator.costs import Hardware, NetworkLink, prefill_batch, step_cost
+    from exporter.physics.costs import Hardware, NetworkLink, prefill_batch, step_cost
     from exporter.specs.gpus import lookup_gpu
     from exporter.specs.models import load_model
 

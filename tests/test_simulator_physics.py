@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from exporter.simulator.costs import Batch, Hardware, decode_batch, prefill_batch, step_cost
+from exporter.physics.costs import Batch, Hardware, decode_batch, prefill_batch, step_cost
 from exporter.simulator.engine import Engine, EngineConfig, HostConfig, kv_pool_blocks
 from exporter.simulator.gpu import GpuModel, Slice, Thermal
 from exporter.simulator.recorders import VllmRecorder

@@ -3,7 +3,7 @@ tokens/s for the window's own batch and context, next to what the engine did.
 
 Predicted: one step of the window's mean batch at its mean context, with the prompt tokens the window
 computed per step riding along (chunked prefill), on the target's GPUs,
-costed by the twin's roofline (exporter/simulator/costs.py) at the planner's prior fractions of peak
+costed by the twin's roofline (exporter/physics/costs.py) at the planner's prior fractions of peak
 (exporter/planner/model.py PRIOR_EFFICIENCY, PRIOR_OVERHEAD_S): TPOT = that step; tokens/s = batch /
 step. Observed: TPOT = mean batch / decode tokens/s (every running sequence gains one token a step).
 The error ratio predicted / observed - 1 is what `llm-exporter plan` would have to calibrate away: a
@@ -39,8 +39,7 @@ class ModelCheck(NamedTuple):
 
 
 def compute(ctx: Ctx) -> ModelCheck | None:
-    from exporter.planner.model import PRIOR_EFFICIENCY, PRIOR_OVERHEAD_S
-    from exporter.simulator.costs import Hardware, decode_batch, step_cost
+    from exporter.physics.costs import PRIOR_EFFICIENCY, PRIOR_OVERHEAD_S, Hardware, decode_batch, step_cost
 
     thr, kv = ctx.get("throughput"), ctx.get("kv")
     if ctx.shape is None or not ctx.gpus or thr is None or not thr.decode_tps or not thr.mean_batch:

@@ -76,6 +76,12 @@ class NetworkLink:
         return nbytes / self.bytes_per_s
 
 
+# The fractions of peak a serving engine reaches, and its per-step overhead, where nothing was measured:
+# the twin's defaults (Hardware), the planner's priors, and what the live cost-model check assumes.
+PRIOR_EFFICIENCY = {"bw": 0.9, "compute": 0.6, "prefill": 0.6}
+PRIOR_OVERHEAD_S = {"gpu": 0.3e-3, "cpu": 0.5e-3}
+
+
 @dataclass(frozen=True, slots=True)
 class Hardware:
     """What the engine runs on, as the step model needs it."""
@@ -87,11 +93,11 @@ class Hardware:
     pcie_width: int | None = None
     # Achievable fractions of peak: streaming kernels reach ~90% of HBM bandwidth, large GEMMs
     # ~60% of dense tensor peak in serving (attention, norms and small shapes pull it down).
-    bw_efficiency: float = 0.9
-    compute_efficiency: float = 0.6
+    bw_efficiency: float = PRIOR_EFFICIENCY["bw"]
+    compute_efficiency: float = PRIOR_EFFICIENCY["compute"]
     # Prefill runs large GEMMs, decode small ones: the planner calibrates the two apart (None: the same).
     prefill_efficiency: float | None = None
-    step_overhead_s: float = 0.0003  # launches and syncs of one CUDA-graph step
+    step_overhead_s: float = PRIOR_OVERHEAD_S["gpu"]  # launches and syncs of one CUDA-graph step
     allreduce_latency_nvlink_s: float = 6e-6
     allreduce_latency_pcie_s: float = 20e-6
     pcie_efficiency: float = 0.8  # TLP/DLLP overhead on large transfers

@@ -1,7 +1,7 @@
 """The planner's model: a configuration (device, parallelism, dtypes, limits), its calibrated step cost
 and a replay of a workload through the twin's engine (exporter/simulator/engine.py).
 
-Calibration fits four numbers of the twin's roofline (exporter/simulator/costs.py) to the observed
+Calibration fits four numbers of the twin's roofline (exporter/physics/costs.py) to the observed
 points: the fraction of the device's peak memory bandwidth a decode step reaches, the fractions of its
 peak FLOPs decode and prefill reach, and the per-step overhead. A candidate keeps the fractions (same
 engine, same kernels) and changes the physics: bytes per weight, FLOPs peak for the dtype, GPUs,
@@ -19,10 +19,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from exporter.physics.costs import (
+    PRIOR_EFFICIENCY,
+    PRIOR_OVERHEAD_S,
+    Hardware,
+    decode_batch,
+    prefill_batch,
+    step_cost,
+)
 from exporter.planner.limits import MAX_CPU_THREADS, MAX_PLAN_CPU_S, MAX_REPLAY_ARRIVALS, MAX_REPLAY_CPU_S
 from exporter.planner.observe import Point
 from exporter.probe.loadtest import percentile
-from exporter.simulator.costs import Hardware, decode_batch, prefill_batch, step_cost
 from exporter.simulator.engine import Engine, EngineConfig, HostConfig, Request, StepRecord, kv_pool_blocks
 from exporter.simulator.workload import LengthDist, Workload
 from exporter.specs.gpus import GpuSpec, known_gpus, lookup_gpu
@@ -62,8 +69,6 @@ CPU_NOMINAL_BANDWIDTH = 200e9
 CPU_NOMINAL_BANDWIDTH_PER_THREAD = 25e9
 CPU_NOMINAL_FLOPS_PER_THREAD = 100e9
 CPU_MEMORY_BYTES = 64 * GiB
-PRIOR_OVERHEAD_S = {"gpu": 0.3e-3, "cpu": 0.5e-3}
-PRIOR_EFFICIENCY = {"bw": 0.9, "compute": 0.6, "prefill": 0.6}
 PRIOR_HOST_S = 0.5e-3  # per request: the twin's API server (exporter/simulator/engine.py HostConfig)
 PRIOR_WEIGHT = 1e-3  # of the pull to the priors in the calibration's score (squared log ratios)
 IDLE_POWER_SHARE = 0.3  # of TDP, for the energy estimate: a serving GPU idles near a third of its TDP

@@ -367,7 +367,7 @@ def _plan(observed: Observed, base: Setup, candidates: Sequence[Candidate], *, t
 
 
 ASSUMPTIONS = (
-    "Step time is the twin's roofline (exporter/simulator/costs.py): max(bytes / bandwidth, FLOPs / peak) plus a "
+    "Step time is the twin's roofline (exporter/physics/costs.py): max(bytes / bandwidth, FLOPs / peak) plus a "
     "per-step overhead; the fractions of peak are fitted to the observed points and kept for every candidate on "
     "the same kind of device.",
     "A dtype not observed keeps the observed fractions of peak: its kernels are assumed as efficient as the "

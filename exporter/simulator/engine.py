@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from exporter.simulator.costs import Batch, Hardware, StepCost, step_cost
+from exporter.physics.costs import Batch, Hardware, StepCost, step_cost
 from exporter.simulator.workload import Workload, next_poisson
 from exporter.specs.models import ModelShape, kv_bytes_per_token, weight_bytes
 

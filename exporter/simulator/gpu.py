@@ -28,7 +28,7 @@ import random
 import uuid as uuidlib
 from dataclasses import dataclass, field
 
-from exporter.simulator.costs import Hardware
+from exporter.physics.costs import Hardware
 from exporter.specs.nvml_codes import FABRIC_HEALTH, FABRIC_STATES, RECOVERY_ACTIONS
 
 CLOCK_EVENT_REASONS = (

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Protocol
 
-from exporter.simulator.costs import NetworkLink
+from exporter.physics.costs import NetworkLink
 from exporter.simulator.engine import Engine, Request
 from exporter.specs.models import ModelShape, kv_bytes_per_token
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from exporter.simulator.costs import NetworkLink
+from exporter.physics.costs import NetworkLink
 from exporter.simulator.engine import HostConfig
 from exporter.simulator.gpu import GpuFault, Thermal
 from exporter.simulator.workload import LengthDist, Workload

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.simulator.costs import Hardware, NetworkLink
+from exporter.physics.costs import Hardware, NetworkLink
 from exporter.simulator.engine import (
     Activity,
     Engine,
