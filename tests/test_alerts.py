@@ -615,3 +615,16 @@ def test_burn_budget_and_duration_helpers():
     with pytest.raises(ValueError, match="unsupported duration '5x'"):
         slo.duration_seconds("5x")
     assert slo.latency_text(0.999, "tbt") == "999 ms"
+
+
+def test_slo_rules_follow_a_configured_selector_labels_and_runbook():
+    # A site's own selector, aggregation, fleet labels and runbook reach every SLO rule, not the defaults.
+    cfg = {**generate.CONFIG, "exporter_selector": 'job="site-llm"', "aggregate_away": ("pod",),
+           "fleet_labels": ("region",), "runbook_url": "https://runbooks.example/{anchor}"}
+    rules = [r for g in generate.build(cfg)["slo"] for r in g["rules"]]
+    bound = [r for r in rules if r["alert"] == "LLMSLOThresholdNotABucketBound"]
+    assert bound and all(r["expr"].count('{job="site-llm"') == 2 and "without (pod)" in r["expr"]
+                         and "without (pod, le)" in r["expr"] for r in bound)
+    avail = [r for r in rules if r["alert"] == "LLMAvailabilityErrorBudgetBurn"]
+    assert avail and all("sum by (region, model)" in r["expr"] for r in avail)
+    assert all(r["annotations"]["runbook_url"] == f"https://runbooks.example/{r['alert'].lower()}" for r in rules)
