@@ -66,7 +66,7 @@ test-live: venv
 	$(BIN)/python -m tests.live.engines install
 	LLM_EXPORTER_LIVE=1 $(BIN)/python -m pytest tests/live -p no:cacheprovider -v
 
-# The planner's full validation on real engines, outside CI (about 20 min on 2 cores): every configuration
+# The planner's full validation on real engines, outside CI (15.8 min on 2 loaded cores): every configuration
 # of tests/live/test_planner_live.py measured in interleaved rounds of the long steps, each beside its noise
 # floor. The table is printed and written to $LLM_EXPORTER_PLAN_TABLE (default .plan-validation.md);
 # docs/planner.md "Measured accuracy on real engines" carries one. make test-live runs the short profile.
