@@ -30,9 +30,10 @@ answer in a few chunks), else the load test's medians (llama.cpp). The table (pr
 per configuration, its floor, the medians) is printed and written to
 $LLM_EXPORTER_PLAN_TABLE (default: .plan-validation.md); docs/planner.md carries a full one measured here.
 What fails: the fit on its own steps missing twice the issue's bar (15% on TPOT and tokens/s, 30% on
-TTFT), the held-out medians of the error beyond the floor passing the regression gate (MEDIAN_GATE says
-why it is not the bar itself), a configuration measured fewer than MIN_RUNS times, a prediction missing,
-or the planner failing on a live source. Whether the medians meet the bar itself is printed with the table.
+TTFT), the held-out medians of the error, beyond the floor or plain, passing the regression gate
+(MEDIAN_GATE says why it is not the bar itself), a configuration measured fewer than MIN_RUNS times
+(but the two-thread one, Config.may_stall), a prediction missing, or the planner failing on a live
+source. Whether the medians meet the bar itself is printed with the table.
 """
 
 from __future__ import annotations
@@ -127,8 +128,9 @@ LIMITS = {"tpot": 0.15, "output_tokens_per_s": 0.15, "ttft": 0.30}
 # concurrency 4 measured 29.7, 49.1, 42.1 and 43.3 ms (best of two) in four runs within 90 minutes, and
 # the held-out TPOT median ranged 17-29% with the same code (docs/planner.md). The floor takes the truth's
 # own spread out of each error, but not the calibration's, which moves every prediction made from it. The
-# fit on its own steps is gated at twice the bar, the held-out medians beyond the floor at three times it
-# on TPOT and tokens/s and twice on TTFT; a planner that has lost the physics misses by far more.
+# fit on its own steps is gated at twice the bar, the held-out medians (beyond the floor, and plain) at
+# three times it on TPOT and tokens/s and twice on TTFT; a planner that has lost the physics misses by far
+# more.
 FIT_GATE = {key: 2.0 * limit for key, limit in LIMITS.items()}
 MEDIAN_GATE = {"tpot": 0.45, "output_tokens_per_s": 0.45, "ttft": 0.60}
 VLLM_SWEEP = (1, 2, 3, 4)
@@ -369,6 +371,8 @@ def test_held_out_medians_meet_the_gate(table: Table) -> None:
     configuration's floor (defined last: pytest runs it after them)."""
     expected = sum(len(c.levels) for c in PROFILE.llamacpp) - len(CALIBRATION_LEVELS) + 2  # + vLLM's two
     assert len(table.of("held-out")) + len(table.missing) == expected, "an engine's validation did not run"
-    medians = table.excess_medians()
-    for key, limit in MEDIAN_GATE.items():
-        assert medians[key] <= limit, (key, medians, table.markdown())
+    # Beyond the floor, and plain as before the floors: a floor of 177% (Q4_0's TPOT on the loaded
+    # machine) hides a planner that lost the physics, the plain median does not.
+    for medians in (table.excess_medians(), table.medians()):
+        for key, limit in MEDIAN_GATE.items():
+            assert medians[key] <= limit, (key, medians, table.markdown())
