@@ -36,6 +36,10 @@ FAST = ("-m", "not slow")
 class Module:
     mutate: tuple[str, ...]  # files mutated (globs relative to the checkout)
     tests: tuple[str, ...]  # pytest arguments: the fast test files (and -k / -m) that cover them
+    # A module whose import-time results tests/mutation_rebuild.py rebuilds before each test (in the
+    # mutant's process), or "": mutmut selects the mutant after the import, so code run at import
+    # (normalize's compiled tables) would otherwise never run mutated.
+    rebuild: str = ""
 
 
 MODULES: dict[str, Module] = {
@@ -52,7 +56,8 @@ MODULES: dict[str, Module] = {
     # Histogram and counter normalization of engine pages.
     "normalize": Module(("exporter/sources/engines/normalize.py",),
                         ("tests/test_engines_normalize.py", "tests/test_engines_conformance.py",
-                         "tests/test_hardening_numbers.py", *FAST)),
+                         "tests/test_hardening_numbers.py", *FAST),
+                        rebuild="exporter.sources.engines.normalize"),
     # The planner's calibration on observed operating points.
     "planner-model": Module(("exporter/planner/model.py",), ("tests/test_planner.py", *FAST)),
 }
@@ -97,7 +102,8 @@ def prepare(name: str, module: Module) -> Path:
                   f"also_copy = {toml_list([t for t in ALSO_COPY if (ROOT / t).exists()])}\n"
                   f"pytest_add_cli_args_test_selection = {toml_list(module.tests)}\n"
                   # No timeouts of pytest-timeout in the mutants: mutmut times a mutant out itself.
-                  'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:timeout"]\n')
+                  'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:timeout", '
+                  '"-p", "tests.mutation_rebuild"]\n')
     (work / "pyproject.toml").write_text(pyproject)
     return work
 
@@ -132,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.modules or list(MODULES):
         work = prepare(name, MODULES[name])
         print(f"== {name}: mutmut in {work}", flush=True)
+        env = {**os.environ, "LLM_EXPORTER_MUTATION_REBUILD": MODULES[name].rebuild}
         subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)], cwd=work,
-                       check=False)
+                       check=False, env=env)
         stats = counts(work)
         left = survivors(work)
         killed, total = stats.get("killed", 0), stats.get("total", 0)
