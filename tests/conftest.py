@@ -49,6 +49,7 @@ TIERS: dict[str, str] = {
     "test_soak.py": "soak",
     "test_fuzz_normalize.py": "fuzz",
     "test_faults.py": "process",
+    "test_planner_captured.py": "process",
     "test_security.py": "process",
     "test_security_targets.py": "process",
     "test_hardening_dns.py": "process",
