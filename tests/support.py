@@ -193,10 +193,11 @@ def http_status(url: str) -> int:
 
 
 @contextlib.contextmanager
-def exporter_run(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen, Any]]:
+def exporter_run(*args: str, env: dict[str, str] | None = None,
+                 ready_timeout_s: float = 20.0) -> Iterator[tuple[str, subprocess.Popen, Any]]:
     """`llm-exporter run` on a free loopback port (fast interval, no GPU or host source) until it is
-    ready: yields (base URL, process, its stderr as a temporary file to seek and read). `env`: added
-    to the environment (LD_PRELOAD of libfaketime, say)."""
+    ready (its first cycle done, within `ready_timeout_s`): yields (base URL, process, its stderr as a
+    temporary file to seek and read). `env`: added to the environment (LD_PRELOAD of libfaketime, say)."""
     import sys
 
     port = free_port()
@@ -207,7 +208,7 @@ def exporter_run(*args: str, env: dict[str, str] | None = None) -> Iterator[tupl
                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         base = f"http://127.0.0.1:{port}"
         try:
-            if not wait_until(lambda: http_status(base + "/readyz") == 200, timeout=20):
+            if not wait_until(lambda: http_status(base + "/readyz") == 200, timeout=ready_timeout_s):
                 stderr.seek(0)
                 raise AssertionError(f"exporter never became ready: {stderr.read().decode()[-2000:]}")
             yield base, process, stderr
