@@ -59,7 +59,8 @@ MODULES: dict[str, Module] = {
                          "tests/test_hardening_numbers.py", *FAST),
                         rebuild="exporter.sources.engines.normalize"),
     # The planner's calibration on observed operating points.
-    "planner-model": Module(("exporter/planner/model.py",), ("tests/test_planner.py", *FAST)),
+    "planner-model": Module(("exporter/planner/model.py",),
+                            ("tests/test_planner.py", "tests/test_planner_model_edges.py", *FAST)),
 }
 
 MUTMUT = "mutmut==3.8.1"
