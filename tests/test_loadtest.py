@@ -247,7 +247,7 @@ def test_workload_fixed_lengths_and_dataset_cycle():
     work = lt.Workload(prompt_words=5, max_tokens=7)
     a, b = next(work), next(work)
     assert len(a.prompt.split()) == 5 and a.max_tokens == 7 and a.prompt != b.prompt  # no shared prefix
-    assert a.prompt.split()[0] == "r0" and b.prompt.split()[0] == "r1"
+    assert a.prompt.split()[0] == f"r{work.run}x0" and b.prompt.split()[0] == f"r{work.run}x1"
     specs = [lt.RequestSpec(f"p{i}", i + 1) for i in range(3)]
     cycled = [next(d) for d in [lt.Workload(dataset=specs, seed=1)] for _ in range(6)]
     assert sorted(s.prompt for s in cycled[:3]) == ["p0", "p1", "p2"] and cycled[3:] == cycled[:3]
@@ -554,3 +554,16 @@ def test_window_throughput_counts_only_tokens_inside_the_window():
     doubled = dataclasses.replace(outcome, completion_tokens=10)
     stats.record_window(doubled, sent=8.0, ended=11.5, start=10.0, end=12.0)  # tokens 9.5 .. 11.5
     assert stats.window_output == 3 + 2 * 4 and stats.window_input == 7 and stats.window_done == 1
+
+
+def test_generated_prompts_differ_between_runs_so_no_run_reads_an_earlier_ones_cache() -> None:
+    """Two load tests against one server: before, both sent r0, r1, ... with the same words, and the
+    second's TTFT read the prefix cache (37-57 ms where the first read 510). A run number given is kept."""
+    from exporter.probe.loadtest import Workload
+
+    first, second = (Workload(prompt_words=16, max_tokens=4) for _ in range(2))
+    a, b = [next(first).prompt for _ in range(5)], [next(second).prompt for _ in range(5)]
+    assert first.run != second.run and not set(a) & set(b)
+    assert all(len(p.split()) == 16 for p in a + b) and len(set(a)) == 5
+    again = Workload(prompt_words=16, max_tokens=4, run=first.run)
+    assert [next(again).prompt for _ in range(5)] == a

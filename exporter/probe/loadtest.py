@@ -547,24 +547,28 @@ _WORDS = ("the", "of", "and", "to", "in", "is", "it", "you", "that", "was", "for
           "find")
 
 
-def words_prompt(words: int, index: int) -> str:
-    """A prompt of `words` words. Each request's starts with its own number and offset, so an
-    engine's prefix cache cannot serve one request from another's blocks."""
+def words_prompt(words: int, index: int, run: int = 0) -> str:
+    """A prompt of `words` words. Each request's starts with its run's and its own number, and its
+    offset into the words, so an engine's prefix cache cannot serve one request from another's blocks,
+    nor from an earlier load test's (a second run's TTFT read 37-57 ms where the first read 510)."""
     if words <= 0:
         return ""
     body = [_WORDS[(index * 7 + i) % len(_WORDS)] for i in range(words - 1)]
-    return " ".join([f"r{index}", *body])
+    return " ".join([f"r{run}x{index}" if run else f"r{index}", *body])
 
 
 class Workload:
     """The requests a sweep sends, in order: fixed lengths, or a dataset cycled (shuffled, seeded)."""
 
     def __init__(self, *, prompt_words: int | None = None, max_tokens: int | None = None,
-                 dataset: Sequence[RequestSpec] | None = None, seed: int = 0) -> None:
+                 dataset: Sequence[RequestSpec] | None = None, seed: int = 0, run: int | None = None) -> None:
         if dataset is None and (prompt_words is None or max_tokens is None):
             raise ValueError("a workload needs a dataset or both prompt words and max tokens")
         self.prompt_words = prompt_words
         self.max_tokens = max_tokens
+        # Generated prompts carry a number of this run's (random unless given), so a load test repeated
+        # against one server finds none of its prompts in the prefix cache.
+        self.run = run if run is not None else random.SystemRandom().randrange(1, 10**6)
         self.dataset = list(dataset) if dataset is not None else None
         if self.dataset is not None:
             random.Random(seed).shuffle(self.dataset)
@@ -577,7 +581,7 @@ class Workload:
         index, self._index = self._index, self._index + 1
         if self.dataset is not None:
             return self.dataset[index % len(self.dataset)]
-        return RequestSpec(words_prompt(self.prompt_words or 0, index), self.max_tokens or 1)
+        return RequestSpec(words_prompt(self.prompt_words or 0, index, self.run), self.max_tokens or 1)
 
 
 class DatasetError(ValueError):
