@@ -920,3 +920,19 @@ def test_the_page_role_wins_over_the_option_and_the_option_over_both(caplog) -> 
     with caplog.at_level("WARNING", logger="llm_exporter.engine"):
         assert role_of("decode", "prefill") == "prefill"
     assert "the page says role prefill, the target's role option decode" in caplog.text
+
+
+def test_cache_tiers_and_ranks_are_bounded_label_values():
+    # SGLang's cache_source through its tier map (any case), a catalogue tier it does not map kept,
+    # anything else `unknown`; a dp_rank below MAX_RANK (1024) kept, 1024 and up `other`
+    # (make mutation: normalize's _bound_tier and _bound_rank).
+    page = ("# TYPE sglang:cached_tokens_total counter\n"
+            'sglang:cached_tokens_total{model_name="m",cache_source="GPU",dp_rank="0"} 10\n'
+            'sglang:cached_tokens_total{model_name="m",cache_source="cpu",dp_rank="0"} 5\n'
+            'sglang:cached_tokens_total{model_name="m",cache_source="L3",dp_rank="0"} 2\n'
+            'sglang:cached_tokens_total{model_name="m",cache_source="External",dp_rank="1023"} 3\n'
+            'sglang:cached_tokens_total{model_name="m",cache_source="weird",dp_rank="1024"} 1\n')
+    hits = {(s.label("tier"), s.label("rank")): s.value for s in normalize(page, target="a", kind="sglang").samples
+            if s.name == "llm_prefix_cache_hits_total"}
+    assert hits == {("device", "0"): 10, ("host", "0"): 5, ("storage", "0"): 2, ("external", "1023"): 3,
+                    ("unknown", "other"): 1}
