@@ -936,3 +936,66 @@ def test_cache_tiers_and_ranks_are_bounded_label_values():
             if s.name == "llm_prefix_cache_hits_total"}
     assert hits == {("device", "0"): 10, ("host", "0"): 5, ("storage", "0"): 2, ("external", "1023"): 3,
                     ("unknown", "other"): 1}
+
+
+def test_a_duplicated_series_drops_what_it_fed_and_nothing_else():
+    # Printed twice with different values: model m's running gauge and one TTFT bucket. Half a
+    # histogram or one of two gauges would be a guess: m's gauge and m's whole TTFT histogram go,
+    # model m2's series of the same families and m's E2E histogram stay (make mutation: normalize's
+    # Pass._drop_duplicated).
+    page = ("# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{model_name="m"} 3\n'
+            'vllm:num_requests_running{model_name="m"} 4\n'
+            'vllm:num_requests_running{model_name="m2"} 5\n'
+            "# TYPE vllm:time_to_first_token_seconds histogram\n"
+            'vllm:time_to_first_token_seconds_bucket{model_name="m",le="0.5"} 1\n'
+            'vllm:time_to_first_token_seconds_bucket{model_name="m",le="0.5"} 2\n'
+            'vllm:time_to_first_token_seconds_bucket{model_name="m",le="+Inf"} 2\n'
+            'vllm:time_to_first_token_seconds_count{model_name="m"} 2\n'
+            'vllm:time_to_first_token_seconds_sum{model_name="m"} 0.6\n'
+            'vllm:time_to_first_token_seconds_bucket{model_name="m2",le="0.5"} 3\n'
+            'vllm:time_to_first_token_seconds_bucket{model_name="m2",le="+Inf"} 4\n'
+            'vllm:time_to_first_token_seconds_count{model_name="m2"} 4\n'
+            'vllm:time_to_first_token_seconds_sum{model_name="m2"} 1.2\n'
+            "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+            'vllm:e2e_request_latency_seconds_bucket{model_name="m",le="1"} 1\n'
+            'vllm:e2e_request_latency_seconds_bucket{model_name="m",le="+Inf"} 2\n'
+            'vllm:e2e_request_latency_seconds_count{model_name="m"} 2\n'
+            'vllm:e2e_request_latency_seconds_sum{model_name="m"} 1.5\n')
+    result = normalize(page, target="a", kind="vllm")
+    kept = sorted((s.name, s.label("model"), s.label("le"), s.value) for s in result.samples)
+    assert kept == sorted([
+        ("llm_requests_running", "m2", "", 5.0),
+        ("llm_time_to_first_token_seconds_bucket", "m2", "0.5", 3.0),
+        ("llm_time_to_first_token_seconds_bucket", "m2", "+Inf", 4.0),
+        ("llm_time_to_first_token_seconds_count", "m2", "", 4.0),
+        ("llm_time_to_first_token_seconds_sum", "m2", "", 1.2),
+        ("llm_e2e_request_latency_seconds_bucket", "m", "1.0", 1.0),
+        ("llm_e2e_request_latency_seconds_bucket", "m", "+Inf", 2.0),
+        ("llm_e2e_request_latency_seconds_count", "m", "", 2.0),
+        ("llm_e2e_request_latency_seconds_sum", "m", "", 1.5)])
+    assert result.notes == ("dropped a duplicated llm_requests_running series",
+                            "dropped a duplicated llm_time_to_first_token_seconds histogram")
+    assert result.drops == {"duplicate": 2}
+    # Both models' TTFT histograms duplicated, before a duplicated gauge: each histogram counts
+    # as one drop, and the gauge after them is still dropped and noted.
+    page = ("# TYPE vllm:time_to_first_token_seconds histogram\n"
+            'vllm:time_to_first_token_seconds_bucket{model_name="m",le="0.5"} 1\n'
+            'vllm:time_to_first_token_seconds_bucket{model_name="m",le="0.5"} 2\n'
+            'vllm:time_to_first_token_seconds_bucket{model_name="m",le="+Inf"} 2\n'
+            'vllm:time_to_first_token_seconds_count{model_name="m"} 2\n'
+            'vllm:time_to_first_token_seconds_sum{model_name="m"} 0.6\n'
+            'vllm:time_to_first_token_seconds_bucket{model_name="m2",le="0.5"} 3\n'
+            'vllm:time_to_first_token_seconds_bucket{model_name="m2",le="+Inf"} 4\n'
+            'vllm:time_to_first_token_seconds_bucket{model_name="m2",le="+Inf"} 5\n'
+            'vllm:time_to_first_token_seconds_count{model_name="m2"} 4\n'
+            'vllm:time_to_first_token_seconds_sum{model_name="m2"} 1.2\n'
+            "# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{model_name="m"} 3\n'
+            'vllm:num_requests_running{model_name="m"} 4\n'
+            'vllm:num_requests_waiting{model_name="m2"} 1\n')
+    result = normalize(page, target="a", kind="vllm")
+    assert [(s.name, s.label("model"), s.value) for s in result.samples] == [("llm_requests_waiting", "m2", 1.0)]
+    assert result.notes == ("dropped a duplicated llm_requests_running series",
+                            "dropped a duplicated llm_time_to_first_token_seconds histogram")
+    assert result.drops == {"duplicate": 3}
