@@ -478,9 +478,12 @@ def _loadtest(tmp_path: pathlib.Path, *args: str, interrupt_after_step: int | No
     out, err = tmp_path / "out", tmp_path / "err"
     started, peak = time.monotonic(), 0
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        # SIGINT as a terminal gives it: a runner started in the background (a shell's `cmd &`) hands
+        # its children SIGINT ignored, and Python then keeps it ignored (the sweep ran to its end).
         process = subprocess.Popen([sys.executable, "-m", "exporter.cli", "loadtest", *args, "--json",
                                     str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")],
-                                   stdout=stdout, stderr=stderr)
+                                   stdout=stdout, stderr=stderr,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         watched = psutil.Process(process.pid)
         try:
             while process.poll() is None and time.monotonic() - started < LOADTEST_FAILSAFE_S:

@@ -178,10 +178,12 @@ def test_subprocess_twin() -> None:
         assert gpu["gpus"][0]["name"] == "NVIDIA L40S" and gpu["gpus"][0]["nvlink"] is None
 
 
-# What the simulator may import: itself, the GPU and model specs, and the HTTP server it is served
-# by. The exporter's app, config, sources and derivations sit above it (exporter.app.run_demo puts
-# the demo together), and uvicorn is no longer needed by anything.
-SIMULATOR_MAY_IMPORT = ("exporter.simulator", "exporter.specs", "exporter.httpserver", "exporter.jsonsafe")
+# What the simulator may import: itself, the GPU and model specs, the physics (the roofline step cost
+# it shares with the planner and the runtime's cost-model check), and the HTTP server it is served by.
+# The exporter's app, config, sources and derivations sit above it (exporter.app.run_demo puts the demo
+# together), and uvicorn is no longer needed by anything.
+SIMULATOR_MAY_IMPORT = ("exporter.simulator", "exporter.specs", "exporter.physics", "exporter.httpserver",
+                        "exporter.jsonsafe")
 
 
 def test_the_simulator_imports_nothing_above_it() -> None:
