@@ -38,7 +38,7 @@ from typing import Any
 from exporter.expose import render
 from exporter.physics.costs import Hardware
 from exporter.planner.model import Setup, engine_config, gpu_device
-from exporter.planner.observe import Observed, from_loadtest, parse_scrape, point_from_scrapes
+from exporter.planner.observe import Observed, Point, from_loadtest, parse_scrape, point_from_scrapes
 from exporter.planner.plan import apply, parse_candidate, plan
 from exporter.probe.loadtest import percentile
 from exporter.simulator.engine import Engine, HostConfig, Request, kv_pool_blocks
@@ -167,17 +167,23 @@ def observe_window() -> Observed:
         return render(normalize(page, target="twin", kind="vllm", state=state).samples).decode()
 
     engine.advance_to(WINDOW_WARMUP_S)
+    point, hit = _sample_window(engine, scrape, WINDOW_WARMUP_S, WINDOW_S)
+    return Observed("twin window", (point,), engine="vllm", model=MODEL.name, gpu_name=setup.device.name,
+                    gpu_count=1, prefix_hit_rate=hit)
+
+
+def _sample_window(engine: Engine, scrape: Callable[[], str], start: float, seconds: float) -> tuple[Point, float]:
+    """`seconds` of the exporter's /metrics from `start` (twin time, where the engine stands), as `plan --from
+    URL` samples them: a scrape at each end, the running and waiting gauges once a second between."""
     first = parse_scrape(scrape(), "twin")
     running, waiting = [], []
-    for second in range(1, int(WINDOW_S) + 1):
-        engine.advance_to(WINDOW_WARMUP_S + second)
+    for second in range(1, int(seconds) + 1):
+        engine.advance_to(start + second)
         gauges = parse_scrape(scrape(), "twin").gauges
         running.append(gauges["llm_requests_running"])
         waiting.append(gauges["llm_requests_waiting"])
     last = parse_scrape(scrape(), "twin")
-    point, hit = point_from_scrapes(first, last, running, WINDOW_S, "window", waiting=waiting)
-    return Observed("twin window", (point,), engine="vllm", model=MODEL.name, gpu_name=setup.device.name,
-                    gpu_count=1, prefix_hit_rate=hit)
+    return point_from_scrapes(first, last, running, seconds, "window", waiting=waiting)
 
 
 def _pcts(values: Sequence[float]) -> dict[str, float]:
@@ -253,15 +259,8 @@ def observe_same_run(seed: int = SEED) -> tuple[Observed, Observed]:
         return render(normalize(page, target="twin", kind="vllm", state=state).samples).decode()
 
     engine.advance_to(WINDOW_WARMUP_S)
-    first, n0, tokens0 = parse_scrape(scrape(), "twin"), len(tee.done), engine.counters.generation_tokens
-    running, waiting = [], []
-    for second in range(1, int(SAME_RUN_S) + 1):
-        engine.advance_to(WINDOW_WARMUP_S + second)
-        gauges = parse_scrape(scrape(), "twin").gauges
-        running.append(gauges["llm_requests_running"])
-        waiting.append(gauges["llm_requests_waiting"])
-    last = parse_scrape(scrape(), "twin")
-    point, hit = point_from_scrapes(first, last, running, SAME_RUN_S, "window", waiting=waiting)
+    n0, tokens0 = len(tee.done), engine.counters.generation_tokens
+    point, hit = _sample_window(engine, scrape, WINDOW_WARMUP_S, SAME_RUN_S)
     window = Observed("twin window", (point,), engine="vllm", model=MODEL.name, gpu_name=BASE.device.name,
                       gpu_count=1, prefix_hit_rate=hit)
     step = _step(SAME_RUN_LEVEL, tee.done[n0:], SAME_RUN_S, engine.counters.generation_tokens - tokens0)

@@ -24,11 +24,11 @@ import pytest
 from tests.live.plan_noise import Table
 from tests.live.test_planner_live import (
     CALIBRATION_LEVELS,
-    FIT_GATE,
     LIMITS,
     MEDIAN_GATE,
     VLLM_CALIBRATION,
     Measured,
+    assert_fit,
     plan,
 )
 
@@ -48,16 +48,6 @@ def _args(engine: str) -> list[str]:
     return [a.replace("{fixtures}", str(FIXTURES)) for a in MANIFEST[engine]["base_args"]]
 
 
-def _assert_fit(doc: dict, engine: str, table: Table, runs: Measured, calibration: pathlib.Path) -> None:
-    for row in doc["current"]:
-        level = int(row["level"])
-        rep = runs.repeats(level)
-        added = table.add(engine, "calibration", f"{row['point']} (fitted)", runs.stat, row["predicted"],
-                          runs.fed(level, calibration), rep.floor(), len(rep.runs))
-        for key, limit in FIT_GATE.items():
-            assert abs(added.err[key]) <= limit, (engine, row["point"], key, added.err)
-
-
 @pytest.fixture(scope="module")
 def table(tmp_path_factory) -> Table:
     """The live validation's table, recomputed from the captured load tests."""
@@ -72,7 +62,7 @@ def table(tmp_path_factory) -> Table:
             if not (c["name"] == "f16" and level in CALIBRATION_LEVELS) and level not in runs[c["name"]].unmeasured]
     doc = plan(calibration, _args("llamacpp"),
                [f"name={w}-t{th}-c{lv},dtype={w},threads={th},concurrency={lv}" for _, w, th, lv in held])
-    _assert_fit(doc, "llama.cpp", t, runs["f16"], calibration)
+    assert_fit(doc, "llama.cpp", t, runs["f16"], calibration)
     for (name, wtype, threads, level), row in zip(held, doc["candidates"], strict=True):
         rep = runs[name].repeats(level)
         t.add("llama.cpp", "held-out", f"{wtype}, {threads} thread(s), concurrency {level}", runs[name].stat,
@@ -82,7 +72,7 @@ def table(tmp_path_factory) -> Table:
     large = Measured.of(_docs("vllm-", "seqs8"), "seqs8", tuple(MANIFEST["vllm"]["configs"][1]["levels"]))
     calibration = small.calibration(VLLM_CALIBRATION, tmp / "vllm-calibration.json")
     doc = plan(calibration, _args("vllm"), ["name=c3,concurrency=3", "name=seqs8-c8,max_num_seqs=8,concurrency=8"])
-    _assert_fit(doc, "vLLM", t, small, calibration)
+    assert_fit(doc, "vLLM", t, small, calibration)
     for config, row, measured, level in (("max-num-seqs 4, concurrency 3", doc["candidates"][0], small, 3),
                                          ("max-num-seqs 8, concurrency 8", doc["candidates"][1], large, 8)):
         rep = measured.repeats(level)
