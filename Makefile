@@ -30,26 +30,16 @@ debs:
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	command -v unshare >/dev/null 2>&1 || missing="$$missing util-linux"; \
 	ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing="$$missing libfaketime"; \
-	updated=""; \
+	command -v kubectl >/dev/null 2>&1 || missing="$$missing kubectl"; \
+	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
-	  $(SUDO) apt-get update -qq && updated=1 && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	  if [ -d /run/systemd/system ]; then \
 	    for svc in $$missing; do case $$svc in prometheus*) \
 	      echo "stopping the $$svc service the package started (the tests run their own, on free ports)"; \
 	      $(SUDO) systemctl disable --now $$svc >/dev/null 2>&1 || true;; esac; done; \
 	  fi; \
-	fi; \
-	optional=""; \
-	command -v kubectl >/dev/null 2>&1 || optional="$$optional kubectl"; \
-	command -v systemd-analyze >/dev/null 2>&1 || optional="$$optional systemd"; \
-	if [ -n "$$optional" ]; then \
-	  echo "installing optional Debian packages:$$optional (the kustomize and systemd checks need them)"; \
-	  [ -n "$$updated" ] || $(SUDO) apt-get update -qq || true; \
-	  for pkg in $$optional; do \
-	    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$pkg \
-	      || echo "$$pkg not installable here: its checks in tests/test_deploy.py will say so and skip"; \
-	  done; \
 	fi
 
 test: venv debs
