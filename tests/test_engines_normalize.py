@@ -999,3 +999,140 @@ def test_a_duplicated_series_drops_what_it_fed_and_nothing_else():
     assert result.notes == ("dropped a duplicated llm_requests_running series",
                             "dropped a duplicated llm_time_to_first_token_seconds histogram")
     assert result.drops == {"duplicate": 3}
+
+
+# ---------------------------------------------------------------------------------------------
+# Survivors of `make mutation` (normalize), each killed here (docs/testing.md "Mutation testing")
+
+
+def _synthetic_pass(spec, text: str, max_series: int = 10_000) -> NormalizedScrape:
+    """A page through the full pass under an engine table no shipped engine has (the branches that
+    exist for a table shape the registry does not use yet)."""
+    from exporter.sources.engines.exposition import parse
+
+    table = normalize_module._compile(spec)
+    page = normalize_module.Page(text, spec.kind, table, parse(text, keep=table.keep.__contains__), {})
+    return normalize_module.full_pass(page, NormalizerState(), "t", max_series)[1]
+
+
+def test_a_product_whose_first_term_divides_is_its_reciprocal_times_the_rest() -> None:
+    from exporter.sources.engines.table import EngineSpec, Product, Term
+
+    spec = EngineSpec("synthetic", "Synthetic", {}, products=(Product(
+        "llm_kv_cache_capacity_tokens", "gauge", (Term("x_inverse_blocks", divide=True), Term("x_tokens_per_block"))),),
+        labels={"model_name": "model"})
+    page = 'x_inverse_blocks{model_name="m"} 0.25\nx_tokens_per_block{model_name="m"} 16\n'
+    assert get(_synthetic_pass(spec, page), "llm_kv_cache_capacity_tokens") == [64.0]
+    zero = _synthetic_pass(spec, page.replace("} 0.25", "} 0"))
+    assert get(zero, "llm_kv_cache_capacity_tokens") == []
+    assert "llm_kv_cache_capacity_tokens: division by zero" in zero.notes
+    one = _synthetic_pass(spec, page.replace("} 0.25", "} 1"))
+    assert get(one, "llm_kv_cache_capacity_tokens") == [16.0] and not one.notes
+
+
+SGLANG_PD = ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs")
+
+
+def test_an_added_products_parts_sum_and_copies_take_the_largest() -> None:
+    bootstrap, inflight = SGLANG_PD
+    page = (f'{bootstrap}{{model_name="m",priority="0"}} 2\n{bootstrap}{{model_name="m",priority="1"}} 5\n'
+            f'{inflight}{{model_name="m"}} 1\n'
+            'sglang:num_transfer_failed_reqs_total{model_name="m",pid="1"} 2\n'
+            'sglang:num_transfer_failed_reqs_total{model_name="m",pid="2"} 3\n'
+            'sglang:num_bootstrap_failed_reqs_total{model_name="m"} 4\n')
+    result = run(page, kind="sglang")
+    assert get(result, "llm_requests_waiting_kv_transfer", model="m") == [6.0]  # max(2, 5) + 1
+    assert get(result, "llm_kv_transfer_failures_total", model="m") == [9.0]  # (2 + 3) + 4
+    # The copy with the larger value first: still the larger.
+    swapped = page.replace('"0"} 2', '"0"} 7')
+    assert get(run(swapped, kind="sglang"), "llm_requests_waiting_kv_transfer") == [8.0]
+
+
+def test_an_added_part_without_a_model_takes_the_pages_model_and_says_which_part_had_no_number() -> None:
+    bootstrap, inflight = SGLANG_PD
+    page = f'sglang:num_running_reqs{{model_name="m"}} 3\n{bootstrap} 2\n{inflight}{{model_name="m"}} 1\n'
+    result = run(page, kind="sglang")
+    assert {s.label("model") for s in result.samples if s.name == "llm_requests_waiting_kv_transfer"} == {"m"}
+    nan = run(f'sglang:num_running_reqs{{model_name="m"}} 3\n{bootstrap}{{model_name="m"}} NaN\n', kind="sglang")
+    assert get(nan, "llm_requests_waiting_kv_transfer") == []
+    assert f"llm_requests_waiting_kv_transfer: no number in {bootstrap}" in nan.notes
+
+
+def test_the_pages_model_is_the_first_a_product_term_names() -> None:
+    bootstrap, inflight = SGLANG_PD
+    page = f'{bootstrap}{{model_name="a"}} 2\n{inflight}{{model_name="b"}} 1\nsglang:num_running_reqs 3\n'
+    result = run(page, kind="sglang")
+    assert result.model == "a"
+    assert [s.label("model") for s in result.samples if s.name == "llm_requests_running"] == ["a"]
+
+
+def test_a_bad_histogram_series_drops_only_itself_and_the_series_bound_is_inclusive() -> None:
+    good = histogram("vllm:e2e_request_latency_seconds", 'model_name="m",engine="1"', ["1.0"], [1, 2], 3.0)
+    bad = histogram("vllm:e2e_request_latency_seconds", 'model_name="m",engine="0"', ["1.0"], [3, 2], 3.0)
+    result = run(bad + good)
+    assert {s.label("rank") for s in result.samples} == {"1"}
+    assert result.drops.get(normalize_module.HISTOGRAM_NOT_MONOTONIC) == 4
+    assert len(run(good, max_series=4).samples) == 4  # bucket 1.0, +Inf, _count, _sum: exactly the bound
+    assert run(good, max_series=3).samples == ()
+
+
+@pytest.mark.parametrize(("members", "fault"), [
+    ({"_bucket+Inf": 2, "_bucket1.0": 1, "_sum": 3.0}, normalize_module.HISTOGRAM_INCOMPLETE),
+    ({"_bucket+Inf": 2, "_bucket1.0": 1, "_count": 2}, normalize_module.HISTOGRAM_INCOMPLETE),
+    ({"_bucket+Inf": 2, "_bucket": 1, "_count": 2, "_sum": 3.0}, normalize_module.HISTOGRAM_BAD_LE),
+    ({"_bucket+Inf": 0, "_bucket1.0": 0, "_count": 0, "_sum": 0.0}, None),
+    ({"_bucket+Inf": 2, "_bucket1.0": 0, "_count": 2, "_sum": 0.0}, None),
+    ({"_bucket+Inf": 2, "_bucket1.0": 1, "_count": 2, "_sum": -1.0}, normalize_module.NEGATIVE_COUNTER),
+    ({"_bucket+Inf": 1e18, "_bucket1.0": 1e18, "_count": 1e18, "_sum": 1e18}, None),  # MAX_VALUE is in range
+    ({"_bucket+Inf": 2e18, "_bucket1.0": 1, "_count": 2e18, "_sum": 3.0}, normalize_module.OUT_OF_RANGE),
+])
+def test_histogram_faults_at_their_edges(members: dict, fault: str | None) -> None:
+    family = "llm_e2e_request_latency_seconds"
+    parts = []
+    for part, value in members.items():
+        name, bound = family + part[:part.index("t") + 1 if part.startswith("_bucket") else len(part)], None
+        if part.startswith("_bucket"):
+            bound = part[len("_bucket"):]
+        labels = (("target", "t"), ("le", bound)) if bound else (("target", "t"),)
+        parts.append(((name, labels), float(value)))
+    assert normalize_module._histogram_fault(family, parts) == fault
+
+
+def test_bucket_bounds_are_converted_exactly_and_their_cache_is_bounded(monkeypatch) -> None:
+    fmt = normalize_module._format_le
+    assert fmt("3", 2.0) == "6.0" and fmt("250", 0.001) == "0.25" and fmt("0.3", 0.001) == "0.0003"
+    assert fmt("2.5", 1e-6) == "2.5e-06"  # µs -> s: 2.4999999999999998e-06 in binary floats
+    assert fmt("1", 1.0) == "1.0" and fmt("+Inf", 0.001) == "+Inf" and fmt("x", 1.0) is None
+    state = NormalizerState()
+    longest = "0." + "1" * (normalize_module.MAX_CACHED_LE_LENGTH - 2)
+    assert state.format_le(longest, 0.001) == fmt(longest, 0.001)
+    assert state.format_le(longest + "1", 0.001) == fmt(longest + "1", 0.001)
+    assert list(state._le) == [(longest, 0.001)]  # the longer one computed, not cached
+    calls = []
+    monkeypatch.setattr(normalize_module, "_format_le", lambda raw, scale: calls.append(raw) or fmt(raw, scale))
+    assert state.format_le(longest, 0.001) == fmt(longest, 0.001) and calls == []  # from the cache
+    monkeypatch.setattr(normalize_module, "MAX_LE_FORMATS", 3)
+    for bound in ("1", "2"):
+        state.format_le(bound, 1.0)
+    assert len(state._le) == 3
+    state.format_le("4", 1.0)
+    assert list(state._le) == [("4", 1.0)]  # full: cleared, then the new one
+
+
+def test_the_notes_bound_keeps_the_first_ones(monkeypatch) -> None:
+    monkeypatch.setattr(normalize_module, "MAX_NOTES", 2)
+    notes: dict[str, None] = {}
+    run_ = normalize_module.Pass(normalize_module.TABLES["vllm"], NormalizerState(), notes, "t")
+    for text in ("a", "b", "c"):
+        run_.note(text)
+    assert list(notes) == ["a", "b"]
+
+
+def test_a_page_with_too_many_families_says_how_many() -> None:
+    budget = normalize_module.MAX_PAGE_FAMILIES
+    assert str(normalize_module.TooManyFamiliesError(6_000)) == (
+        f"the page has 6000 families, over the budget of {budget} families (real engines print 100-300): "
+        "none of it is read")
+    assert str(normalize_module.TooManyFamiliesError()).startswith(
+        f"the page has more than {normalize_module.MAX_PAGE_NAMES} metric names, over the budget of {budget}")
+    assert normalize_module._keep_nothing("vllm:num_requests_running") is False
