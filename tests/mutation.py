@@ -49,6 +49,10 @@ class Module:
 CALIBRATION = ("hardware", "decode_step_s", "prefill_s", "_decode_batch", "_context", "_between", "calibrate",
                "_replay_point", "_fit", "_refine", "_batch_factors", "_fold", "_by_batch", "_clamp", "_interval")
 
+DERIVE_TESTS = ("tests/test_derive_formulas.py", "tests/test_derive_stages.py", "tests/test_derive_verdict.py",
+                "tests/test_mutation_catches.py", "tests/test_hbm_figures.py", "tests/test_gpu_health.py", *FAST,
+                "-k", "not running_exporter and not faults_demo")  # real-process twins of unit tests
+
 MODULES: dict[str, Module] = {
     # Quantiles and SLO attainment from the window's bucket deltas; the window itself.
     "quantiles": Module(("exporter/derive/quantiles.py",),
@@ -58,6 +62,9 @@ MODULES: dict[str, Module] = {
     "window": Module(("exporter/derive/window.py",),
                      ("tests/test_derive_formulas.py", "tests/test_derive_verdict.py", "tests/test_mutation_catches.py",
                       *FAST, "-k", "not running_exporter")),
+    # The derived numbers the verdict and the boards show: KV bytes and capacity, throughput, MFU and
+    # bandwidth, the roofline position, GPU health.
+    **{name: Module((f"exporter/derive/{name}.py",), DERIVE_TESTS) for name in ("kv", "throughput", "roofline", "health")},
     # SLO thresholds, burn-rate windows and factors, and the rules built from them.
     "slo": Module(("exporter/slo.py", "alerts/slo.py"), ("tests/test_alerts.py", "tests/test_units.py", *FAST)),
     # Histogram and counter normalization of engine pages.

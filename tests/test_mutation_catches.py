@@ -441,3 +441,95 @@ def test_quantiles_stage_numbers_keep_their_digits_and_the_note_names_the_kind()
     assert numbers["ttft"]["restarted_seconds_ago"] == 2.3
     assert "no ttft bucket bound at or below the SLO 0.1s: attainment omitted" in (
         deriver.diagnosis()["targets"]["a"]["omitted"])
+
+
+# --- KV occupancy and headroom (exporter/derive/kv.py): what `make mutation` left alive ---------
+
+
+def kv_view(used: float | None = 4_000.0, capacity: float | None = 10_000.0, running: float | None = 3.0,
+            memory: float | None = None, ratio: float | None = 0.4):
+    from exporter.derive.view import KV_CAPACITY, EngineView
+
+    sums = {k: v for k, v in ((KV_CAPACITY, capacity), ("llm_requests_running", running),
+                              ("llm_kv_cache_memory_bytes", memory)) if v is not None}
+    return EngineView("a", "engine:a", "vllm", "m", MappingProxyType(sums), MappingProxyType({}), used, ratio)
+
+
+@pytest.mark.parametrize(("used", "running", "fallback", "expected"), [
+    (100.0, 1.0, None, 100.0),  # one sequence holds every used token
+    (1.0, 1.0, None, 1.0),
+    (0.0, 2.0, 50.0, 50.0),  # nothing held: the finished requests' mean length
+    (100.0, 0.0, 50.0, 50.0),
+    (None, None, 1.0, 1.0),
+    (None, None, 0.0, None),  # a mean length of 0 is no length
+    (None, None, None, None),
+])
+def test_mean_context_per_running_sequence_or_the_finished_requests_length(used, running, fallback, expected):
+    from exporter.derive.kv import mean_context
+
+    assert mean_context(used, running, fallback) == expected
+
+
+@pytest.mark.parametrize(("capacity", "used", "context", "expected"), [
+    (10_000.0, 4_000.0, 1_000.0, 6.0),
+    (10.0, 0.0, 1.0, 10.0),
+    (10.0, 10.0, 0.5, 0.0),  # a full pool has room for nothing, however short the sequences
+    (10.0, 11.0, 2.0, 0.0),  # over-committed (a usage ratio read before a resize): never negative
+    (10.0, 0.0, 0.0, 0.0),  # no context length known: no sequences, no division
+])
+def test_headroom_is_whole_sequences_in_the_free_tokens(capacity, used, context, expected):
+    from exporter.derive.kv import headroom_sequences
+
+    assert headroom_sequences(capacity, used, context) == expected
+
+
+def test_kv_numbers_name_every_figure_and_where_the_bytes_came_from():
+    from exporter.derive.kv import compute, numbers
+    from exporter.derive.throughput import Throughput
+    from exporter.specs.models import kv_bytes_per_token
+
+    shape = load_model("llama-3.1-8b")
+    # The engine's own allocation, at the default of one worker: memory / capacity.
+    kv = compute(kv_view(used=1_234.6, memory=1_000.0 * LLAMA_8B_KV), None, shape)
+    assert numbers(kv) == dict(kv_usage_ratio=0.4, kv_used_tokens=1235.0, kv_capacity_tokens=10_000.0,
+                               kv_bytes_per_token=LLAMA_8B_KV / 10.0, kv_bytes_per_token_from="engine",
+                               kv_headroom_sequences=21.0)  # (10,000 - 1,234.6) / (1,234.6 / 3 running)
+    assert type(numbers(kv)["kv_used_tokens"]) is float  # round(x, 0), never an int in the JSON
+    # From the model shape without the engine's figure; nothing from neither.
+    by_shape = numbers(compute(kv_view(), None, shape))
+    assert by_shape["kv_bytes_per_token"] == kv_bytes_per_token(shape) == LLAMA_8B_KV
+    assert by_shape["kv_bytes_per_token_from"] == "model shape"
+    assert compute(kv_view(), None, None).bytes_source == ""
+    assert numbers(compute(kv_view(), None, None))["kv_bytes_per_token_from"] is None
+    # The throughput stage's running count and the finished requests' mean length come first.
+    window = Throughput(running=8.0, mean_request_tokens=500.0)
+    assert compute(kv_view(), window, None).mean_context == 500.0  # 4,000 tokens over 8 sequences
+    assert compute(kv_view(used=0.0), window, None).mean_context == 500.0  # the fallback
+    assert compute(kv_view(used=0.0), window, None).headroom_sequences == 20.0
+    assert compute(kv_view(used=0.0), None, None).mean_context is None
+
+
+def test_the_kv_stage_reads_the_window_s_finished_requests_when_nothing_runs():
+    # Nothing running now; 10 requests of 300 + 200 tokens finished in the window: headroom is
+    # the free pool over 500-token sequences, which only the throughput stage knows.
+    def page(t: int) -> str:
+        n = 10 * t
+        return ("# TYPE vllm:cache_config_info gauge\n"
+                'vllm:cache_config_info{block_size="16",num_gpu_blocks="625",kv_cache_size_tokens="10000"} 1\n'
+                'vllm:num_requests_running{model_name="m"} 0\nvllm:kv_cache_usage_perc{model_name="m"} 0.0\n'
+                + "".join(f'# TYPE vllm:request_{k}_tokens histogram\n'
+                          f'vllm:request_{k}_tokens_bucket{{le="1000.0",model_name="m"}} {n}\n'
+                          f'vllm:request_{k}_tokens_bucket{{le="+Inf",model_name="m"}} {n}\n'
+                          f'vllm:request_{k}_tokens_count{{model_name="m"}} {n}\n'
+                          f'vllm:request_{k}_tokens_sum{{model_name="m"}} {n * size}\n'
+                          for k, size in (("prompt", 300), ("generation", 200))))
+    deriver = build_deriver(Config(interval_s=1.0))
+    previous = None
+    for t in range(3):
+        samples = normalize(page(t), target="a", kind="vllm").samples
+        snap = Snapshot(1_000.0 + t, MappingProxyType({"engine:a": SourceResult(
+            "engine:a", True, 0.0, float(t), tuple(samples), kind=SourceKind.ENGINE,
+            attrs=MappingProxyType({"kind": "engine", "target": "a", "engine": "vllm", "model": "m"}))}))
+        out = {s.name: s.value for s in deriver(snap, previous)}
+        previous = snap
+    assert out["llm_kv_cache_headroom_sequences"] == 20.0
