@@ -533,3 +533,191 @@ def test_the_kv_stage_reads_the_window_s_finished_requests_when_nothing_runs():
         out = {s.name: s.value for s in deriver(snap, previous)}
         previous = snap
     assert out["llm_kv_cache_headroom_sequences"] == 20.0
+
+
+# --- phase split, rates and batch (exporter/derive/throughput.py): what `make mutation` left alive
+
+
+def tp_window(points: list[tuple[float, dict, dict]], window_s: float = 30.0) -> RateWindow:
+    w = RateWindow(window_s)
+    for ts, counters, gauges in points:
+        w.observe(ts, counters, gauges)
+    return w
+
+
+def tp_engine(sums: dict[str, float], role: str = ""):
+    from exporter.derive.view import EngineView
+
+    return EngineView("a", "engine:a", "vllm", "m", MappingProxyType(sums), MappingProxyType({}), None, None,
+                      role=role)
+
+
+def _counters(scale: float, names: dict[str, float]) -> dict[str, float]:
+    return {name: scale * total for name, total in names.items()}
+
+
+VLLM_TEN_SECONDS = {  # increases over the 10 s between the first and last points
+    "llm_prompt_tokens_total": 1000.0, "llm_generation_tokens_total": 2000.0,
+    "llm_batch_prefill_time_seconds_sum": 2.0, "llm_batch_decode_time_seconds_sum": 6.0,
+    "llm_request_prefill_time_seconds_sum": 1.0, "llm_request_decode_time_seconds_sum": 1.0,
+    "llm_preemptions_total": 5.0,
+    "llm_request_prompt_tokens_sum": 1000.0, "llm_request_prompt_tokens_count": 4.0,
+    "llm_request_generation_tokens_sum": 2000.0, "llm_request_generation_tokens_count": 4.0,
+    "llm_prefix_cache_hits_total": 400.0,
+    "llm_spec_decode_draft_tokens_total": 100.0, "llm_spec_decode_accepted_tokens_total": 60.0,
+    "llm_engine_estimated_flops_total": 1e13, "llm_engine_estimated_read_bytes_total": 1e11,
+    "llm_engine_estimated_write_bytes_total": 1e10,
+}
+
+
+def test_throughput_of_a_vllm_window_field_by_field():
+    from exporter.derive.throughput import compute
+
+    gauges = [{"llm_requests_running": r, "llm_requests_waiting": w, "probe:in_flight": 0.0}
+              for r, w in ((4.0, 1.0), (6.0, 2.0), (10.0, 4.0))]
+    window = tp_window([(100.0 + 5 * i, _counters(i / 2, VLLM_TEN_SECONDS) | {"probe:tokens": 0.0}, gauges[i])
+                        for i in range(3)])
+    engine = tp_engine({"llm_requests_running": 10.0, "llm_requests_waiting": 4.0, "llm_requests_running_max": 16.0})
+    got = compute(engine, window)._asdict()
+    assert got.pop("time_source") == "per-batch forward time"
+    assert got == pytest.approx(dict(
+        prefill_tps=100.0, decode_tps=200.0, prefill_share=0.25, mean_batch=8.0, steps_per_s=25.0,
+        preemptions_per_s=0.5, running=10.0, waiting=4.0, mean_waiting=3.0, peak_running=10.0, running_cap=16.0,
+        mean_request_tokens=750.0, mean_prompt_tokens=250.0, prefill_computed_tps=60.0, prefix_hit_share=0.4,
+        spec_acceptance=0.6, engine_flops_per_gpu=1e12, engine_bytes_per_gpu=1.1e10, probe_tps=0.0,
+        probe_running=0.0, probe_mean_running=0.0))
+    # The real observe(): without a probe its in-flight gauge is 0, not 1.
+    from exporter.derive.throughput import observe
+
+    w = RateWindow(30.0)
+    for ts in (0.0, 1.0):
+        observe(w, engine, ts)
+    assert compute(engine, w).probe_mean_running == 0.0
+
+
+def test_throughput_without_token_counters_by_request_times_on_a_decode_instance():
+    from exporter.derive.throughput import compute
+
+    tgi = {k: v for k, v in VLLM_TEN_SECONDS.items()
+           if k.startswith("llm_request_") and "time" not in k} | {
+        "llm_request_prefill_time_seconds_sum": 3.0, "llm_request_decode_time_seconds_sum": 1.0}
+    window = tp_window([(0.0, _counters(0.0, tgi), {}), (10.0, _counters(1.0, tgi), {})])
+    got = compute(tp_engine({}), window)
+    assert (got.prefill_tps, got.decode_tps, got.prefill_share, got.time_source) == (
+        100.0, 200.0, 0.75, "per-request prefill/decode time")
+    assert (got.mean_batch, got.steps_per_s, got.running, got.running_cap, got.spec_acceptance,
+            got.engine_bytes_per_gpu) == (None, None, None, None, None, None)
+    slots = {"llm_prefill_seconds_total": 1.0, "llm_decode_seconds_total": 3.0, "llm_generation_tokens_total": 50.0,
+             "llm_prompt_tokens_total": 20.0}
+    window = tp_window([(0.0, _counters(0.0, slots), {}), (10.0, _counters(1.0, slots), {})])
+    decode = compute(tp_engine({}, role="decode"), window)
+    assert (decode.prefill_tps, decode.prefill_computed_tps, decode.decode_tps) == (None, None, 5.0)
+    assert (decode.prefill_share, decode.time_source) == (0.25, "per-slot time counters")
+    assert compute(tp_engine({}), tp_window([(0.0, {}, {}), (10.0, {}, {})])).time_source == ""
+
+
+@pytest.mark.parametrize(("prefill", "hits", "ratio", "expected"), [
+    (100.0, 40.0, None, (60.0, 0.4)),
+    (100.0, 100.0, None, (0.0, 1.0)),  # every prompt token from the cache
+    (100.0, 150.0, 0.1, (0.0, 1.0)),  # more hits than prompts (a window edge): none computed
+    (0.5, 0.0, None, (0.5, 0.0)),
+    (0.0, 0.0, None, (0.0, None)),  # nothing prefilled: no share
+    (100.0, None, 0.0, (100.0, 0.0)),
+    (100.0, None, 1.0, (0.0, 1.0)),
+    (100.0, None, 1.5, (100.0, None)),  # a ratio over 1 is not a ratio
+    (None, 10.0, 0.5, (None, None)),
+])
+def test_computed_prefill_less_the_prefix_cache(prefill, hits, ratio, expected):
+    from exporter.derive.throughput import computed_prefill
+
+    assert computed_prefill(prefill, hits, ratio) == expected
+
+
+@pytest.mark.parametrize(("decode", "batch", "expected"), [
+    (200.0, 8.0, 25.0), (0.5, 0.5, 0.5), (0.0, 0.0, 0.0), (0.5, 0.0, None), (5.0, 0.0, None), (None, 1.0, None),
+])
+def test_decode_steps_per_second(decode, batch, expected):
+    from exporter.derive.throughput import steps_per_second
+
+    assert steps_per_second(decode, batch) == expected
+
+
+def test_shares_means_and_acceptance_need_both_counters_and_something_counted():
+    from exporter.derive.throughput import _mean_per_request, _share, compute
+
+    def window(**increases: float) -> RateWindow:
+        return tp_window([(0.0, dict.fromkeys(increases, 0.0), {}), (2.0, increases, {})])
+
+    assert _share(window(p=0.5, d=0.5), "p", "d") == 0.5
+    assert _share(window(p=0.0, d=0.0), "p", "d") is None
+    assert _share(window(p=1.0), "p", "d") is None and _share(window(d=1.0), "p", "d") is None
+    assert _mean_per_request(window(s=30.0, c=1.0), "s", "c") == 30.0
+    assert _mean_per_request(window(s=30.0, c=0.0), "s", "c") is None
+    assert _mean_per_request(window(s=30.0), "s", "c") is None and _mean_per_request(window(c=1.0), "s", "c") is None
+    drafted, accepted = "llm_spec_decode_draft_tokens_total", "llm_spec_decode_accepted_tokens_total"
+    assert compute(tp_engine({}), window(**{drafted: 1.0, accepted: 1.0})).spec_acceptance == 1.0
+    assert compute(tp_engine({}), window(**{drafted: 10.0, accepted: 12.0})).spec_acceptance == 1.0
+    assert compute(tp_engine({}), window(**{drafted: 0.0, accepted: 0.0})).spec_acceptance is None
+    assert compute(tp_engine({}), window(**{accepted: 3.0})).spec_acceptance is None
+    assert compute(tp_engine({}), window(**{drafted: 3.0})).spec_acceptance is None
+    read, write = "llm_engine_estimated_read_bytes_total", "llm_engine_estimated_write_bytes_total"
+    assert compute(tp_engine({}), window(**{read: 4.0})).engine_bytes_per_gpu == 2.0
+    assert compute(tp_engine({}), window(**{write: 4.0})).engine_bytes_per_gpu == 2.0
+
+
+def test_throughput_numbers_and_series_as_the_diagnosis_and_metrics_show_them():
+    from exporter.derive.stage import TargetKey
+    from exporter.derive.throughput import Throughput, numbers, samples
+
+    tp = Throughput(prefill_tps=100.123, decode_tps=200.456, prefill_share=0.123456, mean_batch=7.891,
+                    steps_per_s=25.4049, running=10.0, waiting=4.0, preemptions_per_s=0.123456,
+                    prefill_computed_tps=60.006, prefix_hit_share=0.400049, spec_acceptance=0.612345,
+                    probe_tps=3.14159)
+    assert numbers(tp) == dict(
+        prefill_tokens_per_second=100.12, decode_tokens_per_second=200.46, prefill_time_share=0.1235,
+        mean_batch=7.89, decode_steps_per_second=25.4, running=10.0, waiting=4.0, preemptions_per_second=0.1235,
+        prefill_computed_tokens_per_second=60.01, prefix_cache_hit_share=0.4, spec_decode_acceptance=0.6123,
+        probe_tokens_per_second=3.14)
+    labels = labels_of(target="a", engine="vllm", model="m")
+    out = {(s.name, s.label("phase") or ""): s.value for s in samples(tp, TargetKey("a", "m", labels, "vllm"))}
+    assert out == {("llm_prefill_tokens_per_second", ""): 100.123, ("llm_decode_tokens_per_second", ""): 200.456,
+                   ("llm_mean_batch_size", ""): 7.891, ("llm_decode_steps_per_second", ""): 25.4049,
+                   ("llm_spec_decode_acceptance_ratio", ""): 0.612345,
+                   ("llm_phase_time_ratio", "prefill"): 0.123456, ("llm_phase_time_ratio", "decode"): 1 - 0.123456}
+
+
+def test_each_target_has_its_own_rate_window_and_its_own_probe():
+    # Two engines at 100 and 300 tokens/s; the probe of `a` (1 request in flight, 20 tokens/s of
+    # its own) is a's alone.
+    deriver = build_deriver(Config(interval_s=1.0))
+    previous = None
+    for t in range(3):
+        results = {}
+        for target, tps in (("a", 100.0), ("b", 300.0)):
+            labels = labels_of(target=target, engine="vllm", model="m")
+            results[f"engine:{target}"] = SourceResult(
+                f"engine:{target}", True, 0.0, float(t), (
+                    Sample("llm_generation_tokens_total", labels, tps * t),
+                    Sample("llm_requests_running", labels, 2.0)), kind=SourceKind.ENGINE,
+                attrs=MappingProxyType({"kind": "engine", "target": target, "engine": "vllm", "model": "m"}))
+        probe_labels = labels_of(target="a")
+        results["probe:a"] = SourceResult("probe:a", True, 0.0, float(t), tuple(
+            Sample(name, probe_labels, value) for name, value in (
+                ("llm_probe_up", 1.0), ("llm_probe_requests_total", float(t)),
+                ("llm_probe_time_to_first_token_seconds_sum", 0.1 * t),
+                ("llm_probe_time_to_first_token_seconds_count", float(t)),
+                ("llm_probe_prompt_tokens_total", 5.0 * t), ("llm_probe_completion_tokens_total", 15.0 * t),
+                ("llm_probe_in_flight", 1.0))), kind=SourceKind.PROBE, attrs=MappingProxyType({"target": "a"}))
+        snap = Snapshot(1_000.0 + t, MappingProxyType(results))
+        list(deriver(snap, previous))
+        previous = snap
+    targets = deriver.diagnosis()["targets"]
+    assert targets["a"]["numbers"]["decode_tokens_per_second"] == 100.0
+    assert targets["b"]["numbers"]["decode_tokens_per_second"] == 300.0
+    assert targets["a"]["numbers"]["probe_tokens_per_second"] == 20.0
+    assert targets["b"]["numbers"]["probe_tokens_per_second"] == 0.0
+    from exporter.derive.throughput import compute
+    from exporter.derive.view import ProbeView
+
+    probe = ProbeView("a", 1.0, 3.0, MappingProxyType({}), 0.3, 3.0, tokens=60.0, in_flight=1.0)
+    assert compute(tp_engine({}), RateWindow(30.0), probe).probe_running == 1.0
