@@ -721,3 +721,111 @@ def test_each_target_has_its_own_rate_window_and_its_own_probe():
 
     probe = ProbeView("a", 1.0, 3.0, MappingProxyType({}), 0.3, 3.0, tokens=60.0, in_flight=1.0)
     assert compute(tp_engine({}), RateWindow(30.0), probe).probe_running == 1.0
+
+
+# --- the roofline position (exporter/derive/roofline.py): what `make mutation` left alive --------
+
+
+def test_roofline_of_two_dp_ranks_field_by_field():
+    from exporter.derive.kv import KvCache
+    from exporter.derive.roofline import compute, decode_bytes_per_step, numbers, prefill_mfu
+    from exporter.derive.throughput import Throughput
+    from exporter.derive.view import GpuView
+    from exporter.specs.models import flops_per_token, weight_bytes_read_per_step
+
+    shape, spec = load_model("llama-3.1-8b"), lookup_gpu("h100-sxm")
+    gpus = [GpuView(str(i), f"GPU-{i}", "NVIDIA H100 80GB HBM3", MappingProxyType({}), MappingProxyType({}), ())
+            for i in range(4)]
+    # 2 data-parallel ranks of TP 2: 12 sequences in all (6 a rank), 30 steps/s, 6,000 KV tokens of
+    # 100,000 B (the engine's own figure, not the shape's 131,072).
+    thr = Throughput(steps_per_s=30.0, mean_batch=12.0, prefill_tps=1_000.0, prefill_computed_tps=600.0,
+                     prefix_hit_share=0.4, mean_prompt_tokens=500.0, engine_bytes_per_gpu=4e12,
+                     engine_flops_per_gpu=2e14)
+    kv = KvCache(used_tokens=6_000.0, bytes_per_token=100_000.0, mean_context=500.0)
+    gpm = {"GPU-0": 0.5, "GPU-1": None, "GPU-2": 0.25, "GPU-3": 0.5}
+    roof = compute(gpus, [spec] * 4, shape, 2, thr, kv, ranks=2, gpm=gpm)
+    per_step = 2 * weight_bytes_read_per_step(shape, 6) + 6_000.0 * 100_000.0
+    assert decode_bytes_per_step(shape, 12.0, 6_000.0, 2, 100_000.0) == per_step
+    flops_step = 12.0 * flops_per_token(shape, 500.0)
+    first = roof.gpus[0]
+    assert (first.gpu, first.name) == ("0", "NVIDIA H100 80GB HBM3")
+    assert [g.gpu for g in roof.gpus] == ["0", "1", "2", "3"]
+    assert first.peak_bandwidth == spec.mem_bandwidth_bytes_per_s and first.peak_flops == spec.bf16_dense_flops
+    assert first.model_bandwidth == pytest.approx(30.0 * per_step / 4)
+    assert first.gpm_bandwidth == pytest.approx(0.5 * spec.mem_bandwidth_bytes_per_s) and first.gpm_ratio == 0.5
+    assert roof.gpus[1].gpm_ratio is None and roof.gpus[1].gpm_bandwidth is None
+    assert first.intensity == pytest.approx(flops_step / per_step)
+    assert first.achieved_flops == pytest.approx(30.0 * flops_step / 4)
+    assert (first.engine_bandwidth, first.engine_flops) == (2e12, 1e14)  # each rank's figure, summed by the view
+    assert roof.mfu == pytest.approx(prefill_mfu(shape, 600.0, 4 * spec.bf16_dense_flops, 500.0, 0.4))
+    assert numbers(roof) == {"prefill_mfu": round(roof.mfu, 4),
+                             "engine_hbm_ratio": round(2e12 / spec.mem_bandwidth_bytes_per_s, 4),
+                             "engine_flops_ratio": round(1e14 / spec.bf16_dense_flops, 4)}
+    assert numbers(compute(gpus[:1], [None], shape, 1, thr, kv)) == {
+        "prefill_mfu": None, "engine_hbm_ratio": None, "engine_flops_ratio": None}
+    # Without the KV stage: the shape's bytes per token, a context of 0, no KV read.
+    bare = compute(gpus[:1], [spec], shape, 1, thr, None)
+    per_step_bare = weight_bytes_read_per_step(shape, 12)
+    assert bare.gpus[0].model_bandwidth == pytest.approx(30.0 * per_step_bare)
+    assert bare.gpus[0].achieved_flops == pytest.approx(30.0 * 12.0 * flops_per_token(shape, 0.0))
+    assert compute(gpus[:1], [spec], shape, 1, thr._replace(mean_batch=0.5), kv).gpus[0].achieved_flops == (
+        pytest.approx(30.0 * 1.0 * flops_per_token(shape, 500.0)))  # at least one sequence a step
+    idle = compute(gpus[:1], [spec], shape, 1, thr._replace(mean_batch=0.0), kv).gpus[0]
+    assert idle.achieved_flops is None and idle.intensity is None
+    # A GPU of no known card: no peaks, no modelled figure.
+    unknown = compute(gpus[:1], [None], shape, 1, thr, kv).gpus[0]
+    assert (unknown.peak_bandwidth, unknown.peak_flops, unknown.model_bandwidth) == (None, None, None)
+    with pytest.raises(ValueError):
+        compute(gpus[:2], [spec], shape, 1, thr, kv)  # every GPU has its spec entry
+
+
+def test_decode_bytes_and_prefill_flops_at_their_edges():
+    import dataclasses
+
+    from exporter.derive.roofline import decode_bytes_per_step, peak_flops, prefill_flops_per_token
+    from exporter.specs.models import active_params, kv_bytes_per_token, prefill_flops, weight_bytes_read_per_step
+
+    shape, spec = load_model("mixtral-8x7b"), lookup_gpu("h100-sxm")
+    # MoE: the experts one rank's share of the batch routes to (4 of 8 sequences a rank).
+    assert decode_bytes_per_step(shape, 8.0, 0.0, 2) == 2 * weight_bytes_read_per_step(shape, 4)
+    assert decode_bytes_per_step(shape, 1.0, 0.0, 1) == weight_bytes_read_per_step(shape, 1)
+    assert decode_bytes_per_step(shape, 0.2, 10.0, 1) == (weight_bytes_read_per_step(shape, 1)
+                                                          + 10.0 * kv_bytes_per_token(shape))
+    assert weight_bytes_read_per_step(shape, 1) != weight_bytes_read_per_step(shape, 2)
+    two = 2.0 * active_params(shape)
+    assert prefill_flops_per_token(shape, None) == prefill_flops_per_token(shape, 0.5) == two
+    assert prefill_flops_per_token(shape, 1.0) == prefill_flops(shape, 1.0, start=0.0)
+    assert prefill_flops_per_token(shape, 1.5) == prefill_flops(shape, 1.5, start=0.0) / 1.5
+    assert prefill_flops_per_token(shape, 100.0, 0.5) == prefill_flops(shape, 50.0, start=50.0) / 50.0
+    assert prefill_flops_per_token(shape, 100.0, 1.5) == prefill_flops(shape, 1.0, start=99.0)  # all cached: 1 new
+    assert prefill_flops_per_token(shape, 100.0, 0.995) == prefill_flops(shape, 1.0, start=99.0)
+    assert prefill_flops_per_token(shape, 100.0, 0.985) == pytest.approx(prefill_flops(shape, 1.5, start=98.5) / 1.5)
+    fp4 = dataclasses.replace(shape, quantization="fp4")
+    assert peak_flops(spec, fp4) == spec.fp8_dense_flops != spec.bf16_dense_flops
+
+
+def test_roofline_without_a_shape_a_prefix_share_or_a_card_s_peak():
+    import dataclasses
+
+    from exporter.derive.roofline import compute, prefill_mfu, samples
+    from exporter.derive.stage import TargetKey
+    from exporter.derive.throughput import Throughput
+    from exporter.derive.view import GpuView
+
+    shape, spec = load_model("llama-3.1-8b"), lookup_gpu("h100-sxm")
+    gpu = GpuView("0", "GPU-0", "NVIDIA H100 80GB HBM3", MappingProxyType({}), MappingProxyType({}), ())
+    thr = Throughput(steps_per_s=30.0, mean_batch=4.0, prefill_tps=1_000.0, mean_prompt_tokens=500.0)
+    assert compute([gpu], [spec], None, 1, thr, None).gpus[0].peak_flops == spec.bf16_dense_flops  # no shape
+    fp8 = dataclasses.replace(shape, quantization="fp8")
+    assert compute([gpu], [spec], fp8, 1, thr, None).gpus[0].peak_flops == spec.fp8_dense_flops  # W8A8's roof
+    assert compute([gpu], [spec], shape, 1, thr, None).mfu == pytest.approx(
+        prefill_mfu(shape, 1_000.0, spec.bf16_dense_flops, 500.0, 0.0))  # no prefix share known: none cached
+    for peak in (0.0, 0.5):
+        card = dataclasses.replace(spec, bf16_dense_flops=peak)
+        mfu = compute([gpu], [card], shape, 1, thr, None).mfu
+        assert mfu is None if peak == 0.0 else mfu == pytest.approx(prefill_mfu(shape, 1_000.0, 0.5, 500.0))
+    # GPM's ratio stands without a card's peak (no bytes/s to give); the model's needs the peak.
+    roof = compute([gpu], [None], shape, 1, thr, None, gpm={"GPU-0": 0.5})
+    key = TargetKey("a", "m", labels_of(target="a", engine="vllm", model="m"), "vllm")
+    out = [(s.name, s.label("source"), s.value) for s in samples(roof, key)]
+    assert out == [("llm_hbm_bandwidth_efficiency_ratio", "gpm", 0.5)]
