@@ -221,3 +221,132 @@ def test_the_docs_list_the_xids_the_table_says_need_service():
     for doc in ("docs/diagnosis.md", "docs/alerts.md"):
         text = " ".join(pathlib.Path(doc).read_text().split())
         assert needs.rsplit(", ", 1)[0] + " and " + needs.rsplit(", ", 1)[1] in text or needs in text, doc
+
+
+# --- what `make mutation` left alive in exporter/derive/health.py ----------------------------------
+
+RESET_WORDS = "drain the engine, then reset the GPU (nvidia-smi -r) or reboot; RMA if it recurs"
+
+
+def fault_json(deriver: Deriver, target: str = "a") -> list[dict]:
+    return deriver.diagnosis()["targets"][target]["gpu_faults"]
+
+
+def test_every_fault_field_and_its_words_over_the_cycles_of_a_failing_gpu():
+    deriver = Deriver(Config())
+    deriver(snapshot(1000.0, [gpu_samples("0", ecc=2.0, xids={"48": 1.0}, pending=1.0, recovery=2.0),
+                              gpu_samples("1")]), None)
+    assert fault_json(deriver) == [
+        {"gpu": "0", "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "fault": "xid_48",
+         "what": "XID 48 (double-bit ECC error): 1 in the last 1h", "action": "reset_gpu", "since": 1000.0,
+         "count": 1.0, "runbook": "docs/runbooks.md#llmgpuxidcritical",
+         "words": "GPU 0 (GPU-0): XID 48 (double-bit ECC error): 1 in the last 1h, last 1970-01-01 00:16:40 UTC "
+                  f"(0 s ago): {RESET_WORDS} (docs/runbooks.md#llmgpuxidcritical)"},
+        {"gpu": "0", "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "fault": "ecc_uncorrected",
+         "what": "uncorrected (double-bit) ECC errors: 2 in the last 1h", "action": "reset_gpu", "since": 1000.0,
+         "count": 2.0, "runbook": "docs/runbooks.md#llmgpuuncorrectableeccerrors",
+         "words": "GPU 0 (GPU-0): uncorrected (double-bit) ECC errors: 2 in the last 1h, last 1970-01-01 00:16:40 "
+                  f"UTC (0 s ago): {RESET_WORDS} (docs/runbooks.md#llmgpuuncorrectableeccerrors)"},
+        {"gpu": "0", "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "fault": "remap_pending",
+         "what": "a memory row remap waits for a GPU reset", "action": "reset_gpu", "since": 1000.0, "count": 0.0,
+         "runbook": "docs/runbooks.md#llmgpurowremappending",
+         "words": "GPU 0 (GPU-0): a memory row remap waits for a GPU reset, since 1970-01-01 00:16:40 UTC (0 s ago): "
+                  f"{RESET_WORDS} (docs/runbooks.md#llmgpurowremappending)"},
+        {"gpu": "0", "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "fault": "recovery_action",
+         "what": "the driver asks for recovery action reboot_node (2)", "action": "reboot_node", "since": 1000.0,
+         "count": 0.0, "runbook": "docs/runbooks.md#llmgpurecoveryactionrequired",
+         "words": "GPU 0 (GPU-0): the driver asks for recovery action reboot_node (2), since 1970-01-01 00:16:40 UTC "
+                  "(0 s ago): drain the node and reboot it; RMA if it recurs "
+                  "(docs/runbooks.md#llmgpurecoveryactionrequired)"}]
+    # 150 s on the ECC count grows by 3 (5 in the window, dated now); XID 48 and the states keep
+    # their times, now "2 min ago".
+    out = deriver(snapshot(1150.0, [gpu_samples("0", ecc=5.0, xids={"48": 1.0}, pending=1.0, recovery=2.0),
+                                    gpu_samples("1")]), None)
+    by_fault = {f["fault"]: f for f in fault_json(deriver)}
+    assert (by_fault["ecc_uncorrected"]["count"], by_fault["ecc_uncorrected"]["since"]) == (5.0, 1150.0)
+    assert by_fault["ecc_uncorrected"]["what"] == "uncorrected (double-bit) ECC errors: 5 in the last 1h"
+    assert "(0 s ago)" in by_fault["ecc_uncorrected"]["words"]
+    assert by_fault["xid_48"]["since"] == by_fault["remap_pending"]["since"] == 1000.0
+    assert ", since 1970-01-01 00:16:40 UTC (2 min ago): " in by_fault["remap_pending"]["words"]
+    assert [s.value for s in out if s.name == "llm_unhealthy_gpus"] == [1.0]
+    # 119 s after the growth is still counted in seconds; the ECC count cleared by a reset is no fault.
+    deriver(snapshot(1269.0, [gpu_samples("0", ecc=0.0, xids={"48": 1.0}), gpu_samples("1")]), None)
+    assert faults_of(deriver) == ["xid_48"] and "(4 min ago)" in fault_json(deriver)[0]["words"]  # 269 s
+    # Exactly one window after XID 48 it still holds; a second later it is over.
+    deriver(snapshot(1000.0 + FAULT_WINDOW_S, [gpu_samples("0", xids={"48": 1.0}), gpu_samples("1")]), None)
+    assert faults_of(deriver) == ["xid_48"]
+    deriver(snapshot(1001.0 + FAULT_WINDOW_S, [gpu_samples("0", xids={"48": 1.0}), gpu_samples("1")]), None)
+    assert faults_of(deriver) == []
+    # It grows again: a new fault counting only the new error.
+    deriver(snapshot(1002.0 + FAULT_WINDOW_S, [gpu_samples("0", xids={"48": 2.0}), gpu_samples("1")]), None)
+    assert [(f["fault"], f["count"]) for f in fault_json(deriver)] == [("xid_48", 1.0)]
+
+
+def test_seconds_ago_until_two_minutes_then_minutes():
+    from exporter.derive.health import Fault
+    from exporter.specs.gpu_faults import RESET_GPU
+
+    fault = Fault("3", "", "H100", "remap_pending", "w", RESET_GPU, 1000.0, 0.0, "R")
+    assert fault.words(1119.4) == (f"GPU 3: w, since 1970-01-01 00:16:40 UTC (119 s ago): {RESET_WORDS} "
+                                   "(docs/runbooks.md#r)")
+    assert "(2 min ago)" in fault.words(1120.0) and "(0 s ago)" in fault.words(990.0)  # a clock step back: 0
+    assert fault._replace(count=2.0).json(1000.0)["words"].startswith("GPU 3: w, last ")
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [
+    ({"failed": 1.0}, [("remap_failed", "a memory row remap failed: no spare rows left", "rma",
+                        "docs/runbooks.md#llmgpurowremapfailure")]),
+    ({"uncorrectable": 1.0}, [("remap_uncorrectable", "a memory row remapped after an uncorrectable error: 1 in the "
+                               "last 1h", "reset_gpu", "docs/runbooks.md#llmgpurowremappending")]),
+    ({"recovery": 7.0}, [("recovery_action", "the driver asks for recovery action system_reboot (7)",
+                          "system_reboot", "docs/runbooks.md#llmgpurecoveryactionrequired")]),
+    ({"recovery": 9.0}, [("recovery_action", "the driver asks for recovery action code_9 (9)", "code_9",
+                          "docs/runbooks.md#llmgpurecoveryactionrequired")]),
+    ({"recovery": None}, []),
+    ({"xids": {"94": 1.0, "31": 2.0, "999": 4.0}}, [
+        ("xid_94", "XID 94 (contained ECC error: the process that hit it was stopped): 1 in the last 1h",
+         "restart_engine", "docs/runbooks.md#llmgpuxidwarning")]),
+])
+def test_each_fault_family_s_words_action_and_runbook(kwargs, expected):
+    deriver = Deriver(Config())
+    deriver(snapshot(1000.0, [gpu_samples("0", **kwargs)]), None)
+    assert [(f["fault"], f["what"], f["action"], f["runbook"]) for f in fault_json(deriver)] == expected
+
+
+def test_lost_gpus_belong_to_their_target_only():
+    lost = gpu_samples("1", up=0.0)
+    # Two targets, GPUs assigned by target_gpus: the lost GPU 1 is b's only.
+    deriver = Deriver(Config(target_gpus={"a": ["0"], "b": ["1"]}))
+    deriver(snapshot(1000.0, [gpu_samples("0"), lost], targets=("a", "b")), None)
+    assert faults_of(deriver, "a") == [] and faults_of(deriver, "b") == ["lost"]
+    assert deriver.diagnosis()["targets"]["b"]["numbers"]["unhealthy_gpus"] == 1
+    lost_fault = fault_json(deriver, "b")[0]
+    assert (lost_fault["what"], lost_fault["action"], lost_fault["runbook"]) == (
+        "lost: the GPU source cannot read it (llm_gpu_up 0)", "check", "docs/runbooks.md#llmgpulost")
+    # Two targets without an assignment: each is shown against every GPU, the lost one included.
+    deriver = Deriver(Config())
+    deriver(snapshot(1000.0, [gpu_samples("0"), lost], targets=("a", "b")), None)
+    assert faults_of(deriver, "a") == faults_of(deriver, "b") == ["lost"]
+    # A target with only a lost GPU still has a health figure (1 GPU, 1 unhealthy).
+    deriver = Deriver(Config())
+    out = deriver(snapshot(1000.0, [lost]), None)
+    assert [s.value for s in out if s.name == "llm_unhealthy_gpus"] == [1.0]
+    assert [dict(s.labels)["action"] for s in out if s.name == "llm_gpu_fault"] == ["check"]
+
+
+def test_health_state_forgets_a_gpu_gone_longer_than_the_window_and_bounds_its_counters():
+    from exporter.derive import health
+    from exporter.derive.settings import derive_settings
+
+    state = health.HealthState(derive_settings(Config()))
+    assert state.forget_after_s >= FAULT_WINDOW_S
+    deriver = Deriver(Config())
+    deriver(snapshot(1000.0, [gpu_samples("0", ecc=1.0)]), None)
+    # Back after more than the window away: its old count is not remembered, so it is first sight again.
+    deriver(snapshot(1000.0 + 2 * FAULT_WINDOW_S, []), None)
+    deriver(snapshot(1001.0 + 2 * FAULT_WINDOW_S, [gpu_samples("0", ecc=1.0)]), None)
+    assert faults_of(deriver) == ["ecc_uncorrected"]
+    many = {str(code): 1.0 for code in range(1, 200)}
+    deriver = Deriver(Config())
+    deriver(snapshot(1000.0, [gpu_samples("0", xids=many)]), None)
+    assert len(faults_of(deriver)) <= health.MAX_COUNTERS_PER_GPU
