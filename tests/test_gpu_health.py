@@ -331,7 +331,8 @@ def test_lost_gpus_belong_to_their_target_only():
     deriver = Deriver(Config())
     out = deriver(snapshot(1000.0, [lost]), None)
     assert [s.value for s in out if s.name == "llm_unhealthy_gpus"] == [1.0]
-    assert [dict(s.labels)["action"] for s in out if s.name == "llm_gpu_fault"] == ["check"]
+    assert [(dict(s.labels), s.value) for s in out if s.name == "llm_gpu_fault"] == [(
+        {"action": "check", "engine": "vllm", "fault": "lost", "gpu": "1", "target": "a", "uuid": "GPU-1"}, 1.0)]
 
 
 def test_health_state_forgets_a_gpu_gone_longer_than_the_window_and_bounds_its_counters():
