@@ -22,6 +22,7 @@ import argparse
 import fnmatch
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -44,6 +45,9 @@ class Module:
     # mutmut mutant-name patterns (fnmatch) this module's score is over, or () for every mutant of
     # the files: a file whose other functions belong to another concern scores only its part.
     only: tuple[str, ...] = ()
+    # Score a seeded random sample of this many of the chosen mutants (0: all of them): for a module
+    # whose mutants each run seconds of tests (the planner's calibrations), where all would take hours.
+    sample: int = 0
 
 
 CALIBRATION = ("hardware", "decode_step_s", "prefill_s", "_decode_batch", "_context", "_between", "calibrate",
@@ -64,7 +68,8 @@ MODULES: dict[str, Module] = {
                       *FAST, "-k", "not running_exporter")),
     # The derived numbers the verdict and the boards show: KV bytes and capacity, throughput, MFU and
     # bandwidth, the roofline position, GPU health.
-    **{name: Module((f"exporter/derive/{name}.py",), DERIVE_TESTS) for name in ("kv", "throughput", "roofline", "health")},
+    **{name: Module((f"exporter/derive/{name}.py",), DERIVE_TESTS)
+       for name in ("kv", "throughput", "roofline", "health")},
     # SLO thresholds, burn-rate windows and factors, and the rules built from them.
     "slo": Module(("exporter/slo.py", "alerts/slo.py"), ("tests/test_alerts.py", "tests/test_units.py", *FAST)),
     # Histogram and counter normalization of engine pages.
@@ -77,7 +82,8 @@ MODULES: dict[str, Module] = {
     # the prediction side, not scored here).
     "planner-model": Module(("exporter/planner/model.py",),
                             ("tests/test_planner.py", "tests/test_planner_model_edges.py", *FAST),
-                            only=tuple(f"exporter.planner.model.x_{name}__mutmut_*" for name in CALIBRATION)),
+                            only=tuple(f"exporter.planner.model.x_{name}__mutmut_*" for name in CALIBRATION),
+                            sample=150),
 }
 
 MUTMUT = "mutmut==3.8.1"
@@ -144,6 +150,24 @@ def chosen_counts(work: Path, patterns: tuple[str, ...]) -> dict[str, int]:
     return tally
 
 
+def sampled(work: Path, patterns: tuple[str, ...], size: int, seed: int, env: dict[str, str]) -> tuple[str, ...]:
+    """`size` mutant names drawn with `seed` from those matching `patterns` (all mutants without).
+    mutmut names its mutants only once it has generated them, with the tests' coverage: one run of
+    a single mutant does both, and the sample's run then reuses them."""
+    one = patterns[0].replace("*", "1") if patterns else "*__mutmut_1"
+    first = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", "1", one],
+                           cwd=work, check=False, env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=work, check=True,
+                         capture_output=True, text=True).stdout
+    names = sorted(n for line in out.splitlines() if (n := line.strip().rpartition(": ")[0])
+                   and (not patterns or any(fnmatch.fnmatch(n, p) for p in patterns)))
+    if not names:
+        raise SystemExit(f"no mutants to sample in {work}:\n{first.stdout[-2000:]}{first.stderr[-2000:]}")
+    random.Random(seed).shuffle(names)
+    print(f"   sample: {min(size, len(names))} of {len(names)} mutants (seed {seed})", flush=True)
+    return tuple(sorted(names[:size]))
+
+
 def survivors(work: Path) -> list[str]:
     out = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=work, check=True,
                          capture_output=True, text=True).stdout
@@ -156,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("modules", nargs="*", help=f"default: all of {', '.join(MODULES)}")
     p.add_argument("--list", action="store_true")
     p.add_argument("--max-children", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    p.add_argument("--sample", type=int, default=None, help="score a seeded random sample of N mutants per module "
+                   "(0: all; default: the module's own, all but planner-model)")
+    p.add_argument("--seed", type=int, default=46)
     args = p.parse_args(argv)
     if args.list:
         for name, m in MODULES.items():
@@ -170,12 +197,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name}: mutmut in {work}", flush=True)
         env = {**os.environ, "LLM_EXPORTER_MUTATION_REBUILD": MODULES[name].rebuild}
         module = MODULES[name]
-        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *module.only],
+        size = module.sample if args.sample is None else args.sample
+        chosen = module.only
+        if size:
+            chosen = sampled(work, module.only, size, args.seed, env)
+        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *chosen],
                        cwd=work, check=False, env=env)
-        stats = counts(work) if not module.only else None
+        stats = counts(work) if not chosen else None
         left = survivors(work)
         if stats is None:  # mutmut's totals count the mutants left out too: count the chosen ones
-            stats = chosen_counts(work, module.only)
+            stats = chosen_counts(work, chosen)
         killed, total = stats.get("killed", 0), stats.get("total", 0)
         rows.append((name, killed, total, left, stats))
     print("\nmodule            killed / total      %   survived  (stats)")

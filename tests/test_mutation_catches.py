@@ -829,3 +829,41 @@ def test_roofline_without_a_shape_a_prefix_share_or_a_card_s_peak():
     key = TargetKey("a", "m", labels_of(target="a", engine="vllm", model="m"), "vllm")
     out = [(s.name, s.label("source"), s.value) for s in samples(roof, key)]
     assert out == [("llm_hbm_bandwidth_efficiency_ratio", "gpm", 0.5)]
+
+
+def test_the_roofline_stage_averages_each_target_s_gpm_over_its_window():
+    # Targets a (GPU 0) and b (GPU 1); GPM's DRAM bandwidth ratio moves each second. The figure is
+    # the mean over the rate window (the baseline left out, as the rates), per target, not this
+    # second's value.
+    def snap(t: float, ratios: tuple[float, float]) -> Snapshot:
+        results = {}
+        for target in ("a", "b"):
+            labels = labels_of(target=target, engine="vllm", model="llama-3.1-8b")
+            results[f"engine:{target}"] = SourceResult(
+                f"engine:{target}", True, 0.0, t, (Sample("llm_requests_running", labels, 4.0),
+                                                   Sample("llm_generation_tokens_total", labels, 100.0 * t)),
+                attrs=MappingProxyType({"target": target, "engine": "vllm", "model": "llama-3.1-8b"}),
+                kind=SourceKind.ENGINE)
+        gpus = []
+        for index, ratio in enumerate(ratios):
+            g = labels_of(gpu=str(index), uuid=f"GPU-{index}", name="NVIDIA H100 80GB HBM3")
+            gpus += [Sample("llm_gpu_up", g, 1.0), Sample("llm_gpu_dram_bandwidth_utilization_ratio", g, ratio)]
+        results["gpu"] = SourceResult("gpu", True, 0.0, t, tuple(gpus), kind=SourceKind.GPU)
+        return Snapshot(1_000.0 + t, MappingProxyType(results))
+
+    deriver = build_deriver(Config(model="llama-3.1-8b", target_gpus={"a": ["0"], "b": ["1"]}))
+    previous = None
+    for t, ratios in enumerate(((0.2, 0.1), (0.6, 0.3), (0.4, 0.2))):
+        out = list(deriver(snap(float(t), ratios), previous))
+        previous = snap(float(t), ratios)
+    gpm = {s.label("target"): s.value for s in out
+           if s.name == "llm_hbm_bandwidth_efficiency_ratio" and s.label("source") == "gpm"}
+    assert gpm == pytest.approx({"a": 0.5, "b": 0.25})
+    numbers = deriver.diagnosis()["targets"]["a"]["numbers"]
+    assert "prefill_mfu" in numbers  # a target with GPUs has a roofline entry
+    bare = build_deriver(Config())
+    labels = labels_of(target="a", engine="vllm", model="m")
+    list(bare(Snapshot(1_000.0, MappingProxyType({"engine:a": SourceResult(
+        "engine:a", True, 0.0, 0.0, (Sample("llm_requests_running", labels, 1.0),), kind=SourceKind.ENGINE,
+        attrs=MappingProxyType({"target": "a", "engine": "vllm", "model": "m"}))})), None))
+    assert "prefill_mfu" not in bare.diagnosis()["targets"]["a"]["numbers"]  # nothing to place: no entry
