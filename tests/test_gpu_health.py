@@ -290,6 +290,7 @@ def test_seconds_ago_until_two_minutes_then_minutes():
     assert fault.words(1119.4) == (f"GPU 3: w, since 1970-01-01 00:16:40 UTC (119 s ago): {RESET_WORDS} "
                                    "(docs/runbooks.md#r)")
     assert "(2 min ago)" in fault.words(1120.0) and "(0 s ago)" in fault.words(990.0)  # a clock step back: 0
+    assert "(50 min ago)" in fault.words(4000.0)
     assert fault._replace(count=2.0).json(1000.0)["words"].startswith("GPU 3: w, last ")
 
 
@@ -311,6 +312,28 @@ def test_each_fault_family_s_words_action_and_runbook(kwargs, expected):
     deriver = Deriver(Config())
     deriver(snapshot(1000.0, [gpu_samples("0", **kwargs)]), None)
     assert [(f["fault"], f["what"], f["action"], f["runbook"]) for f in fault_json(deriver)] == expected
+    if kwargs.get("recovery") == 9.0:  # a code no table knows: the driver's own instruction
+        assert ": drain the engine and do what the driver asks (docs/" in fault_json(deriver)[0]["words"]
+
+
+def test_a_count_that_grows_within_the_window_adds_to_what_it_held_late_in_a_long_uptime():
+    deriver = Deriver(Config())
+    start = 5_000_000.0  # a node up for weeks: the window is measured between cycles, not from 0
+    deriver(snapshot(start, [gpu_samples("0", ecc=1.0)]), None)
+    deriver(snapshot(start + 60.0, [gpu_samples("0", ecc=3.0)]), None)
+    assert [(f["fault"], f["count"]) for f in fault_json(deriver)] == [("ecc_uncorrected", 3.0)]
+
+
+def test_a_gpu_away_exactly_the_forget_time_is_remembered():
+    from exporter.derive import health
+    from exporter.derive.settings import derive_settings
+
+    away = health.HealthState(derive_settings(Config())).forget_after_s
+    deriver = Deriver(Config())
+    deriver(snapshot(1000.0, [gpu_samples("0", ecc=1.0)]), None)
+    deriver(snapshot(1000.0 + away, []), None)
+    deriver(snapshot(1001.0 + away, [gpu_samples("0", ecc=1.0)]), None)
+    assert faults_of(deriver) == []  # its count was remembered: no growth, and the old one is past the window
 
 
 def test_lost_gpus_belong_to_their_target_only():
