@@ -1136,3 +1136,79 @@ def test_a_page_with_too_many_families_says_how_many() -> None:
     assert str(normalize_module.TooManyFamiliesError()).startswith(
         f"the page has more than {normalize_module.MAX_PAGE_NAMES} metric names, over the budget of {budget}")
     assert normalize_module._keep_nothing("vllm:num_requests_running") is False
+
+
+def _cached_label_sets(state: NormalizerState) -> set:
+    return {labels for cache in state._entries for labels in cache}
+
+
+def test_the_route_caches_hold_at_most_their_bound_and_start_again_when_full(monkeypatch) -> None:
+    monkeypatch.setattr(normalize_module, "MAX_MAPPED_LABEL_SETS", 3)
+
+    def page(ranks: range) -> str:
+        return "".join(f'vllm:num_requests_running{{model_name="m",engine="{r}"}} {r}\n' for r in ranks)
+
+    state = NormalizerState()
+    first = run(page(range(5)), state=state, kind="vllm")
+    assert sorted(get(first, "llm_requests_running")) == [0.0, 1.0, 2.0, 3.0, 4.0]  # all mapped, 3 cached
+    assert state._entry_count == 3 and len(_cached_label_sets(state)) == 3
+    # Full: the next page starts the caches again, with its own first label sets.
+    second = plain(page(range(10, 15)), state=state, kind="vllm")
+    assert sorted(get(second, "llm_requests_running")) == [10.0, 11.0, 12.0, 13.0, 14.0]
+    assert {dict(labels)["engine"] for labels in _cached_label_sets(state)} == {"10", "11", "12"}
+    # Not full: a page with one new label set adds to the count.
+    state = NormalizerState()
+    plain(page(range(2)), state=state, kind="vllm")
+    plain(page(range(3)), state=state, kind="vllm")
+    assert state._entry_count == 3 and state.room() == 0
+    labels = (("engine", "0"), ("model_name", "m"))
+    expected = normalize_module._ENTRY_BYTES + 2 * normalize_module._PAIR_BYTES + len("engine0model_namem")
+    assert normalize_module._labels_chars(labels) == expected
+    assert state._entry_chars == 3 * expected - 0 and state.chars_room() == (
+        normalize_module.MAX_MAPPED_LABEL_CHARS - 3 * expected)
+
+
+def test_the_route_caches_are_bounded_by_characters_too(monkeypatch) -> None:
+    one = normalize_module._labels_chars((("engine", "0"), ("model_name", "m")))
+    monkeypatch.setattr(normalize_module, "MAX_MAPPED_LABEL_CHARS", 2 * one)
+    state = NormalizerState()
+    page = "".join(f'vllm:num_requests_running{{model_name="m",engine="{r}"}} 1\n' for r in range(5))
+    assert len(get(plain(page, state=state, kind="vllm"), "llm_requests_running")) == 5
+    assert state._entry_count == 2 and state.chars_room() == 0
+
+
+def test_a_series_printed_twice_with_one_value_counts_once_and_says_so() -> None:
+    page = 'vllm:num_requests_running{model_name="m"} 3\n' * 2 + 'vllm:num_requests_waiting{model_name="m"} 1\n'
+    result = plain(page, kind="vllm")
+    assert get(result, "llm_requests_running") == [3.0]
+    assert "ignored 1 repeated series (printed again with the same value)" in result.notes
+
+
+def test_samples_no_route_takes_and_lines_the_parser_refused_are_counted() -> None:
+    blocks = ('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="weird",model="m",version="1"} 5\n'
+              'nv_inference_pending_request_count{model="m",version="1"} 2\n')
+    result = plain(blocks, kind="triton")
+    assert result.unmapped_samples == 1 and get(result, "llm_requests_pending") == [2.0]
+    long_value = "x" * 5000  # over the parser's label value bound
+    refused = plain(f'vllm:num_requests_running{{model_name="{long_value}"}} 1\n'
+                    'vllm:num_requests_waiting{model_name="m"} 1\n', kind="vllm")
+    assert sum(refused.drops.values()) >= 1 and get(refused, "llm_requests_waiting") == [1.0]
+    assert plain('vllm:num_requests_waiting{model_name="m"} 1\n', kind="vllm").drops == {}
+
+
+def test_the_family_account_is_kept_while_the_names_repeat_and_counts_dropped_names(monkeypatch) -> None:
+    state = NormalizerState()
+    page = ('vllm:num_requests_running{model_name="m"} 1\n'  # mapped, no TYPE line: counted by its name
+            '# TYPE vllm:brand_new_thing gauge\nvllm:brand_new_thing 1\nother_unmapped_total 4\n')
+    first = run(page, state=state, kind="vllm").families
+    again = run(page.replace("} 1", "} 2"), state=state, kind="vllm").families
+    assert again is first  # the same names: the memo, not a second count
+    assert (first.mapped, first.ignored, first.unaccounted) == (1, 0, 2)
+    assert run(page + "vllm:num_requests_waiting 1\n", state=state, kind="vllm").families.mapped == 2
+    # A page with more names than the memo keeps: counted each time, the same counts.
+    monkeypatch.setattr(normalize_module, "MAX_MEMO_NAMES", 3)
+    big = run(page, state=state, kind="vllm").families
+    assert (big.mapped, big.ignored, big.unaccounted) == (1, 0, 2)
+    assert run(page, state=state, kind="vllm").families is not big
+    monkeypatch.setattr(normalize_module, "MAX_MEMO_NAMES", 4)  # names + declared == 4: still memoized
+    assert run(page, state=state, kind="vllm").families is run(page, state=state, kind="vllm").families
