@@ -4,6 +4,7 @@ client-side quantities it reads between and beyond the observed concurrency leve
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -46,3 +47,61 @@ def test_along_level_with_few_points_and_never_negative():
     assert along_level([], 3, lambda p: p.y) == 0.0
     assert along_level(closed((2, 7)), 5, lambda p: p.y) == 7
     assert along_level(closed((1, 1), (2, 10)), 0, lambda p: p.y) == 0.0  # the line says -8
+
+
+# --- the calibration's own edges (make mutation, planner-model's sample) ---------------------------
+
+
+def _setup_and_point(in_flight: float = 8.0, tpot: float | None = 0.02):
+    from exporter.planner.model import Setup, gpu_device
+    from exporter.planner.observe import Point, Stat
+    from exporter.specs.models import load_model
+
+    setup = Setup(gpu_device("h100-sxm"), load_model("llama-3.1-8b"), max_num_seqs=256)
+    point = Point("c=8", "concurrency", 8.0, in_flight, 0.0, 512.0, 128.0, Stat(0.2, 0.3, 400, 0.1),
+                  Stat(tpot, tpot, 400, 0.05) if tpot else Stat(None), 100.0, 2.0)
+    return setup, point
+
+
+def test_calibration_refuses_nothing_and_points_without_tpot_by_name():
+    from exporter.planner.model import calibrate
+
+    setup, point = _setup_and_point(tpot=None)
+    with pytest.raises(PlanError, match="^nothing observed to calibrate on$"):
+        calibrate(setup, [])
+    with pytest.raises(PlanError, match="^no observed TPOT to calibrate on$"):
+        calibrate(setup, [point])
+
+
+def test_calibration_intervals_name_each_fitted_figure():
+    from exporter.planner.model import calibrate
+
+    setup, point = _setup_and_point()
+    cal = calibrate(setup, [point], refine=False)
+    assert set(cal.ci) == {"bandwidth_efficiency", "decode_compute_efficiency", "prefill_compute_efficiency",
+                           "host_seconds_per_request"}
+    assert set(cal.as_dict()["ci95"]) == set(cal.ci)
+    lo, hi = cal.ci["bandwidth_efficiency"]
+    assert lo < cal.bw < hi
+
+
+def test_the_decode_batch_is_the_mean_in_flight_else_the_level_within_the_engine_s_slots():
+    from exporter.planner.model import _decode_batch
+
+    setup, point = _setup_and_point(in_flight=5.5)
+    assert _decode_batch(point, setup) == 5.5
+    assert _decode_batch(dataclasses.replace(point, in_flight=0.0), setup) == 8.0  # not measured: the level
+    assert _decode_batch(dataclasses.replace(point, in_flight=900.0), setup) == 256.0
+    assert _decode_batch(dataclasses.replace(point, in_flight=0.2, level=0.2), setup) == 1.0
+
+
+def test_the_search_grid_between_a_value_s_neighbours():
+    from exporter.planner.model import _between
+
+    grid = [1.0, 2.0, 4.0, 8.0]
+    first = _between(grid, 0)
+    assert len(first) == 9 and first[0] == 1.0 and first[-1] == pytest.approx(2.0)
+    assert first[4] == pytest.approx(2 ** 0.5)
+    last = _between(grid, 3)
+    assert last[0] == 4.0 and last[-1] == pytest.approx(8.0)
+    assert _between(grid, 1)[-1] == pytest.approx(4.0)
