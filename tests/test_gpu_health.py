@@ -236,28 +236,22 @@ def test_every_fault_field_and_its_words_over_the_cycles_of_a_failing_gpu():
     deriver = Deriver(Config())
     deriver(snapshot(1000.0, [gpu_samples("0", ecc=2.0, xids={"48": 1.0}, pending=1.0, recovery=2.0),
                               gpu_samples("1")]), None)
+    def expected(fault: str, what: str, action: str, count: float, runbook: str, words: str) -> dict:
+        since = "last" if count else "since"
+        return {"gpu": "0", "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "fault": fault, "what": what,
+                "action": action, "since": 1000.0, "count": count, "runbook": f"docs/runbooks.md#{runbook}",
+                "words": f"GPU 0 (GPU-0): {what}, {since} 1970-01-01 00:16:40 UTC (0 s ago): {words} "
+                         f"(docs/runbooks.md#{runbook})"}
+
     assert fault_json(deriver) == [
-        {"gpu": "0", "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "fault": "xid_48",
-         "what": "XID 48 (double-bit ECC error): 1 in the last 1h", "action": "reset_gpu", "since": 1000.0,
-         "count": 1.0, "runbook": "docs/runbooks.md#llmgpuxidcritical",
-         "words": "GPU 0 (GPU-0): XID 48 (double-bit ECC error): 1 in the last 1h, last 1970-01-01 00:16:40 UTC "
-                  f"(0 s ago): {RESET_WORDS} (docs/runbooks.md#llmgpuxidcritical)"},
-        {"gpu": "0", "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "fault": "ecc_uncorrected",
-         "what": "uncorrected (double-bit) ECC errors: 2 in the last 1h", "action": "reset_gpu", "since": 1000.0,
-         "count": 2.0, "runbook": "docs/runbooks.md#llmgpuuncorrectableeccerrors",
-         "words": "GPU 0 (GPU-0): uncorrected (double-bit) ECC errors: 2 in the last 1h, last 1970-01-01 00:16:40 "
-                  f"UTC (0 s ago): {RESET_WORDS} (docs/runbooks.md#llmgpuuncorrectableeccerrors)"},
-        {"gpu": "0", "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "fault": "remap_pending",
-         "what": "a memory row remap waits for a GPU reset", "action": "reset_gpu", "since": 1000.0, "count": 0.0,
-         "runbook": "docs/runbooks.md#llmgpurowremappending",
-         "words": "GPU 0 (GPU-0): a memory row remap waits for a GPU reset, since 1970-01-01 00:16:40 UTC (0 s ago): "
-                  f"{RESET_WORDS} (docs/runbooks.md#llmgpurowremappending)"},
-        {"gpu": "0", "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "fault": "recovery_action",
-         "what": "the driver asks for recovery action reboot_node (2)", "action": "reboot_node", "since": 1000.0,
-         "count": 0.0, "runbook": "docs/runbooks.md#llmgpurecoveryactionrequired",
-         "words": "GPU 0 (GPU-0): the driver asks for recovery action reboot_node (2), since 1970-01-01 00:16:40 UTC "
-                  "(0 s ago): drain the node and reboot it; RMA if it recurs "
-                  "(docs/runbooks.md#llmgpurecoveryactionrequired)"}]
+        expected("xid_48", "XID 48 (double-bit ECC error): 1 in the last 1h", "reset_gpu", 1.0,
+                 "llmgpuxidcritical", RESET_WORDS),
+        expected("ecc_uncorrected", "uncorrected (double-bit) ECC errors: 2 in the last 1h", "reset_gpu", 2.0,
+                 "llmgpuuncorrectableeccerrors", RESET_WORDS),
+        expected("remap_pending", "a memory row remap waits for a GPU reset", "reset_gpu", 0.0,
+                 "llmgpurowremappending", RESET_WORDS),
+        expected("recovery_action", "the driver asks for recovery action reboot_node (2)", "reboot_node", 0.0,
+                 "llmgpurecoveryactionrequired", "drain the node and reboot it; RMA if it recurs")]
     # 150 s on the ECC count grows by 3 (5 in the window, dated now); XID 48 and the states keep
     # their times, now "2 min ago".
     out = deriver(snapshot(1150.0, [gpu_samples("0", ecc=5.0, xids={"48": 1.0}, pending=1.0, recovery=2.0),
