@@ -138,15 +138,28 @@ def counts(work: Path) -> dict[str, int]:
     return json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
 
 
-def chosen_counts(work: Path, patterns: tuple[str, ...]) -> dict[str, int]:
+def results(work: Path) -> dict[str, str]:
+    """mutmut's verdict by mutant name (killed, survived, no tests, not checked, ...)."""
     out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=work, check=True,
                          capture_output=True, text=True).stdout
-    tally: dict[str, int] = {}
+    verdicts: dict[str, str] = {}
     for line in out.splitlines():
         name, _, status = line.strip().rpartition(": ")
-        if name and any(fnmatch.fnmatch(name, p) for p in patterns):
-            tally[status] = tally.get(status, 0) + 1
-            tally["total"] = tally.get("total", 0) + 1
+        if name:
+            verdicts[name] = status
+    return verdicts
+
+
+def matching(names, patterns: tuple[str, ...]) -> list[str]:
+    return [n for n in names if not patterns or any(fnmatch.fnmatch(n, p) for p in patterns)]
+
+
+def chosen_counts(work: Path, patterns: tuple[str, ...]) -> dict[str, int]:
+    verdicts = results(work)
+    tally: dict[str, int] = {}
+    for name in matching(verdicts, patterns):
+        tally[verdicts[name]] = tally.get(verdicts[name], 0) + 1
+        tally["total"] = tally.get("total", 0) + 1
     return tally
 
 
@@ -157,10 +170,7 @@ def sampled(work: Path, patterns: tuple[str, ...], size: int, seed: int, env: di
     one = patterns[0].replace("*", "1") if patterns else "*__mutmut_1"
     first = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", "1", one],
                            cwd=work, check=False, env=env, capture_output=True, text=True)
-    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=work, check=True,
-                         capture_output=True, text=True).stdout
-    names = sorted(n for line in out.splitlines() if (n := line.strip().rpartition(": ")[0])
-                   and (not patterns or any(fnmatch.fnmatch(n, p) for p in patterns)))
+    names = sorted(matching(results(work), patterns))
     if not names:
         raise SystemExit(f"no mutants to sample in {work}:\n{first.stdout[-2000:]}{first.stderr[-2000:]}")
     random.Random(seed).shuffle(names)
@@ -169,9 +179,7 @@ def sampled(work: Path, patterns: tuple[str, ...], size: int, seed: int, env: di
 
 
 def survivors(work: Path) -> list[str]:
-    out = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=work, check=True,
-                         capture_output=True, text=True).stdout
-    return [line.split(":")[0].strip() for line in out.splitlines() if line.strip().endswith(("survived", "no tests"))]
+    return [name for name, status in results(work).items() if status in ("survived", "no tests")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,10 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown module(s) {', '.join(unknown)}; --list shows them")
     rows = []
     for name in args.modules or list(MODULES):
-        work = prepare(name, MODULES[name])
-        print(f"== {name}: mutmut in {work}", flush=True)
-        env = {**os.environ, "LLM_EXPORTER_MUTATION_REBUILD": MODULES[name].rebuild}
         module = MODULES[name]
+        work = prepare(name, module)
+        print(f"== {name}: mutmut in {work}", flush=True)
+        env = {**os.environ, "LLM_EXPORTER_MUTATION_REBUILD": module.rebuild}
         size = module.sample if args.sample is None else args.sample
         chosen = module.only
         if size:
