@@ -75,7 +75,7 @@ MODULES: dict[str, Module] = {
     # Histogram and counter normalization of engine pages.
     "normalize": Module(("exporter/sources/engines/normalize.py",),
                         ("tests/test_engines_normalize.py", "tests/test_engines_conformance.py",
-                         "tests/test_hardening_numbers.py", *FAST),
+                         "tests/test_hardening_numbers.py", "tests/test_hardening_engines_r3.py", *FAST),
                         rebuild="exporter.sources.engines.normalize"),
     # The planner's calibration on observed operating points: the fit, its refinement by replay, the
     # per-batch factors and the step costs it fits (model.py's replay engine and workload shapes are

@@ -1212,3 +1212,41 @@ def test_the_family_account_is_kept_while_the_names_repeat_and_counts_dropped_na
     assert run(page, state=state, kind="vllm").families is not big
     monkeypatch.setattr(normalize_module, "MAX_MEMO_NAMES", 4)  # names + declared == 4: still memoized
     assert run(page, state=state, kind="vllm").families is run(page, state=state, kind="vllm").families
+
+
+def test_unknown_engine_errors_say_what_was_asked_and_what_is_known() -> None:
+    known = ", ".join(KINDS)
+    with pytest.raises(UnknownEngineError) as asked:
+        run("g 1\n", kind="nope")
+    assert str(asked.value) == f"unknown engine kind 'nope'; expected one of {known}"
+    with pytest.raises(UnknownEngineError) as detected:
+        run("# TYPE some_gauge gauge\nsome_gauge 1\n")
+    assert str(detected.value) == f"the page matches no known engine ({known})"
+
+
+def test_the_family_budget_counts_mapped_ignored_and_unaccounted_families_to_its_edge() -> None:
+    """MAX_PAGE_FAMILIES counts every family of the page however it is accounted: a real vLLM page
+    (mapped and ignored families) plus made-up ones, read at the budget exactly and refused one over
+    it with the count."""
+    base = (FIXTURES / "vllm-v0.34.0__crafted_from_source.prom").read_text()
+    own = run(base).families
+    assert own.mapped > 0 and own.ignored > 0
+    budget = normalize_module.MAX_PAGE_FAMILIES
+    room = budget - (own.mapped + own.ignored + own.unaccounted)
+
+    def page(extra: int) -> str:
+        return base + "".join(f"made_up_{i} 1\n" for i in range(extra))
+
+    full = run(page(room), state=NormalizerState()).families
+    assert (full.mapped, full.ignored, full.unaccounted) == (own.mapped, own.ignored, own.unaccounted + room)
+    with pytest.raises(normalize_module.TooManyFamiliesError) as over:
+        run(page(room + 1), state=NormalizerState())
+    assert str(over.value) == str(normalize_module.TooManyFamiliesError(budget + 1))
+
+
+def test_a_target_s_scrapes_parse_through_its_own_label_cache() -> None:
+    """The parse's label cache lives in the target's state (one per target, kept across scrapes: a
+    page's label blocks are parsed once, not every scrape)."""
+    state = NormalizerState()
+    run((FIXTURES / "vllm-v0.34.0__crafted_from_source.prom").read_text(), state=state)
+    assert len(state.label_cache) > 10

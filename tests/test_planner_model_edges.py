@@ -105,3 +105,160 @@ def test_the_search_grid_between_a_value_s_neighbours():
     last = _between(grid, 3)
     assert last[0] == 4.0 and last[-1] == pytest.approx(8.0)
     assert _between(grid, 1)[-1] == pytest.approx(4.0)
+
+
+# --- the closed-form fit and the calibration's passes (make mutation, planner-model's survivors) -----
+
+
+def _synthetic_points(setup, truth, batches=(1, 2, 8, 16), shapes=((256, 64), (2048, 256)), spread=0.0):
+    """Points whose steps and prefills are exactly `truth`'s: two prompt shapes at each decode batch."""
+    from exporter.planner.model import decode_step_s, prefill_s
+    from exporter.planner.observe import Point, Stat
+
+    points = []
+    for b in batches:
+        for prompt, out in shapes:
+            step = decode_step_s(setup, truth, b, prompt + out / 2)
+            first = prefill_s(setup, truth, prompt)
+            points.append(Point(f"c={b}", "concurrency", b, b, 0.0, prompt, out,
+                                Stat(first, first, 400, spread), Stat(step, step, 400, spread), 100.0, 2.0))
+    return points
+
+
+def _cpu_setup():
+    from exporter.planner.model import Setup
+    from exporter.specs.models import load_model
+
+    # Four CPU threads: 4 FLOPs per byte at the ridge, so batches 1 and 2 are memory-bound and 8 and 16
+    # compute-bound, and the points fix both fractions.
+    return Setup(cpu_device(4), load_model("llama-3.1-8b"), max_num_seqs=64)
+
+
+def test_the_closed_form_fit_reproduces_every_observed_step_and_finds_compute_and_prefill():
+    from exporter.planner.model import GRID, OVERHEAD_GRID, Calibration, _fit, decode_step_s
+
+    setup = _cpu_setup()
+    truth = Calibration(GRID[100], GRID[90], GRID[95], OVERHEAD_GRID[15])
+    points = _synthetic_points(setup, truth)
+    cal = _fit(setup, points, [(p, p.tpot.centre) for p in points])
+    for p in points:  # the level per batch is what the points fix: each step within 0.1%
+        assert decode_step_s(setup, cal, p.in_flight, p.prompt_tokens + p.output_tokens / 2) == pytest.approx(
+            p.tpot.centre, rel=1e-3), p
+    # The compute-bound batches fix the compute fraction and the lightest TTFTs the prefill's, both on
+    # the grid exactly; the bandwidth and overhead trade against the per-batch factors (the priors decide).
+    assert (cal.compute, cal.prefill) == (truth.compute, truth.prefill)
+    assert [b for b, _ in cal.batch_factors] == [1, 2, 8, 16]
+    assert all(0.9 < f < 1.1 for _, f in cal.batch_factors)
+    assert truth.bw / 1.2 < cal.bw < truth.bw * 1.2
+
+
+def test_the_fit_never_puts_a_gpu_past_its_peak_and_leaves_the_excess_to_the_batch_factors():
+    from exporter.planner.model import Calibration, Setup, _fit, decode_step_s, gpu_device
+    from exporter.specs.models import load_model
+
+    setup = Setup(gpu_device("h100-sxm"), load_model("llama-3.1-8b"), max_num_seqs=256)
+    # Steps 1.5x faster than HBM allows: no fraction of the peak explains them.
+    fast = Calibration(1.5, 1.5, 0.6, 0.3e-3)
+    points = _synthetic_points(setup, fast, batches=(1, 4))
+    cal = _fit(setup, points, [(p, p.tpot.centre) for p in points])
+    assert max(cal.bw, cal.compute) <= 1.0
+    assert all(f < 0.8 for _, f in cal.batch_factors)
+    for p in points:
+        assert decode_step_s(setup, cal, p.in_flight, p.prompt_tokens + p.output_tokens / 2) == pytest.approx(
+            p.tpot.centre, rel=0.02)
+
+
+def test_a_memory_bound_prefill_takes_the_prior_prefill_fraction():
+    from exporter.planner.model import GRID, OVERHEAD_GRID, Calibration, _fit
+
+    setup = _cpu_setup()
+    # One-token prompts read every weight for one token's FLOPs: any fraction above 1/4 fits the TTFT.
+    truth = Calibration(GRID[100], GRID[90], GRID[95], OVERHEAD_GRID[15])
+    points = _synthetic_points(setup, truth, shapes=((1, 64),))
+    cal = _fit(setup, points, [(p, p.tpot.centre) for p in points])
+    assert cal.prefill == pytest.approx(PRIOR_PREFILL, rel=0.05)
+
+
+PRIOR_PREFILL = 0.6  # exporter.physics.costs.PRIOR_EFFICIENCY["prefill"]
+
+
+def test_the_host_time_interval_widens_with_the_ttft_standard_error():
+    from exporter.planner.model import GRID, OVERHEAD_GRID, Calibration, calibrate
+
+    setup = _cpu_setup()
+    truth = Calibration(GRID[100], GRID[90], GRID[95], OVERHEAD_GRID[15])
+    points = _synthetic_points(setup, truth, batches=(1, 8), spread=0.5)
+    rse = points[0].ttft.rse()
+    assert rse == pytest.approx(1.2533 * (0.5 / 1.645) / 20)
+    cal = calibrate(setup, points, refine=False)
+    assert cal.ci["host_seconds_per_request"] == pytest.approx(
+        (cal.host_s * (1 - 1.96 * rse), cal.host_s * (1 + 1.96 * rse)))
+
+
+def test_calibrate_fits_again_on_the_stall_corrected_steps_then_searches_and_settles(monkeypatch):
+    """The refinement's order, each pass's input read back: the second closed-form fit divides each
+    point's TPOT by its replayed stall (replayed TPOT / pure step), 1 where the replay has no TPOT or an
+    open loop's replay fell behind; the search runs plain, then settled."""
+    from exporter.planner import model
+    from exporter.planner.observe import Point, Stat
+
+    setup = _cpu_setup()
+    truth = model.Calibration(model.GRID[100], model.GRID[90], model.GRID[95], model.OVERHEAD_GRID[15])
+    closed = _synthetic_points(setup, truth, batches=(1, 8), shapes=((256, 64),))
+    step = closed[1].tpot.centre
+    behind = Point("r=4", "rate", 4.0, 8.0, 4.0, 256.0, 64.0, Stat(0.5, 0.5, 400), Stat(step, step, 400), 100.0, 2.0)
+    kept = dataclasses.replace(behind, label="r=2", level=2.0, requests_per_s=2.0)
+    points = [*closed, behind, kept]
+    replayed = {  # label -> (replayed TPOT, replayed requests/s)
+        "c=1": (None, 1.0), "c=8": (1.25, 1.0), "r=4": (1.5, 3.5), "r=2": (1.5, 1.9)}
+    calls = []
+
+    def replay_point(setup_, cal, point, seed, prefix):
+        ratio, rps = replayed[point.label]
+        pure = model.decode_step_s(setup_, cal, model._decode_batch(point, setup_), model._context(point))
+        return SimpleNamespace(requests_per_s=rps, centre=lambda *a: ratio and ratio * pure)
+
+    real_fit = model._fit
+
+    def fit(setup_, points_, obs):
+        calls.append(("fit", [t for _, t in obs]))
+        return real_fit(setup_, points_, obs)
+
+    monkeypatch.setattr(model, "_replay_point", replay_point)
+    monkeypatch.setattr(model, "_fit", fit)
+    monkeypatch.setattr(model, "_refine", lambda *a, settle=False: calls.append(("refine", settle)) or a[2])
+    monkeypatch.setattr(model, "_batch_factors", lambda *a, **k: calls.append(("factors",)) or a[2])
+    model.calibrate(setup, points)
+    observed = [p.tpot.centre for p in points]
+    assert calls[0] == ("fit", observed)
+    assert calls[1][0] == "fit"
+    # c=1: no replayed TPOT; c=8: 1.25; r=4 replayed 3.5 of 4 requests/s (under 90%): 1; r=2: 1.5.
+    assert calls[1][1] == pytest.approx([observed[0], observed[1] / 1.25, observed[2], observed[3] / 1.5])
+    assert calls[2:] == [("refine", False), ("factors",), ("refine", True), ("factors",)]
+
+
+def test_one_observed_step_takes_the_priors_split_of_it():
+    """One point fixes the level of its batch and nothing else: of the splits that fit it, the fit
+    keeps the prior's bandwidth-to-compute ratio (0.9 : 0.6) and per-step overhead (0.3 ms on a
+    GPU) and leaves the batch's factor at 1, each within a step of the fine grid."""
+    from exporter.planner.model import Calibration, Setup, _fit, decode_step_s, gpu_device
+    from exporter.specs.models import load_model
+
+    setup = Setup(gpu_device("h100-sxm"), load_model("llama-3.1-8b"), max_num_seqs=256)
+    points = _synthetic_points(setup, Calibration(0.5, 0.2, 0.6, 2e-3), batches=(4,), shapes=((512, 128),))
+    cal = _fit(setup, points, [(p, p.tpot.centre) for p in points])
+    assert cal.bw / cal.compute == pytest.approx(0.9 / 0.6, rel=0.1)
+    assert cal.overhead_s == pytest.approx(0.3e-3, rel=0.1)
+    assert [b for b, _ in cal.batch_factors] == [4] and cal.batch_factors[0][1] == pytest.approx(1.0, abs=0.05)
+    assert decode_step_s(setup, cal, 4, 512 + 64) == pytest.approx(points[0].tpot.centre, rel=1e-3)
+
+
+def test_steps_shorter_than_any_overhead_are_refused_by_name():
+    from exporter.planner.model import Calibration, _fit
+
+    setup = _cpu_setup()
+    points = _synthetic_points(setup, Calibration(1.0, 1.0, 1.0, 0.0), batches=(1,), shapes=((16, 16),))
+    tiny = [(p, 5e-6) for p in points]  # below the 10 us the overhead grid starts at
+    with pytest.raises(PlanError, match="^the observed TPOTs are shorter than any per-step overhead the planner "
+                                        "can fit$"):
+        _fit(setup, points, tiny)
