@@ -1250,3 +1250,46 @@ def test_a_target_s_scrapes_parse_through_its_own_label_cache() -> None:
     state = NormalizerState()
     run((FIXTURES / "vllm-v0.34.0__crafted_from_source.prom").read_text(), state=state)
     assert len(state.label_cache) > 10
+
+
+def test_histograms_by_reason_and_tier_stay_apart_and_take_the_page_s_model() -> None:
+    """A histogram whose route declares a finish reason and a cache tier (no shipped engine's does
+    yet): one histogram per (reason, tier) the series carry, each with the page's model when its
+    series have none, nothing dropped, and the page with the model on every series reads the same.
+    A route that declares neither drops both labels and sums the histograms they told apart."""
+    from exporter.sources.engines.table import Alias, EngineSpec
+
+    parts = {("stop", "device", "0"): [1, 2, 3], ("length", "host", "0"): [5, 6, 9], ("stop", "device", "1"): [0, 4, 4]}
+    name = "llm_e2e_request_latency_seconds"
+
+    def spec(**route: str) -> EngineSpec:
+        return EngineSpec("synthetic", "Synthetic", {
+            "x_latency_seconds": Alias(name, "histogram", **route),
+            "x_running": Alias("llm_requests_running", "gauge")},
+            labels={"model_name": "model", "finish": "reason", "where": "tier", "dp": "rank"})
+
+    def page(model: str) -> str:
+        # Without a model, a second copy of the gauge: the page's model makes it the first's (the larger kept).
+        return 'x_running{model_name="m"} 3\n' + ("x_running 2\n" if not model else "") + "".join(
+            histogram("x_latency_seconds", f'{model}finish="{reason}",where="{tier}",dp="{rank}"', ["1", "2"], counts,
+                      sum(counts))
+            for (reason, tier, rank), counts in parts.items())
+
+    for model in ("", 'model_name="m",'):
+        result = _synthetic_pass(spec(reason="other", tier="unknown"), page(model))
+        assert not result.drops and not result.notes, (result.drops, result.notes)
+        assert get(result, "llm_requests_running") == [3]
+        assert {s.label("engine") for s in result.samples} == {"synthetic"}
+        for (reason, tier, rank), counts in parts.items():
+            own = {"model": "m", "reason": reason, "tier": tier, "rank": rank}
+            assert get(result, f"{name}_bucket", **own) == counts
+            assert get(result, f"{name}_count", **own) == [counts[-1]]
+            assert get(result, f"{name}_sum", **own) == [sum(counts)]
+        assert len([s for s in result.samples if s.name.startswith(name)]) == 3 * 5
+
+        merged = _synthetic_pass(spec(), page(model))
+        assert not merged.drops, merged.drops
+        series = [s for s in merged.samples if s.name.startswith(name)]
+        assert {(s.label("model"), s.label("reason"), s.label("tier")) for s in series} == {("m", "", "")}
+        assert get(merged, f"{name}_bucket", rank="0") == [6, 8, 12] and get(merged, f"{name}_count", rank="0") == [12]
+        assert get(merged, f"{name}_sum", rank="0") == [26] and get(merged, f"{name}_bucket", rank="1") == [0, 4, 4]
