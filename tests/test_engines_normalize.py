@@ -1189,6 +1189,9 @@ def test_samples_no_route_takes_and_lines_the_parser_refused_are_counted() -> No
               'nv_inference_pending_request_count{model="m",version="1"} 2\n')
     result = plain(blocks, kind="triton")
     assert result.unmapped_samples == 1 and get(result, "llm_requests_pending") == [2.0]
+    # Samples of names the table does not know (left out by the parse) add to those no route takes.
+    both = plain(blocks + "made_up_total 7\nmade_up_other 8\n", kind="triton")
+    assert both.unmapped_samples == 3 and get(both, "llm_requests_pending") == [2.0]
     long_value = "x" * 5000  # over the parser's label value bound
     refused = plain(f'vllm:num_requests_running{{model_name="{long_value}"}} 1\n'
                     'vllm:num_requests_waiting{model_name="m"} 1\n', kind="vllm")
@@ -1293,3 +1296,23 @@ def test_histograms_by_reason_and_tier_stay_apart_and_take_the_page_s_model() ->
         assert {(s.label("model"), s.label("reason"), s.label("tier")) for s in series} == {("m", "", "")}
         assert get(merged, f"{name}_bucket", rank="0") == [6, 8, 12] and get(merged, f"{name}_count", rank="0") == [12]
         assert get(merged, f"{name}_sum", rank="0") == [26] and get(merged, f"{name}_bucket", rank="1") == [0, 4, 4]
+
+
+def test_the_parse_s_label_limit_refusals_join_the_pass_s_own_drops_by_reason() -> None:
+    """A scrape's drops are the parse's refusals (series over a label limit) and the pass's own (a
+    negative counter), each counted by reason, whichever path (plain pass or memo replay) read it."""
+    from exporter.sources.engines.exposition import LABEL_VALUE_TOO_LONG, TOO_MANY_LABELS
+
+    long_value = "v" * 5_000
+    many = ",".join(f'l{i}="x"' for i in range(70))
+    page = ('vllm:num_requests_running{model_name="m"} 1\n'
+            f'vllm:num_requests_waiting{{model_name="m",junk="{long_value}"}} 2\n'
+            f'vllm:num_requests_waiting{{model_name="m",other="{long_value}"}} 3\n'
+            f'vllm:num_preemptions_total{{model_name="m",{many}}} 4\n'
+            'vllm:request_success_total{model_name="m",finished_reason="stop"} -1\n')
+    state = NormalizerState()
+    for result in (plain(page), run(page, state=state), run(page, state=state)):
+        assert dict(result.drops) == {LABEL_VALUE_TOO_LONG: 2, TOO_MANY_LABELS: 1,
+                                      normalize_module.NEGATIVE_COUNTER: 1}
+        assert get(result, "llm_requests_running") == [1.0] and get(result, "llm_requests_waiting") == []
+    assert dict(plain('vllm:num_requests_running{model_name="m"} 1\n').drops) == {}
