@@ -1175,6 +1175,20 @@ def test_the_route_caches_are_bounded_by_characters_too(monkeypatch) -> None:
     page = "".join(f'vllm:num_requests_running{{model_name="m",engine="{r}"}} 1\n' for r in range(5))
     assert len(get(plain(page, state=state, kind="vllm"), "llm_requests_running")) == 5
     assert state._entry_count == 2 and state.chars_room() == 0
+    # Full at exactly the bound: the next page starts the caches again with its own label sets.
+    plain(page.replace('engine="', 'engine="1'), state=state, kind="vllm")
+    assert {dict(labels)["engine"] for labels in _cached_label_sets(state)} == {"10", "11"}
+
+
+def test_the_route_caches_are_kept_across_a_target_s_scrapes_and_started_again_for_another() -> None:
+    page = 'vllm:num_requests_running{model_name="m"} 1\n'
+    state = NormalizerState()
+    plain(page, state=state, kind="vllm")
+    caches = state._entries
+    plain(page, state=state, kind="vllm")
+    assert state._entries is caches and state._entry_count == 1
+    normalize_module.normalize(page, target="other", state=state, kind="vllm")
+    assert state._entries is not caches and state._entry_count == 1
 
 
 def test_a_series_printed_twice_with_one_value_counts_once_and_says_so() -> None:

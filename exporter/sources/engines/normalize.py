@@ -378,7 +378,7 @@ class NormalizerState:
             self._entry_chars = 0
         return self._entries
 
-    def counted(self, added: int, chars: int = 0) -> None:
+    def counted(self, added: int, chars: int) -> None:
         self._entry_count += added
         self._entry_chars += chars
 
