@@ -412,3 +412,25 @@ def test_steps_the_overhead_dominates_are_corrected_whole_even_below_the_overhea
     below = dataclasses.replace(start, overhead_s=seen * 1.2)
     cal = model._batch_factors(setup, points, below, 0, 0.0)
     assert cal.batch_factors and all(f <= 1.0 for _, f in cal.batch_factors)
+
+
+def test_without_any_ttft_the_prefill_fraction_is_the_decode_compute_fraction():
+    from exporter.planner.model import GRID, OVERHEAD_GRID, Calibration, _fit
+    from exporter.planner.observe import Stat
+
+    setup = _cpu_setup()
+    truth = Calibration(GRID[100], GRID[90], GRID[95], OVERHEAD_GRID[15])
+    points = [dataclasses.replace(p, ttft=Stat(None)) for p in _synthetic_points(setup, truth)]
+    cal = _fit(setup, points, [(p, p.tpot.centre) for p in points])
+    assert cal.prefill == cal.compute == truth.compute
+
+
+def test_a_cpu_device_s_hardware_record_describes_a_cpu():
+    from exporter.planner.model import Calibration, hardware
+
+    hw = hardware(_cpu_setup(), Calibration(0.5, 0.4, 0.3, 1e-3))
+    gpu = hw.gpu
+    assert (gpu.key, gpu.display, gpu.memory_type, gpu.mem_bandwidth_bytes_per_s, gpu.bf16_dense_flops) == (
+        "cpu", "CPU (4 threads)", "DDR", 100e9, 400e9)
+    assert (gpu.max_sm_clock_hz, gpu.max_mem_clock_hz, gpu.fp8_dense_flops, gpu.tdp_watts) == (1e9, 1e9, None, 0.0)
+    assert (hw.bw_efficiency, hw.compute_efficiency, hw.prefill_efficiency, hw.step_overhead_s) == (0.5, 0.4, 0.3, 1e-3)
