@@ -1085,6 +1085,14 @@ def test_a_bad_histogram_series_drops_only_itself_and_the_series_bound_is_inclus
     ({"_bucket+Inf": 2, "_bucket1.0": 1, "_count": 2, "_sum": -1.0}, normalize_module.NEGATIVE_COUNTER),
     ({"_bucket+Inf": 1e18, "_bucket1.0": 1e18, "_count": 1e18, "_sum": 1e18}, None),  # MAX_VALUE is in range
     ({"_bucket+Inf": 2e18, "_bucket1.0": 1, "_count": 2e18, "_sum": 3.0}, normalize_module.OUT_OF_RANGE),
+    # Bounds: +-MAX_VALUE are in range, past it out (the first bound, and the last before +Inf).
+    ({"_bucket+Inf": 2, "_bucket1e18": 1, "_count": 2, "_sum": 3.0}, None),
+    ({"_bucket+Inf": 2, "_bucket-1e18": 1, "_count": 2, "_sum": 3.0}, None),
+    ({"_bucket+Inf": 2, "_bucket-2e18": 0, "_bucket1.0": 1, "_count": 2, "_sum": 3.0},
+     normalize_module.OUT_OF_RANGE),
+    ({"_bucket+Inf": 2, "_bucket2e18": 1, "_count": 2, "_sum": 3.0}, normalize_module.OUT_OF_RANGE),
+    # Counts are whole numbers: a fractional bucket under a whole _count is refused too.
+    ({"_bucket+Inf": 2, "_bucket1.0": 0.5, "_count": 2, "_sum": 3.0}, normalize_module.HISTOGRAM_FRACTIONAL),
 ])
 def test_histogram_faults_at_their_edges(members: dict, fault: str | None) -> None:
     family = "llm_e2e_request_latency_seconds"
@@ -1330,3 +1338,28 @@ def test_the_parse_s_label_limit_refusals_join_the_pass_s_own_drops_by_reason() 
                                       normalize_module.NEGATIVE_COUNTER: 1}
         assert get(result, "llm_requests_running") == [1.0] and get(result, "llm_requests_waiting") == []
     assert dict(plain('vllm:num_requests_running{model_name="m"} 1\n').drops) == {}
+
+
+def test_products_carry_their_declared_tier() -> None:
+    """A product (multiplied or added) that declares its cache tier writes it, as an alias's does."""
+    from exporter.sources.engines.table import EngineSpec, Product, Term
+
+    spec = EngineSpec("synthetic", "Synthetic", {}, labels={"model_name": "model"}, products=(
+        Product("llm_prefix_cache_hits_total", "counter", (Term("x_hit_blocks_total"), Term("x_block_tokens")),
+                tier="device"),
+        Product("llm_prefix_cache_queries_total", "counter", (Term("x_queries_a_total"), Term("x_queries_b_total")),
+                tier="host", add=True)))
+    page = ('x_hit_blocks_total{model_name="m"} 3\nx_block_tokens{model_name="m"} 16\n'
+            'x_queries_a_total{model_name="m"} 5\nx_queries_b_total{model_name="m"} 7\n')
+    result = _synthetic_pass(spec, page)
+    assert get(result, "llm_prefix_cache_hits_total", model="m", tier="device") == [48.0]
+    assert get(result, "llm_prefix_cache_queries_total", model="m", tier="host") == [12.0]
+
+
+def test_the_default_series_bound_is_the_max_series_per_target_setting_s_default() -> None:
+    from exporter.settings import BY_NAME
+
+    bound = BY_NAME["max_series_per_target"].default
+    page = "".join(f'vllm:num_requests_running{{model_name="m{i}"}} 1\n' for i in range(bound + 1))
+    for result in (plain(page, kind="vllm"), run(page, kind="vllm")):
+        assert len(result.samples) == bound and result.dropped_series == 1
