@@ -1363,3 +1363,23 @@ def test_the_default_series_bound_is_the_max_series_per_target_setting_s_default
     page = "".join(f'vllm:num_requests_running{{model_name="m{i}"}} 1\n' for i in range(bound + 1))
     for result in (plain(page, kind="vllm"), run(page, kind="vllm")):
         assert len(result.samples) == bound and result.dropped_series == 1
+
+
+def test_a_conflicting_series_drops_the_output_other_series_also_feed() -> None:
+    """Two processes' copies merge into one output (pid is dropped); one copy printed twice with two
+    values makes the merged output a guess: it is dropped, not read from the other copy alone."""
+    page = ('vllm:num_requests_running{model_name="m",pid="1"} 2\n'
+            'vllm:num_requests_running{model_name="m",pid="1"} 5\n'
+            'vllm:num_requests_running{model_name="m",pid="2"} 3\n'
+            'vllm:num_requests_waiting{model_name="m"} 1\n')
+    result = plain(page, kind="vllm")
+    assert get(result, "llm_requests_running") == [] and get(result, "llm_requests_waiting") == [1.0]
+    assert dict(result.drops) == {normalize_module.DUPLICATE: 1}
+
+
+def test_a_histogram_printed_twice_whole_with_other_values_is_dropped_alone() -> None:
+    first = histogram("vllm:e2e_request_latency_seconds", 'model_name="m"', ["1.0"], [1, 2], 3.0)
+    second = histogram("vllm:e2e_request_latency_seconds", 'model_name="m"', ["1.0"], [2, 4], 5.0)
+    result = plain(first + second + 'vllm:num_requests_running{model_name="m"} 1\n', kind="vllm")
+    assert [s.name for s in result.samples] == ["llm_requests_running"]
+    assert dict(result.drops) == {normalize_module.DUPLICATE: 1}
