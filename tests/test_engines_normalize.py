@@ -1383,3 +1383,14 @@ def test_a_histogram_printed_twice_whole_with_other_values_is_dropped_alone() ->
     result = plain(first + second + 'vllm:num_requests_running{model_name="m"} 1\n', kind="vllm")
     assert [s.name for s in result.samples] == ["llm_requests_running"]
     assert dict(result.drops) == {normalize_module.DUPLICATE: 1}
+
+
+def test_a_page_of_made_up_names_is_refused_at_the_names_bound_before_it_is_read_whole() -> None:
+    """The parse keeps only the table's names and stops counting new ones at MAX_PAGE_NAMES: a page
+    of made-up families is refused there (the names message), not after every family was parsed and
+    counted (the families message)."""
+    names = normalize_module.MAX_PAGE_NAMES + 1
+    page = 'vllm:num_requests_running{model_name="m"} 1\n' + "".join(f"made_up_{i} 1\n" for i in range(names))
+    with pytest.raises(normalize_module.TooManyFamiliesError) as refused:
+        run(page, kind="vllm", state=NormalizerState())
+    assert str(refused.value) == str(normalize_module.TooManyFamiliesError())
