@@ -1394,3 +1394,97 @@ def test_a_page_of_made_up_names_is_refused_at_the_names_bound_before_it_is_read
     with pytest.raises(normalize_module.TooManyFamiliesError) as refused:
         run(page, kind="vllm", state=NormalizerState())
     assert str(refused.value) == str(normalize_module.TooManyFamiliesError())
+
+
+def _plans(page: str, kind: str) -> bool:
+    """Whether the memo plans `page` (two full passes of it, then a replay): a page that failed
+    validation on its values is not planned, since the next one may pass."""
+    state = NormalizerState()
+    run(page, kind=kind, state=state)
+    run(page, kind=kind, state=state)
+    return normalize_if_unchanged(page, target="t", kind=kind, state=state) is not None
+
+
+def test_a_product_term_printed_twice_with_two_values_is_dropped_and_the_other_products_stay() -> None:
+    nixl = "vllm:nixl_num_failed_transfers_total"
+    good = ('vllm:num_requests_running{model_name="m"} 1\n'
+            'vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1\n')
+    page = good + f'{nixl}{{model_name="m"}} 2\n{nixl}{{model_name="m"}} 3\n'
+    result = plain(page, kind="vllm")
+    assert f"dropped {normalize_module._FAULT_NOTES[normalize_module.DUPLICATE]} {nixl} (a product's term)" \
+        in result.notes
+    assert dict(result.drops) == {normalize_module.DUPLICATE: 2} and result.unmapped_samples == 0
+    assert get(result, "llm_kv_transfer_failures_total") == []
+    assert get(result, "llm_kv_cache_block_size_tokens") == [16.0]  # the page's other products stay
+    assert get(result, "llm_kv_cache_capacity_tokens") == [1600.0]
+    assert not _plans(page, "vllm") and _plans(good, "vllm")
+
+
+def test_a_repeated_series_keeps_the_page_from_being_planned() -> None:
+    page = 'vllm:num_requests_running{model_name="m"} 3\n' * 2
+    assert get(plain(page, kind="vllm"), "llm_requests_running") == [3.0]
+    assert not _plans(page, "vllm") and _plans(page[: len(page) // 2], "vllm")
+
+
+def test_a_product_term_s_rank_copy_is_skipped_not_unmapped() -> None:
+    bootstrap, _ = SGLANG_PD
+    page = (f'sglang:num_running_reqs{{model_name="m",tp_rank="0"}} 3\n'
+            f'{bootstrap}{{model_name="m",tp_rank="0"}} 2\n{bootstrap}{{model_name="m",tp_rank="1"}} 2\n')
+    result = plain(page, kind="sglang")
+    assert get(result, "llm_requests_waiting_kv_transfer") == [2.0] and result.unmapped_samples == 0
+
+
+def test_label_sets_a_route_does_not_take_are_cached_once() -> None:
+    """Triton's request metric has three routes, one per request_type: each label set is mapped
+    once per route, including the routes it does not apply to, and the next scrape maps nothing."""
+    page = ('nv_trt_llm_request_metrics{model="m",request_type="active",version="1"} 2\n'
+            'nv_trt_llm_request_metrics{model="m",request_type="max",version="1"} 8\n')
+    state = NormalizerState()
+    first = plain(page, kind="triton", state=state)
+    count = state._entry_count
+    assert get(first, "llm_requests_running") == [2.0] and count >= 2
+    plain(page, kind="triton", state=state)
+    assert state._entry_count == count
+
+
+PROMPTS = "sglang:prompt_tokens_total"  # one series, two outputs: prompt tokens and prefix-cache queries
+
+
+def test_a_series_with_two_outputs_is_judged_for_each() -> None:
+    """A series printed twice with two values drops both outputs it feeds (a duplicate each), a
+    non-finite one is dropped from both (counted for each)."""
+    # A cached_tokens sample makes prompt tokens prefix-cache queries too.
+    head = 'sglang:num_running_reqs{model_name="m"} 1\nsglang:cached_tokens_total{model_name="m"} 1\n'
+    twice = plain(head + f'{PROMPTS}{{model_name="m"}} 5\n{PROMPTS}{{model_name="m"}} 6\n', kind="sglang")
+    assert get(twice, "llm_prompt_tokens_total") == [] and get(twice, "llm_prefix_cache_queries_total") == []
+    assert dict(twice.drops) == {normalize_module.DUPLICATE: 2}
+    nan = plain(head + f'{PROMPTS}{{model_name="m"}} NaN\n', kind="sglang")
+    assert get(nan, "llm_prompt_tokens_total") == [] and get(nan, "llm_prefix_cache_queries_total") == []
+    assert dict(nan.drops) == {normalize_module.NON_FINITE: 2}
+    assert f"dropped a non-finite value of {PROMPTS}" in nan.notes
+
+
+def test_a_minimum_holds_back_only_its_own_route() -> None:
+    from exporter.sources.engines.table import Alias, EngineSpec
+
+    spec = EngineSpec("synthetic", "Synthetic", {"x_ratio": (
+        Alias("llm_prefix_cache_hit_ratio", "gauge", minimum=1.0), Alias("llm_kv_cache_usage_ratio", "gauge"))},
+        labels={"model_name": "model"})
+    result = _synthetic_pass(spec, 'x_ratio{model_name="m"} 0.5\n')
+    assert get(result, "llm_prefix_cache_hit_ratio") == [] and get(result, "llm_kv_cache_usage_ratio") == [0.5]
+    assert normalize_module.minimum_note("x_ratio", 0.5) in result.notes
+    at = _synthetic_pass(spec, 'x_ratio{model_name="m"} 1\n')  # the minimum itself is kept
+    assert get(at, "llm_prefix_cache_hit_ratio") == [1.0]
+
+
+def test_a_zero_hit_rate_is_a_value_not_a_sentinel() -> None:
+    page = 'vllm:num_requests_running{model_name="m"} 1\nvllm:gpu_prefix_cache_hit_rate{model_name="m"} 0\n'
+    assert get(plain(page, kind="vllm"), "llm_prefix_cache_hit_ratio") == [0.0]
+
+
+def test_the_page_s_model_is_the_first_a_series_names() -> None:
+    page = ('vllm:num_requests_running{model_name="a"} 1\nvllm:num_requests_waiting{model_name="b"} 2\n'
+            'vllm:num_preemptions_total 3\n')
+    result = plain(page, kind="vllm")
+    assert result.model == "a" and [s.label("model") for s in result.samples if s.name == "llm_preemptions_total"] \
+        == ["a"]
