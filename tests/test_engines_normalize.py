@@ -1028,6 +1028,10 @@ def test_a_product_whose_first_term_divides_is_its_reciprocal_times_the_rest() -
     assert "llm_kv_cache_capacity_tokens: division by zero" in zero.notes
     one = _synthetic_pass(spec, page.replace("} 0.25", "} 1"))
     assert get(one, "llm_kv_cache_capacity_tokens") == [16.0] and not one.notes
+    # Per model: one model's zero leaves the other's product.
+    two = _synthetic_pass(spec, 'x_inverse_blocks{model_name="n"} 0\nx_tokens_per_block{model_name="n"} 16\n' + page)
+    assert get(two, "llm_kv_cache_capacity_tokens", model="m") == [64.0]
+    assert get(two, "llm_kv_cache_capacity_tokens", model="n") == []
 
 
 SGLANG_PD = ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs")
@@ -1214,6 +1218,8 @@ def test_samples_no_route_takes_and_lines_the_parser_refused_are_counted() -> No
     # Samples of names the table does not know (left out by the parse) add to those no route takes.
     both = plain(blocks + "made_up_total 7\nmade_up_other 8\n", kind="triton")
     assert both.unmapped_samples == 3 and get(both, "llm_requests_pending") == [2.0]
+    weird_two = blocks + blocks.splitlines()[0].replace("weird", "odd") + "\n"
+    assert plain(weird_two, kind="triton").unmapped_samples == 2
     long_value = "x" * 5000  # over the parser's label value bound
     refused = plain(f'vllm:num_requests_running{{model_name="{long_value}"}} 1\n'
                     'vllm:num_requests_waiting{model_name="m"} 1\n', kind="vllm")
@@ -1416,6 +1422,7 @@ def test_a_product_term_printed_twice_with_two_values_is_dropped_and_the_other_p
     assert dict(result.drops) == {normalize_module.DUPLICATE: 2} and result.unmapped_samples == 0
     assert get(result, "llm_kv_transfer_failures_total") == []
     assert get(result, "llm_kv_cache_block_size_tokens") == [16.0]  # the page's other products stay
+    assert plain(good, kind="vllm").unmapped_samples == 0  # a product's term is used, not unmapped
     assert get(result, "llm_kv_cache_capacity_tokens") == [1600.0]
     assert not _plans(page, "vllm") and _plans(good, "vllm")
 
