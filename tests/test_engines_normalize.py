@@ -1495,3 +1495,54 @@ def test_the_page_s_model_is_the_first_a_series_names() -> None:
     result = plain(page, kind="vllm")
     assert result.model == "a" and [s.label("model") for s in result.samples if s.name == "llm_preemptions_total"] \
         == ["a"]
+
+
+def test_negative_counters_are_dropped_each_and_zero_and_fractions_kept() -> None:
+    page = ('vllm:num_requests_running{model_name="m"} 1\n'
+            'vllm:request_success_total{model_name="m",finished_reason="stop"} -2\n'
+            'vllm:request_success_total{model_name="m",finished_reason="length"} -0.5\n'
+            'vllm:request_success_total{model_name="m",finished_reason="abort"} 0\n'
+            'vllm:num_preemptions_total{model_name="m"} 0.5\n')
+    result = plain(page, kind="vllm")
+    assert "dropped 2 negative llm_requests_finished_total series" in result.notes
+    assert dict(result.drops) == {normalize_module.NEGATIVE_COUNTER: 2}
+    assert get(result, "llm_requests_finished_total") == [0.0] and get(result, "llm_preemptions_total") == [0.5]
+    assert not _plans(page, "vllm")
+
+
+def test_values_outside_a_family_s_range_are_dropped_each_and_its_edges_kept() -> None:
+    page = ('vllm:num_requests_running{model_name="m"} 1\n'
+            'vllm:gpu_cache_usage_perc{model_name="a"} 1.5\nvllm:gpu_cache_usage_perc{model_name="b"} 2\n'
+            'vllm:gpu_cache_usage_perc{model_name="c"} 0\nvllm:gpu_cache_usage_perc{model_name="d"} 0.5\n'
+            'vllm:gpu_cache_usage_perc{model_name="e"} 1\n')
+    result = plain(page, kind="vllm")
+    assert "dropped 2 llm_kv_cache_usage_ratio series outside [0, 1] (e.g. 1.5)" in result.notes
+    assert dict(result.drops) == {normalize_module.OUT_OF_RANGE: 2}
+    assert sorted(get(result, "llm_kv_cache_usage_ratio")) == [0.0, 0.5, 1.0]
+    assert not _plans(page, "vllm")
+
+
+def test_the_series_bound_holds_across_families_and_counts_what_it_cut() -> None:
+    gauges = ('vllm:num_requests_running{model_name="a"} 1\nvllm:num_requests_running{model_name="b"} 2\n'
+              'vllm:num_requests_waiting{model_name="a"} 3\nvllm:num_requests_waiting{model_name="b"} 4\n')
+    result = plain(gauges, kind="vllm", max_series=3)
+    assert len(result.samples) == 3 and result.dropped_series == 1
+    assert "dropped 1 series over the limit of 3" in result.notes
+    assert dict(result.drops) == {normalize_module.CARDINALITY: 1}
+    # Whole histograms: two of 4 series each under a bound of 5, the second cut whole, then a third.
+    hists = "".join(histogram(name, f'model_name="{m}"', ["1.0"], [1, 2], 3.0)
+                    for name in ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds")
+                    for m in ("a", "b"))
+    cut = plain(hists, kind="vllm", max_series=5)
+    assert len(cut.samples) == 4 and cut.dropped_series == 12
+
+
+def test_a_counter_whose_only_output_conflicts_is_dropped_without_a_fault() -> None:
+    """Its one output fed by two copies, one of them printed twice with two values: the family is
+    left with no series at all, which the negative check must take."""
+    page = ('vllm:num_requests_running{model_name="m"} 1\n'
+            'vllm:num_preemptions_total{model_name="m",pid="1"} 2\n'
+            'vllm:num_preemptions_total{model_name="m",pid="1"} 3\n'
+            'vllm:num_preemptions_total{model_name="m",pid="2"} 4\n')
+    result = plain(page, kind="vllm")
+    assert get(result, "llm_preemptions_total") == [] and dict(result.drops) == {normalize_module.DUPLICATE: 1}
