@@ -1290,7 +1290,9 @@ def test_histograms_by_reason_and_tier_stay_apart_and_take_the_page_s_model() ->
     A route that declares neither drops both labels and sums the histograms they told apart."""
     from exporter.sources.engines.table import Alias, EngineSpec
 
-    parts = {("stop", "device", "0"): [1, 2, 3], ("length", "host", "0"): [5, 6, 9], ("stop", "device", "1"): [0, 4, 4]}
+    # Each pair of these differs in one label only: reason, tier or rank.
+    parts = {("stop", "device", "0"): [1, 2, 3], ("length", "device", "0"): [5, 6, 9],
+             ("stop", "host", "0"): [2, 2, 2], ("stop", "device", "1"): [0, 4, 4]}
     name = "llm_e2e_request_latency_seconds"
 
     def spec(**route: str) -> EngineSpec:
@@ -1316,14 +1318,14 @@ def test_histograms_by_reason_and_tier_stay_apart_and_take_the_page_s_model() ->
             assert get(result, f"{name}_bucket", **own) == counts
             assert get(result, f"{name}_count", **own) == [counts[-1]]
             assert get(result, f"{name}_sum", **own) == [sum(counts)]
-        assert len([s for s in result.samples if s.name.startswith(name)]) == 3 * 5
+        assert len([s for s in result.samples if s.name.startswith(name)]) == 4 * 5
 
         merged = _synthetic_pass(spec(), page(model))
         assert not merged.drops, merged.drops
         series = [s for s in merged.samples if s.name.startswith(name)]
         assert {(s.label("model"), s.label("reason"), s.label("tier")) for s in series} == {("m", "", "")}
-        assert get(merged, f"{name}_bucket", rank="0") == [6, 8, 12] and get(merged, f"{name}_count", rank="0") == [12]
-        assert get(merged, f"{name}_sum", rank="0") == [26] and get(merged, f"{name}_bucket", rank="1") == [0, 4, 4]
+        assert get(merged, f"{name}_bucket", rank="0") == [8, 10, 14] and get(merged, f"{name}_count", rank="0") == [14]
+        assert get(merged, f"{name}_sum", rank="0") == [32] and get(merged, f"{name}_bucket", rank="1") == [0, 4, 4]
 
 
 def test_the_parse_s_label_limit_refusals_join_the_pass_s_own_drops_by_reason() -> None:
