@@ -1531,12 +1531,14 @@ def test_the_series_bound_holds_across_families_and_counts_what_it_cut() -> None
     assert len(result.samples) == 3 and result.dropped_series == 1
     assert "dropped 1 series over the limit of 3" in result.notes
     assert dict(result.drops) == {normalize_module.CARDINALITY: 1}
+    full = plain(gauges, kind="vllm", max_series=2)  # the second family finds no room at all
+    assert len(full.samples) == 2 and full.dropped_series == 2
     # Whole histograms: two of 4 series each under a bound of 5, the second cut whole, then a third.
     hists = "".join(histogram(name, f'model_name="{m}"', ["1.0"], [1, 2], 3.0)
                     for name in ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds")
                     for m in ("a", "b"))
     cut = plain(hists, kind="vllm", max_series=5)
-    assert len(cut.samples) == 4 and cut.dropped_series == 12
+    assert len(cut.samples) == 4 and cut.dropped_series == 12 and dict(cut.drops) == {normalize_module.CARDINALITY: 12}
 
 
 def test_a_counter_whose_only_output_conflicts_is_dropped_without_a_fault() -> None:
@@ -1548,3 +1550,31 @@ def test_a_counter_whose_only_output_conflicts_is_dropped_without_a_fault() -> N
             'vllm:num_preemptions_total{model_name="m",pid="2"} 4\n')
     result = plain(page, kind="vllm")
     assert get(result, "llm_preemptions_total") == [] and dict(result.drops) == {normalize_module.DUPLICATE: 1}
+
+
+def test_every_table_numbers_its_routes_densely_and_types_its_products_as_the_catalogue() -> None:
+    """One label cache per route (NormalizerState.route_entries): the indexes are 0 .. route_count - 1
+    in every variant, and a family only products write is typed as the catalogue types it (the
+    negative-counter check reads the type)."""
+    catalogue = {fam.name: fam.type for fam in engine_catalog.FAMILIES}
+    for kind, base in normalize_module.TABLES.items():
+        for table in (base, *(base.variants or {}).values()):
+            indexes = sorted({route.index for routes in table.routes.values() for route in routes})
+            if table is base:
+                assert indexes == list(range(base.route_count)), kind
+            assert set(indexes) <= set(range(base.route_count)) and table.route_count == base.route_count, kind
+        for product in SPECS[kind].products:
+            assert base.types[product.family] == catalogue[product.family], (kind, product.family)
+
+
+def test_the_table_compiler_refuses_what_the_catalogue_does_not_have_by_name() -> None:
+    from exporter.sources.engines.table import Alias, EngineSpec, Product, Term
+
+    wrong_type = EngineSpec("synthetic", "Synthetic", {"x_running": Alias("llm_requests_running", "counter")})
+    with pytest.raises(ValueError, match=r"^synthetic: x_running -> llm_requests_running \(counter\) not in the "
+                                         r"catalogue$"):
+        normalize_module._compile(wrong_type)
+    for family, type_ in (("llm_e2e_request_latency_seconds", "histogram"), ("llm_made_up", "gauge")):
+        product = EngineSpec("synthetic", "Synthetic", {}, products=(Product(family, type_, (Term("x_a"),)),))
+        with pytest.raises(ValueError, match=rf"^synthetic: product {family} \({type_}\) not in the catalogue$"):
+            normalize_module._compile(product)

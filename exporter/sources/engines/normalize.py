@@ -161,7 +161,7 @@ Slot = tuple[str, int]
 class _Route:
     """How one engine sample name feeds one normalized sample name."""
 
-    index: int  # position in Table.route_list: the per-route label cache of NormalizerState
+    index: int  # 0 .. Table.route_count - 1: its label cache in NormalizerState.route_entries
     slot: Slot
     name: str  # normalized sample name (family + part)
     part: str  # "", "_bucket", "_sum" or "_count"
