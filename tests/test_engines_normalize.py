@@ -1578,3 +1578,22 @@ def test_the_table_compiler_refuses_what_the_catalogue_does_not_have_by_name() -
         product = EngineSpec("synthetic", "Synthetic", {}, products=(Product(family, type_, (Term("x_a"),)),))
         with pytest.raises(ValueError, match=rf"^synthetic: product {family} \({type_}\) not in the catalogue$"):
             normalize_module._compile(product)
+
+
+def test_the_kind_compiler_refuses_unknown_roles_and_more_than_four_page_conditions() -> None:
+    from exporter.sources.engines.table import Alias, EngineSpec
+
+    roles = EngineSpec("synthetic", "Synthetic", {}, roles=(("x_prefill_marker", "made_up"),))
+    with pytest.raises(ValueError) as refused:
+        normalize_module._compile_kind(roles)
+    assert str(refused.value) == f"synthetic: roles ['made_up'] not in {engine_catalog.ROLES}"
+
+    def spec(conditions: int) -> EngineSpec:
+        return EngineSpec("synthetic", "Synthetic", {
+            f"x_running_{i}": Alias("llm_requests_running", "gauge", when=(f"marker{i}", True))
+            for i in range(conditions)})
+
+    four = normalize_module._compile_kind(spec(4))
+    assert len(four.variants) == 16 and four.conditions == tuple(f"marker{i}" for i in range(4))
+    with pytest.raises(ValueError, match="^synthetic: too many page conditions \\(5\\)$"):
+        normalize_module._compile_kind(spec(5))
