@@ -1597,3 +1597,11 @@ def test_the_kind_compiler_refuses_unknown_roles_and_more_than_four_page_conditi
     assert len(four.variants) == 16 and four.conditions == tuple(f"marker{i}" for i in range(4))
     with pytest.raises(ValueError, match="^synthetic: too many page conditions \\(5\\)$"):
         normalize_module._compile_kind(spec(5))
+
+
+def test_a_configured_kind_is_remembered_for_a_page_that_lacks_its_markers() -> None:
+    state = NormalizerState()
+    run('vllm:num_requests_running{model_name="m"} 1\n', kind="vllm", state=state)
+    assert state.last_kind == "vllm"
+    bare = run("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1\n", state=state)
+    assert bare.kind == "vllm" and "no vllm metric names on the page; kept the last detected kind" in bare.notes
