@@ -1255,11 +1255,14 @@ def test_unknown_engine_errors_say_what_was_asked_and_what_is_known() -> None:
     assert str(detected.value) == f"the page matches no known engine ({known})"
 
 
+VLLM_034 = "vllm-v0.34.0__crafted_from_source.prom"
+
+
 def test_the_family_budget_counts_mapped_ignored_and_unaccounted_families_to_its_edge() -> None:
     """MAX_PAGE_FAMILIES counts every family of the page however it is accounted: a real vLLM page
     (mapped and ignored families) plus made-up ones, read at the budget exactly and refused one over
     it with the count."""
-    base = (FIXTURES / "vllm-v0.34.0__crafted_from_source.prom").read_text()
+    base = (FIXTURES / VLLM_034).read_text()
     own = run(base).families
     assert own.mapped > 0 and own.ignored > 0
     budget = normalize_module.MAX_PAGE_FAMILIES
@@ -1279,7 +1282,7 @@ def test_a_target_s_scrapes_parse_through_its_own_label_cache() -> None:
     """The parse's label cache lives in the target's state (one per target, kept across scrapes: a
     page's label blocks are parsed once, not every scrape)."""
     state = NormalizerState()
-    run((FIXTURES / "vllm-v0.34.0__crafted_from_source.prom").read_text(), state=state)
+    run((FIXTURES / VLLM_034).read_text(), state=state)
     assert len(state.label_cache) > 10
 
 
@@ -1499,28 +1502,25 @@ def test_the_page_s_model_is_the_first_a_series_names() -> None:
         == ["a"]
 
 
-def test_negative_counters_are_dropped_each_and_zero_and_fractions_kept() -> None:
-    page = ('vllm:num_requests_running{model_name="m"} 1\n'
-            'vllm:request_success_total{model_name="m",finished_reason="stop"} -2\n'
-            'vllm:request_success_total{model_name="m",finished_reason="length"} -0.5\n'
-            'vllm:request_success_total{model_name="m",finished_reason="abort"} 0\n'
-            'vllm:num_preemptions_total{model_name="m"} 0.5\n')
+@pytest.mark.parametrize(("series", "family", "note", "reason", "kept"), [
+    # Counters: negatives dropped each, zero and a fraction kept.
+    (('vllm:request_success_total{model_name="m",finished_reason="stop"} -2',
+      'vllm:request_success_total{model_name="m",finished_reason="length"} -0.5',
+      'vllm:request_success_total{model_name="m",finished_reason="abort"} 0',
+      'vllm:request_success_total{model_name="m",finished_reason="error"} 0.5'),
+     "llm_requests_finished_total", "dropped 2 negative llm_requests_finished_total series",
+     normalize_module.NEGATIVE_COUNTER, [0.0, 0.5]),
+    # A ratio: outside [0, 1] dropped each, both edges and a value between kept.
+    (tuple(f'vllm:gpu_cache_usage_perc{{model_name="{m}"}} {v}' for m, v in
+           (("a", 1.5), ("b", 2), ("c", 0), ("d", 0.5), ("e", 1))),
+     "llm_kv_cache_usage_ratio", "dropped 2 llm_kv_cache_usage_ratio series outside [0, 1] (e.g. 1.5)",
+     normalize_module.OUT_OF_RANGE, [0.0, 0.5, 1.0]),
+])
+def test_values_a_family_cannot_take_are_dropped_each_and_its_edges_kept(series, family, note, reason, kept) -> None:
+    page = 'vllm:num_requests_running{model_name="m"} 1\n' + "".join(line + "\n" for line in series)
     result = plain(page, kind="vllm")
-    assert "dropped 2 negative llm_requests_finished_total series" in result.notes
-    assert dict(result.drops) == {normalize_module.NEGATIVE_COUNTER: 2}
-    assert get(result, "llm_requests_finished_total") == [0.0] and get(result, "llm_preemptions_total") == [0.5]
-    assert not _plans(page, "vllm")
-
-
-def test_values_outside_a_family_s_range_are_dropped_each_and_its_edges_kept() -> None:
-    page = ('vllm:num_requests_running{model_name="m"} 1\n'
-            'vllm:gpu_cache_usage_perc{model_name="a"} 1.5\nvllm:gpu_cache_usage_perc{model_name="b"} 2\n'
-            'vllm:gpu_cache_usage_perc{model_name="c"} 0\nvllm:gpu_cache_usage_perc{model_name="d"} 0.5\n'
-            'vllm:gpu_cache_usage_perc{model_name="e"} 1\n')
-    result = plain(page, kind="vllm")
-    assert "dropped 2 llm_kv_cache_usage_ratio series outside [0, 1] (e.g. 1.5)" in result.notes
-    assert dict(result.drops) == {normalize_module.OUT_OF_RANGE: 2}
-    assert sorted(get(result, "llm_kv_cache_usage_ratio")) == [0.0, 0.5, 1.0]
+    assert note in result.notes and dict(result.drops) == {reason: 2}
+    assert sorted(get(result, family)) == kept
     assert not _plans(page, "vllm")
 
 

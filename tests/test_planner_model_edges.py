@@ -53,11 +53,9 @@ def test_along_level_with_few_points_and_never_negative():
 
 
 def _setup_and_point(in_flight: float = 8.0, tpot: float | None = 0.02):
-    from exporter.planner.model import Setup, gpu_device
     from exporter.planner.observe import Point, Stat
-    from exporter.specs.models import load_model
 
-    setup = Setup(gpu_device("h100-sxm"), load_model("llama-3.1-8b"), max_num_seqs=256)
+    setup = _h100_setup()
     point = Point("c=8", "concurrency", 8.0, in_flight, 0.0, 512.0, 128.0, Stat(0.2, 0.3, 400, 0.1),
                   Stat(tpot, tpot, 400, 0.05) if tpot else Stat(None), 100.0, 2.0)
     return setup, point
@@ -134,16 +132,29 @@ def _cpu_setup():
     return Setup(cpu_device(4), load_model("llama-3.1-8b"), max_num_seqs=64)
 
 
+def _on_grid():
+    """A calibration whose fractions and overhead lie on the fit's grids (exactly recoverable)."""
+    from exporter.planner.model import GRID, OVERHEAD_GRID, Calibration
+
+    return Calibration(GRID[100], GRID[90], GRID[95], OVERHEAD_GRID[15])
+
+
+def _assert_steps_match(setup, cal, points, rel: float) -> None:
+    """Each point's decode step under `cal` is its observed TPOT, within `rel`."""
+    from exporter.planner.model import _context, decode_step_s
+
+    for p in points:
+        assert decode_step_s(setup, cal, p.in_flight, _context(p)) == pytest.approx(p.tpot.centre, rel=rel), p
+
+
 def test_the_closed_form_fit_reproduces_every_observed_step_and_finds_compute_and_prefill():
-    from exporter.planner.model import GRID, OVERHEAD_GRID, Calibration, _fit, decode_step_s
+    from exporter.planner.model import _fit
 
     setup = _cpu_setup()
-    truth = Calibration(GRID[100], GRID[90], GRID[95], OVERHEAD_GRID[15])
+    truth = _on_grid()
     points = _synthetic_points(setup, truth)
     cal = _fit(setup, points, [(p, p.tpot.centre) for p in points])
-    for p in points:  # the level per batch is what the points fix: each step within 0.1%
-        assert decode_step_s(setup, cal, p.in_flight, p.prompt_tokens + p.output_tokens / 2) == pytest.approx(
-            p.tpot.centre, rel=1e-3), p
+    _assert_steps_match(setup, cal, points, rel=1e-3)  # the level per batch is what the points fix
     # The compute-bound batches fix the compute fraction and the lightest TTFTs the prefill's, both on
     # the grid exactly; the bandwidth and overhead trade against the per-batch factors (the priors decide).
     assert (cal.compute, cal.prefill) == (truth.compute, truth.prefill)
@@ -153,41 +164,34 @@ def test_the_closed_form_fit_reproduces_every_observed_step_and_finds_compute_an
 
 
 def test_the_fit_never_puts_a_gpu_past_its_peak_and_leaves_the_excess_to_the_batch_factors():
-    from exporter.planner.model import Calibration, Setup, _fit, decode_step_s, gpu_device
-    from exporter.specs.models import load_model
+    from exporter.planner.model import Calibration, _fit
 
-    setup = Setup(gpu_device("h100-sxm"), load_model("llama-3.1-8b"), max_num_seqs=256)
+    setup = _h100_setup()
     # Steps 1.5x faster than HBM allows: no fraction of the peak explains them.
     fast = Calibration(1.5, 1.5, 0.6, 0.3e-3)
     points = _synthetic_points(setup, fast, batches=(1, 4))
     cal = _fit(setup, points, [(p, p.tpot.centre) for p in points])
     assert max(cal.bw, cal.compute) <= 1.0
     assert all(f < 0.8 for _, f in cal.batch_factors)
-    for p in points:
-        assert decode_step_s(setup, cal, p.in_flight, p.prompt_tokens + p.output_tokens / 2) == pytest.approx(
-            p.tpot.centre, rel=0.02)
+    _assert_steps_match(setup, cal, points, rel=0.02)
 
 
 def test_a_memory_bound_prefill_takes_the_prior_prefill_fraction():
-    from exporter.planner.model import GRID, OVERHEAD_GRID, Calibration, _fit
+    from exporter.physics.costs import PRIOR_EFFICIENCY
+    from exporter.planner.model import _fit
 
     setup = _cpu_setup()
     # One-token prompts read every weight for one token's FLOPs: any fraction above 1/4 fits the TTFT.
-    truth = Calibration(GRID[100], GRID[90], GRID[95], OVERHEAD_GRID[15])
-    points = _synthetic_points(setup, truth, shapes=((1, 64),))
+    points = _synthetic_points(setup, _on_grid(), shapes=((1, 64),))
     cal = _fit(setup, points, [(p, p.tpot.centre) for p in points])
-    assert cal.prefill == pytest.approx(PRIOR_PREFILL, rel=0.05)
-
-
-PRIOR_PREFILL = 0.6  # exporter.physics.costs.PRIOR_EFFICIENCY["prefill"]
+    assert cal.prefill == pytest.approx(PRIOR_EFFICIENCY["prefill"], rel=0.05)
 
 
 def test_the_host_time_interval_widens_with_the_ttft_standard_error():
-    from exporter.planner.model import GRID, OVERHEAD_GRID, Calibration, calibrate
+    from exporter.planner.model import calibrate
 
     setup = _cpu_setup()
-    truth = Calibration(GRID[100], GRID[90], GRID[95], OVERHEAD_GRID[15])
-    points = _synthetic_points(setup, truth, batches=(1, 8), spread=0.5)
+    points = _synthetic_points(setup, _on_grid(), batches=(1, 8), spread=0.5)
     rse = points[0].ttft.rse()
     assert rse == pytest.approx(1.2533 * (0.5 / 1.645) / 20)
     cal = calibrate(setup, points, refine=False)
@@ -203,8 +207,7 @@ def test_calibrate_fits_again_on_the_stall_corrected_steps_then_searches_and_set
     from exporter.planner.observe import Point, Stat
 
     setup = _cpu_setup()
-    truth = model.Calibration(model.GRID[100], model.GRID[90], model.GRID[95], model.OVERHEAD_GRID[15])
-    closed = _synthetic_points(setup, truth, batches=(1, 8), shapes=((256, 64),))
+    closed = _synthetic_points(setup, _on_grid(), batches=(1, 8), shapes=((256, 64),))
     step = closed[1].tpot.centre
     behind = Point("r=4", "rate", 4.0, 8.0, 4.0, 256.0, 64.0, Stat(0.5, 0.5, 400), Stat(step, step, 400), 100.0, 2.0)
     kept = dataclasses.replace(behind, label="r=2", level=2.0, requests_per_s=2.0)
@@ -241,16 +244,15 @@ def test_one_observed_step_takes_the_priors_split_of_it():
     """One point fixes the level of its batch and nothing else: of the splits that fit it, the fit
     keeps the prior's bandwidth-to-compute ratio (0.9 : 0.6) and per-step overhead (0.3 ms on a
     GPU) and leaves the batch's factor at 1, each within a step of the fine grid."""
-    from exporter.planner.model import Calibration, Setup, _fit, decode_step_s, gpu_device
-    from exporter.specs.models import load_model
+    from exporter.planner.model import Calibration, _fit
 
-    setup = Setup(gpu_device("h100-sxm"), load_model("llama-3.1-8b"), max_num_seqs=256)
+    setup = _h100_setup()
     points = _synthetic_points(setup, Calibration(0.5, 0.2, 0.6, 2e-3), batches=(4,), shapes=((512, 128),))
     cal = _fit(setup, points, [(p, p.tpot.centre) for p in points])
     assert cal.bw / cal.compute == pytest.approx(0.9 / 0.6, rel=0.1)
     assert cal.overhead_s == pytest.approx(0.3e-3, rel=0.1)
     assert [b for b, _ in cal.batch_factors] == [4] and cal.batch_factors[0][1] == pytest.approx(1.0, abs=0.05)
-    assert decode_step_s(setup, cal, 4, 512 + 64) == pytest.approx(points[0].tpot.centre, rel=1e-3)
+    _assert_steps_match(setup, cal, points, rel=1e-3)
 
 
 def test_steps_shorter_than_any_overhead_are_refused_by_name():
@@ -283,16 +285,22 @@ def _observed(setup, truth, batches=(1, 8), shapes=((64, 64), (2048, 64))):
             for p in _synthetic_points(setup, truth, batches=batches, shapes=shapes)]
 
 
+def _factors_from_scratch(monkeypatch, setup, truth, **observed):
+    """The points `truth` gives (`_observed`), and the factor rounds' calibration from `truth`
+    without its batch factors, replayed in closed form."""
+    from exporter.planner import model
+
+    monkeypatch.setattr(model, "_replay_point", _closed_form_replay)
+    points = _observed(setup, truth, **observed)
+    return points, model._batch_factors(setup, points, dataclasses.replace(truth, batch_factors=()), 0, 0.0)
+
+
 @pytest.mark.parametrize(("device", "prefill"), [("cpu", 1.3), ("gpu", 1.3), ("gpu", 0.9)])
 def test_the_search_finds_prefill_and_host_time_and_keeps_a_gpu_under_its_peak(monkeypatch, device, prefill):
     from exporter.planner import model
 
     monkeypatch.setattr(model, "_replay_point", _closed_form_replay)
-    if device == "cpu":
-        setup = _cpu_setup()
-    else:
-        from exporter.specs.models import load_model
-        setup = model.Setup(model.gpu_device("h100-sxm"), load_model("llama-3.1-8b"), max_num_seqs=256)
+    setup = _cpu_setup() if device == "cpu" else _h100_setup()
     truth = model.Calibration(0.5, 0.3, prefill, 1e-3, host_s=1.5e-3)
     start = dataclasses.replace(truth, prefill=0.6, host_s=model.PRIOR_HOST_S)
     cal = model._refine(setup, _observed(setup, truth), start, 0, 0.0)
@@ -338,15 +346,12 @@ def test_the_search_settles_each_trial_s_decode_only_when_asked(monkeypatch):
 def test_the_batch_factors_converge_on_each_batch_s_observed_step(monkeypatch):
     """Each round replays with the factors so far: the steps the replay gives at the end are the
     observed ones at every batch (a round that replayed the starting factors would overshoot)."""
-    from exporter.planner import model
+    from exporter.planner.model import Calibration
 
-    monkeypatch.setattr(model, "_replay_point", _closed_form_replay)
     setup = _cpu_setup()
-    truth = model.Calibration(0.5, 0.3, 0.6, 1e-3, batch_factors=((1, 1.6), (8, 0.7)))
-    points = _observed(setup, truth, shapes=((512, 64),))
-    cal = model._batch_factors(setup, points, dataclasses.replace(truth, batch_factors=()), 0, 0.0)
-    for p in points:
-        assert model.decode_step_s(setup, cal, p.in_flight, model._context(p)) == pytest.approx(p.tpot.centre, rel=0.01)
+    truth = Calibration(0.5, 0.3, 0.6, 1e-3, batch_factors=((1, 1.6), (8, 0.7)))
+    points, cal = _factors_from_scratch(monkeypatch, setup, truth, shapes=((512, 64),))
+    _assert_steps_match(setup, cal, points, rel=0.01)
 
 
 def _h100_setup():
@@ -359,15 +364,12 @@ def _h100_setup():
 def test_the_batch_factors_correct_only_the_roofline_part_of_a_step_that_carries_an_overhead(monkeypatch):
     """Steps of 8.5 ms of overhead and about 10 ms of weights read: a factor corrects the second
     part, so the rounds find it; a correction of the whole step would still be 2% short after three."""
-    from exporter.planner import model
+    from exporter.planner.model import Calibration
 
-    monkeypatch.setattr(model, "_replay_point", _closed_form_replay)
     setup = _h100_setup()
-    truth = model.Calibration(0.5, 0.3, 0.6, 8.5e-3, batch_factors=((1, 1.6), (8, 1.3)))
-    points = _observed(setup, truth, shapes=((512, 64),))
-    cal = model._batch_factors(setup, points, dataclasses.replace(truth, batch_factors=()), 0, 0.0)
-    for p in points:
-        assert model.decode_step_s(setup, cal, p.in_flight, model._context(p)) == pytest.approx(p.tpot.centre, rel=0.01)
+    truth = Calibration(0.5, 0.3, 0.6, 8.5e-3, batch_factors=((1, 1.6), (8, 1.3)))
+    points, cal = _factors_from_scratch(monkeypatch, setup, truth, shapes=((512, 64),))
+    _assert_steps_match(setup, cal, points, rel=0.01)
 
 
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
@@ -375,21 +377,18 @@ def test_the_factors_level_moves_into_the_fractions_up_to_a_gpu_s_peak(monkeypat
     """Steps 25-30% faster than a bandwidth of 0.95 of the peak explains: on a CPU (a nominal peak)
     the whole level moves into the fractions and the factors keep only the batches' spread; on a GPU
     the fractions stop at the peak and the factors keep the rest."""
-    from exporter.planner import model
+    from exporter.planner.model import Calibration
 
-    monkeypatch.setattr(model, "_replay_point", _closed_form_replay)
     setup = _cpu_setup() if device == "cpu" else _h100_setup()
-    truth = model.Calibration(0.95, 0.9, 0.6, 0.3e-3, batch_factors=((1, 0.7), (8, 0.75)))
-    points = _observed(setup, truth, shapes=((512, 64),))
-    cal = model._batch_factors(setup, points, dataclasses.replace(truth, batch_factors=()), 0, 0.0)
+    truth = Calibration(0.95, 0.9, 0.6, 0.3e-3, batch_factors=((1, 0.7), (8, 0.75)))
+    points, cal = _factors_from_scratch(monkeypatch, setup, truth, shapes=((512, 64),))
     factors = [f for _, f in cal.batch_factors]
     level = (factors[0] * factors[1]) ** 0.5
     if device == "cpu":
         assert level == pytest.approx(1.0, abs=0.01) and cal.bw > 1.0
     else:
         assert max(cal.bw, cal.compute) == pytest.approx(1.0) and level < 0.8
-    for p in points:
-        assert model.decode_step_s(setup, cal, p.in_flight, model._context(p)) == pytest.approx(p.tpot.centre, rel=0.01)
+    _assert_steps_match(setup, cal, points, rel=0.01)
 
 
 def test_steps_the_overhead_dominates_are_corrected_whole_even_below_the_overhead(monkeypatch):
@@ -415,11 +414,11 @@ def test_steps_the_overhead_dominates_are_corrected_whole_even_below_the_overhea
 
 
 def test_without_any_ttft_the_prefill_fraction_is_the_decode_compute_fraction():
-    from exporter.planner.model import GRID, OVERHEAD_GRID, Calibration, _fit
+    from exporter.planner.model import _fit
     from exporter.planner.observe import Stat
 
     setup = _cpu_setup()
-    truth = Calibration(GRID[100], GRID[90], GRID[95], OVERHEAD_GRID[15])
+    truth = _on_grid()
     points = [dataclasses.replace(p, ttft=Stat(None)) for p in _synthetic_points(setup, truth)]
     cal = _fit(setup, points, [(p, p.tpot.centre) for p in points])
     assert cal.prefill == cal.compute == truth.compute
