@@ -16,10 +16,11 @@ import gc
 import pathlib
 import time
 
+from exporter.sources.engines.alias_tables import TABLES
 from exporter.sources.engines.exposition import parse
-from exporter.sources.engines.normalize import TABLES, NormalizerState
 from exporter.sources.engines.normalize import normalize as plain_normalize
 from exporter.sources.engines.replay import normalize
+from exporter.sources.engines.state import NormalizerState
 
 PAGE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "engines" / "vllm-v0.11__documented.prom"
 BATCHES = 9

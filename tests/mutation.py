@@ -40,7 +40,7 @@ class Module:
     tests: tuple[str, ...]  # pytest arguments: the fast test files (and -k / -m) that cover them
     # A module whose import-time results tests/mutation_rebuild.py rebuilds before each test (in the
     # mutant's process), or "": mutmut selects the mutant after the import, so code run at import
-    # (normalize's compiled tables) would otherwise never run mutated.
+    # (the engines' compiled alias tables) would otherwise never run mutated.
     rebuild: str = ""
     # mutmut mutant-name patterns (fnmatch) this module's score is over, or () for every mutant of
     # the files: a file whose other functions belong to another concern scores only its part.
@@ -73,10 +73,13 @@ MODULES: dict[str, Module] = {
     # SLO thresholds, burn-rate windows and factors, and the rules built from them.
     "slo": Module(("exporter/slo.py", "alerts/slo.py"), ("tests/test_alerts.py", "tests/test_units.py", *FAST)),
     # Histogram and counter normalization of engine pages.
-    "normalize": Module(("exporter/sources/engines/normalize.py",),
+    # The pass (normalize.py) and the parts it was split into (page reading, alias tables, histogram
+    # merging, drop reasons, per-target state): the same code as before the split.
+    "normalize": Module(tuple(f"exporter/sources/engines/{name}.py"
+                              for name in ("normalize", "page", "alias_tables", "histograms", "drops", "state")),
                         ("tests/test_engines_normalize.py", "tests/test_engines_conformance.py",
                          "tests/test_hardening_numbers.py", "tests/test_hardening_engines_r3.py", *FAST),
-                        rebuild="exporter.sources.engines.normalize"),
+                        rebuild="exporter.sources.engines.alias_tables"),
     # The planner's calibration on observed operating points: the fit, its refinement by replay, the
     # per-batch factors and the step costs it fits (model.py's replay engine and workload shapes are
     # the prediction side, not scored here).

@@ -2,7 +2,7 @@
 mutated module computes at import.
 
 mutmut 3 imports the code once, in its own process, and forks a child per mutant that only then
-selects the mutant: code run at import has already run unmutated. normalize.py compiles its engine
+selects the mutant: code run at import has already run unmutated. alias_tables.py compiles the engine
 tables (`TABLES`, from `_compile_kind`, `_compile`, `_alias_routes`, `_applies`) at import, so
 without this every mutant of the compiler survived whatever the tests asserted. Rebuilding them
 costs about 3 ms a test, so it is done only where tests/mutation.py asks for it
@@ -14,17 +14,17 @@ import os
 import sys
 from types import MappingProxyType
 
-NORMALIZE = "exporter.sources.engines.normalize"
+ALIAS_TABLES = "exporter.sources.engines.alias_tables"
 
 
-def _normalize_tables() -> None:
-    normalize = sys.modules.get(NORMALIZE)
-    if normalize is not None:
-        normalize.TABLES = MappingProxyType({kind: normalize._compile_kind(spec)
-                                             for kind, spec in normalize.SPECS.items()})
+def _alias_tables() -> None:
+    # table_for() reads the module's TABLES at call time, so replacing it reaches every caller.
+    tables = sys.modules.get(ALIAS_TABLES)
+    if tables is not None:
+        tables.TABLES = MappingProxyType({kind: tables._compile_kind(spec) for kind, spec in tables.SPECS.items()})
 
 
-REBUILD = {NORMALIZE: _normalize_tables}
+REBUILD = {ALIAS_TABLES: _alias_tables}
 
 
 def pytest_runtest_setup(item) -> None:

@@ -40,11 +40,12 @@ from exporter.physics.costs import Hardware
 from exporter.planner.model import Setup, engine_config, gpu_device
 from exporter.planner.observe import Observed, Point, from_loadtest, parse_scrape, point_from_scrapes
 from exporter.planner.plan import apply, parse_candidate, plan
-from exporter.probe.loadtest import percentile
+from exporter.probe.loadtest_stats import percentile
 from exporter.simulator.engine import Engine, HostConfig, Request, kv_pool_blocks
 from exporter.simulator.recorders import make_recorder
 from exporter.simulator.workload import LengthDist, Workload
-from exporter.sources.engines.normalize import NormalizerState, normalize
+from exporter.sources.engines.normalize import normalize
+from exporter.sources.engines.state import NormalizerState
 from exporter.specs.models import load_model
 
 MODEL = load_model("llama-3.1-8b")

@@ -548,7 +548,8 @@ def test_llamacpp_prompt_tokens_include_the_cached_ones_and_steps_come_from_llam
     tokens / batch (80 / 4 = 20); its per-slot time counters are not engine time."""
     from exporter.config import Config
     from exporter.derive import Deriver
-    from exporter.sources.engines.normalize import NormalizerState, normalize
+    from exporter.sources.engines.normalize import normalize
+    from exporter.sources.engines.state import NormalizerState
     from tests.test_derive_verdict import llamacpp_page, llamacpp_snapshot
 
     samples = {s.name: s.value for s in normalize(llamacpp_page(10.0), target="a").samples}
@@ -591,7 +592,7 @@ def test_a_slot_seen_free_between_requests_still_counts_as_at_the_cap():
     under 90% of 4; within one sequence of the cap it is still the scheduler's limit."""
     from exporter.config import Config
     from exporter.derive import Deriver
-    from exporter.sources.engines.normalize import NormalizerState
+    from exporter.sources.engines.state import NormalizerState
     from tests.test_derive_verdict import llamacpp_snapshot
 
     deriver, state = Deriver(Config(interval_s=5.0)), NormalizerState()
@@ -605,7 +606,7 @@ def test_a_slot_seen_free_between_requests_still_counts_as_at_the_cap():
 def _diagnosis_with(**page):
     from exporter.config import Config
     from exporter.derive import Deriver
-    from exporter.sources.engines.normalize import NormalizerState
+    from exporter.sources.engines.state import NormalizerState
     from tests.test_derive_verdict import llamacpp_snapshot
 
     deriver, state = Deriver(Config(interval_s=5.0)), NormalizerState()

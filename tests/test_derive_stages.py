@@ -18,7 +18,7 @@ from exporter.derive.settings import DeriveSettings, derive_settings
 from exporter.derive.stage import Stage, check_order, view_needs
 from exporter.derive.view import ViewCache, build_view
 from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult, labels_of
-from exporter.sources.engines.normalize import NormalizerState
+from exporter.sources.engines.state import NormalizerState
 from tests.test_derive_twin import Harness
 from tests.test_derive_verdict import llamacpp_snapshot, ranked_snapshot, run
 

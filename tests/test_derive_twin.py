@@ -17,7 +17,8 @@ from exporter.derive.bottleneck import CONSTRAINTS
 from exporter.simulator import SCENARIOS, Twin, TwinConfig
 from exporter.simulator.twin import pd_pair
 from exporter.snapshot import Sample, Snapshot, SourceKind, SourceResult
-from exporter.sources.engines.normalize import NormalizerState, normalize
+from exporter.sources.engines.normalize import normalize
+from exporter.sources.engines.state import NormalizerState
 from exporter.sources.gpu.sim import samples_from_state
 from exporter.sources.host_net import ByteRates
 from exporter.sources.host_sim import samples_from_host_state

@@ -12,14 +12,19 @@ import time
 import pytest
 
 from exporter.catalog import engine as engine_catalog
+from exporter.sources.engines import alias_tables, drops, histograms
 from exporter.sources.engines import normalize as normalize_module
+from exporter.sources.engines import page as page_module
+from exporter.sources.engines import state as state_module
 from exporter.sources.engines.accounting import unaccounted
 from exporter.sources.engines.coverage import coverage_table
 from exporter.sources.engines.exposition import ExpositionError
-from exporter.sources.engines.normalize import NormalizedScrape, NormalizerState, UnknownEngineError
+from exporter.sources.engines.normalize import NormalizedScrape
 from exporter.sources.engines.normalize import normalize as plain_normalize
+from exporter.sources.engines.page import UnknownEngineError
 from exporter.sources.engines.registry import DETECTION_ORDER, KINDS, SPECS, YIELDS_TO, detect_kind
 from exporter.sources.engines.replay import MAX_PLAN_SAMPLES, normalize, normalize_if_unchanged
+from exporter.sources.engines.state import NormalizerState
 from exporter.sources.engines.table import Alias
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "engines"
@@ -500,7 +505,7 @@ def test_max_series_drops_whole_histograms_and_counts_them() -> None:
 
 def test_notes_are_bounded(monkeypatch) -> None:
     # NaN on every name the vLLM table maps: more distinct notes than the bound.
-    page = "".join(f'{name}{{model_name="m"}} NaN\n' for name in sorted(normalize_module.TABLES["vllm"].keep))
+    page = "".join(f'{name}{{model_name="m"}} NaN\n' for name in sorted(alias_tables.TABLES["vllm"].keep))
     bound = normalize_module.MAX_NOTES
     monkeypatch.setattr(normalize_module, "MAX_NOTES", 10_000)
     assert len(run(page).notes) > bound
@@ -516,13 +521,13 @@ def test_alias_minimum_sentinel() -> None:
 
 def test_live_vllm_v1_names_cover_the_core_schema() -> None:
     """Every name a live vLLM V1 exposes (LLMKube's list) either maps or is knowingly unmapped."""
-    mapped = set(normalize_module.TABLES["vllm"].keep)
+    mapped = set(alias_tables.TABLES["vllm"].keep)
     live = (FIXTURES / "vllm-v1-llmkube_testdata.names.txt").read_text().split()
     assert set(live) - mapped == {"vllm:request_failure_total"}
 
 
 def test_live_sglang_names_cover_the_core_families() -> None:
-    mapped = normalize_module.TABLES["sglang"].keep
+    mapped = alias_tables.TABLES["sglang"].keep
     live = set((FIXTURES / "sglang-2026-llmkube_testdata.names.txt").read_text().split())
     for name in ("sglang:time_to_first_token_seconds_bucket",
                  "sglang:token_usage", "sglang:max_total_num_tokens", "sglang:num_running_reqs",
@@ -699,7 +704,7 @@ def test_warm_state_stays_bounded_under_a_cardinality_bomb() -> None:
     result = normalize(bomb, target="t", state=state, max_series=100)
     assert result.dropped_series > 0
     assert state.memo.plan is None  # too big to plan: nothing per page is kept
-    assert sum(len(entries) for entries in state._entries) <= normalize_module.MAX_MAPPED_LABEL_SETS
+    assert sum(len(entries) for entries in state._entries) <= state_module.MAX_MAPPED_LABEL_SETS
     normalize(bomb, target="t", state=state, max_series=100)
     assert state.memo == (None, None)
     # Many pages of fresh series, each seen twice: one plan at a time, the label caches bounded.
@@ -709,9 +714,9 @@ def test_warm_state_stays_bounded_under_a_cardinality_bomb() -> None:
         normalize(page, target="t", state=state)
         normalize(page, target="t", state=state)
         assert state.memo.plan is not None and len(state.memo.plan.names) == 2_000
-        assert sum(len(entries) for entries in state._entries) <= normalize_module.MAX_MAPPED_LABEL_SETS
+        assert sum(len(entries) for entries in state._entries) <= state_module.MAX_MAPPED_LABEL_SETS
         assert len(state.label_cache) <= state.label_cache.max_entries
-        assert len(state._le) <= normalize_module.MAX_LE_FORMATS
+        assert len(state._le) <= state_module.MAX_LE_FORMATS
 
 
 def test_warm_state_follows_target_kind_and_limit() -> None:
@@ -730,8 +735,8 @@ def test_normalize_if_unchanged_replays_only_a_repeated_page_and_matches_the_ful
     page = (FIXTURES / "vllm-v0.11__documented.prom").read_text()
     state = NormalizerState()
     parses: list[str] = []
-    real_parse = normalize_module.parse
-    monkeypatch.setattr(normalize_module, "parse", lambda text, **kw: parses.append(text) or real_parse(text, **kw))
+    real_parse = page_module.parse
+    monkeypatch.setattr(page_module, "parse", lambda text, **kw: parses.append(text) or real_parse(text, **kw))
     assert normalize_if_unchanged(page, target="t", kind=None, state=state) is None  # nothing recorded
     assert not parses and state.last_kind is None  # and nothing parsed or noted for the full pass to repeat
     first = normalize(page, target="t", state=state)
@@ -1010,8 +1015,8 @@ def _synthetic_pass(spec, text: str, max_series: int = 10_000) -> NormalizedScra
     exist for a table shape the registry does not use yet)."""
     from exporter.sources.engines.exposition import parse
 
-    table = normalize_module._compile(spec)
-    page = normalize_module.Page(text, spec.kind, table, parse(text, keep=table.keep.__contains__), {})
+    table = alias_tables._compile(spec)
+    page = page_module.Page(text, spec.kind, table, parse(text, keep=table.keep.__contains__), {})
     return normalize_module.full_pass(page, NormalizerState(), "t", max_series)[1]
 
 
@@ -1075,28 +1080,28 @@ def test_a_bad_histogram_series_drops_only_itself_and_the_series_bound_is_inclus
     bad = histogram("vllm:e2e_request_latency_seconds", 'model_name="m",engine="0"', ["1.0"], [3, 2], 3.0)
     result = run(bad + good)
     assert {s.label("rank") for s in result.samples} == {"1"}
-    assert result.drops.get(normalize_module.HISTOGRAM_NOT_MONOTONIC) == 4
+    assert result.drops.get(drops.HISTOGRAM_NOT_MONOTONIC) == 4
     assert len(run(good, max_series=4).samples) == 4  # bucket 1.0, +Inf, _count, _sum: exactly the bound
     assert run(good, max_series=3).samples == ()
 
 
 @pytest.mark.parametrize(("members", "fault"), [
-    ({"_bucket+Inf": 2, "_bucket1.0": 1, "_sum": 3.0}, normalize_module.HISTOGRAM_INCOMPLETE),
-    ({"_bucket+Inf": 2, "_bucket1.0": 1, "_count": 2}, normalize_module.HISTOGRAM_INCOMPLETE),
-    ({"_bucket+Inf": 2, "_bucket": 1, "_count": 2, "_sum": 3.0}, normalize_module.HISTOGRAM_BAD_LE),
+    ({"_bucket+Inf": 2, "_bucket1.0": 1, "_sum": 3.0}, drops.HISTOGRAM_INCOMPLETE),
+    ({"_bucket+Inf": 2, "_bucket1.0": 1, "_count": 2}, drops.HISTOGRAM_INCOMPLETE),
+    ({"_bucket+Inf": 2, "_bucket": 1, "_count": 2, "_sum": 3.0}, drops.HISTOGRAM_BAD_LE),
     ({"_bucket+Inf": 0, "_bucket1.0": 0, "_count": 0, "_sum": 0.0}, None),
     ({"_bucket+Inf": 2, "_bucket1.0": 0, "_count": 2, "_sum": 0.0}, None),
-    ({"_bucket+Inf": 2, "_bucket1.0": 1, "_count": 2, "_sum": -1.0}, normalize_module.NEGATIVE_COUNTER),
+    ({"_bucket+Inf": 2, "_bucket1.0": 1, "_count": 2, "_sum": -1.0}, drops.NEGATIVE_COUNTER),
     ({"_bucket+Inf": 1e18, "_bucket1.0": 1e18, "_count": 1e18, "_sum": 1e18}, None),  # MAX_VALUE is in range
-    ({"_bucket+Inf": 2e18, "_bucket1.0": 1, "_count": 2e18, "_sum": 3.0}, normalize_module.OUT_OF_RANGE),
+    ({"_bucket+Inf": 2e18, "_bucket1.0": 1, "_count": 2e18, "_sum": 3.0}, drops.OUT_OF_RANGE),
     # Bounds: +-MAX_VALUE are in range, past it out (the first bound, and the last before +Inf).
     ({"_bucket+Inf": 2, "_bucket1e18": 1, "_count": 2, "_sum": 3.0}, None),
     ({"_bucket+Inf": 2, "_bucket-1e18": 1, "_count": 2, "_sum": 3.0}, None),
     ({"_bucket+Inf": 2, "_bucket-2e18": 0, "_bucket1.0": 1, "_count": 2, "_sum": 3.0},
-     normalize_module.OUT_OF_RANGE),
-    ({"_bucket+Inf": 2, "_bucket2e18": 1, "_count": 2, "_sum": 3.0}, normalize_module.OUT_OF_RANGE),
+     drops.OUT_OF_RANGE),
+    ({"_bucket+Inf": 2, "_bucket2e18": 1, "_count": 2, "_sum": 3.0}, drops.OUT_OF_RANGE),
     # Counts are whole numbers: a fractional bucket under a whole _count is refused too.
-    ({"_bucket+Inf": 2, "_bucket1.0": 0.5, "_count": 2, "_sum": 3.0}, normalize_module.HISTOGRAM_FRACTIONAL),
+    ({"_bucket+Inf": 2, "_bucket1.0": 0.5, "_count": 2, "_sum": 3.0}, drops.HISTOGRAM_FRACTIONAL),
 ])
 def test_histogram_faults_at_their_edges(members: dict, fault: str | None) -> None:
     family = "llm_e2e_request_latency_seconds"
@@ -1107,23 +1112,23 @@ def test_histogram_faults_at_their_edges(members: dict, fault: str | None) -> No
             bound = part[len("_bucket"):]
         labels = (("target", "t"), ("le", bound)) if bound else (("target", "t"),)
         parts.append(((name, labels), float(value)))
-    assert normalize_module._histogram_fault(family, parts) == fault
+    assert histograms.histogram_fault(family, parts) == fault
 
 
 def test_bucket_bounds_are_converted_exactly_and_their_cache_is_bounded(monkeypatch) -> None:
-    fmt = normalize_module._format_le
+    fmt = histograms.format_le
     assert fmt("3", 2.0) == "6.0" and fmt("250", 0.001) == "0.25" and fmt("0.3", 0.001) == "0.0003"
     assert fmt("2.5", 1e-6) == "2.5e-06"  # µs -> s: 2.4999999999999998e-06 in binary floats
     assert fmt("1", 1.0) == "1.0" and fmt("+Inf", 0.001) == "+Inf" and fmt("x", 1.0) is None
     state = NormalizerState()
-    longest = "0." + "1" * (normalize_module.MAX_CACHED_LE_LENGTH - 2)
+    longest = "0." + "1" * (state_module.MAX_CACHED_LE_LENGTH - 2)
     assert state.format_le(longest, 0.001) == fmt(longest, 0.001)
     assert state.format_le(longest + "1", 0.001) == fmt(longest + "1", 0.001)
     assert list(state._le) == [(longest, 0.001)]  # the longer one computed, not cached
     calls = []
-    monkeypatch.setattr(normalize_module, "_format_le", lambda raw, scale: calls.append(raw) or fmt(raw, scale))
+    monkeypatch.setattr(state_module, "format_le", lambda raw, scale: calls.append(raw) or fmt(raw, scale))
     assert state.format_le(longest, 0.001) == fmt(longest, 0.001) and calls == []  # from the cache
-    monkeypatch.setattr(normalize_module, "MAX_LE_FORMATS", 3)
+    monkeypatch.setattr(state_module, "MAX_LE_FORMATS", 3)
     for bound in ("1", "2"):
         state.format_le(bound, 1.0)
     assert len(state._le) == 3
@@ -1134,20 +1139,20 @@ def test_bucket_bounds_are_converted_exactly_and_their_cache_is_bounded(monkeypa
 def test_the_notes_bound_keeps_the_first_ones(monkeypatch) -> None:
     monkeypatch.setattr(normalize_module, "MAX_NOTES", 2)
     notes: dict[str, None] = {}
-    run_ = normalize_module.Pass(normalize_module.TABLES["vllm"], NormalizerState(), notes, "t")
+    run_ = normalize_module.Pass(alias_tables.TABLES["vllm"], NormalizerState(), notes, "t")
     for text in ("a", "b", "c"):
         run_.note(text)
     assert list(notes) == ["a", "b"]
 
 
 def test_a_page_with_too_many_families_says_how_many() -> None:
-    budget = normalize_module.MAX_PAGE_FAMILIES
-    assert str(normalize_module.TooManyFamiliesError(6_000)) == (
+    budget = page_module.MAX_PAGE_FAMILIES
+    assert str(page_module.TooManyFamiliesError(6_000)) == (
         f"the page has 6000 families, over the budget of {budget} families (real engines print 100-300): "
         "none of it is read")
-    assert str(normalize_module.TooManyFamiliesError()).startswith(
-        f"the page has more than {normalize_module.MAX_PAGE_NAMES} metric names, over the budget of {budget}")
-    assert normalize_module._keep_nothing("vllm:num_requests_running") is False
+    assert str(page_module.TooManyFamiliesError()).startswith(
+        f"the page has more than {page_module.MAX_PAGE_NAMES} metric names, over the budget of {budget}")
+    assert page_module._keep_nothing("vllm:num_requests_running") is False
 
 
 def _cached_label_sets(state: NormalizerState) -> set:
@@ -1155,7 +1160,7 @@ def _cached_label_sets(state: NormalizerState) -> set:
 
 
 def test_the_route_caches_hold_at_most_their_bound_and_start_again_when_full(monkeypatch) -> None:
-    monkeypatch.setattr(normalize_module, "MAX_MAPPED_LABEL_SETS", 3)
+    monkeypatch.setattr(state_module, "MAX_MAPPED_LABEL_SETS", 3)
 
     def page(ranks: range) -> str:
         return "".join(f'vllm:num_requests_running{{model_name="m",engine="{r}"}} {r}\n' for r in ranks)
@@ -1174,15 +1179,15 @@ def test_the_route_caches_hold_at_most_their_bound_and_start_again_when_full(mon
     plain(page(range(3)), state=state, kind="vllm")
     assert state._entry_count == 3 and state.room() == 0
     labels = (("engine", "0"), ("model_name", "m"))
-    expected = normalize_module._ENTRY_BYTES + 2 * normalize_module._PAIR_BYTES + len("engine0model_namem")
-    assert normalize_module._labels_chars(labels) == expected
+    expected = state_module._ENTRY_BYTES + 2 * state_module._PAIR_BYTES + len("engine0model_namem")
+    assert state_module.labels_chars(labels) == expected
     assert state._entry_chars == 3 * expected - 0 and state.chars_room() == (
-        normalize_module.MAX_MAPPED_LABEL_CHARS - 3 * expected)
+        state_module.MAX_MAPPED_LABEL_CHARS - 3 * expected)
 
 
 def test_the_route_caches_are_bounded_by_characters_too(monkeypatch) -> None:
-    one = normalize_module._labels_chars((("engine", "0"), ("model_name", "m")))
-    monkeypatch.setattr(normalize_module, "MAX_MAPPED_LABEL_CHARS", 2 * one)
+    one = state_module.labels_chars((("engine", "0"), ("model_name", "m")))
+    monkeypatch.setattr(state_module, "MAX_MAPPED_LABEL_CHARS", 2 * one)
     state = NormalizerState()
     page = "".join(f'vllm:num_requests_running{{model_name="m",engine="{r}"}} 1\n' for r in range(5))
     assert len(get(plain(page, state=state, kind="vllm"), "llm_requests_running")) == 5
@@ -1237,11 +1242,11 @@ def test_the_family_account_is_kept_while_the_names_repeat_and_counts_dropped_na
     assert (first.mapped, first.ignored, first.unaccounted) == (1, 0, 2)
     assert run(page + "vllm:num_requests_waiting 1\n", state=state, kind="vllm").families.mapped == 2
     # A page with more names than the memo keeps: counted each time, the same counts.
-    monkeypatch.setattr(normalize_module, "MAX_MEMO_NAMES", 3)
+    monkeypatch.setattr(state_module, "MAX_MEMO_NAMES", 3)
     big = run(page, state=state, kind="vllm").families
     assert (big.mapped, big.ignored, big.unaccounted) == (1, 0, 2)
     assert run(page, state=state, kind="vllm").families is not big
-    monkeypatch.setattr(normalize_module, "MAX_MEMO_NAMES", 4)  # names + declared == 4: still memoized
+    monkeypatch.setattr(state_module, "MAX_MEMO_NAMES", 4)  # names + declared == 4: still memoized
     assert run(page, state=state, kind="vllm").families is run(page, state=state, kind="vllm").families
 
 
@@ -1265,7 +1270,7 @@ def test_the_family_budget_counts_mapped_ignored_and_unaccounted_families_to_its
     base = (FIXTURES / VLLM_034).read_text()
     own = run(base).families
     assert own.mapped > 0 and own.ignored > 0
-    budget = normalize_module.MAX_PAGE_FAMILIES
+    budget = page_module.MAX_PAGE_FAMILIES
     room = budget - (own.mapped + own.ignored + own.unaccounted)
 
     def page(extra: int) -> str:
@@ -1273,9 +1278,9 @@ def test_the_family_budget_counts_mapped_ignored_and_unaccounted_families_to_its
 
     full = run(page(room), state=NormalizerState()).families
     assert (full.mapped, full.ignored, full.unaccounted) == (own.mapped, own.ignored, own.unaccounted + room)
-    with pytest.raises(normalize_module.TooManyFamiliesError) as over:
+    with pytest.raises(page_module.TooManyFamiliesError) as over:
         run(page(room + 1), state=NormalizerState())
-    assert str(over.value) == str(normalize_module.TooManyFamiliesError(budget + 1))
+    assert str(over.value) == str(page_module.TooManyFamiliesError(budget + 1))
 
 
 def test_a_target_s_scrapes_parse_through_its_own_label_cache() -> None:
@@ -1346,7 +1351,7 @@ def test_the_parse_s_label_limit_refusals_join_the_pass_s_own_drops_by_reason() 
     state = NormalizerState()
     for result in (plain(page), run(page, state=state), run(page, state=state)):
         assert dict(result.drops) == {LABEL_VALUE_TOO_LONG: 2, TOO_MANY_LABELS: 1,
-                                      normalize_module.NEGATIVE_COUNTER: 1}
+                                      drops.NEGATIVE_COUNTER: 1}
         assert get(result, "llm_requests_running") == [1.0] and get(result, "llm_requests_waiting") == []
     assert dict(plain('vllm:num_requests_running{model_name="m"} 1\n').drops) == {}
 
@@ -1385,7 +1390,7 @@ def test_a_conflicting_series_drops_the_output_other_series_also_feed() -> None:
             'vllm:num_requests_waiting{model_name="m"} 1\n')
     result = plain(page, kind="vllm")
     assert get(result, "llm_requests_running") == [] and get(result, "llm_requests_waiting") == [1.0]
-    assert dict(result.drops) == {normalize_module.DUPLICATE: 1}
+    assert dict(result.drops) == {drops.DUPLICATE: 1}
 
 
 def test_a_histogram_printed_twice_whole_with_other_values_is_dropped_alone() -> None:
@@ -1393,18 +1398,18 @@ def test_a_histogram_printed_twice_whole_with_other_values_is_dropped_alone() ->
     second = histogram("vllm:e2e_request_latency_seconds", 'model_name="m"', ["1.0"], [2, 4], 5.0)
     result = plain(first + second + 'vllm:num_requests_running{model_name="m"} 1\n', kind="vllm")
     assert [s.name for s in result.samples] == ["llm_requests_running"]
-    assert dict(result.drops) == {normalize_module.DUPLICATE: 1}
+    assert dict(result.drops) == {drops.DUPLICATE: 1}
 
 
 def test_a_page_of_made_up_names_is_refused_at_the_names_bound_before_it_is_read_whole() -> None:
     """The parse keeps only the table's names and stops counting new ones at MAX_PAGE_NAMES: a page
     of made-up families is refused there (the names message), not after every family was parsed and
     counted (the families message)."""
-    names = normalize_module.MAX_PAGE_NAMES + 1
+    names = page_module.MAX_PAGE_NAMES + 1
     page = 'vllm:num_requests_running{model_name="m"} 1\n' + "".join(f"made_up_{i} 1\n" for i in range(names))
-    with pytest.raises(normalize_module.TooManyFamiliesError) as refused:
+    with pytest.raises(page_module.TooManyFamiliesError) as refused:
         run(page, kind="vllm", state=NormalizerState())
-    assert str(refused.value) == str(normalize_module.TooManyFamiliesError())
+    assert str(refused.value) == str(page_module.TooManyFamiliesError())
 
 
 def _plans(page: str, kind: str) -> bool:
@@ -1422,9 +1427,9 @@ def test_a_product_term_printed_twice_with_two_values_is_dropped_and_the_other_p
             'vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1\n')
     page = good + f'{nixl}{{model_name="m"}} 2\n{nixl}{{model_name="m"}} 3\n'
     result = plain(page, kind="vllm")
-    assert f"dropped {normalize_module._FAULT_NOTES[normalize_module.DUPLICATE]} {nixl} (a product's term)" \
+    assert f"dropped {drops.FAULT_NOTES[drops.DUPLICATE]} {nixl} (a product's term)" \
         in result.notes
-    assert dict(result.drops) == {normalize_module.DUPLICATE: 2} and result.unmapped_samples == 0
+    assert dict(result.drops) == {drops.DUPLICATE: 2} and result.unmapped_samples == 0
     assert get(result, "llm_kv_transfer_failures_total") == []
     assert get(result, "llm_kv_cache_block_size_tokens") == [16.0]  # the page's other products stay
     assert plain(good, kind="vllm").unmapped_samples == 0  # a product's term is used, not unmapped
@@ -1469,10 +1474,10 @@ def test_a_series_with_two_outputs_is_judged_for_each() -> None:
     head = 'sglang:num_running_reqs{model_name="m"} 1\nsglang:cached_tokens_total{model_name="m"} 1\n'
     twice = plain(head + f'{PROMPTS}{{model_name="m"}} 5\n{PROMPTS}{{model_name="m"}} 6\n', kind="sglang")
     assert get(twice, "llm_prompt_tokens_total") == [] and get(twice, "llm_prefix_cache_queries_total") == []
-    assert dict(twice.drops) == {normalize_module.DUPLICATE: 2}
+    assert dict(twice.drops) == {drops.DUPLICATE: 2}
     nan = plain(head + f'{PROMPTS}{{model_name="m"}} NaN\n', kind="sglang")
     assert get(nan, "llm_prompt_tokens_total") == [] and get(nan, "llm_prefix_cache_queries_total") == []
-    assert dict(nan.drops) == {normalize_module.NON_FINITE: 2}
+    assert dict(nan.drops) == {drops.NON_FINITE: 2}
     assert f"dropped a non-finite value of {PROMPTS}" in nan.notes
 
 
@@ -1509,12 +1514,12 @@ def test_the_page_s_model_is_the_first_a_series_names() -> None:
       'vllm:request_success_total{model_name="m",finished_reason="abort"} 0',
       'vllm:request_success_total{model_name="m",finished_reason="error"} 0.5'),
      "llm_requests_finished_total", "dropped 2 negative llm_requests_finished_total series",
-     normalize_module.NEGATIVE_COUNTER, [0.0, 0.5]),
+     drops.NEGATIVE_COUNTER, [0.0, 0.5]),
     # A ratio: outside [0, 1] dropped each, both edges and a value between kept.
     (tuple(f'vllm:gpu_cache_usage_perc{{model_name="{m}"}} {v}' for m, v in
            (("a", 1.5), ("b", 2), ("c", 0), ("d", 0.5), ("e", 1))),
      "llm_kv_cache_usage_ratio", "dropped 2 llm_kv_cache_usage_ratio series outside [0, 1] (e.g. 1.5)",
-     normalize_module.OUT_OF_RANGE, [0.0, 0.5, 1.0]),
+     drops.OUT_OF_RANGE, [0.0, 0.5, 1.0]),
 ])
 def test_values_a_family_cannot_take_are_dropped_each_and_its_edges_kept(series, family, note, reason, kept) -> None:
     page = 'vllm:num_requests_running{model_name="m"} 1\n' + "".join(line + "\n" for line in series)
@@ -1530,7 +1535,7 @@ def test_the_series_bound_holds_across_families_and_counts_what_it_cut() -> None
     result = plain(gauges, kind="vllm", max_series=3)
     assert len(result.samples) == 3 and result.dropped_series == 1
     assert "dropped 1 series over the limit of 3" in result.notes
-    assert dict(result.drops) == {normalize_module.CARDINALITY: 1}
+    assert dict(result.drops) == {drops.CARDINALITY: 1}
     full = plain(gauges, kind="vllm", max_series=2)  # the second family finds no room at all
     assert len(full.samples) == 2 and full.dropped_series == 2
     # Whole histograms: two of 4 series each under a bound of 5, the second cut whole, then a third.
@@ -1538,7 +1543,7 @@ def test_the_series_bound_holds_across_families_and_counts_what_it_cut() -> None
                     for name in ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds")
                     for m in ("a", "b"))
     cut = plain(hists, kind="vllm", max_series=5)
-    assert len(cut.samples) == 4 and cut.dropped_series == 12 and dict(cut.drops) == {normalize_module.CARDINALITY: 12}
+    assert len(cut.samples) == 4 and cut.dropped_series == 12 and dict(cut.drops) == {drops.CARDINALITY: 12}
 
 
 def test_a_counter_whose_only_output_conflicts_is_dropped_without_a_fault() -> None:
@@ -1549,7 +1554,7 @@ def test_a_counter_whose_only_output_conflicts_is_dropped_without_a_fault() -> N
             'vllm:num_preemptions_total{model_name="m",pid="1"} 3\n'
             'vllm:num_preemptions_total{model_name="m",pid="2"} 4\n')
     result = plain(page, kind="vllm")
-    assert get(result, "llm_preemptions_total") == [] and dict(result.drops) == {normalize_module.DUPLICATE: 1}
+    assert get(result, "llm_preemptions_total") == [] and dict(result.drops) == {drops.DUPLICATE: 1}
 
 
 def test_every_table_numbers_its_routes_densely_and_types_its_products_as_the_catalogue() -> None:
@@ -1557,7 +1562,7 @@ def test_every_table_numbers_its_routes_densely_and_types_its_products_as_the_ca
     in every variant, and a family only products write is typed as the catalogue types it (the
     negative-counter check reads the type)."""
     catalogue = {fam.name: fam.type for fam in engine_catalog.FAMILIES}
-    for kind, base in normalize_module.TABLES.items():
+    for kind, base in alias_tables.TABLES.items():
         for table in (base, *(base.variants or {}).values()):
             indexes = sorted({route.index for routes in table.routes.values() for route in routes})
             if table is base:
@@ -1573,11 +1578,11 @@ def test_the_table_compiler_refuses_what_the_catalogue_does_not_have_by_name() -
     wrong_type = EngineSpec("synthetic", "Synthetic", {"x_running": Alias("llm_requests_running", "counter")})
     with pytest.raises(ValueError, match=r"^synthetic: x_running -> llm_requests_running \(counter\) not in the "
                                          r"catalogue$"):
-        normalize_module._compile(wrong_type)
+        alias_tables._compile(wrong_type)
     for family, type_ in (("llm_e2e_request_latency_seconds", "histogram"), ("llm_made_up", "gauge")):
         product = EngineSpec("synthetic", "Synthetic", {}, products=(Product(family, type_, (Term("x_a"),)),))
         with pytest.raises(ValueError, match=rf"^synthetic: product {family} \({type_}\) not in the catalogue$"):
-            normalize_module._compile(product)
+            alias_tables._compile(product)
 
 
 def test_the_kind_compiler_refuses_unknown_roles_and_more_than_four_page_conditions() -> None:
@@ -1585,7 +1590,7 @@ def test_the_kind_compiler_refuses_unknown_roles_and_more_than_four_page_conditi
 
     roles = EngineSpec("synthetic", "Synthetic", {}, roles=(("x_prefill_marker", "made_up"),))
     with pytest.raises(ValueError) as refused:
-        normalize_module._compile_kind(roles)
+        alias_tables._compile_kind(roles)
     assert str(refused.value) == f"synthetic: roles ['made_up'] not in {engine_catalog.ROLES}"
 
     def spec(conditions: int) -> EngineSpec:
@@ -1593,10 +1598,10 @@ def test_the_kind_compiler_refuses_unknown_roles_and_more_than_four_page_conditi
             f"x_running_{i}": Alias("llm_requests_running", "gauge", when=(f"marker{i}", True))
             for i in range(conditions)})
 
-    four = normalize_module._compile_kind(spec(4))
+    four = alias_tables._compile_kind(spec(4))
     assert len(four.variants) == 16 and four.conditions == tuple(f"marker{i}" for i in range(4))
     with pytest.raises(ValueError, match="^synthetic: too many page conditions \\(5\\)$"):
-        normalize_module._compile_kind(spec(5))
+        alias_tables._compile_kind(spec(5))
 
 
 def test_a_configured_kind_is_remembered_for_a_page_that_lacks_its_markers() -> None:

@@ -38,8 +38,8 @@ from exporter.catalog import family_of
 from exporter.collect import Collector
 from exporter.config import ConfigError, build_config, load_config
 from exporter.sources.engines.exposition import MAX_CACHED_LABEL_SETS, parse
-from exporter.sources.engines.normalize import MAX_MAPPED_LABEL_SETS
 from exporter.sources.engines.scrape import EngineSource
+from exporter.sources.engines.state import MAX_MAPPED_LABEL_SETS
 from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
 from tests import fake_pynvml as F
 from tests.exporter_process import running_exporter

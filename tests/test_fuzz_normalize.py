@@ -15,14 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.sources.engines.exposition import MAX_CACHED_LABEL_SETS, ExpositionError
-from exporter.sources.engines.normalize import (
-    MAX_LE_FORMATS,
-    MAX_MAPPED_LABEL_SETS,
-    NormalizerState,
-    UnknownEngineError,
-)
+from exporter.sources.engines.page import UnknownEngineError
 from exporter.sources.engines.registry import KINDS, SPECS
 from exporter.sources.engines.replay import normalize
+from exporter.sources.engines.state import MAX_LE_FORMATS, MAX_MAPPED_LABEL_SETS, NormalizerState
 
 NAMES = sorted({name + suffix
                 for spec in SPECS.values() for name, alias in spec.alias_items()

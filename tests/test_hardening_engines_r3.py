@@ -34,7 +34,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from exporter.sources.engines.normalize import MAX_PAGE_FAMILIES
+from exporter.sources.engines.page import MAX_PAGE_FAMILIES
 from tests.support import exporter_run, http_status, serve_in_background, wait_until
 
 pytestmark = pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="reads /proc/PID/stat")
@@ -220,8 +220,9 @@ def test_classifying_a_family_matches_the_glob_semantics_of_the_table():
 
 
 def test_a_page_over_the_family_budget_is_refused_and_one_under_it_is_read():
-    from exporter.sources.engines.normalize import MAX_PAGE_NAMES, NormalizerState, TooManyFamiliesError
+    from exporter.sources.engines.page import MAX_PAGE_NAMES, TooManyFamiliesError
     from exporter.sources.engines.replay import normalize
+    from exporter.sources.engines.state import NormalizerState
 
     def page(families: int, typed: bool) -> str:
         line = "# TYPE g{0} gauge\ng{0} 1\n" if typed else "g{0} 1\n"

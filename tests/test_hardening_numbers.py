@@ -26,9 +26,9 @@ from exporter.config import Config
 from exporter.derive import build_deriver
 from exporter.simulator import Twin, TwinConfig
 from exporter.snapshot import Snapshot, SourceKind, SourceResult
-from exporter.sources.engines.normalize import NormalizerState
 from exporter.sources.engines.normalize import normalize as plain_normalize
 from exporter.sources.engines.replay import normalize
+from exporter.sources.engines.state import NormalizerState
 from exporter.sources.gpu.sim import samples_from_state
 from tests.support import exporter_run, fake_engine, wait_until
 

@@ -39,10 +39,10 @@ from exporter.sources.engines.exposition import (
     LabelCache,
     parse,
 )
-from exporter.sources.engines.normalize import MAX_MAPPED_LABEL_CHARS, NormalizerState
 from exporter.sources.engines.normalize import normalize as plain_normalize
 from exporter.sources.engines.replay import normalize
 from exporter.sources.engines.scrape import EngineSource
+from exporter.sources.engines.state import MAX_MAPPED_LABEL_CHARS, NormalizerState
 from tests.support import exporter_run, fake_engine, wait_until
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "engines"

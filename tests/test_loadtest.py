@@ -17,6 +17,9 @@ import jsonschema
 import pytest
 
 from exporter.probe import loadtest as lt
+from exporter.probe import loadtest_knee as lt_knee
+from exporter.probe import loadtest_stats as lt_stats
+from exporter.probe import loadtest_watch as lt_watch
 from exporter.probe.report import REPORT_SCHEMA, plot_svg, render_html, render_table
 
 # --- pure measures -------------------------------------------------------------------------------
@@ -24,42 +27,43 @@ from exporter.probe.report import REPORT_SCHEMA, plot_svg, render_html, render_t
 
 def test_percentile_interpolates_between_closest_ranks():
     values = list(range(1, 101))
-    assert lt.percentile(values, 0.5) == pytest.approx(50.5)
-    assert lt.percentile(values, 0.95) == pytest.approx(95.05)
-    assert lt.percentile(values, 0.99) == pytest.approx(99.01)
-    assert lt.percentile([3.0], 0.99) == 3.0
-    assert lt.percentile([], 0.5) is None
-    assert lt.percentile([5, 1, 3], 0.5) == 3  # unsorted input
-    summary = lt.summarize([0.1, 0.2, 0.3, 0.4])
+    assert lt_stats.percentile(values, 0.5) == pytest.approx(50.5)
+    assert lt_stats.percentile(values, 0.95) == pytest.approx(95.05)
+    assert lt_stats.percentile(values, 0.99) == pytest.approx(99.01)
+    assert lt_stats.percentile([3.0], 0.99) == 3.0
+    assert lt_stats.percentile([], 0.5) is None
+    assert lt_stats.percentile([5, 1, 3], 0.5) == 3  # unsorted input
+    summary = lt_stats.summarize([0.1, 0.2, 0.3, 0.4])
     assert summary.count == 4 and summary.mean == pytest.approx(0.25) and summary.p50 == pytest.approx(0.25)
-    assert lt.summarize([]).as_dict() == {"count": 0, "mean": None, "p50": None, "p95": None, "p99": None}
+    assert lt_stats.summarize([]).as_dict() == {"count": 0, "mean": None, "p50": None, "p95": None, "p99": None}
 
 
 def test_tpot_is_the_mean_gap_after_the_first_token():
-    assert lt.tpot(ttft_s=0.5, e2e_s=1.5, completion_tokens=11) == pytest.approx(0.1)
-    assert lt.tpot(0.5, 0.5, 1) is None  # one token: no gap
-    assert lt.tpot(None, 1.0, 10) is None and lt.tpot(0.5, None, 10) is None and lt.tpot(0.5, 1.0, None) is None
+    assert lt_stats.tpot(ttft_s=0.5, e2e_s=1.5, completion_tokens=11) == pytest.approx(0.1)
+    assert lt_stats.tpot(0.5, 0.5, 1) is None  # one token: no gap
+    assert lt_stats.tpot(None, 1.0, 10) is None and lt_stats.tpot(0.5, None, 10) is None
+    assert lt_stats.tpot(0.5, 1.0, None) is None
 
 
 def test_goodput_needs_both_slos():
-    assert lt.meets_slo(0.3, 0.05, ttft_slo_s=2.5, tbt_slo_s=0.1)
-    assert not lt.meets_slo(3.0, 0.05, 2.5, 0.1)  # TTFT over
-    assert not lt.meets_slo(0.3, 0.15, 2.5, 0.1)  # TPOT over
-    assert lt.meets_slo(0.3, None, 2.5, 0.1)  # one token: TTFT alone
-    assert not lt.meets_slo(None, 0.05, 2.5, 0.1)
+    assert lt_stats.meets_slo(0.3, 0.05, ttft_slo_s=2.5, tbt_slo_s=0.1)
+    assert not lt_stats.meets_slo(3.0, 0.05, 2.5, 0.1)  # TTFT over
+    assert not lt_stats.meets_slo(0.3, 0.15, 2.5, 0.1)  # TPOT over
+    assert lt_stats.meets_slo(0.3, None, 2.5, 0.1)  # one token: TTFT alone
+    assert not lt_stats.meets_slo(None, 0.05, 2.5, 0.1)
 
 
 def test_reservoir_is_bounded_and_uniform():
-    reservoir = lt.Reservoir(1000, random.Random(1))
+    reservoir = lt_stats.Reservoir(1000, random.Random(1))
     for i in range(100_000):
         reservoir.add(float(i))
     assert len(reservoir.values) == 1000 and reservoir.seen == 100_000
     # A uniform sample of 0..99999: its median is near 50000 (rank error ~1/sqrt(1000)).
-    assert 45_000 < lt.percentile(reservoir.values, 0.5) < 55_000
+    assert 45_000 < lt_stats.percentile(reservoir.values, 0.5) < 55_000
 
 
 def test_in_flight_time_weighted_mean_inside_the_window():
-    flight = lt.InFlight(window_start=10.0, window_end=20.0)
+    flight = lt_stats.InFlight(window_start=10.0, window_end=20.0)
     flight.change(5.0, +1)  # before the window: counts from 10
     flight.change(12.0, +1)
     flight.change(18.0, -1)
@@ -70,7 +74,7 @@ def test_in_flight_time_weighted_mean_inside_the_window():
 
 
 def test_step_stats_counts_failures_by_reason_and_tokens_exactly():
-    stats = lt.StepStats(2.5, 0.1, random.Random(0), requests_cap=2, gaps_cap=3)
+    stats = lt_stats.StepStats(2.5, 0.1, random.Random(0), requests_cap=2, gaps_cap=3)
     good = lt.Failed("", ok=True, ttft_s=0.2, itl_s=(0.05, 0.05, 0.05), e2e_s=0.35, prompt_tokens=10,
                      completion_tokens=4)
     slow = lt.Failed("", ok=True, ttft_s=0.2, itl_s=(0.3,), e2e_s=0.5, prompt_tokens=10, completion_tokens=2)
@@ -100,22 +104,22 @@ llm_requests_waiting{target="b",engine="vllm",model="m"} 99
 
 
 def test_read_metrics_keeps_one_target_max_kv_over_ranks():
-    got = lt.read_metrics(METRICS, "a")
+    got = lt_watch.read_metrics(METRICS, "a")
     assert got == {"kv_usage": 0.6, "waiting": 3.0, "running": 8.0, "preemptions_total": 12.0,
                    "ttft_sum": 4.5, "ttft_count": 30.0}
-    assert lt.read_metrics(METRICS, "b") == {"kv_usage": 0.9, "waiting": 99.0}
+    assert lt_watch.read_metrics(METRICS, "b") == {"kv_usage": 0.9, "waiting": 99.0}
 
 
 def test_pick_target_prefers_the_named_then_the_busiest():
     diagnosis = {"targets": {"a": {"numbers": {"running": 1}}, "b": {"numbers": {"running": 5}}}}
-    assert lt.pick_target(diagnosis, None) == "b"
-    assert lt.pick_target(diagnosis, "a") == "a"
-    assert lt.pick_target(diagnosis, "zzz") is None
-    assert lt.pick_target({"targets": {}}, None) is None
+    assert lt_watch.pick_target(diagnosis, None) == "b"
+    assert lt_watch.pick_target(diagnosis, "a") == "a"
+    assert lt_watch.pick_target(diagnosis, "zzz") is None
+    assert lt_watch.pick_target({"targets": {}}, None) is None
 
 
 def _poll(t, verdict, kv=None, preempt=None, waiting=None, running=None, ttft=(None, None)):
-    return lt.Poll(t, verdict, (f"evidence at {t}",), kv, waiting, running, preempt, ttft[0], ttft[1], None, None)
+    return lt_watch.Poll(t, verdict, (f"evidence at {t}",), kv, waiting, running, preempt, ttft[0], ttft[1], None, None)
 
 
 def test_server_summary_watermark_counter_reset_and_verdicts():
@@ -123,7 +127,7 @@ def test_server_summary_watermark_counter_reset_and_verdicts():
              _poll(1, "memory_bandwidth", 0.5, 12, 2, 8, (2.0, 20)),
              _poll(2, "kv_capacity", 0.85, 3, 6, 8, (3.5, 30)),  # the counter restarted at 0: +3
              _poll(3, "kv_capacity", 0.7, 5, 4, 8, (4.0, 35))]
-    s = lt.server_summary(polls, errors=1, target="a", error=None)
+    s = lt_watch.server_summary(polls, errors=1, target="a", error=None)
     assert s["kv_usage_max"] == 0.85 and s["preemptions"] == 2 + 3 + 2
     assert s["waiting_mean"] == 3.0 and s["waiting_max"] == 6 and s["running_max"] == 8
     assert s["ttft_mean_s"] == pytest.approx(3.0 / 25)
@@ -131,7 +135,7 @@ def test_server_summary_watermark_counter_reset_and_verdicts():
     assert s["verdict"] == "kv_capacity" and s["verdict_last"] == "kv_capacity"
     assert s["verdicts"] == {"memory_bandwidth": 2, "kv_capacity": 2} and s["evidence"] == ["evidence at 3"]
     assert s["polls"] == 4 and s["poll_errors"] == 1
-    empty = lt.server_summary([], errors=3, target=None, error="exporter: timeout: x")
+    empty = lt_watch.server_summary([], errors=3, target=None, error="exporter: timeout: x")
     assert empty["verdict"] is None and empty["kv_usage_max"] is None and empty["error"] == "exporter: timeout: x"
 
 
@@ -162,7 +166,7 @@ def test_knee_at_the_first_tbt_crossing_names_the_verdict_change():
     steps = [step(1, itl=0.02, out=100), step(8, itl=0.05, out=700),
              step(24, itl=0.132, out=1500, verdict="kv_capacity"),
              step(32, itl=0.2, out=1600, verdict="kv_capacity")]
-    knee = lt.find_knee(steps, ttft_slo_s=2.5, tbt_slo_s=0.1)
+    knee = lt_knee.find_knee(steps, ttft_slo_s=2.5, tbt_slo_s=0.1)
     assert knee["index"] == 2 and knee["level"] == 24
     assert knee["verdict_before"] == "memory_bandwidth" and knee["verdict_at"] == "kv_capacity"
     assert knee["text"] == ("at concurrency 24 TBT (ITL) p95 crossed 100 ms (132 ms); "
@@ -170,29 +174,29 @@ def test_knee_at_the_first_tbt_crossing_names_the_verdict_change():
 
 
 def test_knee_from_ttft_from_tpot_without_itl_and_from_failures():
-    knee = lt.find_knee([step(1), step(4, ttft=3.1)], 2.5, 0.1)
+    knee = lt_knee.find_knee([step(1), step(4, ttft=3.1)], 2.5, 0.1)
     assert knee["index"] == 1 and "TTFT p95 crossed 2500 ms (3100 ms)" in knee["text"]
     assert "verdict stayed memory_bandwidth" in knee["text"]
     no_itl = step(4, tpot=0.15)
     no_itl["latency_s"]["itl"] = {"count": 0, "mean": None, "p50": None, "p95": None, "p99": None}
-    assert "TBT (TPOT) p95 crossed 100 ms (150 ms)" in lt.find_knee([step(1), no_itl], 2.5, 0.1)["text"]
-    assert "20 of 100 requests failed" in lt.find_knee([step(1, ok=80, failed=20)], 2.5, 0.1)["text"]
+    assert "TBT (TPOT) p95 crossed 100 ms (150 ms)" in lt_knee.find_knee([step(1), no_itl], 2.5, 0.1)["text"]
+    assert "20 of 100 requests failed" in lt_knee.find_knee([step(1, ok=80, failed=20)], 2.5, 0.1)["text"]
 
 
 def test_knee_where_throughput_stops_rising_while_latency_rises():
     steps = [step(1, out=100, itl=0.02), step(8, out=700, itl=0.03), step(16, out=740, itl=0.06, verdict="scheduler")]
-    knee = lt.find_knee(steps, 2.5, 0.1)
+    knee = lt_knee.find_knee(steps, 2.5, 0.1)
     assert knee["index"] == 2
     assert "output throughput rose only +6% (700 -> 740 tok/s) while TPOT p50 rose" in knee["text"]
     assert knee["text"].endswith("verdict moved memory_bandwidth -> scheduler")
     # Throughput flat but latency flat too (a server already saturated at step 1 with spare SLO): no knee.
-    assert lt.find_knee([step(1, out=700), step(2, out=710)], 2.5, 0.1) is None
+    assert lt_knee.find_knee([step(1, out=700), step(2, out=710)], 2.5, 0.1) is None
 
 
 def test_recommendation_measured_from_the_kv_watermark_and_the_knee():
     steps = [step(1, kv=0.05), step(8, kv=0.4), step(16, kv=0.78), step(24, kv=0.93, itl=0.12, verdict="kv_capacity")]
-    knee = lt.find_knee(steps, 2.5, 0.1)
-    rec = lt.recommend(steps, knee)
+    knee = lt_knee.find_knee(steps, 2.5, 0.1)
+    rec = lt_knee.recommend(steps, knee)
     assert rec["kv"]["method"] == "measured" and rec["kv"]["max_concurrency"] == 16
     assert rec["slo"]["max_concurrency"] == 16
     assert rec["max_concurrency"] == 16 and rec["max_num_seqs"] == 16
@@ -202,7 +206,7 @@ def test_recommendation_measured_from_the_kv_watermark_and_the_knee():
 def test_recommendation_extrapolates_kv_when_no_step_reached_the_watermark():
     # 1% of the cache per running sequence: 0.8 at 80 sequences; the knee (none) says at least 32.
     steps = [step(1, kv=0.01), step(8, kv=0.08), step(32, kv=0.32)]
-    rec = lt.recommend(steps, lt.find_knee(steps, 2.5, 0.1))
+    rec = lt_knee.recommend(steps, lt_knee.find_knee(steps, 2.5, 0.1))
     assert rec["kv"]["method"] == "extrapolated" and rec["kv"]["max_concurrency"] == 80
     assert rec["kv"]["kv_per_sequence"] == pytest.approx(0.01)
     assert "linear extrapolation" in rec["kv"]["text"]
@@ -215,20 +219,20 @@ def test_recommendation_extrapolates_kv_when_no_step_reached_the_watermark():
     assert "--concurrency 64,80" in rec["text"]
     # A measured KV limit with no knee sets the number, and says which it is.
     steps = [step(1, kv=0.01), step(8, kv=0.5), step(32, kv=0.9)]
-    rec = lt.recommend(steps, lt.find_knee(steps, 2.5, 0.1))
+    rec = lt_knee.recommend(steps, lt_knee.find_knee(steps, 2.5, 0.1))
     assert rec["max_concurrency"] == 8 and "set by the KV watermark." in rec["text"]
 
 
 def test_recommendation_edges():
-    assert lt.recommend([step(1, kv=None)], None)["kv"]["method"] is None
+    assert lt_knee.recommend([step(1, kv=None)], None)["kv"]["method"] is None
     first = [step(4, ttft=9.0), step(8, ttft=12.0)]
-    rec = lt.recommend(first, lt.find_knee(first, 2.5, 0.1))
+    rec = lt_knee.recommend(first, lt_knee.find_knee(first, 2.5, 0.1))
     assert rec["slo"]["max_concurrency"] is None and "test lower" in rec["slo"]["text"]
     full = [step(4, kv=0.9), step(8, kv=0.95)]
-    assert "below the first step" in lt.kv_recommendation(full)["text"]
+    assert "below the first step" in lt_knee.kv_recommendation(full)["text"]
     # Rate steps are sized by the sequences the engine held.
     rate = [step(1.0, mode="rate", kv=0.2, running=5), step(5.0, mode="rate", kv=0.85, running=21)]
-    assert lt.kv_recommendation(rate)["max_concurrency"] == 5
+    assert lt_knee.kv_recommendation(rate)["max_concurrency"] == 5
 
 
 # --- config, workload and dataset bounds ---------------------------------------------------------
@@ -276,7 +280,7 @@ def test_dataset_is_bounded(tmp_path):
 # --- outputs -------------------------------------------------------------------------------------
 
 def _report(steps):
-    knee = lt.find_knee(steps, 2.5, 0.1)
+    knee = lt_knee.find_knee(steps, 2.5, 0.1)
     for i, s in enumerate(steps):
         s["index"] = i
     return {"schema": lt.SCHEMA_ID,
@@ -284,7 +288,7 @@ def _report(steps):
                        "levels": [s["level"] for s in steps], "warmup_s": 1.0, "duration_s": 5.0,
                        "request_timeout_s": 60.0, "max_in_flight": None, "slo": {"ttft_s": 2.5, "tbt_s": 0.1},
                        "kv_watermark": 0.8},
-            "steps": steps, "knee": knee, "recommendation": lt.recommend(steps, knee)}
+            "steps": steps, "knee": knee, "recommendation": lt_knee.recommend(steps, knee)}
 
 
 def test_table_json_schema_and_html():
@@ -429,7 +433,7 @@ def test_closed_loop_sweep_reaches_its_concurrency_with_exact_counts():
         async with StreamServer() as server:
             dataset = [lt.RequestSpec("a b c", 5)] * 4 + [lt.RequestSpec("FAIL", 5)]
             config = lt.SweepConfig("concurrency", (1, 8), warmup_s=0.0, duration_s=1.5, request_timeout_s=10)
-            watch = lt.ExporterWatch(server.url, interval_s=0.25)
+            watch = lt_watch.ExporterWatch(server.url, interval_s=0.25)
             steps_seen = []
             try:
                 report = await lt.run_sweep(lambda spec: raw_send(server.url, spec), lt.Workload(dataset=dataset),
@@ -544,7 +548,7 @@ def test_cli_against_a_loopback_server(tmp_path, capsys):
 
 
 def test_window_throughput_counts_only_tokens_inside_the_window():
-    stats = lt.StepStats(2.5, 0.1, random.Random(0))
+    stats = lt_stats.StepStats(2.5, 0.1, random.Random(0))
     # Sent at 9, first token at 10.5, then a token every 0.5 s: tokens at 10.5, 11, ..., 12.5 (5 tokens).
     outcome = lt.Failed("", ok=True, ttft_s=1.5, itl_s=(0.5,) * 4, e2e_s=3.5, prompt_tokens=7, completion_tokens=5)
     stats.record_window(outcome, sent=9.0, ended=12.5, start=10.0, end=12.0)

@@ -16,8 +16,9 @@ from exporter.simulator import SCENARIOS, Twin, TwinConfig
 from exporter.simulator.recorders import SGLANG_KV_TRANSFER_LATENCY_MS
 from exporter.simulator.twin import pd_pair
 from exporter.sources.engines.accounting import unaccounted
-from exporter.sources.engines.normalize import NormalizerState, normalize
+from exporter.sources.engines.normalize import normalize
 from exporter.sources.engines.registry import SPECS
+from exporter.sources.engines.state import NormalizerState
 from exporter.specs.models import kv_bytes_per_token
 
 LINK_KEYS = {"device", "kind", "up", "speed_bytes_per_s", "numa_node", "engine", "receive_bytes", "transmit_bytes",

@@ -29,7 +29,7 @@ from exporter.physics.costs import (
 )
 from exporter.planner.limits import MAX_CPU_THREADS, MAX_PLAN_CPU_S, MAX_REPLAY_ARRIVALS, MAX_REPLAY_CPU_S
 from exporter.planner.observe import Point
-from exporter.probe.loadtest import percentile
+from exporter.probe.loadtest_stats import percentile
 from exporter.simulator.engine import Engine, EngineConfig, HostConfig, Request, StepRecord, kv_pool_blocks
 from exporter.simulator.workload import LengthDist, Workload
 from exporter.specs.gpus import GpuSpec, known_gpus, lookup_gpu

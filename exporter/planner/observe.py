@@ -558,7 +558,7 @@ def _diagnosis_target(read: Reader, diagnosis: Any, wanted: str | None) -> tuple
     diagnosis says of it, every value read through `read`: an answer of the wrong shape at any depth
     is one line naming the path, never a traceback."""
     from exporter.catalog.base import MAX_VALUE
-    from exporter.probe.loadtest import pick_target
+    from exporter.probe.loadtest_watch import pick_target
 
     none = TargetInfo(None, None, None, 0)
     if not isinstance(diagnosis, Mapping):

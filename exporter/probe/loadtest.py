@@ -15,22 +15,37 @@ Everything is bounded: per-request timeout, in-flight requests (the step's concu
 (a fixed-size reservoir; counts and sums stay exact), and every exporter poll (time and bytes).
 Only the URLs given are contacted. The request itself is an abstract `Send` callable, so the sweep
 runs against anything that returns a `CompletionTiming`-like outcome (tests use a fake).
+
+This module is the driver: the workload, the steps (closed and open loop), the breaker for a
+server that takes no connection, and the sweep that puts the report together. Beside it:
+loadtest_stats.py (percentiles, reservoirs, a step's counters), loadtest_watch.py (the exporter's
+side of each step) and loadtest_knee.py (the knee and the recommendation, from the step records).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import math
 import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from exporter import jsonsafe
 from exporter.jsonsafe import JsonTooDeep
+from exporter.probe.loadtest_knee import KV_WATERMARK, NO_SUCCESS, dig, find_knee, no_recommendation, recommend
+from exporter.probe.loadtest_stats import (
+    MAX_RECORDED_GAPS,
+    MAX_RECORDED_REQUESTS,
+    InFlight,
+    Outcome,
+    StepStats,
+    rounded,
+    summarize,
+)
+from exporter.probe.loadtest_watch import ExporterWatch, clip
 from exporter.slo import TBT, TTFT
 
 # --- bounds -------------------------------------------------------------------------------------
@@ -42,28 +57,11 @@ MAX_STEP_DURATION_S = 600.0
 MAX_WARMUP_S = 300.0
 MAX_TOTAL_S = 4 * 3600.0  # warm-up plus duration over all steps; the drain after each is extra
 DEFAULT_MAX_IN_FLIGHT = 256  # open loop: arrivals past this many in flight are dropped (counted)
-# Percentiles come from a uniform reservoir of this many requests (and token gaps) per step; above it
-# they are estimates with a relative rank error of about 1/sqrt(size). Counts, tokens and goodput
-# are exact counters whatever the step's size.
-MAX_RECORDED_REQUESTS = 20_000
-MAX_RECORDED_GAPS = 200_000
 MAX_DATASET_BYTES = 64 << 20
 MAX_DATASET_LINES = 100_000
 MAX_PROMPT_CHARS = 1 << 20
 MAX_TOKENS_LIMIT = 1 << 17
 MAX_PROMPT_WORDS = 1 << 17
-POLL_INTERVAL_S = 1.0
-POLL_TIMEOUT_S = 2.0
-MAX_DIAGNOSIS_BYTES = 8 << 20  # as `doctor`
-MAX_METRICS_BYTES = 32 << 20
-MAX_EVIDENCE_LINES = 12
-MAX_EVIDENCE_CHARS = 400  # one evidence line is a sentence; a longer one is cut (the report keeps each)
-MAX_VERDICT_CHARS = 64  # verdict names are identifiers (kv_capacity); a longer "verdict" is no verdict
-MAX_SERVER_VALUE = 1e18  # the exporter's own domain for counts (catalog.base.MAX_VALUE): past it, garbage
-KV_WATERMARK = 0.8  # size concurrency so the KV cache peaks below 80%: room for longer contexts
-PLATEAU_GAIN = 0.10  # throughput that rises by less than this from one step to the next has stopped
-LATENCY_RISE = 0.10  # ... while a latency median rose by more than this
-FAILED_SHARE_KNEE = 0.10  # a step that fails this share of its requests is past the knee
 SCHEMA_ID = "llm-exporter-loadtest/1"
 # A server that accepts no connection: after this many requests in a row that never reached it
 # (connection refused, no route, DNS, no connection in time, TLS refused), with a backoff between
@@ -73,20 +71,6 @@ BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 2.0
 CONNECT_TIMEOUT_S = 10.0  # a connection that takes longer is a server that is not there
 NO_CONNECTION_REASONS = frozenset({"connection", "dns", "timeout", "tls"})
-NO_SUCCESS = "no successful request: no knee"
-
-
-class Outcome(Protocol):
-    """What one request returns (exporter/probe/client.py's CompletionTiming has these fields)."""
-
-    ok: bool
-    reason: str
-    status: int | None
-    ttft_s: float | None
-    itl_s: Sequence[float]
-    e2e_s: float | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +98,7 @@ class Failed:
     completion_tokens: int | None = None
 
 
-# --- pure measures ------------------------------------------------------------------------------
+# --- the machine the load runs on ----------------------------------------------------------------
 
 def usable_cpus() -> int | None:
     """CPUs this process may run on (its affinity, else the machine's)."""
@@ -137,400 +121,6 @@ def is_loopback(url: str) -> bool:
     except ValueError:
         return False
 
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-quantile (0..1) with linear interpolation between closest ranks (numpy's default,
-    what vllm bench serve reports); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-class Percentiles(NamedTuple):
-    count: int
-    mean: float | None
-    p50: float | None
-    p95: float | None
-    p99: float | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "mean": _r(self.mean), "p50": _r(self.p50), "p95": _r(self.p95),
-                "p99": _r(self.p99)}
-
-
-def summarize(values: Sequence[float]) -> Percentiles:
-    if not values:
-        return Percentiles(0, None, None, None, None)
-    ordered = sorted(values)
-    return Percentiles(len(ordered), sum(ordered) / len(ordered), percentile(ordered, 0.5),
-                       percentile(ordered, 0.95), percentile(ordered, 0.99))
-
-
-def tpot(ttft_s: float | None, e2e_s: float | None, completion_tokens: int | None) -> float | None:
-    """Time per output token after the first: (e2e - ttft) / (tokens - 1); None with under 2 tokens."""
-    if ttft_s is None or e2e_s is None or completion_tokens is None or completion_tokens < 2:
-        return None
-    return max(0.0, e2e_s - ttft_s) / (completion_tokens - 1)
-
-
-def meets_slo(ttft_s: float | None, tpot_s: float | None, ttft_slo_s: float, tbt_slo_s: float) -> bool:
-    """Goodput's test for one request, as vllm bench serve's --goodput: TTFT within its SLO and the
-    mean gap after the first token (TPOT) within the TBT SLO. A one-token answer has no TPOT and is
-    judged on TTFT alone."""
-    if ttft_s is None or ttft_s > ttft_slo_s:
-        return False
-    return tpot_s is None or tpot_s <= tbt_slo_s
-
-
-class Reservoir:
-    """A uniform sample of at most `size` values (Vitter's algorithm R), seeded for repeatable runs."""
-
-    def __init__(self, size: int, rng: random.Random) -> None:
-        self.size = size
-        self.seen = 0
-        self.values: list[float] = []
-        self._rng = rng
-
-    def add(self, value: float) -> None:
-        self.seen += 1
-        if len(self.values) < self.size:
-            self.values.append(value)
-            return
-        slot = self._rng.randrange(self.seen)
-        if slot < self.size:
-            self.values[slot] = value
-
-
-# --- one step's client-side accounting -----------------------------------------------------------
-
-class InFlight:
-    """Requests in flight, with the max and the time-weighted mean inside the measured window."""
-
-    def __init__(self, window_start: float, window_end: float) -> None:
-        self.now = 0
-        self.max = 0
-        self.window = (window_start, window_end)
-        self._area = 0.0
-        self._since = window_start
-
-    def _accumulate(self, t: float) -> None:
-        start, end = self.window
-        lo, hi = max(self._since, start), min(t, end)
-        if hi > lo:
-            self._area += self.now * (hi - lo)
-        self._since = max(self._since, t)
-
-    def change(self, t: float, delta: int) -> None:
-        self._accumulate(t)
-        self.now += delta
-        if self.window[0] <= t <= self.window[1]:
-            self.max = max(self.max, self.now)
-
-    def mean(self) -> float:
-        self._accumulate(self.window[1])
-        span = self.window[1] - self.window[0]
-        return self._area / span if span > 0 else 0.0
-
-
-@dataclass(slots=True)
-class StepStats:
-    """Counters (exact) and reservoirs (bounded) of the requests started in one step's window."""
-
-    ttft_slo_s: float
-    tbt_slo_s: float
-    rng: random.Random
-    ok: int = 0
-    good: int = 0
-    dropped: int = 0
-    failed: collections.Counter = field(default_factory=collections.Counter)
-    input_tokens: int = 0
-    output_tokens: int = 0
-    last_end: float = 0.0
-    # Throughput is counted inside the measured window only, from every request's token times
-    # (warm-up and drain requests included): the steady state, not diluted by a drain.
-    window_output: float = 0.0
-    window_input: float = 0.0
-    window_done: int = 0
-    window_good: int = 0
-    requests_cap: int = MAX_RECORDED_REQUESTS
-    gaps_cap: int = MAX_RECORDED_GAPS
-    ttft: Reservoir = field(init=False)
-    tpot: Reservoir = field(init=False)
-    e2e: Reservoir = field(init=False)
-    itl: Reservoir = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.ttft = Reservoir(self.requests_cap, self.rng)
-        self.tpot = Reservoir(self.requests_cap, self.rng)
-        self.e2e = Reservoir(self.requests_cap, self.rng)
-        self.itl = Reservoir(self.gaps_cap, self.rng)
-
-    def record_window(self, outcome: Outcome, sent: float, ended: float, start: float, end: float) -> None:
-        """The part of any request's work that fell inside [start, end): its tokens by arrival time
-        (prompt tokens when its first token came, the prefill being done), its completion."""
-        if not outcome.ok or outcome.ttft_s is None:
-            return
-        arrival = sent + outcome.ttft_s
-        chunks = 1 + len(outcome.itl_s)
-        # A chunk may carry several tokens (usage says how many): each chunk weighs tokens/chunks.
-        weight = (outcome.completion_tokens or chunks) / chunks
-        inside = start <= arrival < end
-        if inside:
-            self.window_input += outcome.prompt_tokens or 0
-        count = int(inside)
-        for gap in outcome.itl_s:
-            arrival += gap
-            count += start <= arrival < end
-        self.window_output += count * weight
-        if start <= ended < end:
-            self.window_done += 1
-            per_token = tpot(outcome.ttft_s, outcome.e2e_s, outcome.completion_tokens)
-            self.window_good += meets_slo(outcome.ttft_s, per_token, self.ttft_slo_s, self.tbt_slo_s)
-
-    def record(self, outcome: Outcome, ended: float) -> None:
-        self.last_end = max(self.last_end, ended)
-        if not outcome.ok:
-            self.failed[outcome.reason or "error"] += 1
-            return
-        self.ok += 1
-        self.input_tokens += outcome.prompt_tokens or 0
-        self.output_tokens += outcome.completion_tokens or 0
-        per_token = tpot(outcome.ttft_s, outcome.e2e_s, outcome.completion_tokens)
-        if outcome.ttft_s is not None:
-            self.ttft.add(outcome.ttft_s)
-        if per_token is not None:
-            self.tpot.add(per_token)
-        if outcome.e2e_s is not None:
-            self.e2e.add(outcome.e2e_s)
-        for gap in outcome.itl_s:
-            self.itl.add(gap)
-        if meets_slo(outcome.ttft_s, per_token, self.ttft_slo_s, self.tbt_slo_s):
-            self.good += 1
-
-
-# --- what the exporter said during a step --------------------------------------------------------
-
-class Poll(NamedTuple):
-    """One reading of the exporter: None where it did not say."""
-
-    t: float
-    verdict: str | None
-    evidence: tuple[str, ...]
-    kv_usage: float | None
-    waiting: float | None
-    running: float | None
-    preemptions_total: float | None
-    ttft_sum: float | None
-    ttft_count: float | None
-    itl_sum: float | None
-    itl_count: float | None
-
-
-def _counter_increase(values: Sequence[float | None]) -> float | None:
-    """Increase of a counter over readings, a drop read as a restart (the new value is all new)."""
-    known = [v for v in values if v is not None]
-    if len(known) < 2:
-        return None
-    total = 0.0
-    for before, after in zip(known, known[1:], strict=False):
-        total += after - before if after >= before else after
-    return total
-
-
-def _mean_and_max(values: Sequence[float | None]) -> tuple[float | None, float | None]:
-    known = [v for v in values if v is not None]
-    return (sum(known) / len(known), max(known)) if known else (None, None)
-
-
-def server_summary(polls: Sequence[Poll], errors: int, target: str | None, error: str | None) -> dict[str, Any]:
-    """The exporter's view of one step: watermarks, means, counter increases and verdicts."""
-    verdicts = collections.Counter(p.verdict for p in polls if p.verdict)
-    # Most frequent over the step; a tie goes to the later one (closer to the step's steady state).
-    mode = None
-    if verdicts:
-        order = {v: i for i, p in enumerate(polls) for v in (p.verdict,) if v}
-        mode = max(verdicts, key=lambda v: (verdicts[v], order[v]))
-    last = next((p for p in reversed(polls) if p.verdict), None)
-    waiting_mean, waiting_max = _mean_and_max([p.waiting for p in polls])
-    running_mean, running_max = _mean_and_max([p.running for p in polls])
-    kv = [p.kv_usage for p in polls if p.kv_usage is not None]
-    ttft_n = _counter_increase([p.ttft_count for p in polls])
-    ttft_s = _counter_increase([p.ttft_sum for p in polls])
-    itl_n = _counter_increase([p.itl_count for p in polls])
-    itl_s = _counter_increase([p.itl_sum for p in polls])
-    preempt = _counter_increase([p.preemptions_total for p in polls])
-    return {
-        "target": target, "polls": len(polls), "poll_errors": errors, "error": error,
-        "kv_usage_max": _r(max(kv)) if kv else None,
-        "preemptions": _r(preempt, 0) if preempt is not None else None,
-        "waiting_mean": _r(waiting_mean, 2), "waiting_max": _r(waiting_max, 2),
-        "running_mean": _r(running_mean, 2), "running_max": _r(running_max, 2),
-        "ttft_mean_s": _r(ttft_s / ttft_n) if ttft_n and ttft_s is not None else None,
-        "itl_mean_s": _r(itl_s / itl_n) if itl_n and itl_s is not None else None,
-        "verdict": mode, "verdict_last": last.verdict if last else None,
-        "verdicts": dict(verdicts.most_common()),
-        "evidence": list(last.evidence[:MAX_EVIDENCE_LINES]) if last else [],
-    }
-
-
-_WANTED = {"llm_kv_cache_usage_ratio": "kv_usage", "llm_requests_waiting": "waiting",
-           "llm_requests_running": "running", "llm_preemptions_total": "preemptions_total",
-           "llm_time_to_first_token_seconds_sum": "ttft_sum", "llm_time_to_first_token_seconds_count": "ttft_count",
-           "llm_inter_token_latency_seconds_sum": "itl_sum", "llm_inter_token_latency_seconds_count": "itl_count"}
-
-
-def read_metrics(text: str, target: str | None) -> dict[str, float]:
-    """The few exporter families a step needs, summed over the target's series (ranks, reasons)."""
-    from exporter.sources.engines.exposition import parse
-
-    out: dict[str, float] = {}
-    for name, labels, value, _ in parse(text, keep=frozenset(_WANTED).__contains__).samples:
-        if target is not None and dict(labels).get("target") != target:
-            continue
-        key = _WANTED[name]
-        # The exporter's own domains (a ratio in [0, 1], counts in [0, 1e18]); past them an answer is
-        # garbage, and an infinite or huge number would overflow the recommendation's arithmetic.
-        if 0.0 <= value <= (1.0 if key == "kv_usage" else MAX_SERVER_VALUE):
-            # A gauge per rank (TP) is the same engine's: KV usage is its max, the queue its sum.
-            out[key] = max(out.get(key, value), value) if key == "kv_usage" else out.get(key, 0.0) + value
-    return out
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def check_diagnosis(doc: object) -> Mapping[str, Any]:
-    """`doc` when the parts of /api/v1/diagnosis the load test reads have the shapes it reads them
-    as (exporter/shapes.py DIAGNOSIS); else RuntimeError naming the first part that does not, which
-    fails that poll in one line (a list where an object belongs made the sweep die with a traceback
-    and lose every step)."""
-    from exporter.shapes import DIAGNOSIS, ShapeError, check, kind
-
-    if not isinstance(doc, dict):
-        raise RuntimeError(f"exporter: /api/v1/diagnosis is {kind(doc)}, not a JSON object")
-    try:
-        check(doc, DIAGNOSIS)
-    except ShapeError as error:
-        raise RuntimeError(f"exporter: /api/v1/diagnosis: {error}") from None
-    return doc
-
-
-def server_number(value: object, ceiling: float = MAX_SERVER_VALUE) -> float | None:
-    """A number the exporter sent, when it is one in [0, ceiling]; else None (JSON's NaN and
-    Infinity, 1e999, a negative count, a boolean, a string)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer of 400 digits
-        return None
-    return number if 0.0 <= number <= ceiling else None
-
-
-def pick_target(diagnosis: Mapping[str, Any], wanted: str | None) -> str | None:
-    """The --target name, else the only target, else the busiest (most running) then the first by name."""
-    targets = diagnosis.get("targets") or {}
-    if not isinstance(targets, dict) or not targets:
-        return None
-    if wanted is not None:
-        return wanted if wanted in targets else None
-
-    def running(name: str) -> float:
-        entry = targets[name]
-        numbers = entry.get("numbers") if isinstance(entry, dict) else None
-        value = server_number(numbers.get("running")) if isinstance(numbers, dict) else None
-        return value or 0.0
-    return sorted(targets, key=lambda n: (-running(n), n))[0]
-
-
-def poll_from(diagnosis: Mapping[str, Any] | None, metrics: Mapping[str, float], target: str | None,
-              t: float) -> Poll:
-    targets = (diagnosis or {}).get("targets")
-    entry = targets.get(target or "") if isinstance(targets, dict) else None
-    entry = entry if isinstance(entry, dict) else {}
-    numbers = entry.get("numbers") if isinstance(entry.get("numbers"), dict) else {}
-
-    def number(key: str, fallback: str, ceiling: float = MAX_SERVER_VALUE) -> float | None:
-        value = metrics.get(key)
-        return server_number(numbers.get(fallback), ceiling) if value is None else value
-    raw_evidence = entry.get("evidence")
-    evidence = tuple(_clip(e, MAX_EVIDENCE_CHARS) for e in (raw_evidence if isinstance(raw_evidence, list) else ())
-                     if isinstance(e, str))[:MAX_EVIDENCE_LINES]
-    verdict = entry.get("verdict")
-    return Poll(t, verdict if isinstance(verdict, str) and len(verdict) <= MAX_VERDICT_CHARS else None, evidence,
-                number("kv_usage", "kv_usage_ratio", 1.0), number("waiting", "waiting"),
-                number("running", "running"), metrics.get("preemptions_total"), metrics.get("ttft_sum"),
-                metrics.get("ttft_count"), metrics.get("itl_sum"), metrics.get("itl_count"))
-
-
-class ExporterWatch:
-    """Polls one exporter's /api/v1/diagnosis and /metrics, each GET bounded in time and bytes, with
-    the engine scrapes' HTTP client (only these two URLs, no redirects)."""
-
-    def __init__(self, base_url: str, target: str | None = None, *, timeout_s: float = POLL_TIMEOUT_S,
-                 interval_s: float = POLL_INTERVAL_S) -> None:
-        from exporter.reach import exporter_base_url
-        from exporter.sources.engines.http import HttpClient
-
-        base = exporter_base_url(base_url)  # http://HOST:9480/metrics is taken as http://HOST:9480
-        self.base_url = base
-        self.target: str | None = target
-        self.interval_s = interval_s
-        self.headers = {"Accept": "application/json"}
-        self._diagnosis = HttpClient(base + "/api/v1/diagnosis", timeout_s=timeout_s)
-        self._metrics = HttpClient(base + "/metrics", timeout_s=timeout_s, headers={"Accept": "text/plain"})
-
-    async def poll(self, t: float) -> Poll:
-        """One reading; raises RuntimeError with a readable reason when the exporter did not answer
-        (an HTTP status as its code and phrase, never the body that came with it)."""
-        from exporter.reach import failure_words
-        from exporter.sources.base import SourceError
-
-        try:
-            body = await self._diagnosis.get(max_body=MAX_DIAGNOSIS_BYTES)
-            diagnosis = jsonsafe.loads(body)
-            text = (await self._metrics.get(max_body=MAX_METRICS_BYTES)).decode("utf-8", "replace")
-        except SourceError as error:
-            raise RuntimeError(f"exporter: {failure_words(error.reason, error.message, error.status)}") from None
-        except JsonTooDeep as error:
-            raise RuntimeError(f"exporter: /api/v1/diagnosis: {error}") from None
-        except ValueError:
-            raise RuntimeError("exporter: /api/v1/diagnosis is not JSON") from None
-        check_diagnosis(diagnosis)
-        if self.target is None:  # chosen once, so a step never mixes two targets' readings
-            self.target = pick_target(diagnosis, None)
-        return poll_from(diagnosis, read_metrics(text, self.target), self.target, t)
-
-    async def watch(self, start: float, end: float, clock: Callable[[], float]) -> dict[str, Any]:
-        """Poll from `start` to `end` (monotonic times of `clock`), one reading at each end; summarize."""
-        polls: list[Poll] = []
-        errors, last_error = 0, None
-        await asyncio.sleep(max(0.0, start - clock()))
-        next_at = start
-        while True:
-            now = clock()
-            try:
-                polls.append(await self.poll(now))
-            except RuntimeError as error:
-                errors, last_error = errors + 1, str(error)
-            except Exception as error:  # noqa: BLE001 - an answer no check foresaw fails this poll, not the sweep
-                errors, last_error = errors + 1, f"exporter: an answer that could not be read ({type(error).__name__})"
-            if now >= end:
-                break
-            next_at += self.interval_s
-            await asyncio.sleep(max(0.0, min(next_at, end) - clock()))
-        summary = server_summary(polls, errors, self.target, last_error if not polls else None)
-        summary["last_poll_error"] = last_error
-        return summary
-
-    async def aclose(self) -> None:
-        await self._diagnosis.aclose()
-        await self._metrics.aclose()
 
 
 # --- the workload --------------------------------------------------------------------------------
@@ -827,7 +417,7 @@ async def run_step(send: Send, workload: Workload, config: SweepConfig, level: f
                                f"polls failed, the last: {server.get('last_poll_error')}")
     # The load generator's own CPU (cores busy over the step): on the engine's host it is CPU the engine
     # did not have, which the planner needs to scale a CPU engine's threads (docs/planner.md).
-    record["client"] = {"cpu_cores": _r((time.process_time() - cpu_start) / max(1e-9, clock() - start), 4)}
+    record["client"] = {"cpu_cores": rounded((time.process_time() - cpu_start) / max(1e-9, clock() - start), 4)}
     return record
 
 
@@ -849,220 +439,22 @@ def step_record(stats: StepStats, config: SweepConfig, level: float, in_flight: 
         "mode": config.mode, "level": level,
         "concurrency": int(level) if config.mode == "concurrency" else None,
         "rate": level if config.mode == "rate" else None,
-        "started_at": round(started_at, 3), "elapsed_s": _r(elapsed, 3),
+        "started_at": round(started_at, 3), "elapsed_s": rounded(elapsed, 3),
         "requests": {"ok": stats.ok, "failed": failed, "failed_by_reason": dict(stats.failed.most_common()),
                      "dropped": stats.dropped, "recorded": len(stats.ttft.values)},
-        "in_flight": {"max": in_flight.max, "mean": _r(in_flight.mean(), 2)},
+        "in_flight": {"max": in_flight.max, "mean": rounded(in_flight.mean(), 2)},
         "latency_s": {"ttft": summarize(stats.ttft.values).as_dict(), "tpot": summarize(stats.tpot.values).as_dict(),
                       "itl": summarize(stats.itl.values).as_dict(), "e2e": summarize(stats.e2e.values).as_dict()},
-        "throughput": {"requests_per_s": _r(stats.window_done / span, 3),
-                       "input_tokens_per_s": _r(stats.window_input / span, 2),
-                       "output_tokens_per_s": _r(stats.window_output / span, 2),
+        "throughput": {"requests_per_s": rounded(stats.window_done / span, 3),
+                       "input_tokens_per_s": rounded(stats.window_input / span, 2),
+                       "output_tokens_per_s": rounded(stats.window_output / span, 2),
                        "input_tokens": stats.input_tokens, "output_tokens": stats.output_tokens},
-        "goodput": {"good": stats.good, "share": _r(stats.good / total, 4) if total else None,
-                    "requests_per_s": _r(stats.window_good / span, 3)},
+        "goodput": {"good": stats.good, "share": rounded(stats.good / total, 4) if total else None,
+                    "requests_per_s": rounded(stats.window_good / span, 3)},
         "server": server,
         "notes": notes,
     }
 
-
-# --- after the sweep: knee and recommendation ----------------------------------------------------
-
-def dig(step: Mapping[str, Any], *path: str) -> Any:
-    """step[path[0]][path[1]]..., None where a level is missing (a step's JSON may lack a part)."""
-    value: Any = step
-    for key in path:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(key)
-    return value
-
-
-def step_verdict(step: Mapping[str, Any]) -> str | None:
-    return dig(step, "server", "verdict")
-
-
-def level_words(step: Mapping[str, Any]) -> str:
-    if step.get("mode") == "rate":
-        return f"rate {step['level']:g}/s"
-    return f"concurrency {step['level']:g}"
-
-
-def tbt_p95(step: Mapping[str, Any]) -> tuple[float | None, str]:
-    """The step's time-between-tokens tail: ITL p95 (token gaps), else TPOT p95 (per request)."""
-    itl = dig(step, "latency_s", "itl", "p95")
-    if itl is not None:
-        return itl, "ITL"
-    return dig(step, "latency_s", "tpot", "p95"), "TPOT"
-
-
-def _rose(before: float | None, after: float | None, by: float) -> bool:
-    return before is not None and after is not None and after > before * (1 + by)
-
-
-def knee_reasons(prev: Mapping[str, Any] | None, step: Mapping[str, Any], ttft_slo_s: float,
-                 tbt_slo_s: float) -> list[str]:
-    """Why `step` is past the knee (empty: it is not)."""
-    reasons = []
-    tbt, what = tbt_p95(step)
-    if tbt is not None and tbt > tbt_slo_s:
-        reasons.append(f"TBT ({what}) p95 crossed {tbt_slo_s * 1000:g} ms ({tbt * 1000:.0f} ms)")
-    ttft = dig(step, "latency_s", "ttft", "p95")
-    if ttft is not None and ttft > ttft_slo_s:
-        reasons.append(f"TTFT p95 crossed {ttft_slo_s * 1000:g} ms ({ttft * 1000:.0f} ms)")
-    ok, failed = dig(step, "requests", "ok") or 0, dig(step, "requests", "failed") or 0
-    if ok + failed and failed / (ok + failed) > FAILED_SHARE_KNEE:
-        reasons.append(f"{failed} of {ok + failed} requests failed")
-    if prev is not None:
-        before = dig(prev, "throughput", "output_tokens_per_s")
-        after = dig(step, "throughput", "output_tokens_per_s")
-        slower = [name for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"))
-                  if _rose(dig(prev, "latency_s", key, "p50"), dig(step, "latency_s", key, "p50"), LATENCY_RISE)]
-        if before and after is not None and after < before * (1 + PLATEAU_GAIN) and slower:
-            reasons.append(f"output throughput rose only {(after / before - 1) * 100:+.0f}% "
-                           f"({before:.0f} -> {after:.0f} tok/s) while {' and '.join(slower)} p50 rose")
-    return reasons
-
-
-def find_knee(steps: Sequence[Mapping[str, Any]], ttft_slo_s: float, tbt_slo_s: float) -> dict[str, Any] | None:
-    """The first step past the knee, with why, and how the verdict moved across it."""
-    measured = [s for s in steps if _recorded(s)]
-    for i, step in enumerate(measured):
-        prev = measured[i - 1] if i else None
-        reasons = knee_reasons(prev, step, ttft_slo_s, tbt_slo_s)
-        if not reasons:
-            continue
-        before, at = (step_verdict(prev) if prev else None), step_verdict(step)
-        if prev is None:
-            moved = f"verdict {at}" if at else "no verdict from the exporter"
-        elif before == at:
-            moved = f"verdict stayed {at}" if at else "no verdict from the exporter"
-        else:
-            moved = f"verdict moved {before or 'unknown'} -> {at or 'unknown'}"
-        text = f"at {level_words(step)} {'; '.join(reasons)}; {moved}"
-        return {"index": steps.index(step), "level": step["level"], "reasons": reasons, "verdict_before": before,
-                "verdict_at": at, "text": text}
-    return None
-
-
-def _recorded(step: Mapping[str, Any]) -> bool:
-    """The step has requests to judge (ok or failed); one without says nothing about the knee."""
-    return bool((dig(step, "requests", "ok") or 0) + (dig(step, "requests", "failed") or 0))
-
-
-def _sequences(step: Mapping[str, Any]) -> float | None:
-    """Concurrent sequences the engine held in a step: its running max from the exporter, else
-    the client's in-flight max."""
-    running = dig(step, "server", "running_max")
-    if running:
-        return float(running)
-    flight = dig(step, "in_flight", "max")
-    return float(flight) if flight else None
-
-
-def _step_capacity(step: Mapping[str, Any]) -> int | None:
-    """A step as a max-concurrency figure: its concurrency (closed loop), else its sequences."""
-    if step.get("mode") == "concurrency":
-        return int(step["level"])
-    seqs = _sequences(step)
-    return int(seqs) if seqs else None
-
-
-def kv_recommendation(steps: Sequence[Mapping[str, Any]], watermark: float = KV_WATERMARK) -> dict[str, Any]:
-    """Max concurrency that keeps the KV cache under `watermark`: measured (the largest step whose
-    KV watermark stayed under it) when some step reached it, else extrapolated linearly from KV
-    usage per running sequence (least squares through the origin over the steps)."""
-    known = [s for s in steps if dig(s, "server", "kv_usage_max") is not None]
-    if not known:
-        return {"method": None, "max_concurrency": None, "kv_per_sequence": None,
-                "text": "no KV usage from the exporter: no KV-based limit"}
-    reached = [s for s in known if s["server"]["kv_usage_max"] >= watermark]
-    under = [s for s in known if s["server"]["kv_usage_max"] < watermark]
-    if reached:
-        if not under:
-            return {"method": "measured", "max_concurrency": None, "kv_per_sequence": None,
-                    "text": f"every step reached {watermark:.0%} KV usage: below the first step tested"}
-        best = max(under, key=lambda s: s["level"])
-        limit = _step_capacity(best)
-        return {"method": "measured", "max_concurrency": limit, "kv_per_sequence": None,
-                "text": f"{level_words(best)} is the largest step whose KV usage watermark stayed under "
-                        f"{watermark:.0%} ({best['server']['kv_usage_max']:.0%})"}
-    points = [(seqs, s["server"]["kv_usage_max"]) for s in known if (seqs := _sequences(s))]
-    sxx = sum(x * x for x, _ in points)
-    slope = sum(x * y for x, y in points) / sxx if sxx else 0.0
-    if slope <= 0:
-        return {"method": "extrapolated", "max_concurrency": None, "kv_per_sequence": 0.0,
-                "text": "KV usage did not grow with running sequences: no KV-based limit"}
-    limit = int(watermark / slope)
-    peak = max(known, key=lambda s: s["server"]["kv_usage_max"])
-    return {"method": "extrapolated", "max_concurrency": limit, "kv_per_sequence": _r(slope, 6),
-            "text": f"no step reached {watermark:.0%} KV usage (peak {peak['server']['kv_usage_max']:.0%}); "
-                    f"at {slope:.2%} of the cache per running sequence, {watermark:.0%} is about {limit} "
-                    "sequences (linear extrapolation)"}
-
-
-def slo_recommendation(steps: Sequence[Mapping[str, Any]], knee: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Max concurrency from the knee: the last step before it."""
-    steps = [s for s in steps if _recorded(s)]
-    if not steps:
-        return {"max_concurrency": None, "bounded": False, "text": "no step recorded a request"}
-    if knee is None:
-        top = max(steps, key=lambda s: s["level"])
-        return {"max_concurrency": _step_capacity(top), "bounded": False,
-                "text": f"no knee up to {level_words(top)}: at least that much meets the SLOs"}
-    at = next(i for i, s in enumerate(steps) if s["level"] == knee["level"])
-    if at == 0:
-        return {"max_concurrency": None, "bounded": True,
-                "text": f"the first step ({level_words(steps[0])}) is already past the knee: test lower"}
-    prev = steps[at - 1]
-    return {"max_concurrency": _step_capacity(prev), "bounded": True,
-            "text": f"{level_words(prev)}, the last step before the knee"}
-
-
-def recommend(steps: Sequence[Mapping[str, Any]], knee: Mapping[str, Any] | None,
-              watermark: float = KV_WATERMARK) -> dict[str, Any]:
-    """The max concurrency that follows from what was measured: a knee (the last step before it), or
-    a step whose KV usage reached the watermark (the largest one under it); the smaller when both.
-    An extrapolated KV figure alone is no limit: no step ran there. Without a measured limit there is
-    no number, only what the sweep showed and which levels to test next."""
-    kv = kv_recommendation(steps, watermark)
-    slo = slo_recommendation(steps, knee)
-    measured = [(kv["max_concurrency"], "KV watermark")] if kv["method"] == "measured" and kv["max_concurrency"] \
-        else []
-    if slo["bounded"] and slo["max_concurrency"]:
-        measured.append((slo["max_concurrency"], "SLO knee"))
-    next_levels = _next_levels(steps, slo, kv)
-    if measured:
-        best = min(limit for limit, _ in measured)
-        which = " and ".join(name for limit, name in measured if limit == best)
-        text = (f"max concurrency {best} per replica (vLLM --max-num-seqs {best}, SGLang --max-running-requests "
-                f"{best}), set by the {which}. KV: {kv['text']}. SLO: {slo['text']}.")
-        return {"max_concurrency": best, "max_num_seqs": best, "kv": kv, "slo": slo, "next_levels": [],
-                "text": text}
-    if slo["max_concurrency"] and not slo["bounded"]:
-        text = (f"none yet: every step up to {slo['max_concurrency']} met the SLOs and no step reached "
-                f"{watermark:.0%} KV usage, so the limit is above what was tested. KV: {kv['text']}. "
-                + (f"Test higher: --concurrency {','.join(str(level) for level in next_levels)}." if next_levels
-                   else "Test higher levels."))
-    else:
-        text = "no recommendation: " + "; ".join((kv["text"], slo["text"]))
-    return {"max_concurrency": None, "max_num_seqs": None, "kv": kv, "slo": slo, "next_levels": next_levels,
-            "text": text}
-
-
-def _next_levels(steps: Sequence[Mapping[str, Any]], slo: Mapping[str, Any], kv: Mapping[str, Any]) -> list[int]:
-    """Levels to test after a sweep that found no limit: doubling from the highest step tested, up to
-    the KV estimate (at most four; a first step past the knee asks for lower ones instead)."""
-    tested = slo.get("max_concurrency")
-    if not tested or slo.get("bounded"):
-        return []
-    ceiling = kv["max_concurrency"] if kv["method"] == "extrapolated" and kv["max_concurrency"] else tested * 16
-    levels: list[int] = []
-    level = tested
-    while len(levels) < 4 and level < ceiling:
-        level = min(level * 2, ceiling)
-        levels.append(int(level))
-    return levels
 
 
 # --- the sweep -----------------------------------------------------------------------------------
@@ -1094,7 +486,7 @@ async def run_sweep(send: Send, workload: Workload, config: SweepConfig, *, watc
             stopped = _stopped_in_step("interrupted", "interrupted", i, config)
             break
         except Exception as error:  # noqa: BLE001 - the steps done are kept and the reason said in one line
-            stopped = _stopped_in_step("error", f"{type(error).__name__}: {_clip(str(error), 200)}", i, config)
+            stopped = _stopped_in_step("error", f"{type(error).__name__}: {clip(str(error), 200)}", i, config)
             break
         step["index"] = i
         steps.append(step)
@@ -1147,23 +539,6 @@ def conclude(steps: Sequence[Mapping[str, Any]], config: SweepConfig) -> tuple[d
         return None, no_recommendation(f"no recommendation: it could not be computed ({type(error).__name__})")
 
 
-def no_recommendation(why: str) -> dict[str, Any]:
-    """The recommendation block of a sweep that measured nothing to recommend from."""
-    return {"max_concurrency": None, "max_num_seqs": None, "next_levels": [], "text": why,
-            "kv": {"method": None, "max_concurrency": None, "kv_per_sequence": None, "text": why},
-            "slo": {"max_concurrency": None, "bounded": False, "text": why}}
-
-
-def succeeded(report: Mapping[str, Any]) -> bool:
-    """Whether any request of the sweep succeeded."""
-    return any(dig(s, "requests", "ok") for s in report.get("steps") or ())
-
-
-def _r(value: float | None, digits: int = 6) -> float | None:
-    if value is None or not math.isfinite(value):
-        return None
-    return round(value, digits)
-
 
 # --- sending through the probe's client ----------------------------------------------------------
 
@@ -1181,4 +556,3 @@ def make_sender(url: str, *, api: str, model: str | None, timeout_s: float,
                                        limits=StreamLimits.for_tokens(
                                            spec.max_tokens, connect_timeout_s=min(timeout_s, CONNECT_TIMEOUT_S)))
     return send, resolver.close
-

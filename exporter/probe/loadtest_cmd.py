@@ -22,17 +22,17 @@ from exporter.probe.loadtest import (
     MAX_TOKENS_LIMIT,
     STOPPED_BETWEEN_STEPS,
     DatasetError,
-    ExporterWatch,
-    StepStats,
     SweepConfig,
     Workload,
     is_loopback,
     load_dataset,
     make_sender,
     run_sweep,
-    succeeded,
     usable_cpus,
 )
+from exporter.probe.loadtest_knee import succeeded
+from exporter.probe.loadtest_stats import StepStats
+from exporter.probe.loadtest_watch import ExporterWatch
 from exporter.slo import TBT, TTFT
 
 DESCRIPTION = ("Sweep concurrency (closed loop) or request rate (open loop) against an OpenAI-compatible "

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter.derive.bottleneck import VERDICT_WORDS
-from exporter.probe.loadtest import NO_SUCCESS, dig, succeeded
+from exporter.probe.loadtest_knee import NO_SUCCESS, dig, succeeded
 
 # --- the JSON schema (docs/loadtest.md shows it) -------------------------------------------------
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from exporter.catalog import engine as engine_catalog
 from exporter.logstate import MAX_QUOTED_CHARS, STATE_LOG_BURST, STATE_LOG_INTERVAL_S
-from exporter.sources.engines.normalize import ABSENT_MODELS, MAX_PAGE_FAMILIES, MAX_PAGE_NAMES, MAX_RANK, REASONS
+from exporter.sources.engines.normalize import ABSENT_MODELS, MAX_RANK, REASONS
+from exporter.sources.engines.page import MAX_PAGE_FAMILIES, MAX_PAGE_NAMES
 from exporter.sources.engines.registry import DETECTION_ORDER, KINDS, SPECS, YIELDS_TO, coverage
 from exporter.sources.engines.table import Alias, EngineSpec, Product, Term, When
 

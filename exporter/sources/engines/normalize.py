@@ -1,7 +1,10 @@
 """Engine exposition -> the normalized `llm_*` schema (exporter/catalog/engine.py): the plain pass.
 
 The per-engine modules are data (table.py explains the vocabulary) and registry.py says which exist
-and how a page is recognised; this module interprets them:
+and how a page is recognised. The pass that interprets them is this module; its parts live beside
+it: page.py reads a page (steps 1 and 2), alias_tables.py compiles the engine tables it runs on,
+histograms.py formats bucket bounds and checks a merged histogram, drops.py names the drop
+reasons and state.py holds what a target keeps across cycles. The steps:
 
 1. detect the engine kind (registry.detect_kind: a few substring checks on the raw page, no parsing),
    and pick the kind's table variant by the page conditions (`when`: HELP texts the parser does not
@@ -35,46 +38,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
-from decimal import Decimal, InvalidOperation
+from dataclasses import dataclass, field
 from operator import itemgetter
 from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
-from prometheus_client.utils import floatToGoString
-
 from exporter.catalog import engine as engine_catalog
 from exporter.catalog.base import MAX_VALUE
 from exporter.snapshot import Labels, Sample
-from exporter.sources.engines.accounting import MAX_MEMO_NAMES, FamilyAccount, account
-from exporter.sources.engines.exposition import (
-    MAX_CACHED_CHARS,
-    PAIR_OVERHEAD,
-    Exposition,
-    ExpositionError,
-    LabelCache,
-    TooManyNames,
-    parse,
+from exporter.sources.engines.accounting import FamilyAccount
+from exporter.sources.engines.alias_tables import Route, Slot, Table, TermRoute
+from exporter.sources.engines.drops import (
+    CARDINALITY,
+    DUPLICATE,
+    FAULT_NOTES,
+    NEGATIVE_COUNTER,
+    NON_FINITE,
+    OUT_OF_RANGE,
+    VALUE_FAULTS,
 )
-from exporter.sources.engines.registry import KINDS, SPECS, YIELDS_TO, detect_kind, flavor, matches, role
-from exporter.sources.engines.table import Alias, EngineSpec, Product, When, Where
+from exporter.sources.engines.histograms import BAD_LE_TEXT, histogram_fault
+from exporter.sources.engines.page import Page, read_page
+from exporter.sources.engines.registry import flavor, role
+from exporter.sources.engines.state import Entry, NormalizerState, labels_chars
+from exporter.sources.engines.table import EngineSpec, Product
 
-__all__ = [
-    "TABLES",
-    "ExpositionError",
-    "NormalizedScrape",
-    "NormalizerState",
-    "Page",
-    "TooManyFamiliesError",
-    "Pass",
-    "Table",
-    "Trace",
-    "UnknownEngineError",
-    "full_pass",
-    "normalize",
-    "read_page",
-    "scrape_of",
-]
+__all__ = ["NormalizedScrape", "Pass", "Trace", "full_pass", "minimum_note", "normalize", "scrape_of"]
 
 REASONS = frozenset(engine_catalog.FINISH_REASONS)
 """Finish reasons kept as is (after the table's own `reasons`); anything else becomes `other`."""
@@ -84,214 +73,6 @@ MAX_RANK = 1024
 ABSENT_MODELS = frozenset({"", "undefined", "None"})
 """Model label values that mean "no model" (trtllm-serve's first release printed `undefined`)."""
 MAX_NOTES = 16
-MAX_PAGE_FAMILIES = 5_000
-"""Native families one page may have (TYPE declarations and sample names less their suffixes); a
-page with more is refused (`too_many_families`). The largest real pages have 92 (vLLM 0.32, live)
-to 263 (vLLM 0.34 with every feature on); every family costs CPU to parse and account for whatever
-its size, and 100k one-sample families (1.1 MB, far under the payload cap) cost 4 s a scrape."""
-NAMES_PER_FAMILY = 5
-"""A family prints at most this many distinct names: a histogram's TYPE, _bucket, _sum, _count and
-_created (a counter's TYPE, _total and _created are three)."""
-MAX_PAGE_NAMES = MAX_PAGE_FAMILIES * NAMES_PER_FAMILY
-"""The parser stops a page at this many distinct declared and dropped names, before it reads the
-rest: a family bomb costs the parse of this many lines, not of the page."""
-MAX_MAPPED_LABEL_SETS = 20_000
-MAX_MAPPED_LABEL_CHARS = MAX_CACHED_CHARS
-"""The route caches are cleared past this many bytes (about) of engine label sets and entries:
-they keep label tuples alive after the parser's cache has let them go."""
-MAX_LE_FORMATS = 4_096
-MAX_CACHED_LE_LENGTH = 64
-"""Bucket bounds longer than this (no float needs more than 24 characters) are formatted every
-time, not cached."""
-_HISTOGRAM_PARTS = ("_bucket", "_sum", "_count")
-_PAIR_BYTES = PAIR_OVERHEAD
-_ENTRY_BYTES = 600
-"""About what an Entry adds besides its key: its out and group label tuples, parts, dict slot."""
-
-# Reasons of NormalizedScrape.drops (with the parser's label-limit reasons): the `reason` label of
-# llm_exporter_series_dropped_total.
-CARDINALITY = "cardinality"
-NON_FINITE = "non_finite"
-NEGATIVE_COUNTER = "negative_counter"
-HISTOGRAM_BAD_LE = "histogram_bad_le"
-HISTOGRAM_NO_INF = "histogram_no_inf"
-HISTOGRAM_INCOMPLETE = "histogram_incomplete"
-HISTOGRAM_NOT_MONOTONIC = "histogram_not_monotonic"
-HISTOGRAM_COUNT_MISMATCH = "histogram_count_mismatch"
-HISTOGRAM_FRACTIONAL = "histogram_fractional_count"
-OUT_OF_RANGE = "out_of_range"
-DUPLICATE = "duplicate"
-_FAULT_NOTES: Mapping[str, str] = MappingProxyType({
-    NON_FINITE: "a non-finite", NEGATIVE_COUNTER: "a negative", HISTOGRAM_BAD_LE: "a bad le in a",
-    HISTOGRAM_NO_INF: "an incomplete (no +Inf bucket)", HISTOGRAM_INCOMPLETE: "an incomplete (no _count or _sum)",
-    HISTOGRAM_NOT_MONOTONIC: "a non-monotonic (counts fall as le rises)",
-    HISTOGRAM_COUNT_MISMATCH: "an inconsistent (_count is not the +Inf bucket)",
-    HISTOGRAM_FRACTIONAL: "a fractional-count",
-    OUT_OF_RANGE: "an out-of-range", DUPLICATE: "a duplicated",
-})
-_VALUE_FAULTS = frozenset({NEGATIVE_COUNTER, HISTOGRAM_NOT_MONOTONIC, HISTOGRAM_COUNT_MISMATCH, HISTOGRAM_FRACTIONAL,
-                           OUT_OF_RANGE})
-"""Faults decided by values that a plan's keys and mask do not fix: a page with one is not planned."""
-_BAD_LE_TEXT = "bad"
-"""The `le` of a bucket whose bound is not a number, until its histogram is dropped whole."""
-_INF = math.inf
-
-
-class UnknownEngineError(ValueError):
-    """The page matches no known engine (and no kind was configured)."""
-
-
-class TooManyFamiliesError(ValueError):
-    """The page has more than MAX_PAGE_FAMILIES native families: refused whole."""
-
-    def __init__(self, families: int | None = None) -> None:
-        counted = f"{families} families" if families is not None else f"more than {MAX_PAGE_NAMES} metric names"
-        super().__init__(f"the page has {counted}, over the budget of {MAX_PAGE_FAMILIES} families (real "
-                         "engines print 100-300): none of it is read")
-
-
-# ---------------------------------------------------------------------------------------------
-# Compiled tables: built once at import from the immutable engine specs.
-
-Slot = tuple[str, int]
-"""(normalized family, alias priority): where the candidates of one alias priority are collected."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Route:
-    """How one engine sample name feeds one normalized sample name."""
-
-    index: int  # 0 .. Table.route_count - 1: its label cache in NormalizerState.route_entries
-    slot: Slot
-    name: str  # normalized sample name (family + part)
-    part: str  # "", "_bucket", "_sum" or "_count"
-    summed: bool  # counters and histogram parts add up on merge; gauges take the max
-    scale: float
-    scaled: bool  # the value itself is converted (not for bucket counts or `_count`)
-    where: Where | None
-    reason: str | None
-    tier: str | None
-    minimum: float | None
-    source: str
-
-
-@dataclass(frozen=True, slots=True)
-class TermRoute:
-    product: int
-    term: int
-    where: Where | None
-    label: str | None
-    summed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Table:
-    """One engine kind's compiled table (or one variant of it, by page conditions)."""
-
-    spec: EngineSpec
-    route_count: int
-    keep: frozenset[str]
-    routes: Mapping[str, tuple[_Route, ...]]
-    terms: Mapping[str, tuple[TermRoute, ...]]
-    types: Mapping[str, str]
-    ceilings: Mapping[str, float]
-    """Family -> its largest valid value (catalog Family.ceiling); every family's smallest is 0."""
-    key: str = ""
-    """The table's identity in a plan: the kind, plus the page conditions (`when`) found."""
-    conditions: tuple[str, ...] = ()
-    """The `when` substrings of the spec's aliases and products (on the kind's base table)."""
-    variants: Mapping[frozenset[str], Table] | None = None
-    """Conditions found on a page -> the table for it (on the base table; None without conditions)."""
-
-
-def _alias_routes(source: str, alias: Alias, first_index: int) -> list[tuple[str, _Route]]:
-    parts = _HISTOGRAM_PARTS if alias.type == "histogram" else ("",)
-    routes = []
-    for offset, part in enumerate(parts):
-        routes.append((source + part, _Route(
-            index=first_index + offset, slot=(alias.family, alias.priority), name=alias.family + part, part=part,
-            summed=alias.type != "gauge", scale=alias.scale, scaled=part in ("", "_sum"),
-            where=alias.where, reason=alias.reason, tier=alias.tier, minimum=alias.minimum, source=source,
-        )))
-    return routes
-
-
-def _applies(when: When | None, present: frozenset[str] | None) -> bool:
-    return when is None or present is None or (when[0] in present) == when[1]
-
-
-def _compile(spec: EngineSpec, present: frozenset[str] | None = None) -> Table:
-    """The table of `spec` for pages on which exactly the `present` conditions occur; with None,
-    every alias and product (the base table: its `keep`, the union, serves every variant, so the
-    parser's caches survive a change of variant)."""
-    families = {fam.name: fam.type for fam in engine_catalog.FAMILIES}
-    ceilings = {fam.name: fam.ceiling for fam in engine_catalog.FAMILIES}
-    routes: dict[str, list[_Route]] = {}
-    names: set[str] = set()
-    types: dict[str, str] = {}
-    count = 0
-    for source, alias in spec.alias_items():
-        if families.get(alias.family) != alias.type:
-            raise ValueError(f"{spec.kind}: {source} -> {alias.family} ({alias.type}) not in the catalogue")
-        types[alias.family] = alias.type
-        # Route indexes do not depend on the variant: the state's per-route caches fit them all.
-        for sample_name, route in _alias_routes(source, alias, count):
-            names.add(sample_name)
-            if _applies(alias.when, present):
-                routes.setdefault(sample_name, []).append(route)
-            count += 1
-    terms: dict[str, list[TermRoute]] = {}
-    for index, product in enumerate(spec.products):
-        if families.get(product.family) != product.type or product.type == "histogram":
-            raise ValueError(f"{spec.kind}: product {product.family} ({product.type}) not in the catalogue")
-        types[product.family] = product.type
-        for position, term in enumerate(product.terms):
-            names.add(term.source)
-            if not _applies(product.when, present):
-                continue
-            summed = product.type == "counter" and term.label is None
-            terms.setdefault(term.source, []).append(
-                TermRoute(index, position, term.where, term.label, summed))
-    conditions = tuple(sorted({item.when[0] for item in (*(a for _, a in spec.alias_items()), *spec.products)
-                               if item.when is not None}))
-    return Table(
-        spec=spec,
-        route_count=count,
-        keep=frozenset(names),
-        routes=MappingProxyType({k: tuple(v) for k, v in routes.items()}),
-        terms=MappingProxyType({k: tuple(v) for k, v in terms.items()}),
-        types=MappingProxyType(types),
-        ceilings=MappingProxyType({family: ceilings[family] for family in types}),
-        key=spec.kind + "".join(f"|{condition!r}" for condition in sorted(present or ())),
-        conditions=conditions,
-    )
-
-
-def _compile_kind(spec: EngineSpec) -> Table:
-    unknown = sorted({name for _, name in spec.roles} - set(engine_catalog.ROLES))
-    if unknown:
-        raise ValueError(f"{spec.kind}: roles {unknown} not in {engine_catalog.ROLES}")
-    base = _compile(spec)
-    if not base.conditions:
-        return base
-    if len(base.conditions) > 4:
-        raise ValueError(f"{spec.kind}: too many page conditions ({len(base.conditions)})")
-    variants = {}
-    for mask in range(1 << len(base.conditions)):
-        present = frozenset(c for bit, c in enumerate(base.conditions) if mask >> bit & 1)
-        variants[present] = replace(_compile(spec, present), keep=base.keep)
-    return replace(base, variants=MappingProxyType(variants))
-
-
-def table_for(kind: str, text: str) -> Table:
-    """The kind's table for this page: one substring scan per page condition of the kind."""
-    base = TABLES[kind]
-    if base.variants is None:
-        return base
-    return base.variants[frozenset(c for c in base.conditions if c in text)]
-
-
-TABLES: Mapping[str, Table] = MappingProxyType({kind: _compile_kind(spec) for kind, spec in SPECS.items()})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,89 +102,6 @@ class NormalizedScrape:
     """The instance's PD role as the page names it (catalog ROLES), None when it does not."""
 
 
-class Entry(NamedTuple):
-    """What one engine label set becomes under one route (NormalizerState's route caches)."""
-
-    out: Labels
-    group: Labels
-    """The labels of its whole series (without `le`): how histogram parts are kept together."""
-    model: str | None
-    parts: tuple[str | None, str | None, str | None, str | None]
-    """(rank, reason, le, tier): to rebuild the labels once the page's model is known."""
-
-
-class NormalizerState:
-    """Per-target memory kept across cycles: the parser's label cache, what each engine label set
-    becomes under each alias (so a label set seen last cycle costs one dict lookup), and the last
-    detected kind (checked first, so detection costs one or two substring scans once a target is
-    known, and a page that momentarily lacks its markers keeps its kind), and replay.py's memo of
-    the last page (None for the plain pass). Every cache is bounded and simply cleared when full."""
-
-    __slots__ = ("_entries", "_entries_for", "_entry_chars", "_entry_count", "_families", "_le", "label_cache",
-                 "last_kind", "memo")
-
-    def __init__(self) -> None:
-        self.label_cache = LabelCache()
-        self.last_kind: str | None = None
-        self._entries: list[dict[Labels, Entry | bool | None]] = []
-        self._entries_for: tuple[str, str] | None = None
-        """(kind, target) the route caches are for."""
-        self._entry_count = 0
-        self._entry_chars = 0
-        self._le: dict[tuple[str, float], str | None] = {}
-        # replay.py's Memo of the last page. Opaque here: the plain pass neither reads nor needs it,
-        # and replay.py builds on this module, not the other way round.
-        self.memo: object | None = None
-        self._families: tuple[tuple, FamilyAccount] | None = None
-
-    def families(self, kind: str, exposition: Exposition) -> FamilyAccount:
-        """The page's family account; the last one is kept while the page's names repeat."""
-        names = {sample[0] for sample in exposition.samples}
-        names |= exposition.dropped_names
-        declared = exposition.types.keys()
-        if len(names) + len(declared) > MAX_MEMO_NAMES:
-            return account(SPECS[kind], declared, names)
-        key = (kind, frozenset(declared), frozenset(names))
-        if self._families is None or self._families[0] != key:
-            self._families = (key, account(SPECS[kind], declared, names))
-        return self._families[1]
-
-    def route_entries(self, kind: str, target: str, route_count: int) -> list[dict[Labels, Entry | bool | None]]:
-        """One dict per route of `kind`: engine labels -> mapped entry (see Pass._entry)."""
-        if (self._entries_for != (kind, target) or self._entry_count >= MAX_MAPPED_LABEL_SETS
-                or self._entry_chars >= MAX_MAPPED_LABEL_CHARS):
-            self._entries = [{} for _ in range(route_count)]
-            self._entries_for = (kind, target)
-            self._entry_count = 0
-            self._entry_chars = 0
-        return self._entries
-
-    def counted(self, added: int, chars: int) -> None:
-        self._entry_count += added
-        self._entry_chars += chars
-
-    def room(self) -> int:
-        """How many more label sets the route caches may take before the next clear. A page with
-        more distinct label sets than that (a cardinality bomb) maps the rest without caching them,
-        so what the state keeps between cycles stays bounded by MAX_MAPPED_LABEL_SETS."""
-        return max(0, MAX_MAPPED_LABEL_SETS - self._entry_count)
-
-    def chars_room(self) -> int:
-        """Likewise in characters of label values: bounded by MAX_MAPPED_LABEL_CHARS."""
-        return max(0, MAX_MAPPED_LABEL_CHARS - self._entry_chars)
-
-    def format_le(self, raw: str, scale: float) -> str | None:
-        if len(raw) > MAX_CACHED_LE_LENGTH:
-            return _format_le(raw, scale)
-        key = (raw, scale)
-        formatted = self._le.get(key, "")
-        if formatted == "":
-            if len(self._le) >= MAX_LE_FORMATS:
-                self._le.clear()
-            formatted = self._le[key] = _format_le(raw, scale)
-        return formatted
-
-
 def normalize(
     text: str,
     *,
@@ -426,35 +124,6 @@ def full_pass(page: Page, state: NormalizerState, target: str, max_series: int,
     samples, dropped = run.finish(max_series)
     return run, scrape_of(page, run.model, samples, run.unmapped, dropped, run.drops, run.notes)
 
-
-@dataclass(slots=True)
-class Page:
-    """One page detected and parsed: what a pass (or a replay) starts from."""
-
-    text: str
-    kind: str
-    table: Table
-    exposition: Exposition
-    notes: dict[str, None]
-    """Notes so far (detection's), in order: a dict as an ordered set."""
-    families: FamilyAccount = field(default_factory=FamilyAccount)
-
-
-def read_page(text: str, kind: str | None, state: NormalizerState) -> Page:
-    """Steps 1 and 2: the page's kind and table variant, and its parse (only the mapped names)."""
-    notes: dict[str, None] = {}
-    kind = _resolve_kind(text, kind, state, notes)
-    table = table_for(kind, text)
-    try:
-        exposition = parse(text, keep=table.keep.__contains__, label_cache=state.label_cache,
-                           max_names=MAX_PAGE_NAMES)
-    except TooManyNames:
-        raise TooManyFamiliesError() from None
-    families = state.families(kind, exposition)
-    counted = families.mapped + families.ignored + families.unaccounted
-    if counted > MAX_PAGE_FAMILIES:
-        raise TooManyFamiliesError(counted)
-    return Page(text, kind, table, exposition, notes, families)
 
 
 def scrape_of(page: Page, model: str | None, samples: tuple[Sample, ...], unmapped: int, dropped: int,
@@ -483,62 +152,7 @@ _NO_DROPS: Mapping[str, int] = MappingProxyType({})
 
 
 # ---------------------------------------------------------------------------------------------
-# Detection (registry.py has the markers and the order)
-
-
-def _resolve_kind(text: str, kind: str | None, state: NormalizerState, notes: dict[str, None]) -> str:
-    if kind is not None:
-        if kind not in SPECS:
-            raise UnknownEngineError(f"unknown engine kind {kind!r}; expected one of {', '.join(KINDS)}")
-        state.last_kind = kind
-        return kind
-    last = state.last_kind
-    if last is not None and matches(text, last) and not any(
-            matches(text, specific) for specific in YIELDS_TO.get(last, ())):
-        return last
-    detected = detect_kind(text)
-    if detected is None:
-        if last is None:
-            # An HTML error page or garbage is a parse failure, not an unknown engine: say so.
-            try:
-                parse(text, keep=_keep_nothing, max_names=MAX_PAGE_NAMES)
-            except TooManyNames:
-                raise TooManyFamiliesError() from None
-            raise UnknownEngineError("the page matches no known engine (" + ", ".join(KINDS) + ")")
-        notes[f"no {last} metric names on the page; kept the last detected kind"] = None
-        return last
-    if last is not None and detected != last:
-        notes[f"engine kind changed from {last} to {detected}"] = None
-    state.last_kind = detected
-    return detected
-
-
-def _keep_nothing(_name: str) -> bool:
-    return False
-
-
-# ---------------------------------------------------------------------------------------------
 # Label and value mapping
-
-
-def _format_le(raw: str, scale: float) -> str | None:
-    """Prometheus float formatting of a bucket bound after unit conversion ("0.001", "2.5", "1.0",
-    "+Inf"): what Prometheus 3 normalizes `le` to, so "1" and "1.0" are one series. Decimal keeps
-    "250" ms exactly "0.25" s."""
-    try:
-        number = float(raw)
-    except ValueError:
-        return None
-    if math.isnan(number):
-        return None
-    if math.isinf(number):
-        return floatToGoString(number)
-    if scale != 1.0:
-        try:
-            number = float(Decimal(raw.strip()) * Decimal(repr(scale)))
-        except InvalidOperation:
-            number *= scale
-    return floatToGoString(number)
 
 
 def _bound_rank(value: str) -> str:
@@ -691,10 +305,10 @@ class Pass:
         if len(self.notes) < MAX_NOTES:
             self.notes[text] = None
 
-    def _entry(self, route: _Route, labels: Labels) -> Entry | bool | None:
+    def _entry(self, route: Route, labels: Labels) -> Entry | bool | None:
         """What a label set becomes under a route: None when the route does not apply (selector,
         bucket without le), _SKIP for a rank copy, else its Entry. A bucket whose bound is not a
-        number gets le=_BAD_LE_TEXT, so that its whole histogram is dropped by finish()."""
+        number gets le=BAD_LE_TEXT, so that its whole histogram is dropped by finish()."""
         mapped = _map_labels(labels, self.table.spec)
         if mapped is None:
             return _SKIP
@@ -706,7 +320,7 @@ class Pass:
                 return None
             le = self.state.format_le(le, route.scale)
             if le is None:
-                le = _BAD_LE_TEXT
+                le = BAD_LE_TEXT
         else:
             le = None
         reason = (reason or route.reason) if route.reason is not None else None
@@ -744,7 +358,7 @@ class Pass:
                     if added < room and added_chars < chars_room:
                         cache[labels] = entry
                         added += 1
-                        added_chars += _labels_chars(labels)
+                        added_chars += labels_chars(labels)
                 if not entry:
                     skipped = skipped or entry is _SKIP
                     continue
@@ -795,7 +409,7 @@ class Pass:
                 mapped = _map_labels(labels, self.table.spec)
                 if conflicting and index in conflicting:
                     used = True
-                    self.note(f"dropped {_FAULT_NOTES[DUPLICATE]} {name} (a product's term)")
+                    self.note(f"dropped {FAULT_NOTES[DUPLICATE]} {name} (a product's term)")
                     self.drop(DUPLICATE)
                     self.invalid = True
                 elif mapped is None:
@@ -987,14 +601,14 @@ class Pass:
             bucket = self.candidates.get(slot)
             if bucket is not None:
                 bucket.pop((name, labels), None)
-            self.note(f"dropped {_FAULT_NOTES[DUPLICATE]} {slot[0]} series")
+            self.note(f"dropped {FAULT_NOTES[DUPLICATE]} {slot[0]} series")
             self.drop(DUPLICATE)
         for slot, doomed_groups in groups.items():
             bucket = self.candidates.get(slot, {})
             doomed = [key for key in bucket if self.group_of.get(key) in doomed_groups]
             for key in doomed:
                 del bucket[key]
-            self.note(f"dropped {_FAULT_NOTES[DUPLICATE]} {slot[0]} histogram")
+            self.note(f"dropped {FAULT_NOTES[DUPLICATE]} {slot[0]} histogram")
             self.drop(DUPLICATE, len(doomed_groups))
 
     def _emit_histograms(self, slot: Slot, chosen: dict, samples: list[Sample], max_series: int) -> int:
@@ -1012,12 +626,12 @@ class Pass:
                 members.append((key, value))
         dropped = 0
         for members in groups.values():
-            fault = _histogram_fault(family, members)
+            fault = histogram_fault(family, members)
             if fault is not None:
-                self.note(f"dropped {_FAULT_NOTES[fault]} {family} histogram")
+                self.note(f"dropped {FAULT_NOTES[fault]} {family} histogram")
                 self.drop(fault, len(members))
                 # The others follow from the page's keys and non-finite mask, which a plan fits.
-                self.invalid = self.invalid or fault in _VALUE_FAULTS
+                self.invalid = self.invalid or fault in VALUE_FAULTS
                 continue
             if len(samples) + len(members) > max_series:
                 dropped += len(members)
@@ -1053,55 +667,3 @@ def _duplicates(samples: list) -> Duplicates:
         else:
             repeats.update(indexes[1:])
     return Duplicates(frozenset(conflicting), frozenset(repeats))
-
-
-def _labels_chars(labels: Labels) -> int:
-    """Approximate bytes a cached label set and its Entry hold, for the route caches' bound: the
-    names and values, each pair's tuple and str headers (which dominate when a hostile page sends
-    many short labels), and the Entry's own tuples."""
-    return _ENTRY_BYTES + _PAIR_BYTES * len(labels) + sum([len(name) + len(value) for name, value in labels])
-
-
-
-def _histogram_fault(family: str, members: list) -> str | None:
-    """Why one histogram series (its buckets, _sum and _count after merging) is not valid, or None:
-    what a strict OpenMetrics parser and histogram_quantile() need. O(buckets), once per page that
-    takes the full pass; replays use _Checks."""
-    bucket_name = family + "_bucket"
-    count_name = family + "_count"
-    buckets: list[tuple[float, float]] = []
-    count = total = None
-    for (name, labels), value in members:
-        if value - value != 0.0:
-            return NON_FINITE
-        if name == bucket_name:
-            le = next((v for k, v in labels if k == "le"), _BAD_LE_TEXT)
-            if le == _BAD_LE_TEXT:
-                return HISTOGRAM_BAD_LE
-            buckets.append((float(le), value))
-        elif name == count_name:
-            count = value
-        else:
-            total = value
-    buckets.sort()
-    if not buckets or buckets[-1][0] != _INF:
-        return HISTOGRAM_NO_INF
-    if count is None or total is None:
-        return HISTOGRAM_INCOMPLETE
-    if count < 0.0 or total < 0.0 or buckets[0][1] < 0.0:
-        return NEGATIVE_COUNTER
-    # The largest count is _count once the checks below pass; bounds past the ceiling (but +Inf) too.
-    if count > MAX_VALUE or total > MAX_VALUE or max(value for _, value in buckets) > MAX_VALUE \
-            or (len(buckets) > 1 and not -MAX_VALUE <= buckets[-2][0] <= MAX_VALUE) \
-            or buckets[0][0] < -MAX_VALUE:
-        return OUT_OF_RANGE
-    previous = 0.0
-    for _, value in buckets:
-        if value < previous:
-            return HISTOGRAM_NOT_MONOTONIC
-        previous = value
-    if count != previous:
-        return HISTOGRAM_COUNT_MISMATCH
-    if not count.is_integer() or not all(value.is_integer() for _, value in buckets):
-        return HISTOGRAM_FRACTIONAL
-    return None

@@ -30,20 +30,12 @@ from typing import NamedTuple
 
 from exporter.catalog.base import MAX_VALUE
 from exporter.snapshot import Labels, Sample
+from exporter.sources.engines.alias_tables import Slot, TermRoute
 from exporter.sources.engines.exposition import MAX_CACHED_CHARS, PAIR_OVERHEAD
-from exporter.sources.engines.normalize import (
-    NormalizedScrape,
-    NormalizerState,
-    Page,
-    Pass,
-    Slot,
-    TermRoute,
-    full_pass,
-    minimum_note,
-    read_page,
-    scrape_of,
-)
+from exporter.sources.engines.normalize import NormalizedScrape, Pass, full_pass, minimum_note, scrape_of
 from exporter.sources.engines.normalize import normalize as plain_normalize
+from exporter.sources.engines.page import Page, read_page
+from exporter.sources.engines.state import NormalizerState
 
 __all__ = ["MAX_PLAN_SAMPLES", "Memo", "normalize", "normalize_if_unchanged"]
 

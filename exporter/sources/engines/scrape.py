@@ -20,16 +20,13 @@ from exporter.redact import CredentialError, redact_url
 from exporter.snapshot import Labels, Sample, labels_of, make_labels
 from exporter.sources.base import SourceData, SourceError, SourceKind
 from exporter.sources.engines.auth import TargetAuth, ssl_context
+from exporter.sources.engines.drops import CARDINALITY
 from exporter.sources.engines.exposition import ExpositionError
 from exporter.sources.engines.http import HttpClient
-from exporter.sources.engines.normalize import (
-    CARDINALITY,
-    NormalizedScrape,
-    NormalizerState,
-    TooManyFamiliesError,
-    UnknownEngineError,
-)
+from exporter.sources.engines.normalize import NormalizedScrape
+from exporter.sources.engines.page import TooManyFamiliesError, UnknownEngineError
 from exporter.sources.engines.replay import normalize, normalize_if_unchanged
+from exporter.sources.engines.state import NormalizerState
 
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 # A page whose last normalize took under this much CPU, and that has not grown, is tried on the
