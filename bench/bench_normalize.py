@@ -1,4 +1,4 @@
-"""Engine normalization CPU per collection cycle: exporter.sources.engines.replay.normalize on the
+"""Engine normalization CPU per collection cycle: replay.normalize_with_memo (exporter.sources.engines) on the
 documented vLLM 0.11 page (tests/fixtures/engines/vllm-v0.11__documented.prom, 69 KB, ~590 parsed
 samples -> ~500 normalized), parse included, in process CPU time (time.process_time).
 
@@ -19,7 +19,7 @@ import time
 from exporter.sources.engines.alias_tables import TABLES
 from exporter.sources.engines.exposition import parse
 from exporter.sources.engines.normalize import normalize as plain_normalize
-from exporter.sources.engines.replay import normalize
+from exporter.sources.engines.replay import normalize_with_memo
 from exporter.sources.engines.state import NormalizerState
 
 PAGE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "engines" / "vllm-v0.11__documented.prom"
@@ -41,23 +41,23 @@ def _ms_per_cycle(cycle, batches: int = BATCHES, cycles: int = CYCLES) -> float:
 
 def measure(text: str) -> dict[str, float]:
     warm = NormalizerState()
-    first = normalize(text, target="bench", state=warm)
-    normalize(text, target="bench", state=warm)  # the page repeats: planned
+    first = normalize_with_memo(text, target="bench", state=warm)
+    normalize_with_memo(text, target="bench", state=warm)  # the page repeats: planned
     replan = NormalizerState()
-    normalize(text, target="bench", state=replan)
+    normalize_with_memo(text, target="bench", state=replan)
     plain_state = NormalizerState()
     plain_normalize(text, target="bench", state=plain_state)
     keep = TABLES[first.kind].keep.__contains__
 
     def cold() -> None:
-        normalize(text, target="bench", state=NormalizerState())
+        normalize_with_memo(text, target="bench", state=NormalizerState())
 
     def steady() -> None:
-        normalize(text, target="bench", state=warm)
+        normalize_with_memo(text, target="bench", state=warm)
 
     def full_pass() -> None:
         replan.memo = None
-        normalize(text, target="bench", state=replan)
+        normalize_with_memo(text, target="bench", state=replan)
 
     def plain() -> None:
         plain_normalize(text, target="bench", state=plain_state)

@@ -23,7 +23,7 @@ from exporter.sources.engines.normalize import NormalizedScrape
 from exporter.sources.engines.normalize import normalize as plain_normalize
 from exporter.sources.engines.page import UnknownEngineError
 from exporter.sources.engines.registry import DETECTION_ORDER, KINDS, SPECS, YIELDS_TO, detect_kind
-from exporter.sources.engines.replay import MAX_PLAN_SAMPLES, normalize, normalize_if_unchanged
+from exporter.sources.engines.replay import MAX_PLAN_SAMPLES, normalize_if_unchanged, normalize_with_memo
 from exporter.sources.engines.state import NormalizerState
 from exporter.sources.engines.table import Alias
 
@@ -31,8 +31,8 @@ FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "engines"
 
 
 def run(text: str, **kwargs: object) -> NormalizedScrape:
-    """What the exporter does (replay.normalize: the plain pass, with the memo when given a state)."""
-    return normalize(text, target="t", **kwargs)
+    """What the exporter does (replay.normalize_with_memo: the plain pass, with the memo when given a state)."""
+    return normalize_with_memo(text, target="t", **kwargs)
 
 
 def plain(text: str, **kwargs: object) -> NormalizedScrape:
@@ -564,8 +564,8 @@ def test_normalize_is_cheap_on_a_200kb_vllm_page() -> None:
                          for rank in (2, 3, 4, 5))
     assert len(big) > 200_000
     state = NormalizerState()
-    normalize(big, target="t", state=state)
-    best = min(_timed(lambda: normalize(big, target="t", state=state)) for _ in range(5))
+    normalize_with_memo(big, target="t", state=state)
+    best = min(_timed(lambda: normalize_with_memo(big, target="t", state=state)) for _ in range(5))
     # a few ms of CPU; a guard against a pathological slowdown (bench_normalize measures it)
     assert best < 0.25
 
@@ -611,13 +611,13 @@ def _same(warm: NormalizedScrape, cold: NormalizedScrape) -> None:
 def test_warm_state_yields_exactly_what_a_cold_one_does(path: pathlib.Path) -> None:
     page = path.read_text()
     state = NormalizerState()
-    first = normalize(page, target="t", state=state)
+    first = normalize_with_memo(page, target="t", state=state)
     assert state.memo.plan is None  # planned once the page repeats
-    _same(normalize(page, target="t", state=state), first)
+    _same(normalize_with_memo(page, target="t", state=state), first)
     plan = state.memo.plan
     assert plan is not None
     for _ in range(3):
-        warm = normalize(page, target="t", state=state)
+        warm = normalize_with_memo(page, target="t", state=state)
         _same(warm, plain_normalize(page, target="t"))
         _same(warm, first)
     assert state.memo.plan is plan  # replayed, not rebuilt
@@ -646,11 +646,11 @@ def test_warm_state_follows_changing_values(path: pathlib.Path) -> None:
     page = path.read_text()
     rng = random.Random(path.name)
     state = NormalizerState()
-    normalize(page, target="t", state=state)
+    normalize_with_memo(page, target="t", state=state)
     for cycle in range(30):
         text = _perturbed(page, rng, odd=0.0 if cycle % 3 else 0.02)
-        _same(normalize(text, target="t", state=state), plain_normalize(text, target="t"))
-        _same(normalize(page, target="t", state=state), plain_normalize(page, target="t"))
+        _same(normalize_with_memo(text, target="t", state=state), plain_normalize(text, target="t"))
+        _same(normalize_with_memo(page, target="t", state=state), plain_normalize(page, target="t"))
 
 
 @pytest.mark.parametrize("max_series", [3, 7, 10_000])
@@ -701,18 +701,18 @@ def test_warm_state_stays_bounded_under_a_cardinality_bomb() -> None:
     bomb = "".join(f'vllm:num_requests_running{{model_name="m",engine="{i}"}} 1\n'
                    for i in range(MAX_PLAN_SAMPLES + 1))
     state = NormalizerState()
-    result = normalize(bomb, target="t", state=state, max_series=100)
+    result = normalize_with_memo(bomb, target="t", state=state, max_series=100)
     assert result.dropped_series > 0
     assert state.memo.plan is None  # too big to plan: nothing per page is kept
     assert sum(len(entries) for entries in state._entries) <= state_module.MAX_MAPPED_LABEL_SETS
-    normalize(bomb, target="t", state=state, max_series=100)
+    normalize_with_memo(bomb, target="t", state=state, max_series=100)
     assert state.memo == (None, None)
     # Many pages of fresh series, each seen twice: one plan at a time, the label caches bounded.
     for round_ in range(30):
         page = "".join(f'vllm:num_requests_running{{model_name="m{round_}-{i}",engine="0"}} 1\n'
                        for i in range(2_000))
-        normalize(page, target="t", state=state)
-        normalize(page, target="t", state=state)
+        normalize_with_memo(page, target="t", state=state)
+        normalize_with_memo(page, target="t", state=state)
         assert state.memo.plan is not None and len(state.memo.plan.names) == 2_000
         assert sum(len(entries) for entries in state._entries) <= state_module.MAX_MAPPED_LABEL_SETS
         assert len(state.label_cache) <= state.label_cache.max_entries
@@ -723,11 +723,11 @@ def test_warm_state_follows_target_kind_and_limit() -> None:
     page = (FIXTURES / "vllm-v0.11__documented.prom").read_text()
     state = NormalizerState()
     for target, max_series in (("a", 10_000), ("b", 10_000), ("b", 50), ("a", 10_000)):
-        warm = normalize(page, target=target, state=state, max_series=max_series)
+        warm = normalize_with_memo(page, target=target, state=state, max_series=max_series)
         _same(warm, plain_normalize(page, target=target, max_series=max_series))
     lmdeploy = (FIXTURES / "lmdeploy-early__documented.prom").read_text()
     for text, kind in ((page, "vllm"), (lmdeploy, "lmdeploy"), (lmdeploy, "vllm"), (page, None)):
-        _same(normalize(text, target="a", state=state, kind=kind),
+        _same(normalize_with_memo(text, target="a", state=state, kind=kind),
               plain_normalize(text, target="a", kind=kind))
 
 
@@ -739,10 +739,10 @@ def test_normalize_if_unchanged_replays_only_a_repeated_page_and_matches_the_ful
     monkeypatch.setattr(page_module, "parse", lambda text, **kw: parses.append(text) or real_parse(text, **kw))
     assert normalize_if_unchanged(page, target="t", kind=None, state=state) is None  # nothing recorded
     assert not parses and state.last_kind is None  # and nothing parsed or noted for the full pass to repeat
-    first = normalize(page, target="t", state=state)
-    normalize(page, target="t", state=state)  # the repeat records the plan
+    first = normalize_with_memo(page, target="t", state=state)
+    normalize_with_memo(page, target="t", state=state)  # the repeat records the plan
     replayed = normalize_if_unchanged(page.replace(" 12.0\n", " 13.0\n"), target="t", kind=None, state=state)
-    full = normalize(page.replace(" 12.0\n", " 13.0\n"), target="t", state=NormalizerState())
+    full = normalize_with_memo(page.replace(" 12.0\n", " 13.0\n"), target="t", state=NormalizerState())
     assert replayed is not None and replayed == full and replayed != first
     changed = page.replace('model_name="', 'model_name="other-')
     assert normalize_if_unchanged(changed, target="t", kind=None, state=state) is None
@@ -756,11 +756,10 @@ def test_every_family_on_a_live_engine_page_is_mapped_or_listed_with_a_reason(pa
     """Pages captured from the real engines of the live tier (tests/live): a family that is neither
     mapped nor in its table's `unmapped` (docs/engines.md) fails, so a new engine release that adds
     families shows up here and in `make test-live`."""
-    from exporter.sources.engines.normalize import normalize
     from exporter.sources.engines.registry import SPECS
 
     text = (LIVE / page).read_text()
-    scrape = normalize(text, target="live")
+    scrape = plain_normalize(text, target="live")
     assert unaccounted(SPECS[scrape.kind], text) == []
     assert scrape.samples and not scrape.drops, scrape.notes
 
@@ -777,12 +776,11 @@ def test_a_live_page_normalizes_to_the_independent_reading_of_the_alias_tables(p
     """tests/live/expected.py reads a page with prometheus_client's parser and the alias tables
     alone; the normalizer must agree on every total and every bucket (what make test-live checks
     through the real exporter, here on the committed captures)."""
-    from exporter.sources.engines.normalize import normalize
     from exporter.sources.engines.registry import SPECS
     from tests.live.expected import expected_totals
 
     text = (LIVE / page).read_text()
-    scrape = normalize(text, target="t")
+    scrape = plain_normalize(text, target="t")
     got: dict = {}
     for s in scrape.samples:
         le = dict(s.labels).get("le")
@@ -937,7 +935,8 @@ def test_cache_tiers_and_ranks_are_bounded_label_values():
             'sglang:cached_tokens_total{model_name="m",cache_source="L3",dp_rank="0"} 2\n'
             'sglang:cached_tokens_total{model_name="m",cache_source="External",dp_rank="1023"} 3\n'
             'sglang:cached_tokens_total{model_name="m",cache_source="weird",dp_rank="1024"} 1\n')
-    hits = {(s.label("tier"), s.label("rank")): s.value for s in normalize(page, target="a", kind="sglang").samples
+    samples = normalize_with_memo(page, target="a", kind="sglang").samples
+    hits = {(s.label("tier"), s.label("rank")): s.value for s in samples
             if s.name == "llm_prefix_cache_hits_total"}
     assert hits == {("device", "0"): 10, ("host", "0"): 5, ("storage", "0"): 2, ("external", "1023"): 3,
                     ("unknown", "other"): 1}
@@ -967,7 +966,7 @@ def test_a_duplicated_series_drops_what_it_fed_and_nothing_else():
             'vllm:e2e_request_latency_seconds_bucket{model_name="m",le="+Inf"} 2\n'
             'vllm:e2e_request_latency_seconds_count{model_name="m"} 2\n'
             'vllm:e2e_request_latency_seconds_sum{model_name="m"} 1.5\n')
-    result = normalize(page, target="a", kind="vllm")
+    result = normalize_with_memo(page, target="a", kind="vllm")
     kept = sorted((s.name, s.label("model"), s.label("le"), s.value) for s in result.samples)
     assert kept == sorted([
         ("llm_requests_running", "m2", "", 5.0),
@@ -999,7 +998,7 @@ def test_a_duplicated_series_drops_what_it_fed_and_nothing_else():
             'vllm:num_requests_running{model_name="m"} 3\n'
             'vllm:num_requests_running{model_name="m"} 4\n'
             'vllm:num_requests_waiting{model_name="m2"} 1\n')
-    result = normalize(page, target="a", kind="vllm")
+    result = normalize_with_memo(page, target="a", kind="vllm")
     assert [(s.name, s.label("model"), s.value) for s in result.samples] == [("llm_requests_waiting", "m2", 1.0)]
     assert result.notes == ("dropped a duplicated llm_requests_running series",
                             "dropped a duplicated llm_time_to_first_token_seconds histogram")

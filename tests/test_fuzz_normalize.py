@@ -1,7 +1,7 @@
 """Fuzzing the normalizer (and the exposition parser under it) with engine-like pages: real family
 names of every engine (with histogram parts, `_total`, `_created`), the labels engines use and
 random ones, label values with escapes and unicode, odd numbers, TYPE/HELP lines, comments,
-timestamps, junk lines. normalize() may only raise ExpositionError or UnknownEngineError, its
+timestamps, junk lines. normalize_with_memo() may only raise ExpositionError or UnknownEngineError, its
 output must be bounded by max_series, and one NormalizerState fed thousands of pages (as one
 target is over days) keeps every cache within its bound. tests/test_exposition.py fuzzes the
 parser alone with arbitrary text."""
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from exporter.sources.engines.exposition import MAX_CACHED_LABEL_SETS, ExpositionError
 from exporter.sources.engines.page import UnknownEngineError
 from exporter.sources.engines.registry import KINDS, SPECS
-from exporter.sources.engines.replay import normalize
+from exporter.sources.engines.replay import normalize_with_memo
 from exporter.sources.engines.state import MAX_LE_FORMATS, MAX_MAPPED_LABEL_SETS, NormalizerState
 
 NAMES = sorted({name + suffix
@@ -72,7 +72,7 @@ page = st.lists(st.one_of(sample_line(), sample_line(), sample_line(), meta_line
 @given(page, st.sampled_from((None, *KINDS)))
 def test_normalize_raises_only_its_own_errors_and_respects_max_series(text: str, kind: str | None):
     try:
-        scrape = normalize(text, target="t", kind=kind, state=NormalizerState(), max_series=MAX_SERIES)
+        scrape = normalize_with_memo(text, target="t", kind=kind, state=NormalizerState(), max_series=MAX_SERIES)
     except (ExpositionError, UnknownEngineError):
         return
     assert scrape.kind in KINDS
@@ -99,7 +99,7 @@ def test_one_state_over_many_pages_stays_bounded(pages: list[str]):
     for fresh in FRESH:  # 1.5x the cache bounds in distinct label sets, over three scrapes
         for body, kind in ((fresh, "vllm"), *((text, None) for text in pages)):
             with contextlib.suppress(ExpositionError, UnknownEngineError):
-                normalize(body, target="t", kind=kind, state=state, max_series=MAX_SERIES)
+                normalize_with_memo(body, target="t", kind=kind, state=state, max_series=MAX_SERIES)
             assert len(state.label_cache) <= MAX_CACHED_LABEL_SETS
             assert sum(len(e) for e in state._entries) <= MAX_MAPPED_LABEL_SETS
             assert len(state._le) <= MAX_LE_FORMATS

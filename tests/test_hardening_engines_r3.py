@@ -221,23 +221,25 @@ def test_classifying_a_family_matches_the_glob_semantics_of_the_table():
 
 def test_a_page_over_the_family_budget_is_refused_and_one_under_it_is_read():
     from exporter.sources.engines.page import MAX_PAGE_NAMES, TooManyFamiliesError
-    from exporter.sources.engines.replay import normalize
+    from exporter.sources.engines.replay import normalize_with_memo
     from exporter.sources.engines.state import NormalizerState
 
     def page(families: int, typed: bool) -> str:
         line = "# TYPE g{0} gauge\ng{0} 1\n" if typed else "g{0} 1\n"
         return HEAD.decode() + "".join(line.format(i) for i in range(families))
 
-    scrape = normalize(page(MAX_PAGE_FAMILIES - 10, typed=False), target="t", state=NormalizerState())
+    scrape = normalize_with_memo(page(MAX_PAGE_FAMILIES - 10, typed=False), target="t", state=NormalizerState())
     assert scrape.families.unaccounted == MAX_PAGE_FAMILIES - 10 and scrape.samples
     for families, typed in ((MAX_PAGE_FAMILIES + 1, False), (MAX_PAGE_NAMES, True), (MAX_PAGE_NAMES + 1, False)):
         for kind in ("vllm", None):
             with pytest.raises(TooManyFamiliesError, match=str(MAX_PAGE_FAMILIES)):
-                normalize(page(families, typed), target="t", kind=kind, state=NormalizerState())
+                normalize_with_memo(page(families, typed), target="t", kind=kind, state=NormalizerState())
     with pytest.raises(TooManyFamiliesError):  # no engine's name on it: refused before "unknown engine"
-        normalize("".join(f"g{i} 1\n" for i in range(MAX_PAGE_NAMES + 1)), target="t", state=NormalizerState())
+        normalize_with_memo("".join(f"g{i} 1\n" for i in range(MAX_PAGE_NAMES + 1)), target="t",
+                            state=NormalizerState())
     for fixture in FIXTURES.glob("*.prom"):  # every real page is far under it
-        assert sum(normalize(fixture.read_text(), target="t").families.counts().values()) < MAX_PAGE_FAMILIES / 10
+        families = normalize_with_memo(fixture.read_text(), target="t").families
+        assert sum(families.counts().values()) < MAX_PAGE_FAMILIES / 10
 
 
 def test_the_state_log_writes_a_burst_then_one_summary_per_window_and_counts_the_rest():

@@ -27,7 +27,7 @@ from exporter.derive import build_deriver
 from exporter.simulator import Twin, TwinConfig
 from exporter.snapshot import Snapshot, SourceKind, SourceResult
 from exporter.sources.engines.normalize import normalize as plain_normalize
-from exporter.sources.engines.replay import normalize
+from exporter.sources.engines.replay import normalize_with_memo
 from exporter.sources.engines.state import NormalizerState
 from exporter.sources.gpu.sim import samples_from_state
 from tests.support import exporter_run, fake_engine, wait_until
@@ -76,7 +76,7 @@ def test_every_output_value_is_in_its_family_domain_and_warm_equals_cold(pages):
         for key, value in values.items():
             text = text.replace("@" + key, value)
         for _ in range(2):  # the repeat records a plan, the next page may replay it
-            warm = normalize(text, target="t", kind="vllm", state=state)
+            warm = normalize_with_memo(text, target="t", kind="vllm", state=state)
         cold = plain_normalize(text, target="t", kind="vllm")
         assert repr(warm) == repr(cold)
         in_domain(warm)
@@ -108,7 +108,7 @@ def test_a_series_printed_twice_with_two_values_is_dropped_and_a_repeat_counts_o
     assert dict(result.drops) == {"duplicate": 1}
     state = NormalizerState()
     for _ in range(3):  # never planned: each page takes the full pass and says so
-        assert repr(normalize(text, target="t", kind="vllm", state=state)) == repr(result)
+        assert repr(normalize_with_memo(text, target="t", kind="vllm", state=state)) == repr(result)
     assert state.memo.plan is None
 
 
@@ -122,7 +122,7 @@ def _twin_cycles(mutate, cycles: int = 8) -> tuple[list, dict]:
     derived: list = []
     for _ in range(cycles):
         twin.fast_forward(1.0)
-        scrape = normalize(mutate(twin.metrics_text()), target="t", kind="vllm", state=state)
+        scrape = normalize_with_memo(mutate(twin.metrics_text()), target="t", kind="vllm", state=state)
         gpu = tuple(s._replace(value=mutate.gpu(s.value)) for s in samples_from_state(twin.gpu_state()))
         engine = SourceResult("engine:t", True, 0.0, 0.0, scrape.samples, kind=SourceKind.ENGINE,
                               attrs=MappingProxyType({"kind": "engine", "target": "t", "engine": "vllm",

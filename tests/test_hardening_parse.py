@@ -40,7 +40,7 @@ from exporter.sources.engines.exposition import (
     parse,
 )
 from exporter.sources.engines.normalize import normalize as plain_normalize
-from exporter.sources.engines.replay import normalize
+from exporter.sources.engines.replay import normalize_with_memo
 from exporter.sources.engines.scrape import EngineSource
 from exporter.sources.engines.state import MAX_MAPPED_LABEL_CHARS, NormalizerState
 from tests.support import exporter_run, fake_engine, wait_until
@@ -69,8 +69,8 @@ def _cpu_best_of_3(fn: Callable[[], object]) -> float:
 def _parse_and_normalize(text: str) -> None:
     """Every path a page takes in the exporter: the parser alone, normalize with a configured kind
     and with detection (which also scans the raw page), errors included."""
-    for step in (lambda: parse(text), lambda: normalize(text, target="t", kind="vllm"),
-                 lambda: normalize(text, target="t")):
+    for step in (lambda: parse(text), lambda: normalize_with_memo(text, target="t", kind="vllm"),
+                 lambda: normalize_with_memo(text, target="t")):
         with suppress(ExpositionError, ValueError):
             step()
 
@@ -143,7 +143,7 @@ def test_caches_stay_bounded_in_characters_under_fresh_long_label_values():
     value = "v" * (MAX_LABEL_VALUE_LENGTH - 100)
     for cycle in range(40):  # 40 pages x 500 series x ~4 KB fresh values: 80 M characters in all
         page = HEAD + "".join(f'{RUNNING}{{model_name="{cycle}-{i}-{value}"}} 1\n' for i in range(500))
-        scrape = normalize(page, target="t", kind="vllm", state=state)
+        scrape = normalize_with_memo(page, target="t", kind="vllm", state=state)
         assert len(scrape.samples) == 501
         renderer.render(scrape.samples)
         assert state.label_cache.chars <= MAX_CACHED_CHARS
@@ -273,7 +273,7 @@ def test_invalid_histograms_and_counters_are_dropped_and_counted_by_reason(case)
 
 def test_the_whole_histogram_goes_when_one_of_its_series_is_invalid():
     page = GOOD + HOSTILE_PAGES["histogram_not_monotonic"]
-    result = normalize(page, target="t", kind="vllm")
+    result = normalize_with_memo(page, target="t", kind="vllm")
     assert not [s for s in result.samples if s.name.startswith("llm_time_to_first_token_seconds")]
     assert dict(result.drops) == {"histogram_not_monotonic": 5}  # three buckets, _count and _sum
 
@@ -283,19 +283,19 @@ def test_a_replayed_page_is_validated_again():
     good = GOOD + _ttft(VALID_TTFT)
     for _ in range(3):  # the second page records a plan, the third replays it
         assert any(s.name == "llm_time_to_first_token_seconds_bucket"
-                   for s in normalize(good, target="t", kind="vllm", state=state).samples)
+                   for s in normalize_with_memo(good, target="t", kind="vllm", state=state).samples)
     assert state.memo.plan is not None
     # Same series, same (finite) value mask: only the values say the histogram is now invalid.
     for reason, page in (("histogram_not_monotonic", HOSTILE_PAGES["histogram_not_monotonic"]),
                          ("histogram_count_mismatch", HOSTILE_PAGES["histogram_count_mismatch"]),
                          ("histogram_fractional_count", HOSTILE_PAGES["histogram_fractional_count"])):
-        result = normalize(GOOD + page, target="t", kind="vllm", state=state)
+        result = normalize_with_memo(GOOD + page, target="t", kind="vllm", state=state)
         assert dict(result.drops) == {reason: 5}
         assert not [s for s in result.samples if s.name.startswith("llm_time_to_first_token_seconds")]
-        assert normalize(good, target="t", kind="vllm", state=state).drops == {}
+        assert normalize_with_memo(good, target="t", kind="vllm", state=state).drops == {}
     negative = GOOD.replace("vllm:prompt_tokens_total{model_name=\"m\"} 100",
                             "vllm:prompt_tokens_total{model_name=\"m\"} -1")
-    assert dict(normalize(negative + _ttft(VALID_TTFT), target="t", kind="vllm", state=state).drops) == {
+    assert dict(normalize_with_memo(negative + _ttft(VALID_TTFT), target="t", kind="vllm", state=state).drops) == {
         "negative_counter": 1}
 
 
@@ -316,7 +316,7 @@ def test_whatever_the_engine_prints_the_output_histograms_are_valid_and_warm_equ
                              f'{TTFT}_bucket{{le="+Inf",model_name="m"}} {count}',
                              f'{TTFT}_count{{model_name="m"}} {count}', f'{TTFT}_sum{{model_name="m"}} {total}'])
         for _ in range(2):  # the repeat records a plan, the next page may replay it
-            warm = normalize(page, target="t", kind="vllm", state=state)
+            warm = normalize_with_memo(page, target="t", kind="vllm", state=state)
         cold = plain_normalize(page, target="t", kind="vllm")
         assert repr(warm) == repr(cold)
         list(strict_openmetrics(render(warm.samples, openmetrics=True).decode()))

@@ -29,7 +29,7 @@ reasons and state.py holds what a target keeps across cycles. The steps:
 
 Nothing is invented: a family the engine lacks has no series, never a zero.
 
-The exporter calls replay.normalize, which wraps this pass with a memo for pages whose series
+The exporter calls replay.normalize_with_memo, which wraps this pass with a memo for pages whose series
 repeat (see replay.py); a Pass reports its decisions to an optional Trace for that, and is the same
 pass with or without one.
 """

@@ -37,7 +37,7 @@ from exporter.sources.engines.normalize import normalize as plain_normalize
 from exporter.sources.engines.page import Page, read_page
 from exporter.sources.engines.state import NormalizerState
 
-__all__ = ["MAX_PLAN_SAMPLES", "Memo", "normalize", "normalize_if_unchanged"]
+__all__ = ["MAX_PLAN_SAMPLES", "Memo", "normalize_if_unchanged", "normalize_with_memo"]
 
 MAX_PLAN_SAMPLES = 20_000
 """A page with more parsed samples than this is not planned (the state keeps no per-page record of
@@ -52,7 +52,7 @@ Key = tuple[str, Labels]
 """An output sample's (name, labels)."""
 
 
-def normalize(
+def normalize_with_memo(
     text: str,
     *,
     target: str,
@@ -60,7 +60,8 @@ def normalize(
     state: NormalizerState | None = None,
     max_series: int = 10_000,
 ) -> NormalizedScrape:
-    """normalize.normalize with the memo: the same result, a replay when the page repeats."""
+    """normalize.normalize (the plain pass) with the memo: the same result, a replay when the page
+    repeats. Named apart from the plain pass, whose signature it shares, so a caller says which it means."""
     if state is None:  # no state to keep a memo in: the plain pass
         return plain_normalize(text, target=target, kind=kind, max_series=max_series)
     scrape = _normalize(text, target, kind, state, max_series, replay_only=False)
@@ -77,7 +78,7 @@ def normalize_if_unchanged(
     max_series: int = 10_000,
 ) -> NormalizedScrape | None:
     """The page normalized by replaying the last page's plan (its series are unchanged: a parse
-    and value arithmetic, no mapping); None when it needs the full pass of `normalize`."""
+    and value arithmetic, no mapping); None when it needs the full pass of `normalize_with_memo`."""
     return _normalize(text, target, kind, state, max_series, replay_only=True)
 
 

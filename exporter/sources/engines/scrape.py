@@ -25,7 +25,7 @@ from exporter.sources.engines.exposition import ExpositionError
 from exporter.sources.engines.http import HttpClient
 from exporter.sources.engines.normalize import NormalizedScrape
 from exporter.sources.engines.page import TooManyFamiliesError, UnknownEngineError
-from exporter.sources.engines.replay import normalize, normalize_if_unchanged
+from exporter.sources.engines.replay import normalize_if_unchanged, normalize_with_memo
 from exporter.sources.engines.state import NormalizerState
 
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
@@ -140,7 +140,7 @@ class EngineSource:
         last = self._last_normalize
         return last is not None and last[1] < INLINE_MAX_CPU_S and size <= last[0] * INLINE_MAX_GROWTH
 
-    def _normalize(self, text: str, how=normalize) -> NormalizedScrape | None:
+    def _normalize(self, text: str, how=normalize_with_memo) -> NormalizedScrape | None:
         started = time.thread_time()
         try:
             return how(text, target=self.target.name, kind=self.target.kind, state=self._state,
