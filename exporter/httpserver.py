@@ -1,5 +1,5 @@
 """The exporter's HTTP/1.1 front end: asyncio plus h11, serving the ASGI app (RequestGuard ->
-MetricsEndpoint -> Probes, exporter/server.py) on the socket that bind_listener made.
+MetricsEndpoint -> HealthEndpoints, exporter/endpoints.py) on the socket that bind_listener made.
 
 It replaced uvicorn, which could not be made to hold up against hostile clients:
 

@@ -23,7 +23,7 @@ import pytest
 import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import httpserver, server
+from exporter import endpoints, httpserver
 from exporter.collect import Collector
 from exporter.config import Config
 from exporter.snapshot import Sample, labels_of
@@ -374,13 +374,13 @@ def _status(url: str) -> int:
 
 def test_snapshot_flood_is_served_from_one_render_per_cycle_and_leaves_metrics_and_healthz_answering(monkeypatch):
     renders: list[str] = []
-    real = server.render_page
+    real = endpoints.render_page
 
     def counting(page, inputs, max_bytes):
         renders.append(page)
         return real(page, inputs, max_bytes)
 
-    monkeypatch.setattr(server, "render_page", counting)
+    monkeypatch.setattr(endpoints, "render_page", counting)
     config = Config(**{**{f: getattr(CONFIG, f) for f in CONFIG.__dataclass_fields__}, "interval_s": 0.5})
     with running_exporter(config, [ManySource("big", 9000)]) as base:
         cycles_before = _samples(base)[("llm_exporter_collections_total", ())]
@@ -415,7 +415,7 @@ def test_snapshot_flood_is_served_from_one_render_per_cycle_and_leaves_metrics_a
 
 def test_pages_over_the_byte_cap_are_cut_down_or_refused_and_counted():
     collector = Collector([ManySource("big", 2000)], interval_s=1.0)
-    endpoint = server.create_app(collector, max_page_bytes=50_000)
+    endpoint = endpoints.create_app(collector, max_page_bytes=50_000)
     transport = httpx.ASGITransport(app=endpoint)
 
     async def scenario() -> None:
@@ -430,7 +430,7 @@ def test_pages_over_the_byte_cap_are_cut_down_or_refused_and_counted():
         samples = {(s.name, s.labels): s.value for s in endpoint.samples()}
         assert samples[("llm_exporter_http_requests_rejected_total",
                         (("path", "/api/v1/snapshot"), ("reason", "too_large")))] == 1
-        tiny = server.create_app(collector, max_page_bytes=64)
+        tiny = endpoints.create_app(collector, max_page_bytes=64)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=tiny), base_url="http://t") as client:
             for path in ("/api/v1/snapshot", "/api/v1/diagnosis", "/"):
                 refused = await client.get(path)

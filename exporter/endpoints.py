@@ -22,6 +22,7 @@ from exporter.expose import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from exporter.httpserver import respond
 from exporter.snapshot import Sample, labels_of
 
+# Named before the module was (server.py): log lines and the filters set on them stay as they were.
 log = logging.getLogger("llm_exporter.server")
 
 # A snapshot is ~130 bytes per sample (1.2 MB for a 9,000-series engine). 8 MiB holds several
@@ -308,11 +309,11 @@ def create_app(collector: Collector, *, max_concurrent_scrapes: int = 4,
                max_page_bytes: int | None = None) -> MetricsEndpoint:
     """/metrics, the pages, /healthz and /readyz. `max_page_bytes`: default MAX_PAGE_BYTES, read
     at each call (tests lower it)."""
-    return MetricsEndpoint(Probes(collector), collector, max_concurrent_scrapes,
+    return MetricsEndpoint(HealthEndpoints(collector), collector, max_concurrent_scrapes,
                            MAX_PAGE_BYTES if max_page_bytes is None else max_page_bytes)
 
 
-class Probes:
+class HealthEndpoints:
     """/healthz (the process answers) and /readyz (a collection has finished), GET or HEAD:
     probes and uptime checkers may use HEAD. Anything else is 404."""
 

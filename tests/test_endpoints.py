@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collect import Collector
 from exporter.config import Config
-from exporter.server import MetricsEndpoint, create_app
+from exporter.endpoints import MetricsEndpoint, create_app
 from tests.exporter_process import running_exporter
 from tests.test_collect import ScriptedSource
 
@@ -52,7 +52,7 @@ PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=allow-
 
 
 def test_accept_header_negotiation_honours_quality_and_case():
-    from exporter.server import _wants_openmetrics
+    from exporter.endpoints import _wants_openmetrics
 
     assert _wants_openmetrics(PROMETHEUS_ACCEPT)
     assert _wants_openmetrics("Application/OpenMetrics-Text; version=1.0.0")
