@@ -122,7 +122,6 @@ def is_loopback(url: str) -> bool:
         return False
 
 
-
 # --- the workload --------------------------------------------------------------------------------
 
 # Short, common English words: most tokenizers read each as one token, so N words is close to N
@@ -456,7 +455,6 @@ def step_record(stats: StepStats, config: SweepConfig, level: float, in_flight: 
     }
 
 
-
 # --- the sweep -----------------------------------------------------------------------------------
 
 async def run_sweep(send: Send, workload: Workload, config: SweepConfig, *, watch: ExporterWatch | None = None,
@@ -537,7 +535,6 @@ def conclude(steps: Sequence[Mapping[str, Any]], config: SweepConfig) -> tuple[d
         return knee, recommend(steps, knee)
     except (ArithmeticError, ValueError, TypeError, KeyError) as error:
         return None, no_recommendation(f"no recommendation: it could not be computed ({type(error).__name__})")
-
 
 
 # --- sending through the probe's client ----------------------------------------------------------

@@ -217,7 +217,6 @@ def _next_levels(steps: Sequence[Mapping[str, Any]], slo: Mapping[str, Any], kv:
     return levels
 
 
-
 def no_recommendation(why: str) -> dict[str, Any]:
     """The recommendation block of a sweep that measured nothing to recommend from."""
     return {"max_concurrency": None, "max_num_seqs": None, "next_levels": [], "text": why,

@@ -36,7 +36,6 @@ class Outcome(Protocol):
     completion_tokens: int | None
 
 
-
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-quantile (0..1) with linear interpolation between closest ranks (numpy's default,
     what vllm bench serve reports); None for no values."""
@@ -102,7 +101,6 @@ class Reservoir:
         slot = self._rng.randrange(self.seen)
         if slot < self.size:
             self.values[slot] = value
-
 
 
 # --- one step's client-side accounting -----------------------------------------------------------
@@ -210,7 +208,6 @@ class StepStats:
             self.itl.add(gap)
         if meets_slo(outcome.ttft_s, per_token, self.ttft_slo_s, self.tbt_slo_s):
             self.good += 1
-
 
 
 def rounded(value: float | None, digits: int = 6) -> float | None:

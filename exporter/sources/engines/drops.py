@@ -30,5 +30,5 @@ FAULT_NOTES: Mapping[str, str] = MappingProxyType({
     OUT_OF_RANGE: "an out-of-range", DUPLICATE: "a duplicated",
 })
 VALUE_FAULTS = frozenset({NEGATIVE_COUNTER, HISTOGRAM_NOT_MONOTONIC, HISTOGRAM_COUNT_MISMATCH, HISTOGRAM_FRACTIONAL,
-                           OUT_OF_RANGE})
+                          OUT_OF_RANGE})
 """Faults decided by values that a plan's keys and mask do not fix: a page with one is not planned."""

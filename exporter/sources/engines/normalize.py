@@ -125,7 +125,6 @@ def full_pass(page: Page, state: NormalizerState, target: str, max_series: int,
     return run, scrape_of(page, run.model, samples, run.unmapped, dropped, run.drops, run.notes)
 
 
-
 def scrape_of(page: Page, model: str | None, samples: tuple[Sample, ...], unmapped: int, dropped: int,
               drops: Mapping[str, int], notes: dict[str, None]) -> NormalizedScrape:
     """The result of a pass (or a replay) over `page`, with the parser's label-limit drops."""

@@ -31,7 +31,6 @@ _ENTRY_BYTES = 600
 """About what an Entry adds besides its key: its out and group label tuples, parts, dict slot."""
 
 
-
 class Entry(NamedTuple):
     """What one engine label set becomes under one route (NormalizerState's route caches)."""
 
