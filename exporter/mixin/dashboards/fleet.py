@@ -6,8 +6,11 @@ and the capacity over time."""
 
 from __future__ import annotations
 
-from dashboards import gpu_roofline, host, overview
-from dashboards.lib import (
+from exporter import slo
+from exporter.catalog.derived import RESOURCES
+from exporter.mixin.dashboards import gpu_roofline, host, overview
+from exporter.mixin.dashboards.lib import (
+    FILENAMES,
     TOKENS,
     TOKENS_PER_S,
     Panel,
@@ -17,6 +20,8 @@ from dashboards.lib import (
     color_override,
     dashboard,
     dashboard_link,
+    fleet,
+    fleet_variables,
     layout,
     right_axis,
     row,
@@ -28,7 +33,7 @@ from dashboards.lib import (
     uid_for,
     value_map,
 )
-from dashboards.overview import (
+from exporter.mixin.dashboards.overview import (
     ERROR_STEPS,
     FLEET,
     NO_TRAFFIC,
@@ -41,11 +46,9 @@ from dashboards.overview import (
     rule,
     tbt_quantile,
 )
-from exporter import slo
-from exporter.catalog.derived import RESOURCES
 from exporter.slo import SATURATION
 
-FILENAME = "llm-serving-fleet.json"
+FILENAME = FILENAMES["fleet"]
 TITLE = "LLM Serving / Fleet"
 
 T = Promql("target")
@@ -55,11 +58,9 @@ C = Promql("cluster")
 TTFT, TBT = slo.TTFT, slo.TBT
 # One replica: an engine target of one exporter, serving one model, in one cluster and namespace. Every
 # query of the instance table returns exactly these labels, so Grafana's merge joins them into one row.
-REPLICA = ("cluster", "namespace", "instance", "target", "model")
-BY_REPLICA = f"by ({', '.join(REPLICA)})"
+REPLICA = fleet("instance", "target", "model")
 # One model's fleet in one cluster and namespace: the summary table's row.
-MODEL = ("cluster", "namespace", "model")
-BY_MODEL = f"by ({', '.join(MODEL)})"
+MODEL = fleet("model")
 OUTLIERS = 5  # rows of each outlier table
 VERDICT_MAP = value_map([(i, r, RESOURCE_COLORS[r]) for i, r in enumerate(RESOURCES, start=1)])
 
@@ -69,8 +70,8 @@ def replica_links() -> list[dict]:
     and scope kept and the replica's instance, target and model set from the row."""
     row_vars = ("var-instance=${__data.fields.instance}&var-target=${__data.fields.target}"
                 "&var-model=${__data.fields.model}")
-    keep = ("${__url_time_range}&${datasource:queryparam}&${cluster:queryparam}&${namespace:queryparam}"
-            "&${job:queryparam}")
+    fleet_vars = "".join(f"&${{{variable}:queryparam}}" for variable, _ in fleet_variables())
+    keep = f"${{__url_time_range}}&${{datasource:queryparam}}{fleet_vars}&${{job:queryparam}}"
     return [{"title": f"{title} of ${{__data.fields.target}} (${{__data.fields.instance}})",
              "url": f"/d/{uid_for(module.FILENAME)}?{keep}&{row_vars}", "targetBlank": False}
             for title, module in (("Overview", overview), ("GPU and roofline", gpu_roofline), ("Host", host))]
@@ -98,14 +99,14 @@ def verdict_per_replica() -> str:
     matchers = {r: 'resource="' + r + '"' for r in RESOURCES}
     terms = "\n  or ".join(f"(({T.sel('llm_bottleneck', matchers[r])} == 1) * {i})"
                            for i, r in enumerate(RESOURCES, start=1))
-    verdict = f"max by (cluster, namespace, instance, target) (\n  {terms}\n)"
-    models = f"group {BY_REPLICA} ({TM.sel('llm_requests_running')})"
-    return f"{models}\n* on (cluster, namespace, instance, target) group_left ()\n{verdict}"
+    verdict = f"max {fleet('instance', 'target').by()} (\n  {terms}\n)"
+    models = f"group {REPLICA.by()} ({TM.sel('llm_requests_running')})"
+    return f"{models}\n* {fleet('instance', 'target').on()} group_left ()\n{verdict}"
 
 
 def per_replica(expr: str, op: str = "max") -> str:
     """expr reduced to one value per replica (ranks, engines and job away), so the table's queries join."""
-    return f"{op} {BY_REPLICA} (\n{expr}\n)"
+    return f"{op} {REPLICA.by()} (\n{expr}\n)"
 
 
 
@@ -119,14 +120,14 @@ quantile; the worst engine kind when a model runs on several), finished requests
 shares of finished requests, output tokens/s, replicas up and requests waiting. A fleet p99 near the SLO
 ({TTFT.threshold_seconds} s TTFT, {TBT.threshold_seconds} s TBT) is a fleet problem; a fine fleet p99 with one
 bad replica in the instance table below is that replica's. "No traffic": nothing finished in the window.
-""", [target(f"max {BY_MODEL} ({fleet_rule(f'llm_time_to_first_token_seconds:{q}')})"),
-      target(f"max {BY_MODEL} (\n{fleet_tbt_quantile(99)}\n)"),
-      target(f"sum {BY_MODEL} ({fleet_rule(f'llm_requests_finished:rate{WINDOW}')})"),
-      target(f"max {BY_MODEL} ({fleet_rule(f'llm_requests_error:ratio_rate{WINDOW}')})"),
-      target(f"max {BY_MODEL} ({fleet_rule(f'llm_requests_abort:ratio_rate{WINDOW}')})"),
-      target(f"sum {BY_MODEL} ({fleet_rule(f'llm_generation_tokens:rate{WINDOW}')})"),
-      target(f"sum {BY_MODEL} ({fleet_rule('llm_replicas_up:count')})"),
-      target(f"sum {BY_MODEL} ({fleet_rule('llm_requests_waiting:sum')})")],
+""", [target(f"max {MODEL.by()} ({fleet_rule(f'llm_time_to_first_token_seconds:{q}')})"),
+      target(f"max {MODEL.by()} (\n{fleet_tbt_quantile(99)}\n)"),
+      target(f"sum {MODEL.by()} ({fleet_rule(f'llm_requests_finished:rate{WINDOW}')})"),
+      target(f"max {MODEL.by()} ({fleet_rule(f'llm_requests_error:ratio_rate{WINDOW}')})"),
+      target(f"max {MODEL.by()} ({fleet_rule(f'llm_requests_abort:ratio_rate{WINDOW}')})"),
+      target(f"sum {MODEL.by()} ({fleet_rule(f'llm_generation_tokens:rate{WINDOW}')})"),
+      target(f"sum {MODEL.by()} ({fleet_rule('llm_replicas_up:count')})"),
+      target(f"sum {MODEL.by()} ({fleet_rule('llm_requests_waiting:sum')})")],
             w=24, h=7, order=MODEL, sort_by="req/s", no_value=NO_TRAFFIC,
             rename={"Value #A": "TTFT p99", "Value #B": "TBT p99", "Value #C": "req/s", "Value #D": "error ratio",
                     "Value #E": "abort ratio", "Value #F": "tok/s", "Value #G": "replicas", "Value #H": "waiting"},
@@ -151,7 +152,7 @@ measure says whether TBT is inter-token latency (ITL) or time per output token (
 Finished requests per second per model over all replicas (left), and the share that ended in an error
 (right axis). A drop in requests with a flat error share is less traffic; a rising error share with steady
 traffic is a failing replica or model: the instance table's error column finds it.
-""", [target(f"sum by (cluster, namespace, model) ({fleet_rule(f'llm_requests_finished:rate{WINDOW}')})",
+""", [target(f"sum {MODEL.by()} ({fleet_rule(f'llm_requests_finished:rate{WINDOW}')})",
              "req/s {{model}} {{cluster}}"),
       target(fleet_rule(f"llm_requests_error:ratio_rate{WINDOW}"), "errors {{model}} {{cluster}}")],
             unit="reqps", w=8, minimum=0, no_value=NO_TRAFFIC,

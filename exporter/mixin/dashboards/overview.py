@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from alerts.lib import fmt_num
-from dashboards import verdict
-from dashboards.lib import (
+from exporter import slo
+from exporter.catalog.derived import RESOURCES
+from exporter.derive.bottleneck import HOLD_CYCLES
+from exporter.mixin.alerts.lib import fmt_num
+from exporter.mixin.dashboards import verdict
+from exporter.mixin.dashboards.lib import (
+    FILENAMES,
     TOKENS,
     TOKENS_PER_S,
     Panel,
@@ -15,6 +19,7 @@ from dashboards.lib import (
     dashboard,
     dashboard_link,
     divide,
+    fleet,
     heatmap,
     layout,
     repeat_per,
@@ -29,12 +34,9 @@ from dashboards.lib import (
     timeseries,
     value_map,
 )
-from exporter import slo
-from exporter.catalog.derived import RESOURCES
-from exporter.derive.bottleneck import HOLD_CYCLES
 from exporter.slo import SATURATION
 
-FILENAME = "llm-serving-overview.json"
+FILENAME = FILENAMES["overview"]
 TITLE = "LLM Serving / Overview"
 
 T = Promql("target")
@@ -49,9 +51,7 @@ ITL = "llm_inter_token_latency_seconds"
 TPOT = "llm_time_per_output_token_seconds"
 # One engine's series: the labels fallbacks (`or on (...)`) match on, so a fallback fills in per
 # engine target, not for the whole selection.
-ENGINE = ("cluster", "namespace", "instance", "target", "model")
-ON_ENGINE = f"on ({', '.join(ENGINE)})"
-BY_ENGINE = f"by ({', '.join(ENGINE)})"
+ENGINE = fleet("instance", "target", "model")
 # The burn-rate windows of the alert pairs (exporter/slo.py BURN_RATES), shortest first.
 BURN_WINDOWS = sorted({w for br in slo.BURN_RATES for w in (br.short, br.long)}, key=slo.duration_seconds)
 BURN_COLORS = ("yellow", "orange", "red", "dark-red")  # the pairs' factors, lowest first
@@ -76,7 +76,7 @@ def fleet_rule(name: str, *extra: str) -> str:
 
 
 # The fleet recording rules' labels: one series per model and engine kind in each cluster and namespace.
-FLEET = ("cluster", "namespace", "model", "engine")
+FLEET = fleet("model", "engine")
 NO_TRAFFIC = "No traffic"
 # Events per second that Grafana scales (1.2 k/s), for counters read as rates.
 PER_S = "si:/s"
@@ -91,7 +91,7 @@ def verdict_code_expr() -> str:
     for i, resource in enumerate(RESOURCES, start=1):
         matcher = 'resource="' + resource + '"'
         terms.append(f"{T.sel('llm_bottleneck', matcher)} * {i}")
-    return "sum by (cluster, namespace, instance, target) (\n  " + "\n  or ".join(terms) + "\n)"
+    return f"sum {fleet('instance', 'target').by()} (\n  " + "\n  or ".join(terms) + "\n)"
 
 
 QUANTILES = tuple(round(q * 100) for q in slo.QUANTILES)  # the recording rules' quantiles: 50, 95, 99
@@ -114,7 +114,7 @@ def tbt_quantile(q: int) -> str:
     itl = rule(f"{ITL}:p{q}_{WINDOW}")
     tpot = (f"histogram_quantile({q / 100:g}, sum by ({', '.join((*ENGINE, 'le'))}) "
             f"({TM.rate(TPOT + '_bucket', window=WINDOW)}))")
-    return f"{labelled(itl, 'measure', 'ITL')}\nor {ON_ENGINE}\n{labelled(tpot, 'measure', 'TPOT')}"
+    return f"{labelled(itl, 'measure', 'ITL')}\nor {ENGINE.on()}\n{labelled(tpot, 'measure', 'TPOT')}"
 
 
 def fleet_tbt_quantile(q: int) -> str:
@@ -135,7 +135,7 @@ def engine_heatmap(title: str, description: str, histogram: str, *, unit: str, f
     engine target, where the target lacks `histogram`."""
     expr = TME.rate(histogram + "_bucket")
     if fallback is not None:
-        expr = f"\n  {expr}\n  or {ON_ENGINE}\n  {TME.rate(fallback + '_bucket')}\n"
+        expr = f"\n  {expr}\n  or {ENGINE.on()}\n  {TME.rate(fallback + '_bucket')}\n"
     return repeat_per(heatmap(title, description, [target(f"sum by (le) ({expr})")], unit=unit, w=24, h=7),
                       "engine", max_per_row=3)
 
@@ -148,9 +148,9 @@ def finished_by_reason() -> str:
     counter where the engine has it, else llm_requests_total, else the e2e latency histogram's count, each
     engine target (instance, target, model) taking the first it has."""
     with_reason = f"sum by ({', '.join((*ENGINE, 'reason'))}) ({TM.rate('llm_requests_finished_total')})"
-    fallbacks = [labelled(f"sum {BY_ENGINE} ({TM.rate(name)})", "reason", NO_REASON)
+    fallbacks = [labelled(f"sum {ENGINE.by()} ({TM.rate(name)})", "reason", NO_REASON)
                  for name in ("llm_requests_total", "llm_e2e_request_latency_seconds_count")]
-    return "sum by (reason) (\n" + f"\nor {ON_ENGINE}\n".join((with_reason, *fallbacks)) + "\n)"
+    return "sum by (reason) (\n" + f"\nor {ENGINE.on()}\n".join((with_reason, *fallbacks)) + "\n)"
 
 
 def burn(metric: str, window: str, objective: float) -> str:
@@ -506,12 +506,12 @@ def decoding_row() -> Row:
     accepted = TM.sum_rate("llm_spec_decode_accepted_tokens_total", by=ENGINE, window=WINDOW)
     drafted = TM.sum_rate("llm_spec_decode_draft_tokens_total", by=ENGINE, window=WINDOW)
     drafts = TM.sum_rate("llm_spec_decode_drafts_total", by=ENGINE, window=WINDOW)
-    length = (f"1 + {divide(accepted, drafts)}\nor {ON_ENGINE}\n"
-              f"avg {BY_ENGINE} ({TM.sel('llm_spec_decode_acceptance_length')})")
+    length = (f"1 + {divide(accepted, drafts)}\nor {ENGINE.on()}\n"
+              f"avg {ENGINE.by()} ({TM.sel('llm_spec_decode_acceptance_length')})")
     per_step = divide(TM.sum_rate("llm_iteration_tokens_sum", by=ENGINE, window=WINDOW),
                       TM.sum_rate("llm_iteration_tokens_count", by=ENGINE, window=WINDOW))
-    decode_per_step = divide(f"sum {BY_ENGINE} ({TM.sel('llm_decode_tokens_per_second')})",
-                             f"sum {BY_ENGINE} ({TM.sel('llm_decode_steps_per_second')})")
+    decode_per_step = divide(f"sum {ENGINE.by()} ({TM.sel('llm_decode_tokens_per_second')})",
+                             f"sum {ENGINE.by()} ({TM.sel('llm_decode_steps_per_second')})")
     return row("Speculative decoding and batch shape",
         timeseries("Speculative decoding: acceptance ratio and length", """
 Acceptance ratio (left axis): draft tokens the target model accepted / draft tokens proposed, over the
@@ -575,9 +575,9 @@ Engines with only a hit-rate gauge (LMDeploy, whose prompt counter is not a quer
 (mean over ranks), over whatever window the engine computes it. \
 Hits skip prefill work entirely: a high ratio lowers TTFT and prefill compute; a drop after a deploy often
 means the shared system prompt changed.
-""", [target(divide(f"sum {BY_ENGINE} ({TM.rate('llm_prefix_cache_hits_total')})",
-                    f"sum {BY_ENGINE} ({TM.rate('llm_prefix_cache_queries_total')})")
-             + f"\nor {ON_ENGINE}\navg {BY_ENGINE} ({TM.sel('llm_prefix_cache_hit_ratio')})",
+""", [target(divide(f"sum {ENGINE.by()} ({TM.rate('llm_prefix_cache_hits_total')})",
+                    f"sum {ENGINE.by()} ({TM.rate('llm_prefix_cache_queries_total')})")
+             + f"\nor {ENGINE.on()}\navg {ENGINE.by()} ({TM.sel('llm_prefix_cache_hit_ratio')})",
              "{{target}} {{model}} ({{instance}})")], unit="percentunit", w=12, minimum=0, maximum=1),
         stat("KV cache bytes per token", """
 2 (K and V) x layers x KV heads x head dim x bytes per element, from the model shape. GQA/MQA shrink it by
@@ -695,10 +695,8 @@ ROWS: tuple[RowBuilder, ...] = (now_row, verdict_row, latency_row, slo_row, outc
 
 
 def build() -> dict:
-    from dashboards import fleet  # the fleet board links back here
-
     return dashboard(FILENAME, TITLE, "Where the bottleneck is, latency against the SLO, throughput, KV cache "
                      "and cost, per engine target (llm-exporter).", layout(ROWS), standard_variables(engine=True),
-                     links=[dashboard_link("Fleet view", fleet.FILENAME,
+                     links=[dashboard_link("Fleet view", FILENAMES["fleet"],
                                            "Every replica of every model across clusters: summary, instance table, "
                                            "outliers")])
