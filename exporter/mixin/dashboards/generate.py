@@ -162,6 +162,11 @@ federation and alerts), and on a central store where every series carries it. Th
 (`model:...`, `cluster:...`) have no `job`, `instance` or `target`: those variables do not scope them.
 An ad hoc filter on a label the fleet rules drop (`instance`, `pod`) empties their panels.
 
+The labels behind `$cluster` and `$namespace` are the mixin config's `cluster_label` and
+`fleet_extra_labels` (docs/alerts.md, "Configuring the mixin"): with `cluster_label: k8s_cluster`,
+`llm-exporter mixin` writes boards whose `$cluster` lists `k8s_cluster` values and whose every query
+matches and groups by `k8s_cluster`, as the rules do.
+
 Several exporters may name their targets alike (the Kubernetes sidecar calls every target `engine`)
 and every exporter has a GPU 0, so every series split by target or GPU keeps `instance` too, in its
 aggregation and its legend. Panels that stack the parts of a whole (prefill vs decode share, a request's
