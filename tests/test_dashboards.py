@@ -880,5 +880,5 @@ def test_availability_burn_panel_shows_every_alert_pair():
         assert slo.AVAILABILITY.alert in p["description"]
     # The error-ratio cells turn orange above the budget and red at the fastest page's burn.
     budget = 1 - slo.AVAILABILITY.objective
-    assert [s["value"] for s in overview.ERROR_STEPS["steps"]][1:] == pytest.approx(
+    assert [s["value"] for s in overview.error_steps()["steps"]][1:] == pytest.approx(
         [budget, budget * max(br.factor for br in slo.BURN_RATES)])

@@ -135,12 +135,26 @@ def test_the_default_boards_use_the_cluster_label_where_the_renamed_ones_do_not(
     assert sum("cluster" in label_names(t["expr"]) for _, t in boards.iter_exprs(dash)) > 10
 
 
+def _steps(dash: dict, title_start: str) -> list[float]:
+    panel = next(p for p in boards.iter_panels(dash) if p["title"].startswith(title_start))
+    return [s["value"] for s in panel["fieldConfig"]["defaults"]["thresholds"]["steps"] if s["value"] is not None]
+
+
 def test_overrides_reach_thresholds_selector_and_disabled_alerts(tmp_path, capsys):
     code, err = mixin(capsys, tmp_path / "out", "exporter_selector: 'job=\"llm\"'", "ttft_p99_seconds: 7",
                       "disabled_alerts: [LLMFleetGPUsLost]", "alertmanager: {pager_url: 'https://pager.example/x'}",
-                      tmp=tmp_path)
+                      "slos: {ttft: {threshold_seconds: 5}}", "kv_cache_usage_ratio: 0.9", tmp=tmp_path)
     assert code == 0, err
     out = tmp_path / "out"
+    # The rules and the boards of one config agree: the TTFT SLO's bucket and the board's red line move
+    # together, as do the KV cache alert and its gauge's red line.
+    assert 'le=~"5|5\\\\.0"' in (out / "rules" / "recording.yaml").read_text()
+    overview = json.loads((out / "dashboards" / "llm-serving-overview.json").read_text())
+    assert _steps(overview, "TTFT p99") == [4.0, 5]
+    default = json.loads(boards.build_all()["llm-serving-overview.json"])
+    assert _steps(default, "TTFT p99") == [2.0, 2.5]
+    assert "0.9" in (out / "rules" / "saturation.yaml").read_text()
+    assert _steps(overview, "KV cache usage")[-1] == 0.9 != _steps(default, "KV cache usage")[-1]
     text = "".join((out / "rules" / name).read_text() for name in ("latency.yaml", "fleet.yaml"))
     assert 'job="llm"' in text and 'job="llm-exporter"' not in text
     assert "> 7\n" in (out / "rules" / "latency.yaml").read_text()

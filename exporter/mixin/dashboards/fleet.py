@@ -6,11 +6,11 @@ and the capacity over time."""
 
 from __future__ import annotations
 
-from exporter import slo
 from exporter.catalog.derived import RESOURCES
 from exporter.mixin.dashboards import gpu_roofline, host, overview
 from exporter.mixin.dashboards.lib import (
     FILENAMES,
+    SETTINGS,
     TOKENS,
     TOKENS_PER_S,
     Panel,
@@ -25,6 +25,7 @@ from exporter.mixin.dashboards.lib import (
     layout,
     right_axis,
     row,
+    slo_view,
     standard_variables,
     table,
     target,
@@ -34,19 +35,18 @@ from exporter.mixin.dashboards.lib import (
     value_map,
 )
 from exporter.mixin.dashboards.overview import (
-    ERROR_STEPS,
     FLEET,
     NO_TRAFFIC,
     RESOURCE_COLORS,
     WINDOW,
     availability_burn_panel,
+    error_steps,
     fleet_rule,
     fleet_tbt_quantile,
     length_heatmaps,
     rule,
     tbt_quantile,
 )
-from exporter.slo import SATURATION
 
 FILENAME = FILENAMES["fleet"]
 TITLE = "LLM Serving / Fleet"
@@ -55,7 +55,7 @@ T = Promql("target")
 TM = Promql("target_model")
 C = Promql("cluster")
 
-TTFT, TBT = slo.TTFT, slo.TBT
+TTFT, TBT = slo_view("ttft"), slo_view("tbt")
 # One replica: an engine target of one exporter, serving one model, in one cluster and namespace. Every
 # query of the instance table returns exactly these labels, so Grafana's merge joins them into one row.
 REPLICA = fleet("instance", "target", "model")
@@ -137,8 +137,8 @@ bad replica in the instance table below is that replica's. "No traffic": nothing
                 column("TBT p99", "s", cell="color-text", steps=thresholds(
                     (None, "green"), (TBT.threshold_seconds * 0.8, "orange"), (TBT.threshold_seconds, "red"))),
                 column("req/s", "reqps"), column("tok/s", TOKENS_PER_S),
-                column("error ratio", "percentunit", cell="color-text", steps=ERROR_STEPS, decimals=2),
-                column("abort ratio", "percentunit", cell="color-text", steps=ERROR_STEPS, decimals=2),
+                column("error ratio", "percentunit", cell="color-text", steps=error_steps(), decimals=2),
+                column("abort ratio", "percentunit", cell="color-text", steps=error_steps(), decimals=2),
                 column("replicas", "short", decimals=0), column("waiting", "short", decimals=0)]),
         timeseries(f"Fleet TTFT and TBT p99 per model ({WINDOW})", f"""
 The fleet's p99 per model over time (model:... rules: all replicas' requests in one distribution, per engine
@@ -187,9 +187,9 @@ to find the odd one: a replica whose verdict or latency differs from its model's
                 column("TBT p99", "s", cell="color-text", steps=thresholds(
                     (None, "green"), (TBT.threshold_seconds * 0.8, "orange"), (TBT.threshold_seconds, "red"))),
                 column("KV usage", "percentunit", cell="color-text", steps=thresholds(
-                    (None, "green"), (0.9, "orange"), (SATURATION.kv_cache_usage_ratio, "red"))),
+                    (None, "green"), (0.9, "orange"), (SETTINGS.kv_cache_usage_ratio, "red"))),
                 column("waiting", "short", decimals=0), column("tok/s", TOKENS_PER_S),
-                column("error ratio", "percentunit", cell="color-text", steps=ERROR_STEPS, decimals=2)]),
+                column("error ratio", "percentunit", cell="color-text", steps=error_steps(), decimals=2)]),
     )
 
 
@@ -212,7 +212,7 @@ The {OUTLIERS} replicas with the highest time between tokens p99 over {WINDOW} (
 on one replica with normal load points at its GPU (clocks, throttling, a bad link): open its GPU board.
 """, f"topk({OUTLIERS}, {per_replica(tbt_quantile(99))})", "TBT p99", "s"),
         outlier_table("Fullest KV cache", f"""
-The {OUTLIERS} replicas with the fullest KV cache now. Above {SATURATION.kv_cache_usage_ratio:.0%} requests
+The {OUTLIERS} replicas with the fullest KV cache now. Above {SETTINGS.kv_cache_usage_ratio:.0%} requests
 wait or are preempted there; if the others have room, the router sends this replica more or longer requests
 than its share.
 """, f"topk({OUTLIERS}, {per_replica(rule('llm_kv_cache_usage_ratio:max'))})", "KV usage", "percentunit"),

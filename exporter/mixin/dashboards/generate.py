@@ -181,13 +181,13 @@ them per `le` draws cells that are no distribution): each heatmap repeats once p
 
 The selectors are built in one place, `selectors()` in `exporter/mixin/dashboards/lib.py`, from the
 mixin's config (`exporter/mixin/config.py`: the cluster label's name, the other fleet labels). SLO
-thresholds, objectives and saturation thresholds drawn on the panels come from `exporter/slo.py`, which
-the alert rules read too, so the lines are where the alerts fire. Latency quantiles, SLO ratios and token rates read the
-recording rules of `alerts/rules/recording.yaml` (`target_model:...` per replica, `model:...` per model
-over the fleet), so the panels and the alerts see the same numbers. The Overview's TTFT and TBT p99
-tiles are the fleet's p99 per model (all replicas' requests in one distribution), not the worst
-replica's; the Fleet board's outlier tables name the worst replicas. SLO ratios and means show "No
-traffic" when nothing finished in the window.
+thresholds, objectives and saturation thresholds drawn on the panels come from that config too (its
+defaults from `exporter/slo.py`), which the alert rules read, so the lines are where the alerts fire.
+Latency quantiles, SLO ratios and token rates read the recording rules of `alerts/rules/recording.yaml`
+(`target_model:...` per replica, `model:...` per model over the fleet), so the panels and the alerts see
+the same numbers. The Overview's TTFT and TBT p99 tiles are the fleet's p99 per model (all replicas'
+requests in one distribution), not the worst replica's; the Fleet board's outlier tables name the worst
+replicas. SLO ratios and means show "No traffic" when nothing finished in the window.
 
 ## The fleet board
 

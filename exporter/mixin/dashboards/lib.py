@@ -7,8 +7,9 @@ and a layout helper that computes gridPos so nobody edits coordinates by hand.
 
 Every selector is built in `selectors()` from the mixin's one config (exporter/mixin/config.py, the
 monitoring mixins' `_config`), which names the fleet labels: change the scoping of all dashboards
-there. SLO thresholds and the saturation lines come from exporter/slo.py, which the
-alert rules read too, so the dashboards draw the same lines the alerts fire on.
+there. SLO thresholds and the saturation lines come from the same config (SETTINGS, slo_view(),
+burn_rates(); its defaults from exporter/slo.py), which the alert rules read too, so the dashboards
+draw the same lines the alerts fire on.
 
 A dashboard module is a list of row functions (ROWS), each returning one Row: its title and its
 panels, each panel declared once; `layout(ROWS)` places them.
@@ -88,6 +89,45 @@ class FleetLabels(Sequence[str]):
 
     def on(self) -> str:
         return f"on ({', '.join(self)})"
+
+
+class ConfigView:
+    """Attribute reads of one mapping of the config in effect: `TTFT.threshold_seconds` with TTFT =
+    ConfigView("slos", "ttft") reads CONFIG["slos"]["ttft"]["threshold_seconds"] when the panel is built,
+    so the boards draw the thresholds and SLOs the rules of the same config fire on. `fixed` attributes
+    are the view's own (an SLO's key)."""
+
+    def __init__(self, *path: str, **fixed: object) -> None:
+        self._path = path
+        self._fixed = fixed
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._fixed:
+            return self._fixed[name]
+        node: Any = active()
+        for key in self._path:
+            node = node[key]
+        try:
+            return node[name]
+        except KeyError:
+            raise AttributeError(f"{'.'.join(self._path) or 'the config'} has no {name}") from None
+
+
+# The thresholds an alert fires on and a panel draws (kv_cache_usage_ratio, queue_min_waiting,
+# headroom_min_sequences, slo_period, probe_gap_seconds, ...): the config's top level.
+SETTINGS = ConfigView()
+
+
+def slo_view(key: str) -> ConfigView:
+    """A latency SLO of the config in effect (metric, objective, threshold_seconds, alert)."""
+    return ConfigView("slos", key, key=key)
+
+
+def burn_rates() -> list[dict]:
+    """The burn-rate pairs of the config in effect (severity, long, short, factor, for)."""
+    return list(active()["burn_rates"])
 
 
 def fleet(*extra: str) -> FleetLabels:
