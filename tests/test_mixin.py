@@ -181,10 +181,21 @@ def test_a_bad_config_file_exits_2_naming_the_key(tmp_path, capsys, lines, messa
 
 
 def test_a_config_that_removes_a_series_a_panel_reads_is_refused(tmp_path, capsys):
-    # The quantile rules are named by their window: a board reads target_model:...:p99_5m, which a
-    # different rate_window no longer records; shipping that board would show nothing.
+    # The boards draw p99 tiles: without 0.99 among the quantiles no rule records target_model:...:p99_5m,
+    # and shipping those boards would show nothing.
+    code, err = mixin(capsys, tmp_path / "out", "quantiles: [0.5, 0.95]", tmp=tmp_path)
+    assert code == 2 and "neither a catalogue sample name nor a recording rule" in err and "p99_5m" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_changed_rate_window_reaches_the_rules_and_the_boards_that_read_them(tmp_path, capsys):
     code, err = mixin(capsys, tmp_path / "out", "rate_window: 10m", tmp=tmp_path)
-    assert code == 2 and "neither a catalogue sample name nor a recording rule" in err, err
+    assert code == 0, err
+    overview = (tmp_path / "out" / "dashboards" / "llm-serving-overview.json").read_text()
+    assert ":p99_10m" in overview and ":p99_5m" not in overview
+    assert "TTFT p99 (10m)" in overview
+    assert "record: target_model:llm_time_to_first_token_seconds:p99_10m" in (
+        tmp_path / "out" / "rules" / "recording.yaml").read_text()
 
 
 def test_label_names_reads_matchers_and_label_lists_only():

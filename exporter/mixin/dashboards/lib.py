@@ -115,6 +115,20 @@ class ConfigView:
             raise AttributeError(f"{'.'.join(self._path) or 'the config'} has no {name}") from None
 
 
+class ConfigText:
+    """A text setting of the config in effect, read when a query or title formats it: WINDOW =
+    ConfigText("rate_window") writes `rate{WINDOW}` as the rule name the same config's rules record."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __str__(self) -> str:
+        return str(active()[self.key])
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
 # The thresholds an alert fires on and a panel draws (kv_cache_usage_ratio, queue_min_waiting,
 # headroom_min_sequences, slo_period, probe_gap_seconds, ...): the config's top level.
 SETTINGS = ConfigView()

@@ -12,6 +12,7 @@ from exporter.mixin.dashboards.lib import (
     SETTINGS,
     TOKENS,
     TOKENS_PER_S,
+    ConfigText,
     ConfigView,
     Panel,
     Promql,
@@ -49,7 +50,7 @@ M = Promql("model")
 
 TTFT = slo_view("ttft")
 TBT = slo_view("tbt")
-WINDOW = slo.RATE_WINDOW  # the recording rules' window, e.g. 5m
+WINDOW = ConfigText("rate_window")  # the recording rules' window, e.g. 5m
 ITL = "llm_inter_token_latency_seconds"
 TPOT = "llm_time_per_output_token_seconds"
 # One engine's series: the labels fallbacks (`or on (...)`) match on, so a fallback fills in per
