@@ -11,7 +11,7 @@ from typing import Any
 
 from exporter.mixin.config import CONFIG, MixinConfigError, with_overrides
 from exporter.mixin.render import render, undefined_metrics, write
-from exporter.yamlsafe import YamlLoadError, load_yaml_file
+from exporter.yamlsafe import YamlLoadError, load_yaml_file, shorten
 
 EXIT_CONFIG = 2  # as `run`: the config file is the user's to fix
 
@@ -54,7 +54,7 @@ def command_mixin(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     try:
         cfg = load_config(args.config)
     except (YamlLoadError, MixinConfigError) as error:
-        print(f"llm-exporter mixin: {args.config}: {error}", file=sys.stderr)
+        print(f"llm-exporter mixin: {args.config}: {shorten(str(error))}", file=sys.stderr)
         return EXIT_CONFIG
     # A config may disable a recording rule a panel reads: refuse it rather than ship a blank panel.
     problems = undefined_metrics(cfg)

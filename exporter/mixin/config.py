@@ -12,6 +12,7 @@ replace the defaults', checked against them (docs/alerts.md, "Configuring the mi
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Mapping
 
@@ -237,11 +238,12 @@ def with_overrides(base: Mapping, overrides: object, where: str = "") -> dict:
         raise MixinConfigError(f"{where or 'the config'}: expected a mapping of keys, got {_kind(overrides)}")
     out = dict(base)
     for key, value in overrides.items():
-        place = f"{where}.{key}" if where else str(key)
+        name = str(key) if str(key).isprintable() else repr(key)  # a file's text never drives the terminal
+        place = f"{where}.{name}" if where else name
         if key not in base:
             close = difflib.get_close_matches(str(key), [str(k) for k in base], n=3)
-            hint = f"; did you mean {' or '.join(close)}?" if close else f"; known keys: {', '.join(map(str, base))}"
-            raise MixinConfigError(f"{place}: unknown key{hint}")
+            hint = f"did you mean {' or '.join(close)}?" if close else "exporter/mixin/config.py lists the keys"
+            raise MixinConfigError(f"{place}: unknown key; {hint}")
         out[key] = _checked(place, base[key], value, label=key in _LABEL_KEYS)
     return out
 
@@ -272,6 +274,8 @@ def _checked(place: str, default: object, value: object, *, label: bool = False)
     if isinstance(default, int | float):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise MixinConfigError(f"{place}: expected a number, got {_kind(value)}")
+        if not math.isfinite(value):  # .nan / .inf would be written into every rule that reads it
+            raise MixinConfigError(f"{place}: expected a finite number, got {value}")
         return value
     if isinstance(default, str):
         if not isinstance(value, str):
