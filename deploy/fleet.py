@@ -19,7 +19,7 @@ central store (VictoriaMetrics + vmalert) with the rules, and Alertmanager.
     victoria-metrics         the central store (Debian's victoria-metrics), Prometheus API on its port
     vmalert                  the same rules against the central store; recorded series and ALERTS are
                              written back to it; the one notifier of Alertmanager
-    alertmanager             the generated config (alerts/generate.py), receivers pointed at --webhook
+    alertmanager             the generated config (exporter/mixin), receivers pointed at --webhook
                              or at `webhook`, a sink that appends each notification to
                              <dir>/notifications.jsonl
 
@@ -54,13 +54,13 @@ from dataclasses import asdict, dataclass, field
 
 import yaml
 
+from exporter.mixin.alerts import generate
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script: make `alerts` and `exporter` importable
-    sys.path.insert(0, str(ROOT))
 
 
 def _module(name: str, path: pathlib.Path):
-    """deploy/stack.py and alerts/generate.py are scripts, not packages: load them by path once."""
+    """deploy/stack.py is a script, not a package: load it by path once."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -71,7 +71,6 @@ def _module(name: str, path: pathlib.Path):
 
 
 stack = _module("deploy_stack", ROOT / "deploy" / "stack.py")
-generate = _module("alerts_generate", ROOT / "alerts" / "generate.py")
 
 DEFAULT_DIR = ROOT / ".fleet"
 CLUSTERS = ("a", "b")

@@ -1,4 +1,5 @@
-"""Command line: `llm-exporter run | demo | doctor | loadtest | plan`. main() calls run(argv, env), as tests do."""
+"""Command line: `llm-exporter run | demo | doctor | loadtest | plan | mixin`. main() calls run(argv, env), as tests
+do."""
 
 from __future__ import annotations
 
@@ -89,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     from exporter.planner import cmd as plan_cmd
 
     plan_cmd.add_parser(commands)
+    from exporter.mixin import cmd as mixin_cmd
+
+    mixin_cmd.add_parser(commands)
     return parser
 
 
@@ -186,6 +190,10 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
         from exporter.planner.cmd import command_plan
 
         return command_plan(args, env)
+    if args.command == "mixin":
+        from exporter.mixin.cmd import command_mixin
+
+        return command_mixin(args, env)
     raise AssertionError(f"unhandled command {args.command}")
 
 

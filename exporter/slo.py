@@ -140,7 +140,8 @@ AVAILABILITY = AvailabilitySLO("availability", "LLMAvailabilityErrorBudgetBurn",
 
 # The labels the fleet recording rules and alerts keep (`sum by`): a Prometheus per cluster sets
 # `cluster` in its external_labels, Kubernetes scrapes set `namespace`; absent ones are simply empty.
-FLEET_LABELS: tuple[str, ...] = ("cluster", "namespace")
+CLUSTER_LABEL = "cluster"
+FLEET_LABELS: tuple[str, ...] = (CLUSTER_LABEL, "namespace")
 
 # Window and quantiles of the quantile and throughput recording rules the dashboards read.
 RATE_WINDOW = "5m"

@@ -58,6 +58,7 @@ TIERS: dict[str, str] = {
     "test_webconfig_reload_process.py": "process",
     "test_hardening_parse.py": "process",
     "test_hardening_scrape.py": "process",
+    "test_hardening_mixin.py": "process",
     "test_host_net_live.py": "process",
     "test_host_net.py::test_thousands_of_interfaces_stay_bounded": "process",
 }

@@ -4,7 +4,7 @@
 Processes are started and stopped by deploy/stack.py (`make stack`'s launcher: its Plan, Proc,
 start, stop and status), with configs for a test instead of the compose ones:
 
-- rules from alerts/generate.py rendered with every window and `for` scaled by TIME_SCALE
+- rules from exporter/mixin/alerts/generate.py rendered with every window and `for` scaled by TIME_SCALE
   (render_scaled), so an hour-long burn-rate window takes 36 s; the shipped files are untouched;
 - the generated Alertmanager config (same routing and inhibition) with its pager/ticket webhook
   URLs pointed at WebhookReceiver, and Prometheus evaluating every second with a 1 s resend delay;
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from exporter.mixin.alerts import generate
 from tests.support import free_port, free_ports, send_body, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -53,7 +54,6 @@ def _module(name: str, path: pathlib.Path):
 
 
 launcher = _module("deploy_stack", ROOT / "deploy" / "stack.py")
-generate = _module("alerts_generate", ROOT / "alerts" / "generate.py")
 
 
 # ------------------------------------------------------------------------------------------------

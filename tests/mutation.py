@@ -71,7 +71,8 @@ MODULES: dict[str, Module] = {
     **{name: Module((f"exporter/derive/{name}.py",), DERIVE_TESTS)
        for name in ("kv", "throughput", "roofline", "health")},
     # SLO thresholds, burn-rate windows and factors, and the rules built from them.
-    "slo": Module(("exporter/slo.py", "alerts/slo.py"), ("tests/test_alerts.py", "tests/test_units.py", *FAST)),
+    "slo": Module(("exporter/slo.py", "exporter/mixin/alerts/slo.py"),
+                  ("tests/test_alerts.py", "tests/test_units.py", *FAST)),
     # Histogram and counter normalization of engine pages.
     # The pass (normalize.py) and the parts it was split into (page reading, alias tables, histogram
     # merging, drop reasons, per-target state): the same code as before the split.

@@ -19,13 +19,14 @@ import sys
 import pytest
 import yaml
 
-from alerts import generate, hardware, lib
-from alerts.alertmanager import alert_names_by_area
 from exporter import catalog, slo
 from exporter.config import Config
+from exporter.mixin.alerts import generate, hardware, lib
+from exporter.mixin.alerts.alertmanager import alert_names_by_area
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "alerts"
+MODULES = ROOT / "exporter" / "mixin" / "alerts"  # the rule builders, one module per area
 RULE_FILES = sorted((ALERTS / "rules").glob("*.yaml"))
 TEST_FILES = sorted((ALERTS / "tests").glob("*.yaml"))
 PROMETHEUSRULE = ROOT / "deploy" / "kubernetes" / "base" / "prometheusrule.yaml"
@@ -125,12 +126,14 @@ def test_time_scale_scales_every_duration_and_keeps_rule_names_and_descriptions_
 
 def test_area_modules_write_no_duration_literally():
     """Every duration a rule uses comes from CONFIG, so --time-scale reaches it."""
-    for path in sorted(ALERTS.glob("*.py")):
-        if path.name in ("config.py", "generate.py"):
+    modules = sorted(MODULES.glob("*.py"))
+    assert {p.stem for p in modules} >= set(generate.AREAS), "the area modules moved"
+    for path in modules:
+        if path.name == "generate.py":
             continue
         code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
         literal = [d for d in re.findall(r"""["'\[](\d+[smhdw])["'\]]""", code) if slo.duration_seconds(d) > 0]
-        assert not literal, f"{path.name} writes durations {literal}: declare them in alerts/config.py"
+        assert not literal, f"{path.name} writes durations {literal}: declare them in exporter/mixin/config.py"
 
 
 def test_slo_thresholds_are_declared_once_for_exporter_alerts_and_dashboards():
@@ -167,6 +170,7 @@ def test_promtool_unit_tests():
 VARIANTS = {
     "daemonset": (ALERTS / "tests" / "variants" / "daemonset-test.yaml",
                   {"gpu_join_labels": ("job", "kubernetes_node")}),
+    "cluster-label": (ALERTS / "tests" / "variants" / "cluster-label-test.yaml", {"cluster_label": "k8s_cluster"}),
 }
 
 
@@ -310,7 +314,7 @@ def test_every_metric_in_a_rule_is_in_the_catalogue_and_docs_or_a_recording_rule
 
 
 # Recording-rule metrics that are no family but say what they count: the fleet's replicas and GPUs
-# up, and the finished requests' error, abort and availability (alerts/fleet.py).
+# up, and the finished requests' error, abort and availability (exporter/mixin/alerts/fleet.py).
 FLEET_METRICS = {"llm_replicas_up": "llm_engine_up", "llm_gpus_up": "llm_gpu_up",
                  "llm_requests_error": "llm_requests_finished_total",
                  "llm_requests_abort": "llm_requests_finished_total",
@@ -449,7 +453,7 @@ def test_alertmanager_routes_by_severity_and_inhibits_known_alerts():
     names = {r["alert"] for r in alert_rules()}
     for rule in am["inhibit_rules"]:
         for matcher in rule["source_matchers"] + rule["target_matchers"]:
-            if matcher.startswith("long="):  # which burn-rate pair of an SLO (alerts/alertmanager.py)
+            if matcher.startswith("long="):  # which burn-rate pair of an SLO (exporter/mixin/alerts/alertmanager.py)
                 assert matcher[len('long="'):-1] in {br["long"] for br in generate.CONFIG["burn_rates"]}, matcher
                 continue
             m = re.fullmatch(r'alertname(=~?)"(.+)"', matcher)
@@ -620,7 +624,7 @@ def test_burn_budget_and_duration_helpers():
 def test_slo_rules_follow_a_configured_selector_labels_and_runbook():
     # A site's own selector, aggregation, fleet labels and runbook reach every SLO rule, not the defaults.
     cfg = {**generate.CONFIG, "exporter_selector": 'job="site-llm"', "aggregate_away": ("pod",),
-           "fleet_labels": ("region",), "runbook_url": "https://runbooks.example/{anchor}"}
+           "cluster_label": "region", "fleet_extra_labels": (), "runbook_url": "https://runbooks.example/{anchor}"}
     rules = [r for g in generate.build(cfg)["slo"] for r in g["rules"]]
     bound = [r for r in rules if r["alert"] == "LLMSLOThresholdNotABucketBound"]
     assert bound and all(r["expr"].count('{job="site-llm"') == 2 and "without (pod)" in r["expr"]

@@ -100,7 +100,8 @@ def serve(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[tuple[s
 def test_every_parser_refuses_abbreviations():
     every = parsers(build_parser())
     names = {p.prog for p in every}
-    assert {"llm-exporter", *(f"llm-exporter {c}" for c in ("run", "demo", "doctor", "loadtest", "plan"))} <= names
+    commands = ("run", "demo", "doctor", "loadtest", "plan", "mixin")
+    assert {"llm-exporter", *(f"llm-exporter {c}" for c in commands)} <= names
     for parser in every:
         assert isinstance(parser, Parser) and parser.allow_abbrev is False, parser.prog
 
@@ -252,7 +253,7 @@ def test_a_servers_error_page_never_reaches_an_error_line():
 def test_the_exit_code_table_covers_every_command():
     doc = (ROOT / "docs" / "cli.md").read_text()
     table = doc[doc.index("| command |"):]
-    for command in ("run", "demo", "doctor", "loadtest", "plan"):
+    for command in ("run", "demo", "doctor", "loadtest", "plan", "mixin"):
         assert f"| `{command}` |" in table, command
     assert "docs/cli.md" in (ROOT / "README.md").read_text()
 

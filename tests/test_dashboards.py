@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from dashboards import fleet, generate, gpu_roofline, host, lib, overview
-from dashboards.promql import PromqlSyntaxError, metric_names
 from exporter import catalog, slo
 from exporter.derive import bottleneck
+from exporter.mixin.dashboards import fleet, generate, gpu_roofline, host, lib, overview
+from exporter.mixin.dashboards.promql import PromqlSyntaxError, metric_names
 from exporter.sources.engines.registry import KINDS, coverage
 from tests.conftest import ROOT
 
@@ -209,7 +209,7 @@ def test_every_selector_is_scoped_by_cluster_namespace_and_job():
     """Every metric selector is scoped: the selector dict, not ad-hoc matchers, decides what is read. The
     cluster and namespace scope applies everywhere; job (and the replica's instance/target) everywhere but on
     the fleet rules, which sum them away."""
-    assert all(s.startswith(lib.SCOPE) for s in lib.SELECTORS.values()), lib.SELECTORS
+    assert all(s.startswith(lib.scope()) for s in lib.selectors().values()), lib.selectors()
     count = 0
     for d in DASHBOARDS.values():
         for panel, t in generate.iter_exprs(d):
@@ -880,5 +880,5 @@ def test_availability_burn_panel_shows_every_alert_pair():
         assert slo.AVAILABILITY.alert in p["description"]
     # The error-ratio cells turn orange above the budget and red at the fastest page's burn.
     budget = 1 - slo.AVAILABILITY.objective
-    assert [s["value"] for s in overview.ERROR_STEPS["steps"]][1:] == pytest.approx(
+    assert [s["value"] for s in overview.error_steps()["steps"]][1:] == pytest.approx(
         [budget, budget * max(br.factor for br in slo.BURN_RATES)])

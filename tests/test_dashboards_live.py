@@ -54,8 +54,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from dashboards import generate
 from exporter.catalog.derived import RESOURCES
+from exporter.mixin.dashboards import generate
 from tests.conftest import ROOT
 from tests.support import free_port, free_ports, wait_until
 
@@ -419,7 +419,7 @@ def test_fleet_instance_table_joins_every_replica(stack: Stack):
     """The fleet board's instance table with every variable at All: the verdict column lists every exporter
     the stack runs, each with a verdict Grafana's mapping names, and every other column's rows carry exactly
     the replica labels of a verdict row, so Grafana's merge joins them into one row per replica."""
-    from dashboards import fleet
+    from exporter.mixin.dashboards import fleet
 
     title = "Instances: one row per replica"
     every = "|".join(stack.instances.values())

@@ -32,6 +32,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from exporter.mixin.alerts import generate as alerts_generate
 from tests.support import free_port, free_ports
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -59,7 +60,6 @@ def _module(name: str, path: pathlib.Path):
 stack = _module("deploy_stack", ROOT / "deploy" / "stack.py")
 k8s_generate = _module("deploy_k8s_generate", K8S / "generate.py")
 config_docs = _module("deploy_configuration_docs", ROOT / "deploy" / "configuration_docs.py")
-alerts_generate = _module("alerts_generate_for_deploy", ROOT / "alerts" / "generate.py")
 
 
 def tool(name: str) -> str:

@@ -34,7 +34,7 @@ import time
 
 import pytest
 
-from alerts.lib import nominal
+from exporter.mixin.alerts.lib import nominal
 from exporter.simulator.scenarios import SCENARIOS
 from tests.fullstack import TARGET, TWIN_SPEED, FullStack, full_stack, logs, outage_check, timeline
 from tests.support import wait_until
@@ -44,7 +44,7 @@ TTFT_P99 = "LLMTimeToFirstTokenP99High"
 SLOWDOWN = "LLMGPUSlowdownWhileServing"
 ENGINE_DOWN = "LLMEngineDown"
 # The target's alerts an outage must not page or ticket again (alerts/generate.py: slo, latency,
-# saturation), and which no inhibition may hide (alerts/alertmanager.py).
+# saturation), and which no inhibition may hide (exporter/mixin/alerts/alertmanager.py).
 ENGINE_ALERTS = ("LLMTimeToFirstTokenErrorBudgetBurn", "LLMTimeBetweenTokensErrorBudgetBurn",
              "LLMSLOThresholdNotABucketBound", "LLMTimeToFirstTokenP99High", "LLMTimeBetweenTokensP99High",
              "LLMKVCacheNearlyFull", "LLMPreemptionsHappening", "LLMRequestQueueGrowing",
@@ -129,7 +129,7 @@ def test_engine_killed_pages_engine_down_and_opens_nothing_else(stack: FullStack
           60, "the slow TTFT burn never fired")
     # One breach, one page: the slow pair joining is an update of the same group's notification, and
     # the fast pair's short window emptying and filling again does not re-page (keep_firing_for and
-    # the burn inhibitions, alerts/alertmanager.py).
+    # the burn inhibitions, exporter/mixin/alerts/alertmanager.py).
     pages = stack.receiver.pages(TTFT_BURN, since=stack.marks["overload"], target=TARGET, receiver="/pager")
     notified = stack.receiver.notified(TTFT_BURN, since=stack.marks["overload"], target=TARGET)
     assert len(pages) == 1, [(n.status, n.alerts) for n in notified]

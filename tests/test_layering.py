@@ -179,14 +179,17 @@ def test_the_package_imports_only_the_standard_library_and_its_declared_dependen
 
 # From the bottom (docs/developing.md, "Layers"): what every layer may read (the specs, the physics, the
 # safe readers), the runtime (sources -> collect -> derive -> expose -> server), the tools (the twin,
-# the load test, the planner), and the commands that compose them. A module imports nothing from a
+# the load test, the planner, the mixin), and the commands that compose them. A module imports nothing from a
 # layer above its own: the runtime runs beside an engine and carries none of the tools.
 LAYERS = ("base", "runtime", "tools", "commands")
 BASE = ("exporter.specs", "exporter.physics")
 BASE_MODULES = {"exporter", "exporter.safefile", "exporter.jsonsafe", "exporter.redact", "exporter.yamlsafe",
                 "exporter.termsafe"}
-TOOLS = ("exporter.simulator", "exporter.planner", "exporter.probe")
-COMMANDS = {"exporter.app", "exporter.cli", "exporter.doctor", "exporter.planner.cmd", "exporter.probe.loadtest_cmd"}
+# The mixin (rules and dashboards) is a tool: it reads the catalogue, the SLOs and the verdict's
+# thresholds from the runtime, and nothing the exporter runs may import it.
+TOOLS = ("exporter.simulator", "exporter.planner", "exporter.probe", "exporter.mixin")
+COMMANDS = {"exporter.app", "exporter.cli", "exporter.doctor", "exporter.planner.cmd", "exporter.probe.loadtest_cmd",
+            "exporter.mixin.cmd"}
 
 
 def layer_of(module: str) -> int:

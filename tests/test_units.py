@@ -134,8 +134,8 @@ def test_rates_are_per_second_on_the_page_and_the_boards(path: str) -> None:
 def test_preemptions_read_per_second_on_the_page_the_evidence_and_the_board(diagnosis: dict) -> None:
     """One figure in one unit: the page's preemption rate is the evidence's, per second, and the
     board's panel is per second too."""
-    from dashboards.generate import DASHBOARDS, iter_panels
-    from dashboards.overview import FILENAME, PER_S
+    from exporter.mixin.dashboards.generate import DASHBOARDS, iter_panels
+    from exporter.mixin.dashboards.overview import FILENAME, PER_S
 
     row = render(diagnosis).split("<td>preemptions</td>", 1)[1].split("</tr>", 1)[0]
     shown = re.search(r"<td>([\d.e+-]+)/s</td>", row)

@@ -1,5 +1,5 @@
 """GPU faults that take a GPU out of service, declared once: the diagnosis' GPU health
-(exporter/derive/health.py), the XID alert lists (alerts/config.py), docs/diagnosis.md and the
+(exporter/derive/health.py), the XID alert lists (exporter/mixin/config.py), docs/diagnosis.md and the
 runbooks read this table. Data only (exporter/specs), like nvml_codes.py.
 
 XID meanings and actions follow NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors) and its

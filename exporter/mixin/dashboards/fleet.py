@@ -6,8 +6,11 @@ and the capacity over time."""
 
 from __future__ import annotations
 
-from dashboards import gpu_roofline, host, overview
-from dashboards.lib import (
+from exporter.catalog.derived import RESOURCES
+from exporter.mixin.dashboards import gpu_roofline, host, overview
+from exporter.mixin.dashboards.lib import (
+    FILENAMES,
+    SETTINGS,
     TOKENS,
     TOKENS_PER_S,
     Panel,
@@ -17,9 +20,12 @@ from dashboards.lib import (
     color_override,
     dashboard,
     dashboard_link,
+    fleet,
+    fleet_variables,
     layout,
     right_axis,
     row,
+    slo_view,
     standard_variables,
     table,
     target,
@@ -28,38 +34,33 @@ from dashboards.lib import (
     uid_for,
     value_map,
 )
-from dashboards.overview import (
-    ERROR_STEPS,
+from exporter.mixin.dashboards.overview import (
     FLEET,
     NO_TRAFFIC,
     RESOURCE_COLORS,
     WINDOW,
     availability_burn_panel,
+    error_steps,
     fleet_rule,
     fleet_tbt_quantile,
     length_heatmaps,
     rule,
     tbt_quantile,
 )
-from exporter import slo
-from exporter.catalog.derived import RESOURCES
-from exporter.slo import SATURATION
 
-FILENAME = "llm-serving-fleet.json"
+FILENAME = FILENAMES["fleet"]
 TITLE = "LLM Serving / Fleet"
 
 T = Promql("target")
 TM = Promql("target_model")
 C = Promql("cluster")
 
-TTFT, TBT = slo.TTFT, slo.TBT
+TTFT, TBT = slo_view("ttft"), slo_view("tbt")
 # One replica: an engine target of one exporter, serving one model, in one cluster and namespace. Every
 # query of the instance table returns exactly these labels, so Grafana's merge joins them into one row.
-REPLICA = ("cluster", "namespace", "instance", "target", "model")
-BY_REPLICA = f"by ({', '.join(REPLICA)})"
+REPLICA = fleet("instance", "target", "model")
 # One model's fleet in one cluster and namespace: the summary table's row.
-MODEL = ("cluster", "namespace", "model")
-BY_MODEL = f"by ({', '.join(MODEL)})"
+MODEL = fleet("model")
 OUTLIERS = 5  # rows of each outlier table
 VERDICT_MAP = value_map([(i, r, RESOURCE_COLORS[r]) for i, r in enumerate(RESOURCES, start=1)])
 
@@ -69,8 +70,8 @@ def replica_links() -> list[dict]:
     and scope kept and the replica's instance, target and model set from the row."""
     row_vars = ("var-instance=${__data.fields.instance}&var-target=${__data.fields.target}"
                 "&var-model=${__data.fields.model}")
-    keep = ("${__url_time_range}&${datasource:queryparam}&${cluster:queryparam}&${namespace:queryparam}"
-            "&${job:queryparam}")
+    fleet_vars = "".join(f"&${{{variable}:queryparam}}" for variable, _ in fleet_variables())
+    keep = f"${{__url_time_range}}&${{datasource:queryparam}}{fleet_vars}&${{job:queryparam}}"
     return [{"title": f"{title} of ${{__data.fields.target}} (${{__data.fields.instance}})",
              "url": f"/d/{uid_for(module.FILENAME)}?{keep}&{row_vars}", "targetBlank": False}
             for title, module in (("Overview", overview), ("GPU and roofline", gpu_roofline), ("Host", host))]
@@ -98,14 +99,14 @@ def verdict_per_replica() -> str:
     matchers = {r: 'resource="' + r + '"' for r in RESOURCES}
     terms = "\n  or ".join(f"(({T.sel('llm_bottleneck', matchers[r])} == 1) * {i})"
                            for i, r in enumerate(RESOURCES, start=1))
-    verdict = f"max by (cluster, namespace, instance, target) (\n  {terms}\n)"
-    models = f"group {BY_REPLICA} ({TM.sel('llm_requests_running')})"
-    return f"{models}\n* on (cluster, namespace, instance, target) group_left ()\n{verdict}"
+    verdict = f"max {fleet('instance', 'target').by()} (\n  {terms}\n)"
+    models = f"group {REPLICA.by()} ({TM.sel('llm_requests_running')})"
+    return f"{models}\n* {fleet('instance', 'target').on()} group_left ()\n{verdict}"
 
 
 def per_replica(expr: str, op: str = "max") -> str:
     """expr reduced to one value per replica (ranks, engines and job away), so the table's queries join."""
-    return f"{op} {BY_REPLICA} (\n{expr}\n)"
+    return f"{op} {REPLICA.by()} (\n{expr}\n)"
 
 
 
@@ -119,14 +120,14 @@ quantile; the worst engine kind when a model runs on several), finished requests
 shares of finished requests, output tokens/s, replicas up and requests waiting. A fleet p99 near the SLO
 ({TTFT.threshold_seconds} s TTFT, {TBT.threshold_seconds} s TBT) is a fleet problem; a fine fleet p99 with one
 bad replica in the instance table below is that replica's. "No traffic": nothing finished in the window.
-""", [target(f"max {BY_MODEL} ({fleet_rule(f'llm_time_to_first_token_seconds:{q}')})"),
-      target(f"max {BY_MODEL} (\n{fleet_tbt_quantile(99)}\n)"),
-      target(f"sum {BY_MODEL} ({fleet_rule(f'llm_requests_finished:rate{WINDOW}')})"),
-      target(f"max {BY_MODEL} ({fleet_rule(f'llm_requests_error:ratio_rate{WINDOW}')})"),
-      target(f"max {BY_MODEL} ({fleet_rule(f'llm_requests_abort:ratio_rate{WINDOW}')})"),
-      target(f"sum {BY_MODEL} ({fleet_rule(f'llm_generation_tokens:rate{WINDOW}')})"),
-      target(f"sum {BY_MODEL} ({fleet_rule('llm_replicas_up:count')})"),
-      target(f"sum {BY_MODEL} ({fleet_rule('llm_requests_waiting:sum')})")],
+""", [target(f"max {MODEL.by()} ({fleet_rule(f'llm_time_to_first_token_seconds:{q}')})"),
+      target(f"max {MODEL.by()} (\n{fleet_tbt_quantile(99)}\n)"),
+      target(f"sum {MODEL.by()} ({fleet_rule(f'llm_requests_finished:rate{WINDOW}')})"),
+      target(f"max {MODEL.by()} ({fleet_rule(f'llm_requests_error:ratio_rate{WINDOW}')})"),
+      target(f"max {MODEL.by()} ({fleet_rule(f'llm_requests_abort:ratio_rate{WINDOW}')})"),
+      target(f"sum {MODEL.by()} ({fleet_rule(f'llm_generation_tokens:rate{WINDOW}')})"),
+      target(f"sum {MODEL.by()} ({fleet_rule('llm_replicas_up:count')})"),
+      target(f"sum {MODEL.by()} ({fleet_rule('llm_requests_waiting:sum')})")],
             w=24, h=7, order=MODEL, sort_by="req/s", no_value=NO_TRAFFIC,
             rename={"Value #A": "TTFT p99", "Value #B": "TBT p99", "Value #C": "req/s", "Value #D": "error ratio",
                     "Value #E": "abort ratio", "Value #F": "tok/s", "Value #G": "replicas", "Value #H": "waiting"},
@@ -136,8 +137,8 @@ bad replica in the instance table below is that replica's. "No traffic": nothing
                 column("TBT p99", "s", cell="color-text", steps=thresholds(
                     (None, "green"), (TBT.threshold_seconds * 0.8, "orange"), (TBT.threshold_seconds, "red"))),
                 column("req/s", "reqps"), column("tok/s", TOKENS_PER_S),
-                column("error ratio", "percentunit", cell="color-text", steps=ERROR_STEPS, decimals=2),
-                column("abort ratio", "percentunit", cell="color-text", steps=ERROR_STEPS, decimals=2),
+                column("error ratio", "percentunit", cell="color-text", steps=error_steps(), decimals=2),
+                column("abort ratio", "percentunit", cell="color-text", steps=error_steps(), decimals=2),
                 column("replicas", "short", decimals=0), column("waiting", "short", decimals=0)]),
         timeseries(f"Fleet TTFT and TBT p99 per model ({WINDOW})", f"""
 The fleet's p99 per model over time (model:... rules: all replicas' requests in one distribution, per engine
@@ -151,7 +152,7 @@ measure says whether TBT is inter-token latency (ITL) or time per output token (
 Finished requests per second per model over all replicas (left), and the share that ended in an error
 (right axis). A drop in requests with a flat error share is less traffic; a rising error share with steady
 traffic is a failing replica or model: the instance table's error column finds it.
-""", [target(f"sum by (cluster, namespace, model) ({fleet_rule(f'llm_requests_finished:rate{WINDOW}')})",
+""", [target(f"sum {MODEL.by()} ({fleet_rule(f'llm_requests_finished:rate{WINDOW}')})",
              "req/s {{model}} {{cluster}}"),
       target(fleet_rule(f"llm_requests_error:ratio_rate{WINDOW}"), "errors {{model}} {{cluster}}")],
             unit="reqps", w=8, minimum=0, no_value=NO_TRAFFIC,
@@ -186,9 +187,9 @@ to find the odd one: a replica whose verdict or latency differs from its model's
                 column("TBT p99", "s", cell="color-text", steps=thresholds(
                     (None, "green"), (TBT.threshold_seconds * 0.8, "orange"), (TBT.threshold_seconds, "red"))),
                 column("KV usage", "percentunit", cell="color-text", steps=thresholds(
-                    (None, "green"), (0.9, "orange"), (SATURATION.kv_cache_usage_ratio, "red"))),
+                    (None, "green"), (0.9, "orange"), (SETTINGS.kv_cache_usage_ratio, "red"))),
                 column("waiting", "short", decimals=0), column("tok/s", TOKENS_PER_S),
-                column("error ratio", "percentunit", cell="color-text", steps=ERROR_STEPS, decimals=2)]),
+                column("error ratio", "percentunit", cell="color-text", steps=error_steps(), decimals=2)]),
     )
 
 
@@ -211,7 +212,7 @@ The {OUTLIERS} replicas with the highest time between tokens p99 over {WINDOW} (
 on one replica with normal load points at its GPU (clocks, throttling, a bad link): open its GPU board.
 """, f"topk({OUTLIERS}, {per_replica(tbt_quantile(99))})", "TBT p99", "s"),
         outlier_table("Fullest KV cache", f"""
-The {OUTLIERS} replicas with the fullest KV cache now. Above {SATURATION.kv_cache_usage_ratio:.0%} requests
+The {OUTLIERS} replicas with the fullest KV cache now. Above {SETTINGS.kv_cache_usage_ratio:.0%} requests
 wait or are preempted there; if the others have room, the router sends this replica more or longer requests
 than its share.
 """, f"topk({OUTLIERS}, {per_replica(rule('llm_kv_cache_usage_ratio:max'))})", "KV usage", "percentunit"),

@@ -3,7 +3,7 @@ down or absent, engines without GPU metrics."""
 
 from __future__ import annotations
 
-from alerts.lib import alert, fmt_num, gpu_join_who, on_gpu_join, sel
+from exporter.mixin.alerts.lib import alert, fmt_num, gpu_join_who, on_gpu_join, sel
 
 
 def groups(cfg: dict) -> list[dict]:

@@ -6,7 +6,7 @@ node, its GPUs' PCIe neighbours, or configured) alert: an unused port down is no
 
 from __future__ import annotations
 
-from alerts.lib import TM, alert, fmt_num, fmt_pct, sel, without
+from exporter.mixin.alerts.lib import TM, alert, fmt_num, fmt_pct, sel, without
 
 LINK = "{{ $labels.device }} on {{ $labels.instance }}"
 

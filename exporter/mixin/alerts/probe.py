@@ -3,7 +3,17 @@
 
 from __future__ import annotations
 
-from alerts.lib import TM, alert, engine_mean_rule, fmt_num, fmt_pct, probe_gap_rule, probe_mean_rule, sel, without
+from exporter.mixin.alerts.lib import (
+    TM,
+    alert,
+    engine_mean_rule,
+    fmt_num,
+    fmt_pct,
+    probe_gap_rule,
+    probe_mean_rule,
+    sel,
+    without,
+)
 
 
 def groups(cfg: dict) -> list[dict]:

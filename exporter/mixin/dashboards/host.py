@@ -3,15 +3,17 @@ the GPUs' PCIe links from sysfs, and the exporter's own health."""
 
 from __future__ import annotations
 
-from dashboards import verdict
-from dashboards.lib import (
+from exporter.mixin.dashboards import verdict
+from exporter.mixin.dashboards.lib import (
     BOOL_UP,
+    FILENAMES,
     TOKENS_PER_S,
     Promql,
     Row,
     RowBuilder,
     color_override,
     dashboard,
+    fleet,
     layout,
     right_axis,
     row,
@@ -24,7 +26,7 @@ from dashboards.lib import (
     value_map,
 )
 
-FILENAME = "llm-serving-host.json"
+FILENAME = FILENAMES["host"]
 TITLE = "LLM Serving / Host"
 
 EX = Promql("exporter")
@@ -40,7 +42,7 @@ The whole host's busy share against its busiest core. A host at 30% with one cor
 single-threaded bottleneck (tokenizer, scheduler, HTTP/JSON loop): more cores will not help, a faster core or
 moving the work off that thread will.
 """, [target(EX.sel("llm_host_cpu_busy_ratio", 'cpu="all"'), "all cores {{instance}}"),
-      target(f"max by (cluster, namespace, job, instance) ({EX.sel('llm_host_cpu_busy_ratio', NOT_ALL)})",
+      target(f"max {fleet('job', 'instance').by()} ({EX.sel('llm_host_cpu_busy_ratio', NOT_ALL)})",
              "busiest core {{instance}}")],
             unit="percentunit", w=12, minimum=0, maximum=1,
             overrides=[color_override("^busiest.*", "orange")]),
@@ -71,7 +73,7 @@ means tasks wait for a CPU; PSI below says how long.
 """, [target(EX.sel("llm_host_load1"), "load1 {{instance}}"),
       target(EX.sel("llm_host_load5"), "load5 {{instance}}"),
       target(EX.sel("llm_host_load15"), "load15 {{instance}}"),
-      target(f"count by (cluster, namespace, job, instance) ({EX.sel('llm_host_cpu_busy_ratio', NOT_ALL)})",
+      target(f"count {fleet('job', 'instance').by()} ({EX.sel('llm_host_cpu_busy_ratio', NOT_ALL)})",
              "cores {{instance}}")],
             unit="short", w=12, minimum=0, overrides=[color_override("^cores.*", "red", dashed=True)]),
         timeseries("Engine process: threads and resident memory", """
@@ -94,7 +96,7 @@ GPUs' node.
         table("GPU NUMA nodes (sysfs)", """
 The NUMA node each NVIDIA GPU's PCI device is attached to. Pin the engine to the CPUs of that node; with GPUs
 on both nodes, pin each tensor-parallel rank to its GPU's node.
-""", [target(f"max by (cluster, namespace, instance, pci) ({EX.sel('llm_host_gpu_numa_node')})")], w=12, h=6,
+""", [target(f"max {fleet('instance', 'pci').by()} ({EX.sel('llm_host_gpu_numa_node')})")], w=12, h=6,
             rename={"Value": "NUMA node", "pci": "PCI address"}),
         timeseries("Memory per NUMA node", """
 Used (total - free; page cache counts as used) and total RAM of each NUMA node. One node full and the other
@@ -139,22 +141,22 @@ def pcie_sysfs_row() -> Row:
 Each NVIDIA GPU's PCIe link speed (GT/s: 8 = Gen3, 16 = Gen4, 32 = Gen5) and width, as trained now and at
 most. Read without NVML, so it works when the driver is wedged; current below max under load is a degraded
 link (see the GPU dashboard's NVML view).
-""", [target(f"max by (cluster, namespace, instance, pci) ({EX.sel('llm_host_gpu_pcie_link_speed_gts', CURRENT)})"),
-      target(f"max by (cluster, namespace, instance, pci) ({EX.sel('llm_host_gpu_pcie_link_speed_gts', MAXIMUM)})"),
-      target(f"max by (cluster, namespace, instance, pci) ({EX.sel('llm_host_gpu_pcie_link_width', CURRENT)})"),
-      target(f"max by (cluster, namespace, instance, pci) ({EX.sel('llm_host_gpu_pcie_link_width', MAXIMUM)})")],
+""", [target(f"max {fleet('instance', 'pci').by()} ({EX.sel('llm_host_gpu_pcie_link_speed_gts', CURRENT)})"),
+      target(f"max {fleet('instance', 'pci').by()} ({EX.sel('llm_host_gpu_pcie_link_speed_gts', MAXIMUM)})"),
+      target(f"max {fleet('instance', 'pci').by()} ({EX.sel('llm_host_gpu_pcie_link_width', CURRENT)})"),
+      target(f"max {fleet('instance', 'pci').by()} ({EX.sel('llm_host_gpu_pcie_link_width', MAXIMUM)})")],
         w=24, h=6, rename={"Value #A": "GT/s now", "Value #B": "GT/s max", "Value #C": "width now",
                            "Value #D": "width max", "pci": "PCI address"}),
     )
 
 
 # One link of one exporter's host (instance names repeat across clusters, so cluster and namespace too).
-NET = ("cluster", "namespace", "instance", "device")
+NET = fleet("instance", "device")
 
 
 def network_row() -> Row:
     engine_info = EX.sel("llm_host_network_info", 'engine="true"')
-    link = f"max by (cluster, namespace, instance, device, kind) ({engine_info})"
+    link = f"max {NET.by('kind')} ({engine_info})"
     return row("Network links (NIC and RDMA)",
         timeseries("Network link utilization", f"""
 Each NIC and RDMA port's traffic over the last cycle as a share of its link rate, per direction (receive,
@@ -175,7 +177,7 @@ Errors and drops per second on each link, both directions summed (sysfs rx/tx er
 port the receive errors, transmit discards and symbol errors). Any sustained rate on a link that carries tensor
 parallel or KV transfer traffic slows every step or transfer (retransmits, NCCL timeouts): check cables,
 transceivers and the switch port (LLMNetworkLinkErrors).
-""", [target(f"sum by (cluster, namespace, instance, device) ({EX.rate(f'llm_host_network_{d}_{k}_total')})",
+""", [target(f"sum {NET.by()} ({EX.rate(f'llm_host_network_{d}_{k}_total')})",
              f"{d} {k} {{{{device}}}} ({{{{instance}}}})")
       for d in ("receive", "transmit") for k in ("errors", "drops")], unit="short", w=12, minimum=0),
         table("Network links: state and rate", """
@@ -212,7 +214,7 @@ engine); a source that fails on and off shows as a saw-tooth (LLMExporterSourceF
         timeseries("Collection errors by reason", """
 Failed collections per second by source and reason code (timeout, connection, parse, ...). Pair with Source
 status: a steady trickle of timeouts on one engine target usually means its /metrics page is too large or slow.
-""", [target(f"sum by (cluster, namespace, instance, source, reason) ({EX.rate('llm_exporter_collect_errors_total')})",
+""", [target(f"sum {fleet('instance', 'source', 'reason').by()} ({EX.rate('llm_exporter_collect_errors_total')})",
              "{{source}} {{reason}} {{instance}}")], unit="short", w=8, minimum=0),
         timeseries("Requests refused and series dropped", """
 What the exporter refused to protect itself (docs/security.md has each limit): /metrics requests and
@@ -232,8 +234,8 @@ the exporter cannot trust.
         table("Exporter build", """
 Version of each exporter and its Python; collection cycles completed since start. Mixed versions across
 exporters explain panels that are blank on some instances only.
-""", [target(f"max by (cluster, namespace, instance, version, python) ({EX.sel('llm_exporter_build_info')})"),
-      target(f"max by (cluster, namespace, instance) ({EX.sel('llm_exporter_collections_total')})")],
+""", [target(f"max {fleet('instance', 'version', 'python').by()} ({EX.sel('llm_exporter_build_info')})"),
+      target(f"max {fleet('instance').by()} ({EX.sel('llm_exporter_collections_total')})")],
         w=24, h=5, rename={"Value #A": "build_info", "Value #B": "cycles"}, exclude=("Time", "Value #A")),
     )
 

@@ -3,7 +3,7 @@ throttling, PCIe links, GPU memory, NUMA, a stuck non-GPU bottleneck verdict."""
 
 from __future__ import annotations
 
-from alerts.lib import GPU, alert, fmt_num, fmt_pct, on_gpu_join, regex_of, sel
+from exporter.mixin.alerts.lib import GPU, alert, fmt_num, fmt_pct, on_gpu_join, regex_of, sel
 from exporter.specs.nvml_codes import FABRIC_COMPLETED, FABRIC_HEALTH, FABRIC_HEALTHY, RECOVERY_ACTIONS
 
 

@@ -3,7 +3,7 @@ deep, and a speculative decoder whose drafts are mostly rejected."""
 
 from __future__ import annotations
 
-from alerts.lib import TM, alert, fmt_num, fmt_pct, sel, without
+from exporter.mixin.alerts.lib import TM, alert, fmt_num, fmt_pct, sel, without
 
 
 def groups(cfg: dict) -> list[dict]:

@@ -1,12 +1,20 @@
-"""CONFIG: every selector, SLO target and threshold the rules are built from (the kubernetes-mixin's
-config.libsonnet). Durations are Prometheus durations; ratios are 0..1.
+"""CONFIG: every label name, selector, SLO target and threshold the rules and the dashboards are built
+from (the kubernetes-mixin's config.libsonnet `_config`). Durations are Prometheus durations; ratios
+are 0..1.
 
 The SLOs, the burn-rate pairs and the thresholds the dashboards draw too come from exporter/slo.py,
 so the exporter, the rules and the panels read one declaration; the rest is alerting-only. CONFIG
 stays a plain dict so a variant is `{**CONFIG, key: value}` and generate.scale_durations can walk it.
+`with_overrides(CONFIG, mapping)` is what `llm-exporter mixin --config FILE` applies: a file's keys
+replace the defaults', checked against them (docs/alerts.md, "Configuring the mixin").
 """
 
 from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Mapping
 
 from exporter import slo
 from exporter.derive.bottleneck import KV_QUEUE_LOW
@@ -57,9 +65,12 @@ CONFIG: dict = {
     },
     # Latency and SLO alerts stay quiet below this many requests/s; for SLO alerts over the long window.
     "min_request_rate": slo.MIN_REQUEST_RATE,
-    # Fleet (alerts/fleet.py): the labels kept by every per-model rule (`sum by`); present when a
-    # Prometheus per cluster sets them (external_labels, Kubernetes scrapes), empty otherwise.
-    "fleet_labels": slo.FLEET_LABELS,
+    # Fleet (exporter/mixin/alerts/fleet.py, the Fleet board): the labels kept by every per-model rule (`sum by`),
+    # the cluster label first, then fleet_extra_labels; present when a Prometheus per cluster sets them
+    # (external_labels, Kubernetes scrapes), empty otherwise. Rules, inhibitions, Alertmanager's
+    # grouping, panels and the boards' $cluster variable all read them through fleet_labels(cfg).
+    "cluster_label": slo.CLUSTER_LABEL,
+    "fleet_extra_labels": slo.FLEET_LABELS[1:],
     # Capacity loss: a model's up replicas (GPUs up, per cluster and namespace) against their most
     # within fleet_capacity_lookback. LLMFleetReplicasLost / LLMFleetGPUsLost: below it for
     # fleet_lost_for; LLMFleetCapacityHalved: at most fleet_capacity_critical_ratio of it for
@@ -133,7 +144,7 @@ CONFIG: dict = {
     "numa_for": "15m",
     "bottleneck_resources": ("host_cpu", "power_thermal"),
     "bottleneck_for": "30m",
-    # Network (alerts/network.py), on the engine's links only. LLMNetworkLinkErrors: errors and drops
+    # Network (exporter/mixin/alerts/network.py), on the engine's links only. LLMNetworkLinkErrors: errors and drops
     # above network_errors_per_second over network_error_window. LLMNetworkLinkBelowRate: a link rate
     # below network_rate_ratio of its highest over network_rate_lookback. LLMKVTransferQueueStanding: at
     # least kv_transfer_queue_min requests waiting for a KV transfer in kv_transfer_queue_share of
@@ -185,9 +196,9 @@ CONFIG: dict = {
     "alertmanager": {
         "pager_url": "http://alert-pager.example.invalid/llm-exporter",
         "ticket_url": "http://alert-tickets.example.invalid/llm-exporter",
-        # cluster and namespace: one notification per cluster's breach, not one for every cluster
-        # whose model shares a name; absent labels group as empty.
-        "group_by": ("alertname", "cluster", "namespace", "target", "model"),
+        # Grouped by alertname, the fleet labels (one notification per cluster's breach, not one for
+        # every cluster whose model shares a name; absent labels group as empty), then these.
+        "group_by": ("target", "model"),
         "group_wait": "30s",
         "group_interval": "5m",
         "repeat_interval_critical": "1h",
@@ -199,3 +210,83 @@ CONFIG: dict = {
         "labels": {"app.kubernetes.io/name": "llm-exporter", "release": "kube-prometheus-stack"},
     },
 }
+
+
+def fleet_labels(cfg: Mapping) -> tuple[str, ...]:
+    """The labels a fleet rule keeps and a fleet panel scopes by: the cluster label, then the others."""
+    return (cfg["cluster_label"], *cfg["fleet_extra_labels"])
+
+
+class MixinConfigError(ValueError):
+    """An override the defaults cannot take: an unknown key or a value of the wrong kind."""
+
+
+_DURATION = re.compile(r"(\d+[smhdw])+")
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Keys whose value names labels: each must be a valid Prometheus label name, since it is spliced
+# into every selector, grouping and template.
+_LABEL_KEYS = frozenset({"cluster_label", "fleet_extra_labels", "exporter_labels", "gpu_join_labels",
+                         "aggregate_away"})
+
+
+def with_overrides(base: Mapping, overrides: object, where: str = "") -> dict:
+    """`base` with the keys of `overrides` replaced, recursively into nested mappings. An unknown key
+    (with the closest known ones), or a value whose kind differs from the default's (a number for a
+    number, a list for a list, a Prometheus duration for a duration, a label name for a label), is a
+    MixinConfigError naming the key's place (alertmanager.group_wait)."""
+    if not isinstance(overrides, Mapping):
+        raise MixinConfigError(f"{where or 'the config'}: expected a mapping of keys, got {_kind(overrides)}")
+    out = dict(base)
+    for key, value in overrides.items():
+        name = str(key) if str(key).isprintable() else repr(key)  # a file's text never drives the terminal
+        place = f"{where}.{name}" if where else name
+        if key not in base:
+            close = difflib.get_close_matches(str(key), [str(k) for k in base], n=3)
+            hint = f"did you mean {' or '.join(close)}?" if close else "exporter/mixin/config.py lists the keys"
+            raise MixinConfigError(f"{place}: unknown key; {hint}")
+        out[key] = _checked(place, base[key], value, label=key in _LABEL_KEYS)
+    return out
+
+
+def _checked(place: str, default: object, value: object, *, label: bool = False) -> object:
+    if isinstance(default, Mapping):
+        return with_overrides(default, value, place)
+    if isinstance(default, tuple):
+        if not isinstance(value, list | tuple):
+            raise MixinConfigError(f"{place}: expected a list, got {_kind(value)}")
+        # Items are checked against the default's first (burn-rate pairs: each a whole pair, every
+        # key given); an empty default (disabled_alerts) holds names.
+        model = default[0] if default else "name"
+        items = []
+        for i, item in enumerate(value):
+            if isinstance(model, Mapping):
+                if not isinstance(item, Mapping) or set(item) != set(model):
+                    raise MixinConfigError(f"{place}[{i}]: expected a mapping of {', '.join(model)}")
+                item = with_overrides(model, item, f"{place}[{i}]")
+            else:
+                item = _checked(f"{place}[{i}]", model, item, label=label)
+            items.append(item)
+        return tuple(items)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise MixinConfigError(f"{place}: expected true or false, got {_kind(value)}")
+        return value
+    if isinstance(default, int | float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise MixinConfigError(f"{place}: expected a number, got {_kind(value)}")
+        if not math.isfinite(value):  # .nan / .inf would be written into every rule that reads it
+            raise MixinConfigError(f"{place}: expected a finite number, got {value}")
+        return value
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise MixinConfigError(f"{place}: expected a string, got {_kind(value)}")
+        if _DURATION.fullmatch(default) and not _DURATION.fullmatch(value):
+            raise MixinConfigError(f"{place}: expected a Prometheus duration (5m, 1h30m), got {value!r}")
+        if label and not _LABEL_NAME.fullmatch(value):
+            raise MixinConfigError(f"{place}: {value!r} is not a label name ([A-Za-z_][A-Za-z0-9_]*)")
+        return value
+    raise MixinConfigError(f"{place}: cannot be overridden")  # no default of another kind exists today
+
+
+def _kind(value: object) -> str:
+    return "nothing" if value is None else type(value).__name__

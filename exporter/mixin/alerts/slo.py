@@ -1,19 +1,19 @@
 """SLO alerts: multi-window, multi-burn-rate pairs per latency SLO (exporter/slo.py) per target and
 model, the same pairs for the availability SLO per model's fleet (cluster, namespace, model; its
-good ratios are alerts/fleet.py's), and the check that each latency SLO threshold is a bucket bound
+good ratios are exporter/mixin/alerts/fleet.py's), and the check that each latency SLO threshold is a bucket bound
 of the engine's histogram."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from alerts.lib import (
-    FLEET,
+from exporter.mixin.alerts.lib import (
     TM,
     alert,
     availability_good_ratio_rule,
     by_fleet,
     finished_rate_rule,
+    fleet_who,
     fmt_num,
     fmt_pct,
     good_ratio_rule,
@@ -94,7 +94,7 @@ def availability(cfg: dict) -> list[dict]:
         rules.append(alert(
             spec["alert"], expr, br["severity"],
             f"Availability SLO error budget burning {'fast' if page else 'slowly'}.",
-            f"{FLEET}: {{{{ $value | humanize }}}}x the sustainable error rate over {long} (and over "
+            f"{fleet_who(cfg)}: {{{{ $value | humanize }}}}x the sustainable error rate over {long} (and over "
             f"{short}) for the SLO \"{fmt_pct(spec['objective'])} of finished requests not failed "
             f"by the server ({bad})\" over {cfg['slo_period']}. At {fmt_num(factor)}x the "
             f"budget lasts {budget_lasts(cfg['slo_period'], factor)}.",

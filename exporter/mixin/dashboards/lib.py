@@ -5,9 +5,11 @@ and the kube-prometheus-stack sidecar. vLLM's tools/generate_grafana_dashboards.
 a selector-scoped `Promql` helper, panel builders whose descriptions say how to read the panel,
 and a layout helper that computes gridPos so nobody edits coordinates by hand.
 
-Every selector lives in SELECTORS (the monitoring mixins' `_config` idea): change the scoping of
-all dashboards here. SLO thresholds and the saturation lines come from exporter/slo.py, which the
-alert rules read too, so the dashboards draw the same lines the alerts fire on.
+Every selector is built in `selectors()` from the mixin's one config (exporter/mixin/config.py, the
+monitoring mixins' `_config`), which names the fleet labels: change the scoping of all dashboards
+there. SLO thresholds and the saturation lines come from the same config (SETTINGS, slo_view(),
+burn_rates(); its defaults from exporter/slo.py), which the alert rules read too, so the dashboards
+draw the same lines the alerts fire on.
 
 A dashboard module is a list of row functions (ROWS), each returning one Row: its title and its
 panels, each panel declared once; `layout(ROWS)` places them.
@@ -15,43 +17,166 @@ panels, each panel declared once; `layout(ROWS)` places them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from alerts.lib import fmt_num
+from exporter.mixin.alerts.lib import fmt_num
+from exporter.mixin.config import CONFIG, fleet_labels
 
 SCHEMA_VERSION = 39
 TAGS = ("llm-exporter",)
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 # ----------------------------------------------------------------------------------------------
-# Selectors: the one place that scopes every query.
+# The config in effect, and the selectors built from it: the one place that scopes every query.
 # ----------------------------------------------------------------------------------------------
-# Every selector starts with the cluster and namespace scope. A series without these labels (a
-# Prometheus that scrapes one cluster and adds `cluster` only as an external label, on remote write)
-# still matches at "All": the variables' allValue is ".*", and `cluster=~".*"` matches an absent label.
-SCOPE = 'cluster=~"$cluster", namespace=~"$namespace"'
-SELECTORS: dict[str, str] = {
-    # Every llm_* series comes from the exporter's scrape job; instance is one exporter (sidecar).
-    "exporter": f'{SCOPE}, job=~"$job", instance=~"$instance"',
-    # Engine and derived series of the chosen engine targets.
-    "target": f'{SCOPE}, job=~"$job", instance=~"$instance", target=~"$target"',
-    # ... and models (engine families, derived families with (target, model), recording rules).
-    "target_model": f'{SCOPE}, job=~"$job", instance=~"$instance", target=~"$target", model=~"$model"',
-    # ... and one engine kind (heatmaps: engines' bucket bounds differ, so buckets are summed per engine only).
-    "target_model_engine": f'{SCOPE}, job=~"$job", instance=~"$instance", target=~"$target", model=~"$model", '
-                           'engine=~"$engine"',
-    # Per-GPU series (no target label: GPUs belong to the exporter that reads them).
-    "gpu": f'{SCOPE}, job=~"$job", instance=~"$instance", gpu=~"$gpu"',
-    # Derived per-GPU series that also name their target (roofline).
-    "target_gpu": f'{SCOPE}, job=~"$job", instance=~"$instance", target=~"$target", gpu=~"$gpu"',
-    # Fleet recording rules per model (`model:...`): summed over replicas, so no job, instance or target.
-    "model": f'{SCOPE}, model=~"$model"',
-    # Fleet recording rules per cluster (`cluster:...`, by cluster and the exporters' namespace).
-    "cluster": SCOPE,
-}
+# The mixin's config (exporter/mixin/config.py, which the rules read too) names the fleet labels. A
+# build runs under one (`with configured(cfg):`, generate.build_all); the module-level label tuples
+# (fleet(...)) and the Promql scopes read it when a query is written, not at import.
+_ACTIVE: list[Mapping] = [CONFIG]
+
+
+@contextlib.contextmanager
+def configured(cfg: Mapping) -> Iterator[None]:
+    """Build the dashboards under `cfg` within the block."""
+    _ACTIVE.append(cfg)
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()
+
+
+def active() -> Mapping:
+    return _ACTIVE[-1]
+
+
+def cluster_label() -> str:
+    return str(active()["cluster_label"])
+
+
+# The Grafana variable of each fleet label: `$cluster` whatever the cluster label is called (links and
+# bookmarks keep working), the others by their own name.
+def fleet_variables() -> tuple[tuple[str, str], ...]:
+    """(variable, label) for each fleet label, the cluster's first."""
+    return (("cluster", cluster_label()), *((label, label) for label in active()["fleet_extra_labels"]))
+
+
+class FleetLabels(Sequence[str]):
+    """The fleet labels of the config in effect, then `extra`: a query's grouping of one replica, one
+    model, one exporter. Read when iterated, so a module-level REPLICA = fleet("instance", ...) follows
+    the config that a build runs under."""
+
+    def __init__(self, *extra: str) -> None:
+        self.extra = extra
+
+    def _labels(self) -> tuple[str, ...]:
+        return (*fleet_labels(active()), *self.extra)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._labels())
+
+    def __len__(self) -> int:
+        return len(self._labels())
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._labels()[index]
+
+    def by(self, *more: str) -> str:
+        return f"by ({', '.join((*self, *more))})"
+
+    def on(self) -> str:
+        return f"on ({', '.join(self)})"
+
+
+class ConfigView:
+    """Attribute reads of one mapping of the config in effect: `TTFT.threshold_seconds` with TTFT =
+    ConfigView("slos", "ttft") reads CONFIG["slos"]["ttft"]["threshold_seconds"] when the panel is built,
+    so the boards draw the thresholds and SLOs the rules of the same config fire on. `fixed` attributes
+    are the view's own (an SLO's key)."""
+
+    def __init__(self, *path: str, **fixed: object) -> None:
+        self._path = path
+        self._fixed = fixed
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._fixed:
+            return self._fixed[name]
+        node: Any = active()
+        for key in self._path:
+            node = node[key]
+        try:
+            return node[name]
+        except KeyError:
+            raise AttributeError(f"{'.'.join(self._path) or 'the config'} has no {name}") from None
+
+
+class ConfigText:
+    """A text setting of the config in effect, read when a query or title formats it: WINDOW =
+    ConfigText("rate_window") writes `rate{WINDOW}` as the rule name the same config's rules record."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __str__(self) -> str:
+        return str(active()[self.key])
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+# The thresholds an alert fires on and a panel draws (kv_cache_usage_ratio, queue_min_waiting,
+# headroom_min_sequences, slo_period, probe_gap_seconds, ...): the config's top level.
+SETTINGS = ConfigView()
+
+
+def slo_view(key: str) -> ConfigView:
+    """A latency SLO of the config in effect (metric, objective, threshold_seconds, alert)."""
+    return ConfigView("slos", key, key=key)
+
+
+def burn_rates() -> list[dict]:
+    """The burn-rate pairs of the config in effect (severity, long, short, factor, for)."""
+    return list(active()["burn_rates"])
+
+
+def fleet(*extra: str) -> FleetLabels:
+    return FleetLabels(*extra)
+
+
+def scope() -> str:
+    """Every selector starts with the fleet scope. A series without these labels (a Prometheus that
+    scrapes one cluster and adds `cluster` only as an external label, on remote write) still matches
+    at "All": the variables' allValue is ".*", and `cluster=~".*"` matches an absent label."""
+    return ", ".join(f'{label}=~"${variable}"' for variable, label in fleet_variables())
+
+
+def selectors() -> dict[str, str]:
+    scoped = scope()
+    return {
+        # Every llm_* series comes from the exporter's scrape job; instance is one exporter (sidecar).
+        "exporter": f'{scoped}, job=~"$job", instance=~"$instance"',
+        # Engine and derived series of the chosen engine targets.
+        "target": f'{scoped}, job=~"$job", instance=~"$instance", target=~"$target"',
+        # ... and models (engine families, derived families with (target, model), recording rules).
+        "target_model": f'{scoped}, job=~"$job", instance=~"$instance", target=~"$target", model=~"$model"',
+        # ... and one engine kind (heatmaps: engines' bucket bounds differ, so buckets are summed per engine only).
+        "target_model_engine": f'{scoped}, job=~"$job", instance=~"$instance", target=~"$target", '
+                               'model=~"$model", engine=~"$engine"',
+        # Per-GPU series (no target label: GPUs belong to the exporter that reads them).
+        "gpu": f'{scoped}, job=~"$job", instance=~"$instance", gpu=~"$gpu"',
+        # Derived per-GPU series that also name their target (roofline).
+        "target_gpu": f'{scoped}, job=~"$job", instance=~"$instance", target=~"$target", gpu=~"$gpu"',
+        # Fleet recording rules per model (`model:...`): summed over replicas, so no job, instance or target.
+        "model": f'{scoped}, model=~"$model"',
+        # Fleet recording rules per cluster (`cluster:...`, by cluster and the exporters' namespace).
+        "cluster": scoped,
+    }
+
 
 RATE = "$__rate_interval"
 # Grafana's custom SI units: 1200 reads "1.2 ktok/s", 3e6 "3 Mtok/s" ("suffix:" would never scale).
@@ -63,7 +188,13 @@ class Promql:
     """PromQL with one selector spliced in: Promql("target_model").sel("llm_requests_running")."""
 
     def __init__(self, scope: str) -> None:
-        self.matchers = SELECTORS[scope]
+        if scope not in selectors():
+            raise KeyError(scope)
+        self.scope = scope
+
+    @property
+    def matchers(self) -> str:
+        return selectors()[self.scope]
 
     def sel(self, metric: str, *extra: str) -> str:
         return f"{metric}{{{', '.join((self.matchers, *extra))}}}"
@@ -92,7 +223,9 @@ def divide(numerator: str, denominator: str) -> str:
 # Targets, thresholds, mappings
 # ----------------------------------------------------------------------------------------------
 def target(expr: str, legend: str = "", *, instant: bool = False, fmt: str = "time_series") -> dict:
-    """One Prometheus query; refIds are assigned by the panel builder."""
+    """One Prometheus query; refIds are assigned by the panel builder.
+    A legend names the cluster as `{{cluster}}`; the configured cluster label is written instead."""
+    legend = legend.replace("{{cluster}}", f"{{{{{cluster_label()}}}}}")
     return {"expr": expr, "legendFormat": legend, "instant": instant, "format": fmt}
 
 
@@ -401,40 +534,42 @@ def query_variable(name: str, label: str, query: str, *, multi: bool = True, inc
     return var
 
 
-def cluster_variable() -> dict:
-    return query_variable("cluster", "Cluster", "label_values(llm_exporter_build_info, cluster)")
-
-
-def namespace_variable() -> dict:
-    return query_variable("namespace", "Namespace",
-                          'label_values(llm_exporter_build_info{cluster=~"$cluster"}, namespace)')
+def fleet_label_variables() -> list[dict]:
+    """One variable per fleet label ($cluster, $namespace), each scoped by the ones before it."""
+    out, before = [], []
+    for variable, label in fleet_variables():
+        matchers = f"{{{', '.join(before)}}}" if before else ""
+        out.append(query_variable(variable, variable.capitalize(),
+                                  f"label_values(llm_exporter_build_info{matchers}, {label})"))
+        before.append(f'{label}=~"${variable}"')
+    return out
 
 
 def job_variable() -> dict:
-    return query_variable("job", "Job", f"label_values(llm_exporter_build_info{{{SCOPE}}}, job)")
+    return query_variable("job", "Job", f"label_values(llm_exporter_build_info{{{scope()}}}, job)")
 
 
 def instance_variable() -> dict:
     return query_variable("instance", "Exporter",
-                          f'label_values(llm_exporter_build_info{{{SCOPE}, job=~"$job"}}, instance)')
+                          f'label_values(llm_exporter_build_info{{{scope()}, job=~"$job"}}, instance)')
 
 
 def target_variable() -> dict:
     return query_variable("target", "Engine target",
-                          f'label_values(llm_engine_up{{{SELECTORS["exporter"]}}}, target)')
+                          f'label_values(llm_engine_up{{{selectors()["exporter"]}}}, target)')
 
 
 def model_variable() -> dict:
-    return query_variable("model", "Model", f'label_values(llm_requests_running{{{SELECTORS["target"]}}}, model)')
+    return query_variable("model", "Model", f'label_values(llm_requests_running{{{selectors()["target"]}}}, model)')
 
 
 def engine_variable() -> dict:
     """The engine kinds (vllm, sglang, ...): panels that must not mix bucket layouts repeat per engine."""
-    return query_variable("engine", "Engine", f'label_values(llm_engine_up{{{SELECTORS["target"]}}}, engine)')
+    return query_variable("engine", "Engine", f'label_values(llm_engine_up{{{selectors()["target"]}}}, engine)')
 
 
 def gpu_variable() -> dict:
-    return query_variable("gpu", "GPU", f'label_values(llm_gpu_up{{{SELECTORS["exporter"]}}}, gpu)')
+    return query_variable("gpu", "GPU", f'label_values(llm_gpu_up{{{selectors()["exporter"]}}}, gpu)')
 
 
 def adhoc_variable() -> dict:
@@ -445,7 +580,7 @@ def adhoc_variable() -> dict:
 
 
 def standard_variables(*, gpu: bool = False, engine: bool = False) -> list[dict]:
-    out = [datasource_variable(), cluster_variable(), namespace_variable(), job_variable(), instance_variable(),
+    out = [datasource_variable(), *fleet_label_variables(), job_variable(), instance_variable(),
            target_variable(), model_variable()]
     if engine:
         out.append(engine_variable())
@@ -458,6 +593,12 @@ def standard_variables(*, gpu: bool = False, engine: bool = False) -> list[dict]
 # ----------------------------------------------------------------------------------------------
 # Dashboard
 # ----------------------------------------------------------------------------------------------
+# Each board's file name (its UID is the name's MD5), by module: declared here so that boards link to
+# each other (the Fleet board and the Overview link both ways) without importing each other.
+FILENAMES = {"fleet": "llm-serving-fleet.json", "overview": "llm-serving-overview.json",
+             "gpu_roofline": "llm-serving-gpu-roofline.json", "host": "llm-serving-host.json"}
+
+
 def uid_for(filename: str) -> str:
     """Stable UID from the file name (the mixins' md5(filename)), so links and bookmarks survive."""
     return hashlib.md5(filename.encode()).hexdigest()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from alerts.lib import LATENCY_HISTOGRAMS, TM, alert, fmt_num, quantile_rule, request_rate_rule
+from exporter.mixin.alerts.lib import LATENCY_HISTOGRAMS, TM, alert, fmt_num, quantile_rule, request_rate_rule
 
 
 def groups(cfg: dict) -> list[dict]:

@@ -5,17 +5,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from alerts.config import CONFIG
+from exporter.mixin.config import CONFIG, fleet_labels
 from exporter.slo import duration_seconds
 
 # Who an alert is about, for descriptions.
 TM = "{{ $labels.target }} ({{ $labels.model }})"
-# Who a fleet alert is about: a model, in its cluster and namespace when the series carry them.
-FLEET = ("{{ $labels.model }}{{ with $labels.cluster }} in cluster {{ . }}{{ end }}"
-         "{{ with $labels.namespace }} (namespace {{ . }}){{ end }}")
-# Who a per-cluster alert (GPUs) is about.
-CLUSTER = ("{{ with $labels.cluster }}cluster {{ . }}{{ else }}this Prometheus{{ end }}"
-           "{{ with $labels.namespace }} (namespace {{ . }}){{ end }}")
+
+def _extra_fleet_labels_who(cfg: dict) -> str:
+    return "".join(f"{{{{ with $labels.{label} }}}} ({label} {{{{ . }}}}){{{{ end }}}}"
+                   for label in cfg["fleet_extra_labels"])
+
+
+def fleet_who(cfg: dict = CONFIG) -> str:
+    """Who a fleet alert is about: a model, in its cluster and namespace when the series carry them."""
+    return (f"{{{{ $labels.model }}}}{{{{ with $labels.{cfg['cluster_label']} }}}} in cluster {{{{ . }}}}{{{{ end }}}}"
+            + _extra_fleet_labels_who(cfg))
+
+
+def cluster_who(cfg: dict = CONFIG) -> str:
+    """Who a per-cluster alert (GPUs) is about."""
+    return (f"{{{{ with $labels.{cfg['cluster_label']} }}}}cluster {{{{ . }}}}{{{{ else }}}}this Prometheus"
+            f"{{{{ end }}}}" + _extra_fleet_labels_who(cfg))
+
 GPU = "GPU {{ $labels.gpu }} ({{ $labels.name }}, {{ $labels.uuid }}) on {{ $labels.instance }}"
 
 # The latency histograms the recording rules summarise, by short name.
@@ -75,7 +86,7 @@ def without(*extra: str, cfg: dict = CONFIG) -> str:
 def by_fleet(*extra: str, cfg: dict = CONFIG) -> str:
     """`by (cluster, namespace, <extra>)`: a fleet rule names what it keeps, so nothing else leaks in
     (a `without` would keep every label a scrape adds); absent labels are empty and harmless."""
-    return f"by ({', '.join((*cfg['fleet_labels'], *extra))})"
+    return f"by ({', '.join((*fleet_labels(cfg), *extra))})"
 
 
 def when_positive(expr: str) -> str:

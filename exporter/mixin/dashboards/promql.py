@@ -1,4 +1,5 @@
-"""Find the metric names a PromQL expression reads, without a regex scan of the whole text.
+"""Find the metric names a PromQL expression reads, and the label names it matches or groups by,
+without a regex scan of the whole text.
 
 A small tokenizer walks the expression and keeps only identifiers in metric position. It skips
 string literals, label matchers `{...}` (names, operators, values), range and subquery brackets
@@ -121,4 +122,51 @@ def metric_names(expr: str) -> set[str]:
             names.add(word)
         else:
             i += 1  # operators, parentheses, commas, @
+    return names
+
+
+_MATCHER_LABEL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)")
+
+
+def _blank_strings(text: str) -> str:
+    """`text` with every string literal emptied, so a value never reads as a label name."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] in "\"'`":
+            end = _skip_string(text, i)
+            out.append('""')
+            i = end
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def label_names(expr: str) -> set[str]:
+    """The label names `expr` matches on (`{cluster=~"..."}`) or lists after by, without, on, ignoring,
+    group_left and group_right: what a renamed label must reach (the mixin's cluster_label)."""
+    names: set[str] = set()
+    i = 0
+    while i < len(expr):
+        c = expr[i]
+        if c in "\"'`":
+            i = _skip_string(expr, i)
+        elif c == "{":
+            i, body = _skip_block(expr, i, "{", "}")
+            names |= {m.group(1) for m in _MATCHER_LABEL.finditer(_blank_strings(body))} - {"__name__"}
+        elif c == "[":
+            i, _ = _skip_block(expr, i, "[", "]")
+        elif c == "$":
+            m = _VARIABLE.match(expr, i)
+            i = m.end() if m else i + 1
+        elif _IDENT.match(expr, i) and (i == 0 or not (expr[i - 1].isalnum() or expr[i - 1] in "_:.")):
+            m = _IDENT.match(expr, i)
+            assert m is not None
+            word, i = m.group(0), m.end()
+            nxt = _next_significant(expr, i)
+            if word.lower() in LABEL_LIST_KEYWORDS and nxt < len(expr) and expr[nxt] == "(":
+                i, body = _skip_block(expr, nxt, "(", ")")
+                names |= {label.strip() for label in body.split(",") if label.strip()}
+        else:
+            i += 1
     return names

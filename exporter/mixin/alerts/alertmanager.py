@@ -9,7 +9,7 @@ receiver. So an inhibition only targets alerts that its source's cause makes fir
 never alerts that may have fired before it. LLMEngineDown inhibits nothing: an engine's outage cannot
 make its latency, SLO or saturation alerts fire (their series vanish with it), those that fired
 before it are earlier news whose resolve must reach the ticket, and the probe alert leaves an outage
-to LLMEngineDown in its own expression (alerts/probe.py). A live vLLM showed it: the KV-full ticket
+to LLMEngineDown in its own expression (exporter/mixin/alerts/probe.py). A live vLLM showed it: the KV-full ticket
 resolved during the outage, inhibited, and stayed open at the receiver. LLMGPULost inhibits nothing
 for the same reason: a lost GPU's NVML series vanish, so none of its alerts can start, and the one
 its loss does fire (XID 79, fallen off the bus) pages at once, a minute before LLMGPULost's `for`
@@ -19,8 +19,8 @@ the ECC alert is muted before it ever notifies."""
 
 from __future__ import annotations
 
-from alerts.config import CONFIG
-from alerts.lib import nominal
+from exporter.mixin.alerts.lib import nominal
+from exporter.mixin.config import CONFIG, fleet_labels
 from exporter.slo import duration_seconds
 
 
@@ -42,7 +42,7 @@ def burn_inhibitions(names: list[str], cfg: dict = CONFIG) -> list[dict]:
     rank = {"critical": 2, "warning": 1, "info": 0}
     # cluster and namespace: one cluster's page must not mute another's (a central store holds both);
     # the availability SLO's alerts carry no target or exporter labels, which then match as empty.
-    scope = [*cfg["fleet_labels"], *cfg["exporter_labels"], "target", "model", "slo"]
+    scope = [*fleet_labels(cfg), *cfg["exporter_labels"], "target", "model", "slo"]
     pairs = sorted(cfg["burn_rates"], key=lambda br: duration_seconds(nominal(br["long"])))
     out = []
     for spec in (*cfg["slos"].values(), cfg["availability_slo"]):
@@ -85,7 +85,7 @@ def alertmanager(areas: dict[str, list[dict]], cfg: dict = CONFIG) -> dict:
     return {
         "route": {
             "receiver": "null",
-            "group_by": list(am["group_by"]),
+            "group_by": ["alertname", *fleet_labels(cfg), *am["group_by"]],
             "group_wait": am["group_wait"],
             "group_interval": am["group_interval"],
             "repeat_interval": am["repeat_interval_warning"],

@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
-from alerts.lib import fmt_num
-from dashboards import verdict
-from dashboards.lib import (
+from exporter import slo
+from exporter.catalog.derived import RESOURCES
+from exporter.derive.bottleneck import HOLD_CYCLES
+from exporter.mixin.alerts.lib import fmt_num
+from exporter.mixin.dashboards import verdict
+from exporter.mixin.dashboards.lib import (
+    FILENAMES,
+    SETTINGS,
     TOKENS,
     TOKENS_PER_S,
+    ConfigText,
+    ConfigView,
     Panel,
     Promql,
     Row,
     RowBuilder,
+    burn_rates,
     color_override,
     dashboard,
     dashboard_link,
     divide,
+    fleet,
     heatmap,
     layout,
     repeat_per,
     right_axis,
     row,
+    slo_view,
     standard_variables,
     stat,
     state_timeline,
@@ -29,12 +39,8 @@ from dashboards.lib import (
     timeseries,
     value_map,
 )
-from exporter import slo
-from exporter.catalog.derived import RESOURCES
-from exporter.derive.bottleneck import HOLD_CYCLES
-from exporter.slo import SATURATION
 
-FILENAME = "llm-serving-overview.json"
+FILENAME = FILENAMES["overview"]
 TITLE = "LLM Serving / Overview"
 
 T = Promql("target")
@@ -42,18 +48,21 @@ TM = Promql("target_model")
 TME = Promql("target_model_engine")
 M = Promql("model")
 
-TTFT = slo.TTFT
-TBT = slo.TBT
-WINDOW = slo.RATE_WINDOW  # the recording rules' window, e.g. 5m
+TTFT = slo_view("ttft")
+TBT = slo_view("tbt")
+WINDOW = ConfigText("rate_window")  # the recording rules' window, e.g. 5m
 ITL = "llm_inter_token_latency_seconds"
 TPOT = "llm_time_per_output_token_seconds"
 # One engine's series: the labels fallbacks (`or on (...)`) match on, so a fallback fills in per
 # engine target, not for the whole selection.
-ENGINE = ("cluster", "namespace", "instance", "target", "model")
-ON_ENGINE = f"on ({', '.join(ENGINE)})"
-BY_ENGINE = f"by ({', '.join(ENGINE)})"
-# The burn-rate windows of the alert pairs (exporter/slo.py BURN_RATES), shortest first.
-BURN_WINDOWS = sorted({w for br in slo.BURN_RATES for w in (br.short, br.long)}, key=slo.duration_seconds)
+ENGINE = fleet("instance", "target", "model")
+
+
+def burn_windows() -> list[str]:
+    """The burn-rate windows of the config's alert pairs, shortest first."""
+    return sorted({w for br in burn_rates() for w in (br["short"], br["long"])}, key=slo.duration_seconds)
+
+
 BURN_COLORS = ("yellow", "orange", "red", "dark-red")  # the pairs' factors, lowest first
 
 # One colour per verdict, grouped by kind: idle grey, headroom green (healthy, serving), roofs
@@ -76,7 +85,7 @@ def fleet_rule(name: str, *extra: str) -> str:
 
 
 # The fleet recording rules' labels: one series per model and engine kind in each cluster and namespace.
-FLEET = ("cluster", "namespace", "model", "engine")
+FLEET = fleet("model", "engine")
 NO_TRAFFIC = "No traffic"
 # Events per second that Grafana scales (1.2 k/s), for counters read as rates.
 PER_S = "si:/s"
@@ -91,7 +100,7 @@ def verdict_code_expr() -> str:
     for i, resource in enumerate(RESOURCES, start=1):
         matcher = 'resource="' + resource + '"'
         terms.append(f"{T.sel('llm_bottleneck', matcher)} * {i}")
-    return "sum by (cluster, namespace, instance, target) (\n  " + "\n  or ".join(terms) + "\n)"
+    return f"sum {fleet('instance', 'target').by()} (\n  " + "\n  or ".join(terms) + "\n)"
 
 
 QUANTILES = tuple(round(q * 100) for q in slo.QUANTILES)  # the recording rules' quantiles: 50, 95, 99
@@ -114,7 +123,7 @@ def tbt_quantile(q: int) -> str:
     itl = rule(f"{ITL}:p{q}_{WINDOW}")
     tpot = (f"histogram_quantile({q / 100:g}, sum by ({', '.join((*ENGINE, 'le'))}) "
             f"({TM.rate(TPOT + '_bucket', window=WINDOW)}))")
-    return f"{labelled(itl, 'measure', 'ITL')}\nor {ON_ENGINE}\n{labelled(tpot, 'measure', 'TPOT')}"
+    return f"{labelled(itl, 'measure', 'ITL')}\nor {ENGINE.on()}\n{labelled(tpot, 'measure', 'TPOT')}"
 
 
 def fleet_tbt_quantile(q: int) -> str:
@@ -135,7 +144,7 @@ def engine_heatmap(title: str, description: str, histogram: str, *, unit: str, f
     engine target, where the target lacks `histogram`."""
     expr = TME.rate(histogram + "_bucket")
     if fallback is not None:
-        expr = f"\n  {expr}\n  or {ON_ENGINE}\n  {TME.rate(fallback + '_bucket')}\n"
+        expr = f"\n  {expr}\n  or {ENGINE.on()}\n  {TME.rate(fallback + '_bucket')}\n"
     return repeat_per(heatmap(title, description, [target(f"sum by (le) ({expr})")], unit=unit, w=24, h=7),
                       "engine", max_per_row=3)
 
@@ -148,9 +157,9 @@ def finished_by_reason() -> str:
     counter where the engine has it, else llm_requests_total, else the e2e latency histogram's count, each
     engine target (instance, target, model) taking the first it has."""
     with_reason = f"sum by ({', '.join((*ENGINE, 'reason'))}) ({TM.rate('llm_requests_finished_total')})"
-    fallbacks = [labelled(f"sum {BY_ENGINE} ({TM.rate(name)})", "reason", NO_REASON)
+    fallbacks = [labelled(f"sum {ENGINE.by()} ({TM.rate(name)})", "reason", NO_REASON)
                  for name in ("llm_requests_total", "llm_e2e_request_latency_seconds_count")]
-    return "sum by (reason) (\n" + f"\nor {ON_ENGINE}\n".join((with_reason, *fallbacks)) + "\n)"
+    return "sum by (reason) (\n" + f"\nor {ENGINE.on()}\n".join((with_reason, *fallbacks)) + "\n)"
 
 
 def burn(metric: str, window: str, objective: float) -> str:
@@ -159,51 +168,52 @@ def burn(metric: str, window: str, objective: float) -> str:
 
 def burn_pairs() -> tuple[str, list[float]]:
     """The alert pairs in words (highest factor first) and their factors (the panel's lines, lowest first)."""
-    pairs = sorted(slo.BURN_RATES, key=lambda br: -br.factor)
+    pairs = sorted(burn_rates(), key=lambda br: -br["factor"])
     said = "; ".join(
-        f"{br.severity}: above {fmt_num(br.factor)}x over both {br.long} and {br.short} "
-        f"(budget gone in {slo.budget_lasts(slo.SLO_PERIOD, br.factor)})" for br in pairs)
-    factors = sorted({br.factor for br in pairs})
+        f"{br['severity']}: above {fmt_num(br['factor'])}x over both {br['long']} and {br['short']} "
+        f"(budget gone in {slo.budget_lasts(SETTINGS.slo_period, br['factor'])})" for br in pairs)
+    factors = sorted({br["factor"] for br in pairs})
     assert len(factors) <= len(BURN_COLORS), "one colour per burn-rate factor"
     return said, factors
 
 
-AVAILABILITY = slo.AVAILABILITY
+AVAILABILITY = ConfigView("availability_slo")
 AVAILABILITY_RULE = "llm_requests_availability:good_ratio_rate"
 
 
 def availability_burn_panel(w: int) -> Panel:
     """The availability SLO's burn rate per model over the fleet, over every window its alert pairs read."""
     said, factors = burn_pairs()
-    budget = round(1 - AVAILABILITY.objective, 10)
+    budget, period = round(1 - AVAILABILITY.objective, 10), SETTINGS.slo_period
     return timeseries("Availability error budget burn rate per model", f"""
-How fast each model's fleet spends the availability SLO's {slo.SLO_PERIOD} error budget ({AVAILABILITY.objective:.1%}
+How fast each model's fleet spends the availability SLO's {period} error budget ({AVAILABILITY.objective:.1%}
 of finished requests not failed by the server: bad = reason {' or '.join(AVAILABILITY.bad_reasons)}; client
-aborts do not count), over each window an alert reads ({', '.join(BURN_WINDOWS)}): (1 - good ratio) / {budget:g};
+aborts do not count), over each window an alert reads ({', '.join(burn_windows())}): (1 - good ratio) / {budget:g};
 1 = exactly on budget. One series per model and cluster, all replicas together, so one breach is one page
 ({AVAILABILITY.alert}): a pair fires when both of its windows burn above its factor (the dashed lines); {said}.
 """, [target(f"(1 - {fleet_rule(AVAILABILITY_RULE + win)}) / {budget:g}", f"{win} {{{{model}}}} {{{{cluster}}}}")
-      for win in BURN_WINDOWS],
+      for win in burn_windows()],
         unit="suffix:x", w=w, h=8, minimum=0, threshold_style="dashed", no_value=NO_TRAFFIC,
         steps=thresholds((None, "transparent"), *zip(factors, BURN_COLORS, strict=False)))
 
 
-# Error-ratio colours: green within the availability budget, orange above it, red where the fastest page
-# burns (the budget times its factor).
-ERROR_STEPS = thresholds((None, "green"), (round(1 - AVAILABILITY.objective, 10), "orange"),
-                         (round((1 - AVAILABILITY.objective) * max(br.factor for br in slo.BURN_RATES), 10), "red"))
+def error_steps() -> dict:
+    """Error-ratio colours: green within the availability budget, orange above it, red where the fastest
+    page burns (the budget times its factor)."""
+    return thresholds((None, "green"), (round(1 - AVAILABILITY.objective, 10), "orange"),
+                      (round((1 - AVAILABILITY.objective) * max(br["factor"] for br in burn_rates()), 10), "red"))
 
 
-def burn_panel(spec: slo.LatencySLO, w: int) -> Panel:
+def burn_panel(spec: ConfigView, w: int) -> Panel:
     name = spec.key.upper()
     said, factors = burn_pairs()
     return timeseries(f"{name} error budget burn rate", f"""
 How fast the {name} SLO ({spec.objective:.0%} within {spec.threshold_seconds} s) spends its
-{slo.SLO_PERIOD} error budget, over each window an alert reads ({', '.join(BURN_WINDOWS)}): 1 = exactly on
+{SETTINGS.slo_period} error budget, over each window an alert reads ({', '.join(burn_windows())}): 1 = exactly on
 budget. An alert pair fires when both of its windows burn above its factor (the dashed lines) with enough
 traffic; {said}. Read a pair as its two lines both above their line.
 """, [target(burn(spec.metric, win, spec.objective), f"{win} {{{{target}}}} {{{{model}}}} ({{{{instance}}}})")
-      for win in BURN_WINDOWS],
+      for win in burn_windows()],
         unit="suffix:x", w=w, h=8, minimum=0, threshold_style="dashed", no_value=NO_TRAFFIC,
         steps=thresholds((None, "transparent"), *zip(factors, BURN_COLORS, strict=False)))
 
@@ -249,15 +259,15 @@ than the gaps'). Red at the SLO threshold ({TBT.threshold_seconds} s): the strea
         stat("KV cache usage (max)", f"""
 Fullest KV cache among the selected targets. The KV cache, not the weights, decides how many requests fit:
 near 1 new sequences wait or preempt running ones. Red at the alert threshold
-({SATURATION.kv_cache_usage_ratio:.0%}).
+({SETTINGS.kv_cache_usage_ratio:.0%}).
 """, [target(f'max({rule("llm_kv_cache_usage_ratio:max")})', "KV usage")], unit="percentunit", w=3,
              minimum=0, maximum=1,
-             steps=thresholds((None, "green"), (0.9, "orange"), (SATURATION.kv_cache_usage_ratio, "red"))),
+             steps=thresholds((None, "green"), (0.9, "orange"), (SETTINGS.kv_cache_usage_ratio, "red"))),
         stat("Requests waiting", """
 Requests queued and not yet scheduled, all selected targets. A queue that grows while the running batch stays
 flat means the engine is at its batch or KV limit; TTFT grows with it.
 """, [target(f'sum({rule("llm_requests_waiting:sum")})', "waiting")], w=3, decimals=0,
-             steps=thresholds((None, "green"), (1, "orange"), (SATURATION.queue_min_waiting, "red"))),
+             steps=thresholds((None, "green"), (1, "orange"), (SETTINGS.queue_min_waiting, "red"))),
     )
 
 
@@ -506,12 +516,12 @@ def decoding_row() -> Row:
     accepted = TM.sum_rate("llm_spec_decode_accepted_tokens_total", by=ENGINE, window=WINDOW)
     drafted = TM.sum_rate("llm_spec_decode_draft_tokens_total", by=ENGINE, window=WINDOW)
     drafts = TM.sum_rate("llm_spec_decode_drafts_total", by=ENGINE, window=WINDOW)
-    length = (f"1 + {divide(accepted, drafts)}\nor {ON_ENGINE}\n"
-              f"avg {BY_ENGINE} ({TM.sel('llm_spec_decode_acceptance_length')})")
+    length = (f"1 + {divide(accepted, drafts)}\nor {ENGINE.on()}\n"
+              f"avg {ENGINE.by()} ({TM.sel('llm_spec_decode_acceptance_length')})")
     per_step = divide(TM.sum_rate("llm_iteration_tokens_sum", by=ENGINE, window=WINDOW),
                       TM.sum_rate("llm_iteration_tokens_count", by=ENGINE, window=WINDOW))
-    decode_per_step = divide(f"sum {BY_ENGINE} ({TM.sel('llm_decode_tokens_per_second')})",
-                             f"sum {BY_ENGINE} ({TM.sel('llm_decode_steps_per_second')})")
+    decode_per_step = divide(f"sum {ENGINE.by()} ({TM.sel('llm_decode_tokens_per_second')})",
+                             f"sum {ENGINE.by()} ({TM.sel('llm_decode_steps_per_second')})")
     return row("Speculative decoding and batch shape",
         timeseries("Speculative decoding: acceptance ratio and length", """
 Acceptance ratio (left axis): draft tokens the target model accepted / draft tokens proposed, over the
@@ -548,11 +558,11 @@ def kv_cache_row() -> Row:
         timeseries("KV cache usage", f"""
 Fraction of the KV cache in use (max over ranks). KV bytes per token = 2 x layers x kv_heads x head_dim x
 bytes per element, so long contexts fill it long before the batch limit. Above
-{SATURATION.kv_cache_usage_ratio:.0%} for long the engine waits or preempts.
+{SETTINGS.kv_cache_usage_ratio:.0%} for long the engine waits or preempts.
 """, [target(rule("llm_kv_cache_usage_ratio:max"), "{{target}} {{model}} ({{instance}})")], unit="percentunit",
             w=8, minimum=0,
             maximum=1, threshold_style="dashed",
-            steps=thresholds((None, "transparent"), (0.9, "orange"), (SATURATION.kv_cache_usage_ratio, "red"))),
+            steps=thresholds((None, "transparent"), (0.9, "orange"), (SETTINGS.kv_cache_usage_ratio, "red"))),
         timeseries("KV cache used vs capacity", """
 KV cache in bytes: used and the pool the engine allocated at start (capacity tokens x bytes per token).
 An 80-layer, 8-KV-head, 128-dim FP16 model needs 320 KiB per token, about 31 GiB per 100K tokens: the pool
@@ -565,7 +575,7 @@ How many more sequences of the current mean context fit in the free KV cache. Ne
 means new requests queue for memory, not for compute; raising batch limits cannot help.
 """, [target(TM.sel("llm_kv_cache_headroom_sequences"), "{{target}} {{model}} ({{instance}})")], unit="short", w=8,
             minimum=0, decimals=0, threshold_style="dashed",
-            steps=thresholds((None, "red"), (SATURATION.headroom_min_sequences, "transparent"))),
+            steps=thresholds((None, "red"), (SETTINGS.headroom_min_sequences, "transparent"))),
         timeseries("Prefix cache hit ratio", """
 Share of prompt tokens found in a prefix cache: hits / queries, the rates of llm_prefix_cache_hits_total
 (summed over its `tier`: device, host, storage, external) and llm_prefix_cache_queries_total (vLLM; SGLang and
@@ -575,9 +585,9 @@ Engines with only a hit-rate gauge (LMDeploy, whose prompt counter is not a quer
 (mean over ranks), over whatever window the engine computes it. \
 Hits skip prefill work entirely: a high ratio lowers TTFT and prefill compute; a drop after a deploy often
 means the shared system prompt changed.
-""", [target(divide(f"sum {BY_ENGINE} ({TM.rate('llm_prefix_cache_hits_total')})",
-                    f"sum {BY_ENGINE} ({TM.rate('llm_prefix_cache_queries_total')})")
-             + f"\nor {ON_ENGINE}\navg {BY_ENGINE} ({TM.sel('llm_prefix_cache_hit_ratio')})",
+""", [target(divide(f"sum {ENGINE.by()} ({TM.rate('llm_prefix_cache_hits_total')})",
+                    f"sum {ENGINE.by()} ({TM.rate('llm_prefix_cache_queries_total')})")
+             + f"\nor {ENGINE.on()}\navg {ENGINE.by()} ({TM.sel('llm_prefix_cache_hit_ratio')})",
              "{{target}} {{model}} ({{instance}})")], unit="percentunit", w=12, minimum=0, maximum=1),
         stat("KV cache bytes per token", """
 2 (K and V) x layers x KV heads x head dim x bytes per element, from the model shape. GQA/MQA shrink it by
@@ -646,7 +656,7 @@ def probe_quantile(histogram: str, q: float = 0.95) -> str:
 
 
 def probe_row() -> Row:
-    gap = slo.PROBE_GAP
+    gap_s, gap_x = SETTINGS.probe_gap_seconds, SETTINGS.probe_gap_factor
     return row("Client probe",
         timeseries(f"Time to first token: client against server (p95, {WINDOW})", """
 Only with `llm-exporter run --probe`: the exporter sends a small streaming request to the engine's OpenAI API
@@ -662,12 +672,12 @@ longer prompts than the probe's, so its line can be the higher one.
 The probe's mean TTFT minus the engine's own mean TTFT over the same {WINDOW} (the recording rule
 target_model:llm_probe_time_to_first_token_seconds:gap_mean{WINDOW}): what a client waits for beyond what the
 engine measures.
-Near zero on loopback. The red line is where LLMProbeLatencyGap starts to look ({gap.gap_seconds:g} s, and the
-client's mean more than {gap.factor:g}x the server's). Negative values mean the engine's other requests are
+Near zero on loopback. The red line is where LLMProbeLatencyGap starts to look ({gap_s:g} s, and the
+client's mean more than {gap_x:g}x the server's). Negative values mean the engine's other requests are
 slower than the probe's short one (longer prompts), not a negative network.
 """, [target(rule(f"llm_probe_time_to_first_token_seconds:gap_mean{WINDOW}"), PROBE_WHO)], unit="s", w=12,
             no_value=NO_TRAFFIC,
-            threshold_style="dashed", steps=thresholds((None, "transparent"), (gap.gap_seconds, "red"))),
+            threshold_style="dashed", steps=thresholds((None, "transparent"), (gap_s, "red"))),
         timeseries(f"Probe inter-token latency and end-to-end (p95, {WINDOW})", """
 Client-side gaps between the probe's text chunks (ITL) and its whole request (e2e), p95. An ITL well above the
 engine's own (the latency row) with a flat TTFT gap points at something buffering the stream (a proxy that
@@ -695,10 +705,8 @@ ROWS: tuple[RowBuilder, ...] = (now_row, verdict_row, latency_row, slo_row, outc
 
 
 def build() -> dict:
-    from dashboards import fleet  # the fleet board links back here
-
     return dashboard(FILENAME, TITLE, "Where the bottleneck is, latency against the SLO, throughput, KV cache "
                      "and cost, per engine target (llm-exporter).", layout(ROWS), standard_variables(engine=True),
-                     links=[dashboard_link("Fleet view", fleet.FILENAME,
+                     links=[dashboard_link("Fleet view", FILENAMES["fleet"],
                                            "Every replica of every model across clusters: summary, instance table, "
                                            "outliers")])

@@ -4,17 +4,19 @@ state, and the GPU inventory."""
 
 from __future__ import annotations
 
-from alerts.config import CONFIG as ALERT_CONFIG
-from dashboards import verdict
-from dashboards.lib import (
+from exporter.mixin.dashboards import verdict
+from exporter.mixin.dashboards.lib import (
     BOOL_ACTIVE,
     BOOL_UP,
+    FILENAMES,
     Panel,
     Promql,
     Row,
     RowBuilder,
+    active,
     color_override,
     dashboard,
+    fleet,
     layout,
     row,
     standard_variables,
@@ -28,7 +30,7 @@ from dashboards.lib import (
 )
 from exporter.specs.nvml_codes import FABRIC_HEALTH, FABRIC_STATES, RECOVERY_ACTIONS
 
-FILENAME = "llm-serving-gpu-roofline.json"
+FILENAME = FILENAMES["gpu_roofline"]
 TITLE = "LLM Serving / GPU and roofline"
 
 G = Promql("gpu")
@@ -36,18 +38,31 @@ TG = Promql("target_gpu")
 TM = Promql("target_model")
 EX = Promql("exporter")
 # One exporter: instance names repeat across clusters (pod IPs), so cluster and namespace are kept beside it.
-BY_EXPORTER = "by (cluster, namespace, job, instance)"
+EXPORTER = fleet("job", "instance")
 CURRENT, MAXIMUM, MODELLED = 'state="current"', 'state="max"', 'source="model"'
-# The codes LLMGPUXidCritical pages for, as the alert rules list them.
-XID = G.sel("llm_gpu_xid_errors_total")
-XID_CRITICAL = ", ".join(str(code) for code in ALERT_CONFIG["xid_critical"])
+
+
+def xid() -> str:
+    return G.sel("llm_gpu_xid_errors_total")
+
+
+def xid_critical() -> str:
+    """The codes LLMGPUXidCritical pages for, as the alert rules of the config in effect list them."""
+    return ", ".join(str(code) for code in active()["xid_critical"])
+
+
 # The labels of llm_gpu_info: one inventory row per GPU.
 INFO_LABELS = ("instance", "gpu", "name", "uuid", "pci_bus_id", "driver_version", "cuda_version", "mig_mode")
-# Colours of the code-valued health gauges, from the catalogue's codes and the alert CONFIG: red
-# where LLMGPURecoveryActionRequired pages, orange where the advisory alert warns.
-RECOVERY_MAP = value_map((code, name, "green" if code == 0 else
-                          "red" if name in ALERT_CONFIG["recovery_action_critical"] else "orange")
-                         for code, name in RECOVERY_ACTIONS)
+
+
+def recovery_map() -> list[dict]:
+    """Colours of the code-valued health gauges, from the catalogue's codes and the mixin's config: red
+    where LLMGPURecoveryActionRequired pages, orange where the advisory alert warns."""
+    return value_map((code, name, "green" if code == 0 else
+                      "red" if name in active()["recovery_action_critical"] else "orange")
+                     for code, name in RECOVERY_ACTIONS)
+
+
 _FABRIC_COLORS = {"completed": "green", "in_progress": "yellow", "healthy": "green", "limited_capacity": "orange"}
 FABRIC_STATE_MAP = value_map((code, f"fabric {name}", _FABRIC_COLORS.get(name, "red")) for code, name in FABRIC_STATES)
 FABRIC_HEALTH_MAP = value_map((code, f"fabric {name}", _FABRIC_COLORS.get(name, "red")) for code, name in FABRIC_HEALTH)
@@ -99,10 +114,10 @@ estimate of bytes read and written per GPU (vLLM estimated_read/write_bytes_per_
 spec, per exporter and GPU index, so mixed cards keep their own roofs. When achieved sits near peak, decode is at
 the memory roof: only fewer bytes per step (quantized weights or KV) or more sequences per weight read (bigger
 batch) raise tokens/s.
-""", [target(f"max by (cluster, namespace, instance, target, gpu, source) "
+""", [target(f"max {fleet('instance', 'target', 'gpu', 'source').by()} "
              f"({TG.sel('llm_hbm_bandwidth_bytes_per_second')})",
              "{{source}} GPU {{gpu}} {{target}} ({{instance}})"),
-      target(f"max by (cluster, namespace, instance, gpu) (\n"
+      target(f"max {fleet('instance', 'gpu').by()} (\n"
              f"  {TG.sel('llm_hbm_bandwidth_bytes_per_second', MODELLED)}\n"
              f"  / ({TG.sel('llm_hbm_bandwidth_efficiency_ratio', MODELLED)} > 0)\n)",
              "peak GPU {{gpu}} ({{instance}})")],
@@ -171,10 +186,10 @@ and the rest of used memory (weights, activations, CUDA graphs, other processes)
 Only $job and $instance apply: GPU memory carries no target or model label, so both sides of the subtraction
 take every target, model and GPU of the exporter ($target, $model and $gpu do not narrow this panel). KV, not
 weights, decides concurrency: a bigger pool (quantized weights, higher memory fraction) fits more sequences.
-""", [target(f"sum {BY_EXPORTER} ({EX.sel('llm_kv_cache_capacity_bytes')})", "KV pool {{instance}}"),
-      target(f"sum {BY_EXPORTER} ({EX.sel('llm_kv_cache_used_bytes')})", "KV in use {{instance}}"),
-      target(f"sum {BY_EXPORTER} ({EX.sel('llm_gpu_memory_used_bytes')})\n"
-             f"- {BY_EXPORTER.replace('by', 'on', 1)}\nsum {BY_EXPORTER} ({EX.sel('llm_kv_cache_capacity_bytes')})",
+""", [target(f"sum {EXPORTER.by()} ({EX.sel('llm_kv_cache_capacity_bytes')})", "KV pool {{instance}}"),
+      target(f"sum {EXPORTER.by()} ({EX.sel('llm_kv_cache_used_bytes')})", "KV in use {{instance}}"),
+      target(f"sum {EXPORTER.by()} ({EX.sel('llm_gpu_memory_used_bytes')})\n"
+             f"- {EXPORTER.on()}\nsum {EXPORTER.by()} ({EX.sel('llm_kv_cache_capacity_bytes')})",
              "weights + activations + other {{instance}}")],
             unit="bytes", w=12, minimum=0),
     )
@@ -232,10 +247,10 @@ NVLink keeps that off PCIe. Zero traffic with TP > 1 means the GPUs talk over PC
         table("PCIe link: generation and width vs max", """
 The PCIe link as trained now against the most the GPU and slot support. Idle GPUs train down to save power
 (normal); current below max under load is a bad riser, slot or BIOS setting and halves host transfers.
-""", [target(f"max by (cluster, namespace, instance, gpu) ({G.sel('llm_gpu_pcie_link_generation', CURRENT)})"),
-      target(f"max by (cluster, namespace, instance, gpu) ({G.sel('llm_gpu_pcie_link_generation', MAXIMUM)})"),
-      target(f"max by (cluster, namespace, instance, gpu) ({G.sel('llm_gpu_pcie_link_width', CURRENT)})"),
-      target(f"max by (cluster, namespace, instance, gpu) ({G.sel('llm_gpu_pcie_link_width', MAXIMUM)})")],
+""", [target(f"max {fleet('instance', 'gpu').by()} ({G.sel('llm_gpu_pcie_link_generation', CURRENT)})"),
+      target(f"max {fleet('instance', 'gpu').by()} ({G.sel('llm_gpu_pcie_link_generation', MAXIMUM)})"),
+      target(f"max {fleet('instance', 'gpu').by()} ({G.sel('llm_gpu_pcie_link_width', CURRENT)})"),
+      target(f"max {fleet('instance', 'gpu').by()} ({G.sel('llm_gpu_pcie_link_width', MAXIMUM)})")],
             w=8, rename={"Value #A": "gen now", "Value #B": "gen max", "Value #C": "width now",
                          "Value #D": "width max"}),
     )
@@ -249,12 +264,12 @@ reset in progress: its other series disappear, XID counts stay.
 """, [target(G.sel("llm_gpu_up"), "GPU {{gpu}} ({{instance}})")], mappings=BOOL_UP, w=12, h=6,
             steps=thresholds((None, "red"), (1, "green"))),
         table("XID errors in the time range", f"""
-XID events per GPU and code over the dashboard's time range. {XID_CRITICAL} are
+XID events per GPU and code over the dashboard's time range. {xid_critical()} are
 critical (uncorrectable memory, fallen off the bus, GSP errors); 13, 31, 43, 45 are usually application faults.
 See docs/alerts.md for the lists. A code's series starts with its first event, which increase() reads as 0,
 so a series that started in the range counts from 0 (the alerts do the same).
-""", [target(f"sum by (cluster, namespace, instance, gpu, xid) ((increase({XID}[$__range]) > 0) or clamp_min({XID} - "
-             f"({XID} offset $__range or {XID} * 0), 0))")],
+""", [target(f"sum {fleet('instance', 'gpu', 'xid').by()} ((increase({xid()}[$__range]) > 0) or clamp_min({xid()} - "
+             f"({xid()} offset $__range or {xid()} * 0), 0))")],
             w=12, h=6, rename={"Value": "events"}),
         timeseries("ECC errors, row remapping and PCIe replays", """
 Volatile ECC counts since the driver loaded (corrected single-bit are absorbed; any uncorrected one is
@@ -278,7 +293,7 @@ def _mappings_by_query(panel: Panel, mappings: dict[str, list]) -> Panel:
 
 
 def recovery_row() -> Row:
-    critical = ", ".join(ALERT_CONFIG["recovery_action_critical"])
+    critical = ", ".join(active()["recovery_action_critical"])
     return row("Recovery action, NVLink fabric and inventory",
         _mappings_by_query(state_timeline("Recovery action and NVLink fabric state", f"""
 What the driver asks for before the GPU can be trusted again (llm_gpu_recovery_action): none is green;
@@ -291,7 +306,7 @@ fabric's health summary; GPUs outside a fabric have no fabric rows. A row that s
       target(G.sel("llm_gpu_fabric_state"), "GPU {{gpu}} ({{instance}}) fabric state"),
       target(G.sel("llm_gpu_fabric_health"), "GPU {{gpu}} ({{instance}}) fabric health")],
             w=24, h=7, steps=thresholds((None, "green"), (1, "orange"))),  # orange: a code newer than the maps
-            {"A": RECOVERY_MAP, "B": FABRIC_STATE_MAP, "C": FABRIC_HEALTH_MAP}),
+            {"A": recovery_map(), "B": FABRIC_STATE_MAP, "C": FABRIC_HEALTH_MAP}),
         table("GPU inventory", """
 One row per GPU now: model name, UUID, PCI bus id, driver and CUDA driver version, MIG mode (from llm_gpu_info),
 with the enforced power limit and installed memory. Mixed driver versions across a fleet, a GPU with MIG on where

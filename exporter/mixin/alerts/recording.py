@@ -3,11 +3,12 @@ good-event ratios the slo area's burn-rate alerts read, and the client probe's T
 
 Zero traffic gives no sample, never NaN: every ratio and mean divides by a denominator kept only
 where it is above 0, and a quantile only reads histograms that saw a request (lib.quantile_of), so a
-panel says "No traffic" and no alert compares a NaN. The per-model (fleet) rules are alerts/fleet.py's."""
+panel says "No traffic" and no alert compares a NaN. The per-model (fleet) rules are
+exporter/mixin/alerts/fleet.py's."""
 
 from __future__ import annotations
 
-from alerts.lib import (
+from exporter.mixin.alerts.lib import (
     LATENCY_HISTOGRAMS,
     engine_mean_rule,
     good_ratio_rule,

@@ -29,18 +29,18 @@ only exposes the reasons it has seen still has a ratio to alert on.
 
 from __future__ import annotations
 
-from alerts.lib import (
-    CLUSTER,
-    FLEET,
+from exporter.mixin.alerts.lib import (
     GPUS_UP,
     LATENCY_HISTOGRAMS,
     REPLICAS_UP,
     alert,
     availability_good_ratio_rule,
     by_fleet,
+    cluster_who,
     finished_rate_rule,
     fleet_bucket_rule,
     fleet_quantile_rule,
+    fleet_who,
     fmt_num,
     fmt_pct,
     nominal,
@@ -52,6 +52,7 @@ from alerts.lib import (
     when_positive,
     without,
 )
+from exporter.mixin.config import fleet_labels
 
 # The histograms that get a fleet quantile: the three a user feels.
 FLEET_HISTOGRAMS = ("ttft", "tbt", "e2e")
@@ -114,7 +115,7 @@ def groups(cfg: dict) -> list[dict]:
     # Capacity. llm_engine_up has no `model`: a replica is one (job, instance, target) that is up
     # and serves the model (its llm_requests_running, which every engine table maps, names it).
     # The join keeps cluster and namespace, so two clusters' "vllm-0" stay two replicas.
-    replica = ", ".join((*cfg["fleet_labels"], "job", "instance", "target"))
+    replica = ", ".join((*fleet_labels(cfg), "job", "instance", "target"))
     rules += [
         rec(REPLICAS_UP,
             f"count {by_fleet('model', cfg=cfg)} (\n"
@@ -138,7 +139,7 @@ def groups(cfg: dict) -> list[dict]:
         alert(
             "LLMFleetReplicasLost", f"{now(REPLICAS_UP)}\n< {most(REPLICAS_UP)}", "warning",
             "A model has fewer replicas up than it had within the lookback.",
-            f"{FLEET}: {{{{ $value }}}} replica(s) up, fewer than the most up within the last "
+            f"{fleet_who(cfg)}: {{{{ $value }}}} replica(s) up, fewer than the most up within the last "
             f"{lookback}. A replica that died, was evicted or cannot start; or a deliberate scale-down, "
             f"which warns until the lookback forgets the old count.",
             cfg["fleet_lost_for"], cfg=cfg),
@@ -146,14 +147,14 @@ def groups(cfg: dict) -> list[dict]:
             "LLMFleetCapacityHalved",
             f"{now(REPLICAS_UP)}\n<= {fmt_num(critical)} * {most(REPLICAS_UP)}", "critical",
             f"A model lost at least {fmt_pct(1 - critical)} of its replicas.",
-            f"{FLEET}: {{{{ $value }}}} replica(s) up, at most {fmt_pct(critical)} of the most up within "
+            f"{fleet_who(cfg)}: {{{{ $value }}}} replica(s) up, at most {fmt_pct(critical)} of the most up within "
             f"the last {lookback}. The rest now carry the traffic of the lost ones: expect queueing and "
             f"latency SLO burn next.",
             cfg["fleet_halved_for"], cfg=cfg),
         alert(
             "LLMFleetGPUsLost", f"{now(GPUS_UP)}\n< {most(GPUS_UP)}", "warning",
             "Fewer GPUs are up than within the lookback.",
-            f"{CLUSTER}: {{{{ $value }}}} GPU(s) up, fewer than the most up within the last {lookback}. "
+            f"{cluster_who(cfg)}: {{{{ $value }}}} GPU(s) up, fewer than the most up within the last {lookback}. "
             f"GPUs fell off the bus or their nodes or exporters went (LLMGPULost and LLMExporterDown "
             f"name which); or nodes were drained on purpose.",
             cfg["fleet_lost_for"], cfg=cfg),

@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""Generate llm-exporter's Grafana dashboards (classic JSON, schemaVersion 39) into dashboards/.
+
+    python dashboards/generate.py            write dashboards/*.json and docs/dashboards.md
+    python dashboards/generate.py --check    exit 1 when a committed file differs from what this
+                                             writes, when dashboards/ holds a file this does not
+                                             produce, or when a panel queries a metric that is
+                                             neither a catalogue sample name (exporter/catalog)
+                                             nor a recording rule in alerts/rules/*.yaml
+
+(dashboards/generate.py is a wrapper around this module's main.) One module per dashboard (fleet.py,
+overview.py, gpu_roofline.py, host.py, in exporter/mixin/dashboards/), each a tuple ROWS of row
+functions (each returns lib.Row: a title and its panels) and build() -> dict; lib.py holds the builders
+and the selectors, built from the mixin's config (exporter/mixin/config.py). `llm-exporter mixin --out
+DIR` writes the same JSON for any config. Grafana loads the JSON through file provisioning
+(deploy/grafana/provisioning/dashboards/llm-exporter.yaml, which mounts this folder) or the
+kube-prometheus-stack sidecar (a ConfigMap labelled grafana_dashboard: "1"). docs/dashboards.md
+explains every panel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+from collections.abc import Callable, Iterator, Mapping
+
+from exporter import catalog
+from exporter.mixin.config import CONFIG
+from exporter.mixin.dashboards import fleet, gpu_roofline, host, lib, overview
+from exporter.mixin.dashboards.promql import PromqlSyntaxError, metric_names
+from exporter.yamlsafe import load_yaml_file
+
+# The checkout this module lives in (an editable install): where `make dashboards` writes. An installed
+# package writes with `llm-exporter mixin --out DIR` instead.
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+OUT_DIR = ROOT / "dashboards"
+RULES_DIR = ROOT / "alerts" / "rules"
+DOCS = ROOT / "docs" / "dashboards.md"
+
+MODULES = {module.FILENAME: module for module in (fleet, overview, gpu_roofline, host)}
+DASHBOARDS: dict[str, Callable[[], dict]] = {name: module.build for name, module in MODULES.items()}
+
+# Files in dashboards/ that are sources, not outputs.
+SOURCE_SUFFIXES = (".py",)
+SOURCE_NAMES = ("README.md",)
+IGNORED_DIRS = ("__pycache__",)
+
+
+def render(dash: dict) -> str:
+    return json.dumps(dash, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def build_all(cfg: Mapping = CONFIG) -> dict[str, str]:
+    """filename -> JSON text, built under `cfg`."""
+    with lib.configured(cfg):
+        return {name: render(builder()) for name, builder in DASHBOARDS.items()}
+
+
+def iter_panels(dash: dict) -> Iterator[dict]:
+    for panel in dash.get("panels", []):
+        yield panel
+        yield from panel.get("panels", [])  # collapsed rows keep their panels inside
+
+
+def iter_exprs(dash: dict) -> Iterator[tuple[dict, dict]]:
+    """(panel, target) for every query of every panel."""
+    for panel in iter_panels(dash):
+        for t in panel.get("targets", []):
+            if "expr" in t:
+                yield panel, t
+
+
+def recording_rules(rules_dir: pathlib.Path = RULES_DIR) -> set[str]:
+    names: set[str] = set()
+    for path in sorted(rules_dir.glob("*.yaml")):
+        doc = load_yaml_file(path) or {}  # bounded, and a key written twice is refused
+        for group in doc.get("groups", []):
+            for r in group.get("rules", []):
+                if "record" in r:
+                    names.add(r["record"])
+    return names
+
+
+def undefined_metrics(dash: dict, rules: set[str]) -> list[str]:
+    """Problems: queries that read names neither the catalogue nor the rules define, or do not parse."""
+    problems = []
+    for panel, t in iter_exprs(dash):
+        where = f"{dash['title']} / {panel['title']} / {t['refId']}"
+        try:
+            names = metric_names(t["expr"])
+        except PromqlSyntaxError as e:
+            problems.append(f"{where}: {e}")
+            continue
+        if not names:
+            problems.append(f"{where}: query reads no metric")
+        for name in sorted(names):
+            if catalog.family_of(name) is None and name not in rules:
+                problems.append(f"{where}: {name} is neither a catalogue sample name nor a recording rule")
+    return problems
+
+
+def stray_files(expected: set[str], out_dir: pathlib.Path = OUT_DIR) -> list[str]:
+    stray = []
+    for path in sorted(out_dir.iterdir()):
+        if path.is_dir():
+            if path.name not in IGNORED_DIRS:
+                stray.append(path.name + "/")
+            continue
+        if path.suffix in SOURCE_SUFFIXES or path.name in SOURCE_NAMES or path.name in expected:
+            continue
+        stray.append(path.name)
+    return stray
+
+
+DOCS_HEAD = """\
+# Dashboards
+
+Generated by `dashboards/generate.py` from `exporter/mixin/dashboards/*.py`; do not edit by hand
+(`make dashboards` rewrites this file and the JSON, `make dashboards-check` fails when either is stale;
+`llm-exporter mixin --out DIR` writes the JSON for your own config). Each table lists every panel in
+layout order: the metrics or recording rules it reads and how to read it (the panel's
+description, which Grafana shows on the panel's (i) icon).
+
+## Loading them
+
+- **Compose:** `docker-compose.yml` mounts `dashboards/` at `/var/lib/grafana/dashboards` and
+  `deploy/grafana/provisioning/` at `/etc/grafana/provisioning`; the file provider
+  (`dashboards/llm-exporter.yaml`) loads every `*.json` into the folder "LLM inference", and the
+  datasource file points at `http://prometheus:9090`.
+- **kube-prometheus-stack:** the ConfigMaps in `deploy/kubernetes/base/dashboards/` carry the JSON
+  unchanged with the label `grafana_dashboard: "1"` that the Grafana sidecar watches.
+- **By hand:** import the JSON (Dashboards > New > Import) and pick a Prometheus datasource.
+
+Classic dashboard JSON, `schemaVersion` 39: Grafana 10.4 and newer import it (12 and 13 migrate it on
+load). UIDs are the MD5 of the file name, so links and bookmarks survive regeneration.
+
+## Variables
+
+| variable | values from | scopes |
+|---|---|---|
+| `datasource` | Prometheus datasources (one Prometheus, or the central store: VictoriaMetrics, Thanos, \
+Mimir) | every query |
+| `cluster` | `label_values(llm_exporter_build_info, cluster)` | every query |
+| `namespace` | `label_values(llm_exporter_build_info{cluster=~"$cluster"}, namespace)` | every query |
+| `job` | `label_values(llm_exporter_build_info{...}, job)` | every per-replica query (the rules select \
+`job="llm-exporter"`) |
+| `instance` | `label_values(llm_exporter_build_info{...}, instance)` | one exporter = one engine host; \
+GPU and host series carry no `target`, so this is how they are scoped |
+| `target` | `label_values(llm_engine_up{...}, target)` | engine and derived series |
+| `model` | `label_values(llm_requests_running{...}, model)` | engine series, derived series with a model, \
+the fleet rules (`model:...`) |
+| `engine` | `label_values(llm_engine_up{...}, engine)` (Overview, Fleet) | the heatmaps, one per engine kind |
+| `gpu` | `label_values(llm_gpu_up{...}, gpu)` (GPU dashboard) | per-GPU series |
+| `filter` | ad hoc filters: any `label op value` the user adds | every query (Grafana splices them in) |
+
+`cluster`, `namespace` and every variable after them default to All, whose value is `.*`: a regex
+matcher `cluster=~".*"` also matches a series without the label, so the boards work unchanged on a
+Prometheus that scrapes one cluster and attaches `cluster` only as an external label (on remote write,
+federation and alerts), and on a central store where every series carries it. The fleet rules
+(`model:...`, `cluster:...`) have no `job`, `instance` or `target`: those variables do not scope them.
+An ad hoc filter on a label the fleet rules drop (`instance`, `pod`) empties their panels.
+
+The labels behind `$cluster` and `$namespace` are the mixin config's `cluster_label` and
+`fleet_extra_labels` (docs/alerts.md, "Configuring the mixin"): with `cluster_label: k8s_cluster`,
+`llm-exporter mixin` writes boards whose `$cluster` lists `k8s_cluster` values and whose every query
+matches and groups by `k8s_cluster`, as the rules do.
+
+Several exporters may name their targets alike (the Kubernetes sidecar calls every target `engine`)
+and every exporter has a GPU 0, so every series split by target or GPU keeps `instance` too, in its
+aggregation and its legend. Panels that stack the parts of a whole (prefill vs decode share, a request's
+queue/prefill/decode time, finished requests by reason) repeat once per selected `$target` and combine
+that target's exporters, so one stack is one target. Where a family differs by engine, a panel falls back
+per engine target (`or on (instance, target, model)`) and its description says which engines feed which
+series. Threshold lines of the bottleneck verdict come from `exporter/derive/bottleneck.py`
+(`exporter/mixin/dashboards/verdict.py`).
+
+Heatmaps never sum the buckets of different engine kinds (their bucket bounds differ, and summing
+them per `le` draws cells that are no distribution): each heatmap repeats once per selected `$engine`.
+
+The selectors are built in one place, `selectors()` in `exporter/mixin/dashboards/lib.py`, from the
+mixin's config (`exporter/mixin/config.py`: the cluster label's name, the other fleet labels). SLO
+thresholds, objectives and saturation thresholds drawn on the panels come from that config too (its
+defaults from `exporter/slo.py`), which the alert rules read, so the lines are where the alerts fire.
+Latency quantiles, SLO ratios and token rates read the recording rules of `alerts/rules/recording.yaml`
+(`target_model:...` per replica, `model:...` per model over the fleet), so the panels and the alerts see
+the same numbers. The Overview's TTFT and TBT p99 tiles are the fleet's p99 per model (all replicas'
+requests in one distribution), not the worst replica's; the Fleet board's outlier tables name the worst
+replicas. SLO ratios and means show "No traffic" when nothing finished in the window.
+
+## The fleet board
+
+`LLM Serving / Fleet` is the entry point for many replicas across clusters (linked from the Overview's
+header, and linking to it): a per-model summary from the fleet rules, an instance table with one row per
+replica (cluster, namespace, instance, target, model) whose cells open that replica's Overview, GPU and
+Host boards with `var-instance`, `var-target` and `var-model` set from the row, the top-k outliers, the
+verdict mix, the workload's prompt and output lengths, and replicas, GPUs and KV capacity over time.
+
+## What the demo shows
+
+`tests/test_dashboards_live.py` runs the real Prometheus against `llm-exporter demo` (decode-heavy and
+kv-pressure) and evaluates every query below; two more demos serving the SGLang and TGI expositions show
+the fallback panels (prefix-cache gauge, TPOT, requests without a finish reason), and a `faults` demo the
+fault panels (XID, ECC, row remapping, PCIe replays) and their alerts. The demo simulates the GPU and the
+host (their PCIe links and NUMA nodes included) and prices a GPU-hour at 4.00 for the cost panels. The
+queries that have no data in the healthy demos are listed in that test with the reason: no XID events;
+collection errors appear only after a failure; the twin has no draft model, so the speculative decoding
+panels stay empty (as for an engine without speculative decoding). The same test checks that the Fleet
+board's instance table joins every demo's replica into one row.
+"""
+
+
+def render_docs(dashboards: dict[str, dict] | None = None) -> str:
+    if dashboards is None:
+        dashboards = {name: json.loads(text) for name, text in build_all().items()}
+    out = [DOCS_HEAD]
+    for name, dash in dashboards.items():
+        intro = " ".join((MODULES[name].__doc__ or "").split())
+        out.append(f"\n## {dash['title']}\n\n`dashboards/{name}` (uid `{dash['uid']}`), built by "
+                   f"`exporter/mixin/dashboards/{MODULES[name].__name__.rsplit('.', 1)[-1]}.py`. {intro}\n")
+        for panel in iter_panels(dash):
+            if panel["type"] == "row":
+                out.append(f"\n### {panel['title']}\n\n"
+                           "| panel | type | reads | what it answers, how to read it |\n|---|---|---|---|")
+                continue
+            if out[-1].startswith("\n## "):
+                out.append("\n| panel | type | reads | what it answers, how to read it |\n|---|---|---|---|")
+            names: set[str] = set()
+            for t in panel.get("targets", []):
+                names |= metric_names(t["expr"])
+            reads = ", ".join(f"`{n}`" for n in sorted(names)) or "(text)"
+            desc = " ".join(panel["description"].split()).replace("|", "\\|")
+            out.append(f"| {panel['title']} | {panel['type']} | {reads} | {desc} |")
+    return "\n".join(out) + "\n"
+
+
+def check(out_dir: pathlib.Path = OUT_DIR) -> list[str]:
+    problems: list[str] = []
+    rendered = build_all()
+    rules = recording_rules()
+    for name, content in rendered.items():
+        problems += undefined_metrics(json.loads(content), rules)
+        path = out_dir / name
+        if not path.exists():
+            problems.append(f"{name}: missing; run `make dashboards`")
+        elif path.read_text() != content:
+            problems.append(f"{name}: differs from what dashboards/generate.py produces; run `make dashboards`")
+    for name in stray_files(set(rendered), out_dir):
+        problems.append(f"{name}: in dashboards/ but not produced by dashboards/generate.py")
+    if out_dir == OUT_DIR and (not DOCS.exists() or DOCS.read_text() != render_docs()):
+        problems.append("docs/dashboards.md: differs from what dashboards/generate.py produces; run `make dashboards`")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="verify instead of writing")
+    args = parser.parse_args(argv)
+    if args.check:
+        problems = check()
+        for p in problems:
+            print(f"dashboards: {p}", file=sys.stderr)
+        if not problems:
+            print(f"dashboards: {len(DASHBOARDS)} dashboards up to date, every query's metrics defined")
+        return 1 if problems else 0
+    rules = recording_rules()
+    problems = []
+    for name, content in build_all().items():
+        problems += undefined_metrics(json.loads(content), rules)
+        (OUT_DIR / name).write_text(content)
+        print(f"wrote dashboards/{name}")
+    DOCS.write_text(render_docs())
+    print("wrote docs/dashboards.md")
+    for p in problems:
+        print(f"dashboards: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
