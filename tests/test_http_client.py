@@ -1,4 +1,4 @@
-"""exporter/sources/engines/http.py against real loopback servers that write raw HTTP/1.x bytes:
+"""exporter/httpclient.py against real loopback servers that write raw HTTP/1.x bytes:
 body framings, keep-alive reuse and recovery, every bound (headers, payload cap, deadline), no
 redirects, TLS trust, and broken answers, each failing with the reason EngineSource reports."""
 
@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator
 import pytest
 import trustme
 
+from exporter import httpclient as http_module
 from exporter.config import EngineTarget
+from exporter.httpclient import HttpClient
 from exporter.sources.base import SourceError
-from exporter.sources.engines import http as http_module
 from exporter.sources.engines.auth import ssl_context
-from exporter.sources.engines.http import HttpClient
 
 BODY = b"".join(b'vllm:num_requests_running{model_name="m",engine="%d"} %d\n' % (i, i) for i in range(1200))
 

@@ -15,13 +15,13 @@ from types import MappingProxyType
 
 from exporter.catalog import family_of
 from exporter.config import EngineTarget
+from exporter.httpclient import HttpClient
 from exporter.logstate import StateLog, quote_names
 from exporter.redact import CredentialError, redact_url
 from exporter.snapshot import Labels, Sample, labels_of, make_labels
 from exporter.sources.base import SourceData, SourceError, SourceKind
 from exporter.sources.engines.auth import TargetAuth, ssl_context
 from exporter.sources.engines.exposition import ExpositionError
-from exporter.sources.engines.http import HttpClient
 from exporter.sources.engines.normalize import (
     CARDINALITY,
     NormalizedScrape,
@@ -95,7 +95,7 @@ class EngineSource:
         self._auth = TargetAuth(target)
         # One kept-alive connection, no redirects (only the configured URL is ever fetched, and no
         # token follows a redirect), nothing from the environment (no proxy, .netrc or CA path):
-        # see exporter/sources/engines/http.py.
+        # see exporter/httpclient.py.
         self._client = client or HttpClient(
             target.url, timeout_s=target.timeout_s,
             ssl_context=ssl_context(target) if target.url.lower().startswith("https:") else None,
