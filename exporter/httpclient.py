@@ -17,8 +17,9 @@ that (bench/bench_fetch.py), which a sidecar that scrapes every second needs. Tw
   probe's SSE stream, whose caller times each piece and keeps its own deadlines).
 
 Bounds, for both: the response head (status line plus headers, every interim 1xx answer included)
-under `max_head_bytes`, and so is each chunk-size line and the trailers (h11's
-max_incomplete_event_size); at most _MAX_INTERIM 1xx answers; bodies by Content-Length, chunked or
+under `max_head_bytes`, counted here since h11 bounds only an event still incomplete (its
+max_incomplete_event_size, set to the same number, bounds a chunk-size line; the trailers are
+counted here too); at most _MAX_INTERIM 1xx answers; HTTP/1.0 or 1.1 only; bodies by Content-Length, chunked or
 read-until-close, with the whole-body reader abandoning one past its cap (at once when the declared
 Content-Length is over it), and a compressed body capped after decoding. Time is the caller's
 deadline (asyncio.timeout) over connect, TLS, request, head and body: a server that drips one byte
@@ -47,13 +48,13 @@ from typing import Any, NamedTuple
 
 import h11
 
-from exporter import jsonsafe
 from exporter.jsonsafe import JsonTooDeep
+from exporter.jsonsafe import loads as json_loads
 from exporter.redact import redact_url
 from exporter.sources.base import SourceError
 
 __all__ = ["KEEPALIVE_EXPIRY_S", "MAX_HEAD_BYTES", "BodyTooLarge", "ClosedEarly", "Connection", "HeadTooLarge",
-           "content_coding", "header_list",
+           "Head", "header_list",
            "HttpClient", "Origin", "ProtocolError", "ResolveError", "Resolver", "connect", "error_hint",
            "get_json_object", "is_ip_literal", "parse_url", "printable", "request", "resolve"]
 
@@ -90,6 +91,14 @@ class BodyTooLarge(Exception):
 
 class ResolveError(Exception):
     """The host name did not resolve; the message is the resolver's."""
+
+
+class Head(NamedTuple):
+    """A response head, as much of it as the readers use."""
+
+    status: int
+    length: int | None  # Content-Length, when it frames the body (not with chunks)
+    coding: bytes  # Content-Encoding, lower-cased; b"identity" when none
 
 
 class Origin(NamedTuple):
@@ -277,7 +286,7 @@ class Connection:
                 raise HeadTooLarge(f"a line over {self.max_head_bytes} bytes") from None
             raise ProtocolError(str(error)) from None
 
-    async def read_head(self) -> h11.Response:
+    async def read_head(self) -> Head:
         """The final response head, interim 1xx answers skipped. Every head byte counts against
         max_head_bytes: h11 alone bounds a head still incomplete, not one that came whole."""
         received = interim = 0
@@ -305,10 +314,18 @@ class Connection:
                 raise ProtocolError("no response head")
             if event.http_version not in (b"1.1", b"1.0"):
                 raise ProtocolError("not an HTTP/1.x answer")
-            headers = event.headers
-            self._both_framings = (any(name == b"transfer-encoding" for name, _ in headers)
-                                   and any(name == b"content-length" for name, _ in headers))
-            return event
+            length = coding = None
+            chunked = False
+            for name, value in event.headers:  # h11 lower-cased the names and checked Content-Length
+                if name == b"content-length":
+                    length = int(value)
+                elif name == b"transfer-encoding":
+                    chunked = True
+                elif name == b"content-encoding":
+                    coding = value.strip().lower()
+            # Both framings: h11 follows the chunks, but a proxy may have read the answer by its length.
+            self._both_framings = chunked and length is not None
+            return Head(event.status_code, None if chunked else length, coding or b"identity")
 
     async def read(self) -> bytes:
         """The next piece of the body, de-chunked, as it arrives; b"" at its end. The end of a
@@ -320,14 +337,26 @@ class Connection:
                 continue
             if type(event) is h11.Data:
                 return event.data
+            # Trailers that came whole in one read passed h11's bound on an incomplete event.
+            if (type(event) is h11.EndOfMessage and event.headers
+                    and sum(len(name) + len(value) + 4 for name, value in event.headers) > self.max_head_bytes):
+                raise ProtocolError(f"trailers over {self.max_head_bytes} bytes")
             return b""  # EndOfMessage (or ConnectionClosed, after a close-delimited end)
 
-    async def read_body(self, response: h11.Response, cap: int) -> bytes:
+    async def read_body(self, head: Head, cap: int) -> bytes:
         """The whole body within `cap` bytes (decoded, if gzip or deflate came although we ask for
         identity); BodyTooLarge as soon as it is known to be over."""
-        declared = header(response, b"content-length")
-        if declared is not None and not self._both_framings and int(declared) > cap:
-            raise BodyTooLarge(f"Content-Length {declared.decode()} over the cap {cap}")
+        if head.length is not None:
+            if head.length > cap:
+                raise BodyTooLarge(f"Content-Length {head.length} over the cap {cap}")
+            # Known and within the cap: wait for all of it before asking h11, which then hands it
+            # over in one event instead of one per read (h11's events are most of the CPU a fetch costs).
+            missing = head.length - len(self._h11.trailing_data[0])
+            if missing > 0:
+                try:
+                    self._h11.receive_data(await self.reader.readexactly(missing))
+                except asyncio.IncompleteReadError:
+                    raise ClosedEarly("closed in the middle of the body") from None
         chunks: list[bytes] = []
         size = 0
         while piece := await self.read():
@@ -336,9 +365,8 @@ class Connection:
                 raise BodyTooLarge(f"body over the cap of {cap} bytes")
             chunks.append(piece)
         body = b"".join(chunks)
-        coding = content_coding(response)
-        if coding not in (b"identity", b""):
-            body = _decode(coding, body, cap)
+        if head.coding not in (b"identity", b""):
+            body = _decode(head.coding, body, cap)
         return body
 
     def reusable(self) -> bool:
@@ -383,18 +411,6 @@ class Connection:
             self.abort()
 
 
-def header(response: h11.Response, name: bytes) -> bytes | None:
-    """One header's value (h11 lower-cases the names and has checked Content-Length)."""
-    for key, value in response.headers:
-        if key == name:
-            return value
-    return None
-
-
-def content_coding(response: h11.Response) -> bytes:
-    return (header(response, b"content-encoding") or b"identity").strip().lower()
-
-
 def _decode(coding: bytes, body: bytes, cap: int) -> bytes:
     if coding not in (b"gzip", b"x-gzip", b"deflate"):
         raise ProtocolError("unsupported Content-Encoding")
@@ -421,7 +437,7 @@ def error_hint(body: bytes, *, raw_text: bool) -> str:
     else a page (a proxy's or a web server's HTML) is a body, not a reason, and gives no hint."""
     text = body.decode("utf-8", "replace")
     try:
-        doc = jsonsafe.loads(text)
+        doc = json_loads(text)
     except ValueError:  # JsonTooDeep included: no structured reason
         doc = None
     if isinstance(doc, dict):
@@ -496,15 +512,14 @@ class HttpClient:
                 # closed while idle is caught before it is used (usable(), above).
                 conn.send(event)
                 try:
-                    response = await conn.read_head()
+                    head = await conn.read_head()
                 except ConnectionError:
                     raise _Failure("ReadError") from None
                 stage = "body not complete"
-                if response.status_code != 200:
-                    hint = await self._error_hint(conn, response)
-                    raise SourceError("http_status", f"HTTP {response.status_code} from {self._shown}{hint}",
-                                      response.status_code)
-                body = await conn.read_body(response, max_body)
+                if head.status != 200:
+                    hint = await self._error_hint(conn, head)
+                    raise SourceError("http_status", f"HTTP {head.status} from {self._shown}{hint}", head.status)
+                body = await conn.read_body(head, max_body)
             if conn.reusable() and not self._closed and self._idle is None:
                 conn.park()
                 self._idle, conn = conn, None
@@ -529,11 +544,11 @@ class HttpClient:
                 conn.abort()
 
     @staticmethod
-    async def _error_hint(conn: Connection, response: h11.Response) -> str:
+    async def _error_hint(conn: Connection, head: Head) -> str:
         """The engine's words from an error answer (llama.cpp started without --metrics answers 501
         with the flag to add); "" for a page, a body past MAX_ERROR_BODY or a broken one."""
         try:
-            body = await conn.read_body(response, MAX_ERROR_BODY)
+            body = await conn.read_body(head, MAX_ERROR_BODY)
         except (BodyTooLarge, ProtocolError, ClosedEarly, OSError):
             return ""
         return error_hint(body, raw_text=False)
@@ -562,7 +577,7 @@ async def get_json_object(client: HttpClient, shown: str, max_body: int) -> dict
     except SourceError as e:
         raise SourceError(e.reason, e.message if shown in e.message else f"{shown}: {e.message}") from None
     try:
-        doc = jsonsafe.loads(body)
+        doc = json_loads(body)
     except JsonTooDeep as e:
         raise SourceError("too_deep", f"{shown}: {e}") from None
     except ValueError as e:  # UnicodeDecodeError included

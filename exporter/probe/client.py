@@ -43,7 +43,6 @@ from exporter.httpclient import (
     ResolveError,
     Resolver,
     connect,
-    content_coding,
     error_hint,
     header_list,
     parse_url,
@@ -340,12 +339,12 @@ async def stream_completion(url: str, *, api: str = "completions", model: str | 
             stage = "no answer"
             try:
                 async with asyncio.timeout(limits.first_byte_timeout_s):
-                    response = await conn.read_head()
+                    head = await conn.read_head()
             except TimeoutError:  # the first-byte deadline's own
                 raise _Fail("timeout", f"no answer within {limits.first_byte_timeout_s:g}s of the request") from None
-            status = response.status_code
+            status = head.status
             record.response_at, record.status = time.monotonic(), status
-            if content_coding(response) not in (b"identity", b""):  # asked for identity: a compressed stream is refused
+            if head.coding not in (b"identity", b""):  # asked for identity: a compressed stream is refused
                 raise _Fail("protocol", "compressed answer (Content-Encoding) to a request for identity")
             if status != 200:
                 raise _Fail("http_status", f"HTTP {status}{_redirect_note(status)}{await _hint(conn)}")
