@@ -1,5 +1,5 @@
 """CPU per fetch of an engine's /metrics page: the httpx client EngineSource used to have against
-exporter/sources/engines/http.py, side by side in one run, over keep-alive.
+exporter/httpclient.py, side by side in one run, over keep-alive.
 
 The page is served by a separate process (its CPU is not counted), HTTP/1.1 with Content-Length,
 so each client reuses one connection. Both clients run the same read loop EngineSource runs:
@@ -16,7 +16,7 @@ import time
 
 import httpx
 
-from exporter.sources.engines.http import HttpClient
+from exporter.httpclient import HttpClient
 from exporter.sources.engines.scrape import ACCEPT
 
 PAGE_BYTES = 69 * 1024
@@ -118,7 +118,7 @@ def run() -> list[tuple[str, str]]:
     return [
         ("fetch payload, keep-alive", f"{len(body) / 1024:.0f} KB, Content-Length"),
         ("httpx.AsyncClient CPU per fetch", f"{theirs:.2f} ms"),
-        ("ours (engines/http.py) CPU per fetch", f"{ours:.2f} ms"),
+        ("ours (httpclient.py) CPU per fetch", f"{ours:.2f} ms"),
         ("ratio httpx / ours", f"{theirs / ours:.1f}x"),
     ]
 

@@ -34,6 +34,7 @@ from typing import Any, TextIO
 from exporter import __version__, jsonsafe
 from exporter.config import ConfigError, load_config, parse_duration, refuse_userinfo
 from exporter.derive.bottleneck import UNKNOWN_VERDICT_WORDS, VERDICT_WORDS
+from exporter.httpclient import HttpClient
 from exporter.jsonsafe import JsonTooDeep
 from exporter.reach import exporter_base_url, failure_words, http_status_words, why_unreachable
 from exporter.redact import CredentialError, read_secret_file, redact_url
@@ -42,7 +43,6 @@ from exporter.shapes import DIAGNOSIS, ShapeError
 from exporter.shapes import check as check_shape
 from exporter.sources.base import SourceError
 from exporter.sources.engines.auth import client_context
-from exporter.sources.engines.http import HttpClient
 from exporter.termsafe import terminal_safe, terminal_safe_tree
 
 EXIT_HEALTHY = 0

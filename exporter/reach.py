@@ -48,7 +48,7 @@ def failure_words(reason: str, message: str, status: int | None = None) -> str:
     """A client failure (exporter/sources/base.SourceError's reason, message and status) for an
     error line: an HTTP status as http_status_words, else `reason: message` bounded. An http_status
     message may end in the engine's own reason from a JSON error document (`HTTP 501 from URL:
-    ... Start it with --metrics`; exporter/sources/engines/http.py reads it bounded and printable,
+    ... Start it with --metrics`; exporter/httpclient.py reads it bounded and printable,
     never a page): kept after the status words, as what to do."""
     if status is None and reason == "http_status" and (found := _STATUS_IN_MESSAGE.search(message)):
         status = int(found.group(1))

@@ -1,4 +1,4 @@
-"""exporter/sources/engines/http.py against real loopback servers that write raw HTTP/1.x bytes:
+"""exporter/httpclient.py against real loopback servers that write raw HTTP/1.x bytes:
 body framings, keep-alive reuse and recovery, every bound (headers, payload cap, deadline), no
 redirects, TLS trust, and broken answers, each failing with the reason EngineSource reports."""
 
@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator
 import pytest
 import trustme
 
+from exporter import httpclient as http_module
 from exporter.config import EngineTarget
+from exporter.httpclient import HttpClient
 from exporter.sources.base import SourceError
-from exporter.sources.engines import http as http_module
 from exporter.sources.engines.auth import ssl_context
-from exporter.sources.engines.http import HttpClient
 
 BODY = b"".join(b'vllm:num_requests_running{model_name="m",engine="%d"} %d\n' % (i, i) for i in range(1200))
 
@@ -398,19 +398,24 @@ def test_a_gzip_body_is_decoded_and_capped_after_decoding():
         assert failure(server.url(), cap=len(BODY) * 10).reason == "too_large"
 
 
-def test_a_slow_drip_is_cut_at_the_deadline():
+@pytest.mark.parametrize(("first", "rest", "step", "pause", "timeout", "stage"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n", b"x" * 2000, 10, 0.02, 0.3, "body not complete"),
+    (b"", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", 1, 1.0, 1.5, "no answer"),  # a byte a second
+])
+def test_a_slow_drip_is_cut_at_the_deadline(first, rest, step, pause, timeout, stage):
     def drip(sock, head, index):
-        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
-        for _ in range(200):
-            sock.sendall(b"x" * 10)
-            time.sleep(0.02)
+        with contextlib.suppress(OSError):
+            sock.sendall(first)
+            for i in range(0, len(rest), step):
+                sock.sendall(rest[i:i + step])
+                time.sleep(pause)
         return False
     with RawServer(drip) as server:
         started = time.monotonic()
-        error = failure(server.url(), timeout=0.3)
+        error = failure(server.url(), timeout=timeout)
         elapsed = time.monotonic() - started
-    assert error.reason == "timeout" and "body not complete within 0.3s" in error.message
-    assert elapsed < 2.0  # the drip would last 4 s: it was cut at the deadline, not read to the end
+    assert error.reason == "timeout" and f"{stage} within {timeout:g}s" in error.message
+    assert elapsed < timeout + 1.5  # the drip would last 4 s or more: cut at the deadline, not read to the end
 
 
 def test_no_answer_is_a_timeout():
@@ -428,7 +433,8 @@ def test_redirects_are_not_followed():
 
 
 @pytest.mark.parametrize("status_line", [b"garbage\r\n", b"HTTP/2 200\r\n", b"HTTP/1.1 2000 OK\r\n",
-                                         b"ICY 200 OK\r\n", b"HTTP/1.1 200 OK\r\n bad fold\r\n"])
+                                         b"ICY 200 OK\r\n", b"HTTP/1.1 200 OK\r\n bad fold\r\n",
+                                         b"HTTP/1.2 200 OK\r\n", b"HTTP/0.9 200 OK\r\n"])  # h11 takes any 1.x
 def test_a_garbage_status_line_is_a_connection_error(status_line):
     def garbage(sock, head, index):
         sock.sendall(status_line + b"Content-Length: 2\r\n\r\nok")
@@ -504,3 +510,82 @@ def test_the_environment_is_ignored(monkeypatch):
             monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
         monkeypatch.setenv("NO_PROXY", "")
         assert fetch(server.url()) == [BODY]
+
+
+# --- hostile servers against the h11 framing: each bound holds, by bytes and by time ---------------
+
+def test_endless_header_lines_stop_at_the_head_cap_not_the_deadline():
+    def endless(sock, head, index):
+        sock.sendall(b"HTTP/1.1 200 OK\r\n")
+        with contextlib.suppress(OSError):
+            for i in range(100_000):  # 2.4 MB of headers if nobody stopped reading
+                sock.sendall(b"X-Endless-%06d: %s\r\n" % (i, b"v" * 8))
+        return False
+    with RawServer(endless) as server:
+        started = time.monotonic()
+        error = failure(server.url(), timeout=5.0)
+    assert error.reason == "connection" and "RemoteProtocolError" in error.message
+    assert time.monotonic() - started < 3.0  # refused at the cap, not at the 5 s deadline
+
+
+def test_a_whole_head_over_the_cap_in_one_write_is_refused():
+    # h11 alone bounds only an incomplete head; one that arrives complete is counted here.
+    def whole(sock, head, index):
+        filler = b"".join(b"X-F%d: %s\r\n" % (i, b"a" * 100) for i in range(700))  # ~75 KB of short lines
+        sock.sendall(b"HTTP/1.1 200 OK\r\n" + filler + b"Content-Length: 2\r\n\r\nok")
+        return True
+    with RawServer(whole) as server:
+        assert failure(server.url()).reason == "connection"
+
+
+def test_more_interim_answers_than_allowed_are_refused():
+    def chatty(sock, head, index):
+        sock.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" * 16)
+        return answer()(sock, head, index)
+    with RawServer(chatty) as server:
+        assert failure(server.url()).reason == "connection"
+
+
+@pytest.mark.parametrize(("chunks", "reason"), [
+    (b"100000\r\nshort\r\n", "connection"),  # a 1 MiB chunk that ends after 5 bytes and a hang-up
+    (b"fffffffffff\r\n" + b"x" * 70_000, "too_large"),  # a chunk size far past the cap, its data coming
+    (b"5\r\nhelloXX0\r\n\r\n", "connection"),  # the chunk's data not followed by CRLF
+    (b"1" * 70_000, "connection"),  # a chunk-size line that never ends
+    (b"0\r\n" + b"X-T: " + b"t" * 70_000 + b"\r\n\r\n", "connection"),  # endless trailers
+])
+def test_chunk_size_lies_are_refused(chunks, reason):
+    def liar(sock, head, index):
+        sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks)
+        return False
+    with RawServer(liar) as server:
+        error = failure(server.url(), cap=64 * 1024)
+    assert error.reason == reason, error.message
+    assert server.accepts == 1
+
+
+def test_a_content_length_body_cut_short_is_a_connection_error():
+    def short(sock, head, index):
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n" + BODY[:100])
+        return False
+    with RawServer(short) as server:
+        error = failure(server.url())
+    assert error.reason == "connection" and "RemoteProtocolError" in error.message
+
+
+def test_an_answer_framed_both_by_chunks_and_by_length_is_read_by_the_chunks_and_not_kept():
+    def both(sock, head, index):
+        sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"
+                     b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY))
+        return True
+    with RawServer(both) as server:
+        assert fetch(server.url(), times=2) == [BODY, BODY]
+    assert server.accepts == 2  # a proxy may have read it by its length: the connection is not reused
+
+
+def test_a_header_h11_refuses_is_a_credentials_error_and_never_sent():
+    with RawServer(answer()) as server:
+        error = failure(server.url(), headers={"Authorization": "Bearer t0k\r\nX-Injected: 1"})
+    assert error.reason == "credentials" and "t0k" not in error.message
+    assert server.requests == []
+    with pytest.raises(ValueError, match="Accept"):
+        HttpClient("http://127.0.0.1:9/metrics", timeout_s=1, headers={"Accept": "a\nb"})

@@ -17,6 +17,8 @@ ALLOWED_CYCLES: dict[frozenset[str], str] = {}
 # Modules that import nothing from exporter/ (bar the ones listed): everything may use them.
 LEAVES = {"exporter.safefile": set(), "exporter.jsonsafe": set(), "exporter.redact": {"exporter.safefile"},
           "exporter.yamlsafe": {"exporter.safefile"},
+          # the one HTTP client: below every source, tool and command that fetches
+          "exporter.httpclient": {"exporter.jsonsafe", "exporter.redact", "exporter.sources.base"},
           "exporter.settings": {"exporter.yamlsafe", "exporter.specs.gpus", "exporter.specs.models",
                                 "exporter.slo"}}
 

@@ -35,7 +35,8 @@ from exporter.probe.source import ProbeState
 
 MiB = 1 << 20
 MODES = ("ok", "silent", "endless_line", "endless_chunks", "redirect", "bad_json", "status_500", "stream_error",
-         "empty", "hidden_tokens", "huge_head", "reset", "slow_drip")
+         "empty", "hidden_tokens", "huge_head", "reset", "slow_drip", "endless_chunk_size", "short_body",
+         "gzip", "drip_head")
 
 
 @dataclass
@@ -142,6 +143,18 @@ class OpenAIStub:
             return await self._send(writer, 500, b'{"error": ' * 20_000)
         if mode == "reset":
             return
+        if mode == "drip_head":  # the status line one byte a second
+            for byte in b"HTTP/1.1 200 OK\r\n":
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(1.0)
+        if mode == "short_body":  # a Content-Length the body never reaches, then a hang-up
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 5000\r\n\r\n"
+                         b'data: {"choices": [{"text": "a"}]}\n\n')
+            return await writer.drain()
+        if mode == "gzip":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 10\r\n\r\n0123456789")
+            return await writer.drain()
         if mode == "huge_head":
             writer.write(b"HTTP/1.1 200 OK\r\nX-Junk: " + b"j" * (200 * 1024) + b"\r\n\r\n")
             return await writer.drain()
@@ -152,6 +165,10 @@ class OpenAIStub:
             writer.write(b"%x\r\ndata: \r\n" % 6)
             while True:
                 writer.write(b"%x\r\n%s\r\n" % (len(junk), junk))
+                await writer.drain()
+        if mode == "endless_chunk_size":  # a chunk-size line that never ends
+            while True:
+                writer.write(b"1" * 65536)
                 await writer.drain()
         if mode == "endless_chunks":
             while True:
@@ -316,8 +333,9 @@ def test_a_server_that_never_answers_times_out_at_the_deadline():
     assert 0.5 <= took < 3.0
 
 
-def test_the_first_byte_deadline_is_its_own():
-    with stub(mode="silent") as server:
+@pytest.mark.parametrize("mode", ["silent", "drip_head"])  # no byte; a status line one byte a second
+def test_the_first_byte_deadline_is_its_own(mode):
+    with stub(mode=mode) as server:
         started = time.monotonic()
         result = call(server.url, timeout_s=10, limits=StreamLimits(first_byte_timeout_s=0.3))
         took = time.monotonic() - started
@@ -388,6 +406,29 @@ def test_an_oversized_response_head_is_too_large():
     assert (result.ok, result.reason) == (False, "too_large") and "head" in result.message
 
 
+def test_an_endless_chunk_size_line_stops_at_the_head_cap():
+    with stub(mode="endless_chunk_size") as server:
+        started = time.monotonic()
+        result = call(server.url, timeout_s=5.0)
+    assert (result.ok, result.reason) == (False, "protocol"), result
+    assert result.message == "chunk-size line over 65536 bytes"
+    assert time.monotonic() - started < 3.0  # the cap ended it, not the deadline
+
+
+def test_a_body_shorter_than_its_content_length_is_a_connection_error():
+    with stub(mode="short_body") as server:
+        result = call(server.url)
+    assert (result.ok, result.reason) == (False, "connection"), result
+    assert result.message == "connection closed: stream not complete"
+
+
+def test_a_compressed_stream_is_refused():
+    with stub(mode="gzip") as server:
+        result = call(server.url)
+    assert (result.ok, result.reason, result.status) == (False, "protocol", 200)
+    assert "Content-Encoding" in result.message
+
+
 def test_a_connection_closed_without_an_answer_and_a_refused_one_are_connection_errors():
     with stub(mode="reset") as server:
         result = call(server.url)
@@ -410,7 +451,7 @@ def test_hostile_streams_leave_memory_bounded():
     me = psutil.Process()
     growth = {}
     with stub() as server:
-        for mode in ("endless_line", "endless_chunks", "slow_drip"):
+        for mode in ("endless_line", "endless_chunks", "slow_drip", "endless_chunk_size"):
             server.config.mode = mode
             call(server.url, timeout_s=0.5)  # warm-up: the allocator's arenas, the kernel buffers
             gc.collect()

@@ -597,8 +597,8 @@ async def observe_exporter(base_url: str, window_s: float, *, target: str | None
     """Scrape the exporter's /metrics at the start and end of `window_s` (and its running gauge about
     once a second between), read /api/v1/diagnosis for the target, model and GPUs. Only these two
     URLs are fetched, each bounded in time and bytes (the engine scrapes' HTTP client)."""
+    from exporter.httpclient import HttpClient
     from exporter.sources.base import SourceError
-    from exporter.sources.engines.http import HttpClient
 
     if not 1.0 <= window_s <= MAX_WINDOW_S:
         raise ObserveError(f"--window must be between 1s and {MAX_WINDOW_S:g}s")

@@ -7,42 +7,51 @@ a `CompletionTiming`, has TTFT, the gaps between text chunks (ITL), end-to-end l
 token counts (the usage the server reports, else the text chunks counted). It never raises for
 anything the server does: a failure is `ok=False` with one of REASONS and a short message.
 
-The engine's answer is untrusted (docs/security.md), so the client is plain asyncio streams, in
-the style of exporter/sources/engines/http.py (which reads whole bodies and cannot stream):
+The engine's answer is untrusted (docs/security.md); the HTTP side is exporter/httpclient.py (h11
+framing, the head and chunk-line bounds, resolving in a Resolver's own thread, no redirects, no
+proxies, no environment). What this module adds:
 
 - time: a connect deadline, a first-byte deadline (request sent -> response head) and one
   deadline over the whole exchange (asyncio.timeout);
-- bytes: the response head, each SSE line (or one event's data lines together), the whole body
-  and the number of events are capped (StreamLimits); past a cap the answer is `too_large`.
-  A line is scanned once as it arrives, so a server dripping one byte at a time costs linear time;
+- bytes: the response head (StreamLimits.max_head_bytes), each SSE line (or one event's data lines
+  together), the whole body and the number of events are capped; past a cap the answer is
+  `too_large`. A line is scanned once as it arrives, so a server dripping one byte at a time
+  costs linear time;
 - one request per connection (`Connection: close`), closed (aborted) when the call returns: no
-  idle connection or pool to keep safe between probes;
-- no redirects (a 3xx is `http_status`), no proxies, no .netrc, no environment: only the given URL
-  is contacted, with the headers the caller gives; messages never carry a header value;
-- a host name is resolved by the caller's `Resolver` (its own thread, one lookup at a time, a
-  lookup outliving a deadline reused by the next call), so a hung resolver never blocks the event
-  loop's shared executor; without one, the loop's getaddrinfo.
+  idle connection or pool to keep safe between probes; a 3xx is `http_status`, never followed;
+  messages never carry a header value.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import os
-import socket
 import ssl
 import time
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from exporter import jsonsafe
 from exporter.catalog.probe import ERROR_REASONS
+from exporter.httpclient import (
+    ClosedEarly,
+    Connection,
+    HeadTooLarge,
+    ProtocolError,
+    ResolveError,
+    Resolver,
+    connect,
+    error_hint,
+    header_list,
+    parse_url,
+    printable,
+    request,
+    resolve,
+)
 from exporter.jsonsafe import JsonTooDeep
 from exporter.redact import redact_url
-from exporter.sources.engines.http import is_ip_literal
 
 __all__ = ["APIS", "REASONS", "CompletionTiming", "Resolver", "StreamLimits", "endpoint_url", "make_prompt",
            "stream_completion"]
@@ -57,8 +66,6 @@ MAX_MESSAGE = 200  # characters of a server-provided text (an error object) in a
 # real traffic, and an unbounded int would not even convert to a float). A token covers at least
 # one byte of the prompt; a chat template adds its own tokens.
 TEMPLATE_TOKENS = 1024
-_MAX_INTERIM = 16  # 1xx answers skipped before the real one
-_READ_SIZE = 64 * 1024
 _ERROR_BODY = 4096  # read of a non-200 answer, for its hint
 
 
@@ -67,7 +74,7 @@ class StreamLimits(NamedTuple):
 
     connect_timeout_s: float | None = None
     first_byte_timeout_s: float | None = None  # request sent -> response head complete
-    max_head_bytes: int = 64 * 1024  # status line + headers; also a chunk-size line
+    max_head_bytes: int = 64 * 1024  # status line + headers; also a chunk-size line and the trailers
     max_line_bytes: int = 64 * 1024  # one SSE line, and the data of one event (a chunk is ~0.3 KB)
     max_body_bytes: int = 4 * 1024 * 1024  # the whole stream (4096 chunks of ~1 KB)
     max_events: int = 8192  # SSE events (chunks) in one answer
@@ -154,118 +161,6 @@ class _Fail(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
-
-
-class Resolver:
-    """Resolves host names in one thread of its own, one lookup at a time. A lookup still running
-    when its caller's deadline passed is kept and awaited by the next call for the same name
-    instead of starting another, so a hung resolver costs this one thread and never piles up."""
-
-    def __init__(self) -> None:
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: dict[tuple[str, int], asyncio.Future] = {}
-
-    async def resolve(self, host: str, port: int) -> list[tuple[int, str]]:
-        loop = asyncio.get_running_loop()
-        key = (host, port)
-        lookup = self._pending.get(key)
-        if lookup is None or lookup.get_loop() is not loop:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="probe-resolve")
-            lookup = loop.run_in_executor(self._pool, socket.getaddrinfo, host, port, socket.AF_UNSPEC,
-                                          socket.SOCK_STREAM)
-            self._pending[key] = lookup
-        try:
-            infos = await asyncio.shield(lookup)
-        finally:
-            if lookup.done() and self._pending.get(key) is lookup:
-                del self._pending[key]
-        return [(family, sockaddr[0]) for family, _, _, _, sockaddr in infos]
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)  # a hung lookup ends on its own
-            self._pool = None
-        self._pending.clear()
-
-
-async def _addresses(host: str, port: int, resolver: Resolver | None) -> list[tuple[int, str]]:
-    if is_ip_literal(host):
-        return [(socket.AF_UNSPEC, host)]
-    try:
-        if resolver is not None:
-            return await resolver.resolve(host, port)
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        return [(family, sockaddr[0]) for family, _, _, _, sockaddr in infos]
-    except OSError as error:  # socket.gaierror
-        raise _Fail("dns", f"cannot resolve {host}: {error.strerror or error}") from None
-
-
-def _printable(text: str) -> str:
-    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 3] + "..."
-
-
-class _Body:
-    """The response body as pieces, de-chunked, each read bounded; b"" at its end."""
-
-    def __init__(self, reader: asyncio.StreamReader, fields: Mapping[bytes, bytes], max_head: int) -> None:
-        self.reader = reader
-        self.max_head = max_head
-        self.done = False
-        self.left: int | None = None  # bytes left of a Content-Length body or of the current chunk
-        self.chunked = False
-        self.after_chunk = False  # a chunk's data was read: its CRLF comes next
-        encoding = fields.get(b"transfer-encoding")
-        length = fields.get(b"content-length")
-        if encoding is not None:
-            if encoding.strip().lower() != b"chunked":
-                raise _Fail("protocol", "unsupported Transfer-Encoding")
-            self.chunked, self.left = True, 0
-        elif length is not None:
-            values = {v.strip() for v in length.split(b",")}
-            if len(values) != 1 or not (declared := values.pop()).isdigit() or len(declared) > 18:
-                raise _Fail("protocol", "bad Content-Length")
-            self.left = int(declared)
-        coding = fields.get(b"content-encoding", b"identity").strip().lower()
-        if coding not in (b"identity", b""):  # we ask for identity; a compressed stream is refused
-            raise _Fail("protocol", "compressed answer (Content-Encoding) to a request for identity")
-
-    async def read(self) -> bytes:
-        if self.done:
-            return b""
-        if self.chunked and self.left == 0:
-            if self.after_chunk and await self.reader.readexactly(2) != b"\r\n":
-                raise _Fail("protocol", "chunk not terminated")
-            line = await self.reader.readuntil(b"\r\n")  # LimitOverrunError past max_head
-            digits = line[:-2].split(b";", 1)[0].strip(b" \t")
-            if not digits or len(digits) > 15 or any(c not in b"0123456789abcdefABCDEF" for c in digits):
-                raise _Fail("protocol", "bad chunk size")
-            self.left = int(digits, 16)
-            self.after_chunk = True
-            if self.left == 0:
-                trailer = 0
-                while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
-                    trailer += len(line)
-                    if trailer > self.max_head:
-                        raise _Fail("protocol", "trailers too long")
-                self.done = True
-                return b""
-        size = _READ_SIZE if self.left is None else min(self.left, _READ_SIZE)
-        if size == 0:  # Content-Length: 0, or its end reached
-            self.done = True
-            return b""
-        data = await self.reader.read(size)
-        if not data:
-            if self.left is None:  # delimited by the end of the connection
-                self.done = True
-                return b""
-            raise _Fail("connection", "connection closed in the middle of the answer")
-        if self.left is not None:
-            self.left -= len(data)
-            if not self.chunked and self.left == 0:
-                self.done = True
-        return data
 
 
 def _count(value: object, most: int) -> bool:
@@ -358,8 +253,8 @@ class _Stream:
         error = doc.get("error")
         if error:  # vLLM and others report a failure mid-stream as {"error": {...}}
             text = error.get("message", "") if isinstance(error, dict) else error
-            raise _Fail("stream_error", "the server sent an error: " + _printable(text if isinstance(text, str)
-                                                                                else "no message"))
+            raise _Fail("stream_error", "the server sent an error: " + printable(
+                text if isinstance(text, str) else "no message", MAX_MESSAGE))
         choices = doc.get("choices")
         if self._has_text(choices):
             self.token_times.append(now)
@@ -405,40 +300,59 @@ async def stream_completion(url: str, *, api: str = "completions", model: str | 
     record = _Marks()
     stream = _Stream(api, limits, len(prompt.encode()) + TEMPLATE_TOKENS, max_tokens)
     stage = "no connection"
-    writer: asyncio.StreamWriter | None = None
+    conn: Connection | None = None
     try:
         full = endpoint_url(url, api)
-        parts = urllib.parse.urlsplit(full)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise _Fail("connection", "not an http(s) URL")
-        request = _request_bytes(parts, headers or {}, request_body(
-            api, model=model, prompt=prompt, max_tokens=max_tokens, ignore_eos=ignore_eos, extra=extra_body))
+        try:
+            origin = parse_url(full)
+        except ValueError:
+            raise _Fail("connection", "not an http(s) URL") from None
+        payload = json.dumps(request_body(api, model=model, prompt=prompt, max_tokens=max_tokens,
+                                          ignore_eos=ignore_eos, extra=extra_body), separators=(",", ":")).encode()
+        try:
+            head = request(b"POST", origin.target.encode("ascii"), header_list({
+                "Host": origin.host_header, "User-Agent": "llm-exporter-probe", "Accept": "text/event-stream",
+                "Accept-Encoding": "identity", "Content-Type": "application/json",
+                "Content-Length": str(len(payload)), "Connection": "close", **(headers or {})}))
+        except ValueError as error:  # names the header, never its value
+            raise _Fail("credentials", f"request {error}") from None
         async with asyncio.timeout(timeout_s):
             try:
                 async with asyncio.timeout(limits.connect_timeout_s):
-                    reader, writer = await _connect(parts, ssl_context, resolver, limits.max_head_bytes)
+                    conn = await connect(origin, await resolve(origin.host, origin.port, resolver), ssl_context,
+                                         limits.max_head_bytes)
             except TimeoutError:  # the connect deadline's own (the whole call's surfaces outside)
                 raise _Fail("timeout", f"no connection within {limits.connect_timeout_s:g}s") from None
+            except ResolveError as error:
+                raise _Fail("dns", str(error)) from None
+            except ssl.SSLError:
+                raise
+            except OSError as failure:
+                # The errno's words ("connection refused"), not asyncio's "Connect call failed (...)".
+                why = os.strerror(failure.errno).lower() if failure.errno else (failure.strerror or str(failure))
+                raise _Fail("connection", f"cannot connect to {redact_url(full)}: {why}") from None
             record.connect_s = time.monotonic() - started
             stage = "request not sent"
-            writer.write(request)
-            await writer.drain()
+            conn.send(head, payload)
+            await conn.writer.drain()
             record.sent_at = time.monotonic()
             stage = "no answer"
             try:
                 async with asyncio.timeout(limits.first_byte_timeout_s):
-                    status, fields = await _read_head(reader)
+                    head = await conn.read_head()
             except TimeoutError:  # the first-byte deadline's own
                 raise _Fail("timeout", f"no answer within {limits.first_byte_timeout_s:g}s of the request") from None
+            status = head.status
             record.response_at, record.status = time.monotonic(), status
-            body = _Body(reader, fields, limits.max_head_bytes)
+            if head.coding not in (b"identity", b""):  # asked for identity: a compressed stream is refused
+                raise _Fail("protocol", "compressed answer (Content-Encoding) to a request for identity")
             if status != 200:
-                raise _Fail("http_status", f"HTTP {status}{_redirect_note(status)}{await _hint(body)}")
+                raise _Fail("http_status", f"HTTP {status}{_redirect_note(status)}{await _hint(conn)}")
             stage = "stream not complete"
             total = 0
             while not stream.finished:
-                piece = await body.read()
-                now = time.monotonic()
+                piece = await conn.read()
+                now = time.monotonic()  # the piece's arrival: what TTFT and the token gaps are made of
                 if not piece:
                     stream.end(now)
                     break
@@ -460,117 +374,40 @@ async def stream_completion(url: str, *, api: str = "completions", model: str | 
     except ssl.SSLCertVerificationError as error:
         return _timing(False, "tls", f"certificate not trusted ({error.verify_message})", started, record,
                        stream, None)
-    except asyncio.LimitOverrunError:
+    except HeadTooLarge:
         what = "response head" if record.response_at is None else "chunk-size line"
         reason = "too_large" if record.response_at is None else "protocol"
         return _timing(False, reason, f"{what} over {limits.max_head_bytes} bytes", started, record, stream, None)
-    except asyncio.IncompleteReadError:
+    except ProtocolError as error:
+        return _timing(False, "protocol", str(error), started, record, stream, None)
+    except ClosedEarly:
         return _timing(False, "connection", f"connection closed: {stage}", started, record, stream, None)
     except ssl.SSLError as error:
         return _timing(False, "tls", f"TLS: {error.reason or type(error).__name__}", started, record, stream, None)
     except OSError as error:
         return _timing(False, "connection", f"{type(error).__name__}: {stage}", started, record, stream, None)
     finally:
-        if writer is not None:
-            writer.transport.abort()  # one request per connection; nothing is kept
+        if conn is not None:
+            conn.abort()  # one request per connection; nothing is kept
 
 
 def _redirect_note(status: int) -> str:
     return " (a redirect: not followed)" if 300 <= status < 400 else ""
 
 
-async def _hint(body: _Body) -> str:
-    """What an error answer says (OpenAI style {"error": {"message": ...}}), short and printable."""
+async def _hint(conn: Connection) -> str:
+    """What an error answer says (OpenAI style {"error": {"message": ...}}, else its text), short and
+    printable; the first _ERROR_BODY bytes within half a second."""
     chunks: list[bytes] = []
     size = 0
     try:
         async with asyncio.timeout(0.5):
-            while size < _ERROR_BODY and (piece := await body.read()):
+            while size < _ERROR_BODY and (piece := await conn.read()):
                 chunks.append(piece)
                 size += len(piece)
-    except (TimeoutError, _Fail, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+    except (TimeoutError, ProtocolError, ClosedEarly, OSError):
         return ""
-    text = b"".join(chunks)[:_ERROR_BODY].decode("utf-8", "replace")
-    try:
-        doc = jsonsafe.loads(text)
-    except ValueError:  # JsonTooDeep included: the raw text is the hint then
-        doc = None
-    if isinstance(doc, dict):
-        error = doc.get("error", doc.get("detail", doc.get("message")))
-        text = error.get("message", "") if isinstance(error, dict) else error
-        text = text if isinstance(text, str) else ""
-    text = _printable(text)
-    return f": {text}" if text else ""
-
-
-def _request_bytes(parts: urllib.parse.SplitResult, headers: Mapping[str, str], body: dict[str, Any]) -> bytes:
-    default_port = 443 if parts.scheme == "https" else 80
-    host = parts.hostname or ""
-    try:
-        host_ascii = host.encode("ascii").decode("ascii")
-    except UnicodeEncodeError:
-        host_ascii = host.encode("idna").decode("ascii")
-    host_header = f"[{host_ascii}]" if ":" in host_ascii else host_ascii
-    if parts.port and parts.port != default_port:
-        host_header += f":{parts.port}"
-    path = urllib.parse.quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")
-    payload = json.dumps(body, separators=(",", ":")).encode("utf-8")
-    fields = {"Host": host_header, "User-Agent": "llm-exporter-probe", "Accept": "text/event-stream",
-              "Accept-Encoding": "identity", "Content-Type": "application/json",
-              "Content-Length": str(len(payload)), "Connection": "close", **headers}
-    lines = []
-    for name, value in fields.items():
-        if any(c in name or c in value for c in "\r\n\0"):
-            raise _Fail("credentials", f"request header {name!r} contains a line break or NUL")  # never its value
-        lines.append(f"{name}: {value}\r\n")
-    return f"POST {path} HTTP/1.1\r\n{''.join(lines)}\r\n".encode("latin-1") + payload
-
-
-async def _connect(parts: urllib.parse.SplitResult, context: ssl.SSLContext | None, resolver: Resolver | None,
-                   limit: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    host = parts.hostname or ""
-    tls = parts.scheme == "https"
-    port = parts.port or (443 if tls else 80)
-    if tls and context is None:
-        context = ssl.create_default_context()
-    failure: OSError | None = None
-    for family, address in await _addresses(host, port, resolver):
-        try:
-            return await asyncio.open_connection(address, port, ssl=context if tls else None,
-                                                 server_hostname=host if tls else None, family=family, limit=limit)
-        except ssl.SSLError:
-            raise
-        except OSError as error:  # the next address, as asyncio's own connect would
-            failure = error
-    if failure is None:
-        raise _Fail("dns", f"cannot resolve {host}: no address")
-    # The errno's words ("connection refused"), not asyncio's "Connect call failed ('127.0.0.1', 9)".
-    why = os.strerror(failure.errno).lower() if failure.errno else (failure.strerror or str(failure))
-    message = f"cannot connect to {redact_url(urllib.parse.urlunsplit(parts))}: {why}"
-    del failure
-    raise _Fail("connection", message)
-
-
-async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes]]:
-    for _ in range(_MAX_INTERIM):
-        head = await reader.readuntil(b"\r\n\r\n")  # LimitOverrunError past the head cap
-        lines = head[:-4].split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        if (len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0") or len(parts[1]) != 3
-                or not parts[1].isdigit()):
-            raise _Fail("protocol", "not an HTTP/1.x answer")
-        status = int(parts[1])
-        fields: dict[bytes, bytes] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
-                raise _Fail("protocol", "bad header line")
-            key = name.lower()
-            value = value.strip(b" \t")
-            fields[key] = fields[key] + b", " + value if key in fields else value
-        if not 100 <= status < 200:
-            return status, fields
-    raise _Fail("protocol", "too many interim answers")
+    return error_hint(b"".join(chunks)[:_ERROR_BODY], raw_text=True)
 
 
 def _timing(ok: bool, reason: str, message: str, started: float, record: _Marks, stream: _Stream,

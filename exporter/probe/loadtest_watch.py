@@ -187,8 +187,8 @@ class ExporterWatch:
 
     def __init__(self, base_url: str, target: str | None = None, *, timeout_s: float = POLL_TIMEOUT_S,
                  interval_s: float = POLL_INTERVAL_S) -> None:
+        from exporter.httpclient import HttpClient
         from exporter.reach import exporter_base_url
-        from exporter.sources.engines.http import HttpClient
 
         base = exporter_base_url(base_url)  # http://HOST:9480/metrics is taken as http://HOST:9480
         self.base_url = base

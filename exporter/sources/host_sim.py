@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from exporter.catalog.base import MAX_VALUE
+from exporter.httpclient import HttpClient, get_json_object
 from exporter.redact import redact_url
 from exporter.snapshot import Sample
 from exporter.sources.base import SourceData, SourceError, SourceKind
-from exporter.sources.engines.http import HttpClient, get_json_object
 from exporter.sources.host_common import sample
 from exporter.sources.host_net import (
     COUNTERS,

@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 from exporter.catalog import family_of
 from exporter.config import EngineTarget
+from exporter.httpclient import HttpClient
 from exporter.logstate import StateLog, quote_names
 from exporter.redact import CredentialError, redact_url
 from exporter.snapshot import Labels, Sample, labels_of, make_labels
@@ -22,7 +23,6 @@ from exporter.sources.base import SourceData, SourceError, SourceKind
 from exporter.sources.engines.auth import TargetAuth, ssl_context
 from exporter.sources.engines.drops import CARDINALITY
 from exporter.sources.engines.exposition import ExpositionError
-from exporter.sources.engines.http import HttpClient
 from exporter.sources.engines.normalize import NormalizedScrape
 from exporter.sources.engines.page import TooManyFamiliesError, UnknownEngineError
 from exporter.sources.engines.replay import normalize_if_unchanged, normalize_with_memo
@@ -92,7 +92,7 @@ class EngineSource:
         self._auth = TargetAuth(target)
         # One kept-alive connection, no redirects (only the configured URL is ever fetched, and no
         # token follows a redirect), nothing from the environment (no proxy, .netrc or CA path):
-        # see exporter/sources/engines/http.py.
+        # see exporter/httpclient.py.
         self._client = client or HttpClient(
             target.url, timeout_s=target.timeout_s,
             ssl_context=ssl_context(target) if target.url.lower().startswith("https:") else None,

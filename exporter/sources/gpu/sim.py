@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from exporter.httpclient import HttpClient, get_json_object
 from exporter.redact import redact_url
 from exporter.snapshot import Labels, Sample, make_labels
 from exporter.sources.base import SourceData, SourceError, SourceKind
-from exporter.sources.engines.http import HttpClient, get_json_object
 from exporter.sources.gpu._errors import (
     DRIVER_NOT_LOADED,
     LIB_RM_VERSION_MISMATCH,
