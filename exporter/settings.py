@@ -508,10 +508,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rate_window_s", Duration(), "float | None", None,
             "window of the rates behind the bottleneck scores (default 15s or 5 intervals, the longer)",
             aliases=("rate_window_s",)),
-    Setting("gpu_spec", GpuSpecOverrides(), "Mapping[str, float]", None,
+    Setting("gpu_spec", GpuSpecOverrides(), "Mapping[str, float] | None", None,
             "GPU spec fields replacing the detected card's (exporter/specs/gpus.py), e.g. "
             "{mem_bandwidth_bytes_per_s: 3.35e12}; in a variable, a JSON object"),
-    Setting("target_gpus", TargetGpus(), "Mapping[str, tuple[int, ...]]", None,
+    Setting("target_gpus", TargetGpus(), "Mapping[str, tuple[int, ...]] | None", None,
             "which GPUs serve which target, {target: [GPU indices]}; default: slices of --tensor-parallel "
             "GPUs in target-name order; in a variable, a JSON object"),
 )
