@@ -151,7 +151,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 class Percentiles(NamedTuple):
-    count: int
+    count: int  # type: ignore[assignment]  # hides tuple.count, which is never called
     mean: float | None
     p50: float | None
     p95: float | None

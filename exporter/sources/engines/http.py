@@ -203,7 +203,8 @@ class HttpClient:
                     conn = None
                 if conn is None:
                     stage = f"{self._host} not resolved"
-                    addresses = [(socket.AF_UNSPEC, self._host)] if self._literal else await self._resolve()
+                    addresses: list[tuple[int, str]] = ([(socket.AF_UNSPEC, self._host)] if self._literal
+                                                        else await self._resolve())
                     stage = "no answer"
                     try:
                         conn = await self._connect(addresses)
@@ -285,8 +286,8 @@ class HttpClient:
         if not isinstance(doc, dict):
             return ""
         error = doc.get("error", doc.get("detail", doc.get("message")))
-        text = error.get("message", "") if isinstance(error, dict) else error
-        text = text if isinstance(text, str) else ""
+        message = error.get("message", "") if isinstance(error, dict) else error
+        text = message if isinstance(message, str) else ""
         text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
         if len(text) > MAX_ERROR_HINT:
             text = text[:MAX_ERROR_HINT - 3] + "..."

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from operator import itemgetter
 from types import MappingProxyType
-from typing import NamedTuple, Protocol
+from typing import Final, Literal, NamedTuple, Protocol
 
 from prometheus_client.utils import floatToGoString
 
@@ -252,8 +252,8 @@ def _compile(spec: EngineSpec, present: frozenset[str] | None = None) -> Table:
             summed = product.type == "counter" and term.label is None
             terms.setdefault(term.source, []).append(
                 TermRoute(index, position, term.where, term.label, summed))
-    conditions = tuple(sorted({item.when[0] for item in (*(a for _, a in spec.alias_items()), *spec.products)
-                               if item.when is not None}))
+    conditional: tuple[Alias | Product, ...] = (*(a for _, a in spec.alias_items()), *spec.products)
+    conditions = tuple(sorted({item.when[0] for item in conditional if item.when is not None}))
     return Table(
         spec=spec,
         route_count=count,
@@ -332,6 +332,10 @@ class Entry(NamedTuple):
     """(rank, reason, le, tier): to rebuild the labels once the page's model is known."""
 
 
+# A route cache's value: the Entry, _SKIP (False) for a rank copy, None where the route does not apply.
+RouteEntry = Entry | Literal[False] | None
+
+
 class NormalizerState:
     """Per-target memory kept across cycles: the parser's label cache, what each engine label set
     becomes under each alias (so a label set seen last cycle costs one dict lookup), and the last
@@ -345,7 +349,7 @@ class NormalizerState:
     def __init__(self) -> None:
         self.label_cache = LabelCache()
         self.last_kind: str | None = None
-        self._entries: list[dict[Labels, Entry | bool | None]] = []
+        self._entries: list[dict[Labels, RouteEntry]] = []
         self._entries_for: tuple[str, str] | None = None
         """(kind, target) the route caches are for."""
         self._entry_count = 0
@@ -368,7 +372,7 @@ class NormalizerState:
             self._families = (key, account(SPECS[kind], declared, names))
         return self._families[1]
 
-    def route_entries(self, kind: str, target: str, route_count: int) -> list[dict[Labels, Entry | bool | None]]:
+    def route_entries(self, kind: str, target: str, route_count: int) -> list[dict[Labels, RouteEntry]]:
         """One dict per route of `kind`: engine labels -> mapped entry (see Pass._entry)."""
         if (self._entries_for != (kind, target) or self._entry_count >= MAX_MAPPED_LABEL_SETS
                 or self._entry_chars >= MAX_MAPPED_LABEL_CHARS):
@@ -606,7 +610,7 @@ def _label_tuple(target: str, kind: str, model: str | None, rank: str | None, re
 # ---------------------------------------------------------------------------------------------
 # One normalization pass
 
-_SKIP = False
+_SKIP: Final = False  # Final: typed Literal[False], so `not entry` leaves an Entry
 """Entry of a label set that is a tensor-parallel copy (kept by rank 0)."""
 
 
@@ -691,7 +695,7 @@ class Pass:
         if len(self.notes) < MAX_NOTES:
             self.notes[text] = None
 
-    def _entry(self, route: _Route, labels: Labels) -> Entry | bool | None:
+    def _entry(self, route: _Route, labels: Labels) -> RouteEntry:
         """What a label set becomes under a route: None when the route does not apply (selector,
         bucket without le), _SKIP for a rank copy, else its Entry. A bucket whose bound is not a
         number gets le=_BAD_LE_TEXT, so that its whole histogram is dropped by finish()."""
