@@ -13,7 +13,7 @@ import os
 import re
 import ssl
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -421,7 +421,7 @@ def _check_secret_file(path: str, field_name: str) -> None:
         raise ConfigError(field_name, path, str(error)) from None
 
 
-def reject_command_line_secrets(specs: object) -> None:
+def reject_command_line_secrets(specs: str | Iterable[object] | None) -> None:
     """`--engine` values are visible to every local user (ps, /proc/PID/cmdline): refuse a secret
     there, inline or as user:password@ in the URL, with advice on where to put it."""
     if not specs:

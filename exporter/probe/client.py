@@ -196,7 +196,8 @@ async def _addresses(host: str, port: int, resolver: Resolver | None) -> list[tu
         if resolver is not None:
             return await resolver.resolve(host, port)
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        return [(family, sockaddr[0]) for family, _, _, _, sockaddr in infos]
+        # An IP address's text (typeshed's sockaddr also allows an AF_UNIX-style int: never here).
+        return [(family, str(sockaddr[0])) for family, _, _, _, sockaddr in infos]
     except OSError as error:  # socket.gaierror
         raise _Fail("dns", f"cannot resolve {host}: {error.strerror or error}") from None
 
@@ -355,9 +356,9 @@ class _Stream:
             raise _Fail("protocol", "an SSE event that is not JSON") from None
         if not isinstance(doc, dict):
             raise _Fail("protocol", "an SSE event that is not a JSON object")
-        error = doc.get("error")
-        if error:  # vLLM and others report a failure mid-stream as {"error": {...}}
-            text = error.get("message", "") if isinstance(error, dict) else error
+        failure = doc.get("error")
+        if failure:  # vLLM and others report a failure mid-stream as {"error": {...}}
+            text = failure.get("message", "") if isinstance(failure, dict) else failure
             raise _Fail("stream_error", "the server sent an error: " + _printable(text if isinstance(text, str)
                                                                                 else "no message"))
         choices = doc.get("choices")
@@ -384,7 +385,8 @@ class _Stream:
                 if not isinstance(delta, dict):
                     continue
                 # Reasoning models stream their thinking first, in a field of its own: tokens all the same.
-                texts = (delta.get("content"), delta.get("reasoning_content"), delta.get("reasoning"))
+                texts: tuple[object, ...] = (delta.get("content"), delta.get("reasoning_content"),
+                                             delta.get("reasoning"))
             else:
                 texts = (choice.get("text"),)
             if any(isinstance(t, str) and t for t in texts):
@@ -497,8 +499,8 @@ async def _hint(body: _Body) -> str:
         doc = None
     if isinstance(doc, dict):
         error = doc.get("error", doc.get("detail", doc.get("message")))
-        text = error.get("message", "") if isinstance(error, dict) else error
-        text = text if isinstance(text, str) else ""
+        message = error.get("message", "") if isinstance(error, dict) else error
+        text = message if isinstance(message, str) else ""
     text = _printable(text)
     return f": {text}" if text else ""
 

@@ -77,16 +77,25 @@ NO_SUCCESS = "no successful request: no knee"
 
 
 class Outcome(Protocol):
-    """What one request returns (exporter/probe/client.py's CompletionTiming has these fields)."""
+    """What one request returns (exporter/probe/client.py's CompletionTiming has these fields).
+    Read-only properties: the outcomes are frozen (a NamedTuple, a frozen dataclass)."""
 
-    ok: bool
-    reason: str
-    status: int | None
-    ttft_s: float | None
-    itl_s: Sequence[float]
-    e2e_s: float | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def status(self) -> int | None: ...
+    @property
+    def ttft_s(self) -> float | None: ...
+    @property
+    def itl_s(self) -> Sequence[float]: ...
+    @property
+    def e2e_s(self) -> float | None: ...
+    @property
+    def prompt_tokens(self) -> int | None: ...
+    @property
+    def completion_tokens(self) -> int | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,7 +462,8 @@ def poll_from(diagnosis: Mapping[str, Any] | None, metrics: Mapping[str, float],
     targets = (diagnosis or {}).get("targets")
     entry = targets.get(target or "") if isinstance(targets, dict) else None
     entry = entry if isinstance(entry, dict) else {}
-    numbers = entry.get("numbers") if isinstance(entry.get("numbers"), dict) else {}
+    raw_numbers = entry.get("numbers")
+    numbers = raw_numbers if isinstance(raw_numbers, dict) else {}
 
     def number(key: str, fallback: str, ceiling: float = MAX_SERVER_VALUE) -> float | None:
         value = metrics.get(key)
