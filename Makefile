@@ -127,8 +127,10 @@ mutation: venv
 	$(BIN)/pip install -q -c constraints.txt mutmut==3.8.1
 	nice -n 19 $(BIN)/python -m tests.mutation $(MODULES)
 
+# ruff, then mypy over exporter/ (its settings: [tool.mypy] in pyproject.toml; docs/developing.md).
 lint: venv
 	$(BIN)/ruff check exporter tests bench dashboards alerts
+	$(BIN)/mypy exporter
 
 fmt: venv
 	$(BIN)/ruff check --fix exporter tests bench dashboards
@@ -136,9 +138,11 @@ fmt: venv
 golden: venv
 	$(BIN)/python -m pytest --update-golden
 
-# Every generated file: docs from the catalogue, engine tables and CLI; rules; dashboards and the
-# Kubernetes objects built from them. The test suite fails when any of them is stale.
+# Every generated file: Config's fields and the docs from the settings table, docs from the catalogue,
+# engine tables and CLI; rules; dashboards and the Kubernetes objects built from them. The test suite
+# fails when any of them is stale.
 generate: venv
+	$(BIN)/python deploy/config_class.py
 	$(BIN)/python alerts/generate.py
 	$(BIN)/python dashboards/generate.py
 	$(BIN)/python deploy/kubernetes/generate.py

@@ -84,16 +84,17 @@ def _host_source(config: Config) -> Source:
         return SimHostSource(config.sim_url)
     from exporter.sources.host import HostOptions, HostSource
 
-    excluded = {} if config.network_exclude is None else {"network_exclude": config.network_exclude}
-    return HostSource(HostOptions(
+    options = HostOptions(
         proc_root=config.proc_root,
         sys_root=config.sys_root,
         engine_port=_engine_port(config),
         engine_pidfile=config.engine_pidfile,
         engine_process_name=config.engine_process_name,
         engine_network_devices=config.engine_network_devices,
-        **excluded,
-    ))
+    )
+    if config.network_exclude is not None:  # else HostOptions' default list
+        options = dataclasses.replace(options, network_exclude=config.network_exclude)
+    return HostSource(options)
 
 
 def _engine_port(config: Config) -> int | None:
@@ -157,7 +158,7 @@ def load_web_config(config: Config) -> WebConfigManager | None:
     if not path:
         return None
     try:
-        return Detached("web config files", STARTUP_TIMEOUT_S).call(lambda: WebConfigManager(path))
+        return Detached[WebConfigManager]("web config files", STARTUP_TIMEOUT_S).call(lambda: WebConfigManager(path))
     except FileReadError as error:
         raise ConfigError("web_config_file", path, str(error)) from None
 
@@ -219,8 +220,9 @@ async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
             await asyncio.wait_for(collect_task, timeout=5)
         stop_task.cancel()
         await collector.close()
-    if collect_task.done() and not collect_task.cancelled() and collect_task.exception():
-        raise collect_task.exception()
+    error = collect_task.exception() if collect_task.done() and not collect_task.cancelled() else None
+    if error is not None:
+        raise error
 
 
 def _on_sighup(web: WebConfigManager | None, tasks: set[asyncio.Task]) -> None:

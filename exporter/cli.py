@@ -138,7 +138,7 @@ def _load_config_detached(flags: Mapping[str, object], env: Mapping[str, str]) -
     regular files only (exporter/safefile.py), and one on a hung mount must end in an error
     (exit 2), not a process that hangs without ever listening."""
     try:
-        return Detached("configuration files", STARTUP_TIMEOUT_S).call(lambda: load_config(flags, env))
+        return Detached[Config]("configuration files", STARTUP_TIMEOUT_S).call(lambda: load_config(flags, env))
     except FileReadError as error:
         path = flags.get("config") or env.get("LLM_EXPORTER_CONFIG") or ""
         raise ConfigError("config", path, str(error)) from None

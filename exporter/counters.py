@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Hashable, Mapping
 from operator import add, lt, neg
+from typing import TypeVar
 
 _MAX_GONE = 256  # vanished series remembered (for a comeback) per window
 
@@ -101,6 +102,11 @@ class SeriesResets:
         return bool(self._state)
 
 
+# A series key of ResetSafe.adjust: a name, or (name, series id). A TypeVar, not a union: a mapping's
+# key type is invariant, and callers pass mappings keyed by one or the other.
+_SeriesKey = TypeVar("_SeriesKey", str, tuple[str, str])
+
+
 class ResetSafe:
     """Reset-safe counters by name: `adjust` takes the raw values by series key, a name (one series)
     or (name, series id) for one of a name's series (a data-parallel rank), and returns the adjusted
@@ -112,11 +118,11 @@ class ResetSafe:
         self._names: dict[str, SeriesResets] = {}
         self._started = False
 
-    def adjust(self, values: Mapping[Hashable, float]) -> dict[str, float]:
+    def adjust(self, values: Mapping[_SeriesKey, float]) -> dict[str, float]:
         grouped: dict[str, list[tuple[Hashable, tuple[float, ...]]]] = {}
         raw_sums: dict[str, float] = {}
         for key, raw in values.items():
-            name = key if key.__class__ is str else key[0]
+            name = key if isinstance(key, str) else key[0]
             grouped.setdefault(name, []).append((key, (raw,)))
             raw_sums[name] = raw_sums.get(name, 0.0) + raw
         out: dict[str, float] = {}

@@ -209,10 +209,10 @@ async def sample_engines(config: Any, duration_s: float) -> dict[str, Any]:
     reached; docs/cli.md), and once every target refused the connection the window is not waited
     out. A target that answered once and failed later is a finding: the diagnosis lists it."""
     from exporter.app import build_sources, make_collector
-    from exporter.snapshot import SourceKind
+    from exporter.sources.engines.scrape import EngineSource
 
     sources = build_sources(config)
-    engines = [s for s in sources if s.kind is SourceKind.ENGINE]
+    engines = [s for s in sources if isinstance(s, EngineSource)]  # the one source of kind ENGINE
     collector = make_collector(config, sources)
     answered: set[str] = set()
     results: Mapping[str, Any] = {}

@@ -196,7 +196,8 @@ class Resolver:
         finally:
             if lookup.done() and self._pending.get(key) is lookup:
                 del self._pending[key]  # resolve afresh for the next connection
-        return [(family, sockaddr[0]) for family, _, _, _, sockaddr in infos]
+        # An IP address's text (typeshed's sockaddr also allows an AF_UNIX-style int: never here).
+        return [(family, str(sockaddr[0])) for family, _, _, _, sockaddr in infos]
 
     def close(self) -> None:
         if self._pool is not None:
@@ -214,7 +215,7 @@ async def resolve(host: str, port: int, resolver: Resolver | None) -> list[tuple
         if resolver is not None:
             return await resolver.resolve(host, port)
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        return [(family, sockaddr[0]) for family, _, _, _, sockaddr in infos]
+        return [(family, str(sockaddr[0])) for family, _, _, _, sockaddr in infos]
     except OSError as error:  # socket.gaierror: "Name or service not known", ...
         raise ResolveError(f"cannot resolve {host}: {error.strerror or error}") from None
 
@@ -442,8 +443,8 @@ def error_hint(body: bytes, *, raw_text: bool) -> str:
         doc = None
     if isinstance(doc, dict):
         error = doc.get("error", doc.get("detail", doc.get("message")))
-        text = error.get("message", "") if isinstance(error, dict) else error
-        text = text if isinstance(text, str) else ""
+        message = error.get("message", "") if isinstance(error, dict) else error
+        text = message if isinstance(message, str) else ""
     elif not raw_text:
         return ""
     text = printable(text)

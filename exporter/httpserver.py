@@ -374,7 +374,8 @@ class _Connection(asyncio.BufferedProtocol):
         if self._cycle_bytes == 0:
             self._first_byte_at = self.loop.time()
         self._cycle_bytes += nbytes
-        self.h11.receive_data(self.server.read_buffer[:nbytes])  # h11 copies it out at once
+        # h11 copies it out at once; it takes any bytes-like object though typed `bytes`.
+        self.h11.receive_data(self.server.read_buffer[:nbytes])  # type: ignore[arg-type]
         if self._cycle_bytes > self.limits.max_header_bytes and not self._reading_paused:
             # Past any head: read on only when the task needs data (h11 refuses an oversized
             # head; a body or what a client pipelines waits in the kernel, not here).
@@ -428,7 +429,7 @@ class _Connection(asyncio.BufferedProtocol):
     async def _run(self) -> None:
         try:
             if self.server.ssl_context is not None:
-                await self._handshake()
+                await self._handshake(self.server.ssl_context)
             first, ready_at = True, self.loop.time()
             while True:
                 request = await self._read_head(first, ready_at)
@@ -448,10 +449,10 @@ class _Connection(asyncio.BufferedProtocol):
             await self._close()
             self.server.forget(self)
 
-    async def _handshake(self) -> None:
+    async def _handshake(self, context: ssl.SSLContext) -> None:
         try:
             transport = await self.loop.start_tls(
-                self.transport, self, self.server.ssl_context, server_side=True,
+                self.transport, self, context, server_side=True,
                 ssl_handshake_timeout=self.limits.tls_handshake_timeout_s)
         except (OSError, ValueError, RuntimeError):
             # A failed or timed-out handshake (ssl.SSLError and ConnectionAbortedError are
@@ -774,7 +775,8 @@ class _Exchange:
         head, self._pending_head = self._pending_head or b"", None
         # h11 frames the body (content-length: passed through as is; chunked: a size line and
         # CRLF around it) without copying it; output() slices it.
-        parts = [head, *(conn.h11.send_with_data_passthrough(h11.Data(data=body)) if body else ())]
+        # (h11 returns None only for a ConnectionClosed event, never for Data)
+        parts = [head, *((conn.h11.send_with_data_passthrough(h11.Data(data=body)) or ()) if body else ())]
         if not more:
             parts.append(conn.h11.send(h11.EndOfMessage()))
             self.complete = True

@@ -1,10 +1,11 @@
 """The settings table: every setting of `llm-exporter run`, declared once.
 
 Each `Setting` names its Config field, value type (which validates it),
-default, command-line flag, LLM_EXPORTER_* variable, YAML key and meaning. exporter/config.py
-builds the Config dataclass and validates from it, exporter/cli.py and exporter/doctor.py add
-their flags from it, and deploy/configuration_docs.py writes docs/configuration.md from it.
-Adding a setting is one entry here (and reading the new Config field where it is used).
+default, command-line flag, LLM_EXPORTER_* variable, YAML key and meaning. deploy/config_class.py
+writes the fields of exporter/config.py's Config from it (`make generate`; the suite fails on a
+drift), exporter/config.py validates from it, exporter/cli.py and exporter/doctor.py add their
+flags from it, and deploy/configuration_docs.py writes docs/configuration.md from it.
+Adding a setting is one entry here, `make generate`, and reading the new Config field where it is used.
 
 Imports nothing from exporter/ but data: the spec tables and the SLO thresholds (exporter/slo.py)."""
 
@@ -508,10 +509,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rate_window_s", Duration(), "float | None", None,
             "window of the rates behind the bottleneck scores (default 15s or 5 intervals, the longer)",
             aliases=("rate_window_s",)),
-    Setting("gpu_spec", GpuSpecOverrides(), "Mapping[str, float]", None,
+    Setting("gpu_spec", GpuSpecOverrides(), "Mapping[str, float] | None", None,
             "GPU spec fields replacing the detected card's (exporter/specs/gpus.py), e.g. "
             "{mem_bandwidth_bytes_per_s: 3.35e12}; in a variable, a JSON object"),
-    Setting("target_gpus", TargetGpus(), "Mapping[str, tuple[int, ...]]", None,
+    Setting("target_gpus", TargetGpus(), "Mapping[str, tuple[int, ...]] | None", None,
             "which GPUs serve which target, {target: [GPU indices]}; default: slices of --tensor-parallel "
             "GPUs in target-name order; in a variable, a JSON object"),
 )

@@ -19,7 +19,7 @@ explicit key overriding a merged one is the point of merging; `<<` written twice
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
@@ -59,7 +59,15 @@ def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
-class _Bounds:
+if TYPE_CHECKING:
+    # What the mixin calls (peek_event, anchors, compose_node...) is the composer's it is mixed in
+    # front of; PyYAML has no type hints, so to the checker this base is Any.
+    from yaml.composer import Composer as _ComposerBase
+else:
+    _ComposerBase = object
+
+
+class _Bounds(_ComposerBase):
     """The counting composer step, mixed in front of PyYAML's Composer: refuses a document over
     MAX_YAML_ALIASES aliases, MAX_YAML_NODES nodes or MAX_YAML_CHARS characters of scalars once
     aliases are expanded, MAX_YAML_DEPTH levels, a scalar over MAX_YAML_SCALAR_CHARS, and
@@ -73,7 +81,7 @@ class _Bounds:
         self._sizes: dict[int, tuple[int, int]] = {}  # id(anchored node) -> its expanded size, once complete
         self._path: list[str] = []  # where the node being composed sits: keys and [indices]
 
-    def _refuse(self, problem: str, mark: Any) -> None:
+    def _refuse(self, problem: str, mark: Any) -> NoReturn:
         raise yaml.composer.ComposerError(None, None, problem, mark)
 
     def _count(self, nodes: int, chars: int, mark: Any) -> None:

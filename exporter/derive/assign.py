@@ -8,7 +8,7 @@ from exporter.derive.view import GpuView
 
 
 def assign_gpus(targets: Sequence[str], gpus: Sequence[GpuView], tp: int | None,
-                explicit: Mapping[str, Sequence[str]] | None = None,
+                explicit: Mapping[str, Sequence[int | str]] | None = None,
                 ranks: Mapping[str, int] | None = None) -> tuple[dict[str, tuple[GpuView, ...]], str]:
     """Which GPUs serve which target. Explicit `target_gpus` wins; one target gets the first
     TP x DP GPUs (all by default; DP: the target's data-parallel ranks, `ranks`); several targets

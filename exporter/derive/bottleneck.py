@@ -407,7 +407,7 @@ def _host(s: Signals, roof: float, ev: list[str] | None) -> float:
     if ev is not None:
         if s.busiest_thread is not None:
             ev.append(f"busiest engine thread at {pct(s.busiest_thread)} of a core")
-        if cpu_inference:
+        if cpu_inference and s.cpu_all is not None:  # (cpu_inference implies it; said again for the checker)
             ev.append(f"no GPU seen: inference runs on the host CPUs, {pct(s.cpu_all)} busy")
         elif s.cpu_all is not None and s.cpu_all >= 0.85:
             ev.append(f"host CPUs {pct(s.cpu_all)} busy")

@@ -135,8 +135,8 @@ def target_diagnosis(r: TargetResult, stages: Sequence[Stage]) -> dict[str, Any]
     if check is not None:
         degraded = [*degraded, *check.degraded()]
     remedies = list(bottleneck.remedies(verdict, signals))
-    for r in also:
-        remedies += [line for line in bottleneck.remedies(r, signals) if line not in remedies]
+    for other in also:
+        remedies += [line for line in bottleneck.remedies(other, signals) if line not in remedies]
     out.update(status="unhealthy" if faults else "degraded" if degraded else "healthy", degraded_because=degraded,
                scores=dict(decision.scores), evidence=evidence, also_limiting=also,
                remedies=remedies, since=decision.state.since)

@@ -59,7 +59,7 @@ class Fault(NamedTuple):
     what: str
     action: Action
     since: float  # events: when the count last grew; states: when the state began (wall clock, Unix seconds)
-    count: float  # events counted in the window (0 for states)
+    count: float  # type: ignore[assignment]  # events in the window (0 for states); hides tuple.count, never called
     runbook: str  # the alert whose docs/runbooks.md section says more
 
     def words(self, now: float) -> str:

@@ -45,12 +45,13 @@ def compute(ctx: Ctx) -> ModelCheck | None:
     if ctx.shape is None or not ctx.gpus or thr is None or not thr.decode_tps or not thr.mean_batch:
         return None
     specs = [ctx.spec_for(g.name) for g in ctx.gpus]
-    if any(s is None for s in specs) or thr.mean_batch < 0.5:
+    gpu = specs[0]
+    if gpu is None or any(s is None for s in specs) or thr.mean_batch < 0.5:
         return None
     ranks = max(1, ctx.dp)
     batch = max(1, round(thr.mean_batch / ranks))
     context = int((kv.mean_context if kv is not None else None) or 0)
-    hw = Hardware(gpu=specs[0], tp=max(1, ctx.tp), bw_efficiency=PRIOR_EFFICIENCY["bw"],
+    hw = Hardware(gpu=gpu, tp=max(1, ctx.tp), bw_efficiency=PRIOR_EFFICIENCY["bw"],
                   compute_efficiency=PRIOR_EFFICIENCY["compute"], step_overhead_s=PRIOR_OVERHEAD_S["gpu"])
     step = decode_batch(batch, context)
     # The prompt tokens computed per step ride along with the decodes (chunked prefill): the observed

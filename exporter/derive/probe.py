@@ -13,7 +13,7 @@ probe) neither spikes nor hides the window's requests.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from exporter.catalog.probe import ERROR_REASONS
@@ -83,9 +83,10 @@ class ProbeCheck(NamedTuple):
             why = ", ".join(f"{reason} {n:.0f}" for reason, n in self.reasons)
             out.append(f"the probe's requests to the engine's API fail: {self.failed:.0f} of {self.requests:.0f} "
                        f"{self.over} ({why}); its clients are likely failing too")
-        if self.gap_too_large:
-            out.append(f"clients wait {_ttft(self.gap_s)} longer for a first token than the engine measures (probe "
-                       f"mean {_ttft(self.client_ttft_s)}, engine {_ttft(self.engine_ttft_s)} {self.over}): the time "
+        client, engine = self.client_ttft_s, self.engine_ttft_s
+        if self.gap_too_large and client is not None and engine is not None:  # (a gap implies both)
+            out.append(f"clients wait {_ttft(client - engine)} longer for a first token than the engine measures "
+                       f"(probe mean {_ttft(client)}, engine {_ttft(engine)} {self.over}): the time "
                        "goes in front of the engine (network, a proxy or gateway queueing, TLS, the API server)")
         return out
 
@@ -135,7 +136,7 @@ def _compute(ctx: Ctx, state: ScopedWindows) -> ProbeCheck | None:
     if not len(window):
         # The probe is this process's own and counts from zero: its first request is in the window
         # (an engine's counters, started before us, take their first value as the baseline instead).
-        window.observe(ctx.now - 1e-3, _PROBE_KEYS, (0.0,) * len(_PROBE_KEYS))  # type: ignore[arg-type]
+        window.observe(ctx.now - 1e-3, _PROBE_KEYS, (0.0,) * len(_PROBE_KEYS))
     mine = _increase(window, ctx.now, _PROBE_KEYS, (("", _probe_counts(probe)),))
     if mine is None:
         return None
@@ -149,7 +150,7 @@ def _compute(ctx: Ctx, state: ScopedWindows) -> ProbeCheck | None:
                       sum(n for _, n in reasons), reasons, _mean(mine["ttft_sum"], mine["ttft_count"]), engine_mean)
 
 
-def _samples(check: ProbeCheck, key: TargetKey) -> Iterable[Sample]:
+def _samples(check: ProbeCheck, key: TargetKey) -> Sequence[Sample]:
     return ()
 
 

@@ -85,7 +85,7 @@ def attainment(bounds: Sequence[float], cumulative: Sequence[float], bound: floa
 
 class Tail(NamedTuple):
     kind: str  # ttft | tbt | e2e
-    count: float  # observations in the window
+    count: float  # type: ignore[assignment]  # observations in the window; hides tuple.count, never called
     quantiles: tuple[tuple[float, float], ...]  # (q, seconds)
     slo_threshold: float | None = None
     slo_bound: float | None = None

@@ -179,7 +179,7 @@ def compute(gpus: Sequence[GpuView], specs: Sequence[GpuSpec | None], shape: Mod
     computed = thr.prefill_computed_tps if thr is not None else None
     if computed is None and thr is not None:
         computed = thr.prefill_tps  # a Throughput built without the split: no prefix cache known
-    if shape is not None and computed is not None and known and len(known) == len(specs):
+    if shape is not None and thr is not None and computed is not None and known and len(known) == len(specs):
         total = sum(peak_flops(s, shape) for s in known)
         mfu = prefill_mfu(shape, computed, total, thr.mean_prompt_tokens, thr.prefix_hit_share or 0.0) \
             if total > 0 else None

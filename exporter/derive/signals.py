@@ -42,7 +42,10 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 def gpu_health(gpus: Sequence[GpuView], spec_for: Callable[[str], GpuSpec | None]) -> dict[str, Any]:
     """Link state, link load, throttle reasons, clocks and temperature of the target's GPUs."""
-    degraded, throttles, capped, envelope = [], [], [], []
+    degraded: list[str] = []
+    throttles: list[str] = []
+    capped: list[str] = []
+    envelope: list[str] = []
     clock_ratios, temps = [], []
     link_util, link_what = None, ""
     severe, power_cap = bottleneck.SEVERE_REASONS, bottleneck.POWER_CAP

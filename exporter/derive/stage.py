@@ -82,7 +82,8 @@ class Ctx:
 class Stage:
     name: str
     compute: Callable[[Ctx, Any], Any]  # (ctx, this stage's state or None) -> result
-    samples: Callable[[Any, TargetKey], Iterable[Sample]]  # (result, target) -> samples; result is not None
+    # (result, target) -> samples; result is not None. A sequence: the Deriver reads it twice.
+    samples: Callable[[Any, TargetKey], Sequence[Sample]]
     emits: tuple[str, ...]  # the derived families its samples belong to
     engine: tuple[str, ...] = ()  # engine sample names (view.EngineView.sums and its KV/prefix fields)
     histograms: tuple[str, ...] = ()  # engine histogram families (view.EngineView.histograms)

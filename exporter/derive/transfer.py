@@ -120,9 +120,9 @@ def _links(links: Sequence[LinkView], errors: Mapping[str, float], utilization: 
             util, what = u, f"{link.device} ({link.kind or 'link'}){rate}"
         if u is not None and u >= RDMA_BUSY and link.kind in RDMA_KINDS:
             busy_rdma.append(link.device)
-        rate = errors.get(link.device)
-        if rate:
-            erring.append(f"{link.device} {rate:.2g} errors+drops/s")
+        error_rate = errors.get(link.device)
+        if error_rate:
+            erring.append(f"{link.device} {error_rate:.2g} errors+drops/s")
     return {"link_util": util, "link_what": what, "links_down": tuple(down), "link_errors": tuple(erring),
             "busy_rdma": busy_rdma, "engine_links": len(mine)}
 

@@ -361,8 +361,9 @@ def _engine_layout(samples: tuple[Sample, ...], needs: ViewNeeds) -> _EngineLayo
                 capacity[s.label("rank")] = i
         elif name in buckets_of:
             text = s.label("le")
-            bound = bounds_of.get(text)
-            if bound is None:
+            try:
+                bound = bounds_of[text]
+            except KeyError:  # a first `le` text
                 bound = bounds_of[text] = float("inf") if text == "+Inf" else float(text)
             i = picker.take(position)
             buckets.setdefault(name[:-7], {}).setdefault(bound, []).append(i)
@@ -520,7 +521,8 @@ def _gpu_layout(samples: tuple[Sample, ...], needs: ViewNeeds) -> _GpuSourceLayo
 def _gpu_views(layout: _GpuSourceLayout, values: tuple[float, ...]
                ) -> tuple[tuple[GpuView, ...], tuple[GpuView, ...]]:
     """(the GPUs up, the GPUs lost)."""
-    views, lost = [], []
+    views: list[GpuView] = []
+    lost: list[GpuView] = []
     for gpu in layout.gpus:
         ident = gpu.identity(values)
         if ident is None:

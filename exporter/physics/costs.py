@@ -198,8 +198,8 @@ def step_cost(hw: Hardware, model: ModelShape, batch: Batch, *, clock_ratio: flo
     # W8A8 (FP8, INT8) and FP4 matmuls run on the tensor cores' 8-bit peak where the card has one, as
     # the planner's roofline has it (exporter/planner/model.py Device.peak_flops); weight-only
     # quantization dequantizes to 16 bits.
-    low = model.matmul_kind != "16bit" and hw.gpu.fp8_dense_flops
-    peak = (hw.gpu.fp8_dense_flops if low else hw.gpu.bf16_dense_flops) * clock
+    fp8 = hw.gpu.fp8_dense_flops
+    peak = (fp8 if model.matmul_kind != "16bit" and fp8 else hw.gpu.bf16_dense_flops) * clock
     prefill_eff = hw.compute_efficiency if hw.prefill_efficiency is None else hw.prefill_efficiency
     t_mem = bytes_gpu / bw
     t_comp = (other_flops / hw.compute_efficiency + prefill_flops / prefill_eff) / tp / peak

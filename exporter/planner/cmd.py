@@ -128,8 +128,8 @@ def base_setup(args: argparse.Namespace, observed: Observed) -> Setup:
         raise PlanError(f"model {name!r}: {error}") from None
     if args.cpu_threads is not None:
         device = cpu_device(args.cpu_threads)
-    elif args.gpu_name or observed.gpu_name:
-        device = gpu_device(args.gpu_name or observed.gpu_name)
+    elif gpu_name := args.gpu_name or observed.gpu_name:
+        device = gpu_device(gpu_name)
     else:
         raise PlanError("the source names no GPU: give --gpu NAME, or --cpu-threads N for a CPU engine")
     tp = (args.tp or max(1, observed.gpu_count)) if device.kind == "gpu" else 1

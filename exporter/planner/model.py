@@ -319,12 +319,12 @@ def _fit(setup: Setup, points: Sequence[Point], obs: Sequence[tuple[Point, float
 
     # A TTFT is the prefill alone only where nothing queues: read it at the lightest load observed (the
     # replay search then fits the rest).
-    timed = [p for p in points if p.ttft.centre]
-    lightest = [p for p in timed if p.in_flight <= 1.5 * min(q.in_flight for q in timed)] if timed else []
+    timed = [(p, p.ttft.centre) for p in points if p.ttft.centre]
+    lightest = [(p, ttft) for p, ttft in timed if p.in_flight <= 1.5 * min(q.in_flight for q, _ in timed)]
 
     def prefill_error(eff: float) -> float:
         cal = Calibration(bw, comp, eff, overhead, batch_factors=factors)
-        err = sum((math.log(prefill_s(setup, cal, p.prompt_tokens) / p.ttft.centre)) ** 2 for p in lightest)
+        err = sum((math.log(prefill_s(setup, cal, p.prompt_tokens) / ttft)) ** 2 for p, ttft in lightest)
         # A short prompt's prefill can be memory-bound: every efficiency above some value fits as well;
         # the prior breaks the tie instead of the grid's first value.
         return err + TIE_WEIGHT * math.log(eff / PRIOR_EFFICIENCY["prefill"]) ** 2
@@ -693,7 +693,7 @@ def replay(setup: Setup, cal: Calibration, point: Point, *, workload: Workload |
             kept_up = True
     ttft = [r.first_token - r.arrival for r in measured]
     tpot = [(r.finished_at - r.first_token) / (r.generated - 1) for r in measured if r.generated > 1]
-    tokens = sum(r.generated for r in measured)
+    tokens: float = sum(r.generated for r in measured)
     if kept_up:
         # Kept up: the tokens are what arrives, the rate times the lengths' mean, not a sample of a
         # few hundred lognormal lengths (+-4% at a spread of 0.5).

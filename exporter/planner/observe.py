@@ -128,7 +128,8 @@ def _kind(value: Any) -> str:
         return f"an integer of {len(str(abs(value)))} digits"
     if isinstance(value, int | float):
         return f"{value:.6g}" if math.isfinite(value) else str(value)
-    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+    kinds: dict[type, str] = {str: "a string", list: "a list", dict: "an object"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 class Reader:
@@ -399,7 +400,8 @@ def point_from_scrapes(first: Scrape, last: Scrape, running: Sequence[float], wi
     ttft = stats.get("ttft")
     if ttft is None and inc("llm_prefill_seconds_total") > 0:
         ttft = Stat(None, None, int(done), mean=inc("llm_prefill_seconds_total") / done)
-    if tpot is None or ttft is None:
+    # (A Stat with neither a mean nor a median has no centre: no latency either.)
+    if tpot is None or ttft is None or tpot.centre is None or ttft.centre is None:
         raise ObserveError("the exporter has no TTFT or TPOT for this target (no latency histograms and no "
                            "prefill/decode seconds): calibrate from a load test (--from loadtest.json)")
     queries = inc("llm_prefix_cache_queries_total")

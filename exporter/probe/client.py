@@ -250,9 +250,9 @@ class _Stream:
             raise _Fail("protocol", "an SSE event that is not JSON") from None
         if not isinstance(doc, dict):
             raise _Fail("protocol", "an SSE event that is not a JSON object")
-        error = doc.get("error")
-        if error:  # vLLM and others report a failure mid-stream as {"error": {...}}
-            text = error.get("message", "") if isinstance(error, dict) else error
+        failure = doc.get("error")
+        if failure:  # vLLM and others report a failure mid-stream as {"error": {...}}
+            text = failure.get("message", "") if isinstance(failure, dict) else failure
             raise _Fail("stream_error", "the server sent an error: " + printable(
                 text if isinstance(text, str) else "no message", MAX_MESSAGE))
         choices = doc.get("choices")
@@ -279,7 +279,8 @@ class _Stream:
                 if not isinstance(delta, dict):
                     continue
                 # Reasoning models stream their thinking first, in a field of its own: tokens all the same.
-                texts = (delta.get("content"), delta.get("reasoning_content"), delta.get("reasoning"))
+                texts: tuple[object, ...] = (delta.get("content"), delta.get("reasoning_content"),
+                                             delta.get("reasoning"))
             else:
                 texts = (choice.get("text"),)
             if any(isinstance(t, str) and t for t in texts):
@@ -339,12 +340,12 @@ async def stream_completion(url: str, *, api: str = "completions", model: str | 
             stage = "no answer"
             try:
                 async with asyncio.timeout(limits.first_byte_timeout_s):
-                    head = await conn.read_head()
+                    answer = await conn.read_head()
             except TimeoutError:  # the first-byte deadline's own
                 raise _Fail("timeout", f"no answer within {limits.first_byte_timeout_s:g}s of the request") from None
-            status = head.status
+            status = answer.status
             record.response_at, record.status = time.monotonic(), status
-            if head.coding not in (b"identity", b""):  # asked for identity: a compressed stream is refused
+            if answer.coding not in (b"identity", b""):  # asked for identity: a compressed stream is refused
                 raise _Fail("protocol", "compressed answer (Content-Encoding) to a request for identity")
             if status != 200:
                 raise _Fail("http_status", f"HTTP {status}{_redirect_note(status)}{await _hint(conn)}")

@@ -24,16 +24,25 @@ MAX_RECORDED_GAPS = 200_000
 
 class Outcome(Protocol):
     """What one request returns (exporter/probe/client.py's CompletionTiming has these fields), as
-    the statistics read it."""
+    the statistics read it.
+    Read-only properties: the outcomes are frozen (a NamedTuple, a frozen dataclass)."""
 
-    ok: bool
-    reason: str
-    status: int | None
-    ttft_s: float | None
-    itl_s: Sequence[float]
-    e2e_s: float | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def status(self) -> int | None: ...
+    @property
+    def ttft_s(self) -> float | None: ...
+    @property
+    def itl_s(self) -> Sequence[float]: ...
+    @property
+    def e2e_s(self) -> float | None: ...
+    @property
+    def prompt_tokens(self) -> int | None: ...
+    @property
+    def completion_tokens(self) -> int | None: ...
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -49,7 +58,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 class Percentiles(NamedTuple):
-    count: int
+    count: int  # type: ignore[assignment]  # hides tuple.count, which is never called
     mean: float | None
     p50: float | None
     p95: float | None

@@ -166,7 +166,8 @@ def poll_from(diagnosis: Mapping[str, Any] | None, metrics: Mapping[str, float],
     targets = (diagnosis or {}).get("targets")
     entry = targets.get(target or "") if isinstance(targets, dict) else None
     entry = entry if isinstance(entry, dict) else {}
-    numbers = entry.get("numbers") if isinstance(entry.get("numbers"), dict) else {}
+    raw_numbers = entry.get("numbers")
+    numbers = raw_numbers if isinstance(raw_numbers, dict) else {}
 
     def number(key: str, fallback: str, ceiling: float = MAX_SERVER_VALUE) -> float | None:
         value = metrics.get(key)

@@ -66,8 +66,8 @@ _STEP = {
         "client": {"type": "object", "properties": {"cpu_cores": _NUM}},
     },
 }
-_LIMIT = {"type": "object", "required": ["max_concurrency", "text"],
-          "properties": {"max_concurrency": _INT, "text": {"type": "string"}}}
+_LIMIT: dict[str, Any] = {"type": "object", "required": ["max_concurrency", "text"],
+                          "properties": {"max_concurrency": _INT, "text": {"type": "string"}}}
 REPORT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "llm-exporter loadtest report",
@@ -134,7 +134,7 @@ TABLE_COLUMNS = ("level", "ok", "fail", "TTFT p50/95/99 ms", "TPOT p50/95 ms", "
 
 
 def table_rows(report: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for step in report["steps"]:
         lat = step["latency_s"]
         level = f"{step['level']:g}" + ("/s" if step["mode"] == "rate" else "")

@@ -16,7 +16,7 @@ completes within a slice is known to the decode twin before it runs that slice).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from exporter.physics.costs import NetworkLink
 from exporter.simulator.engine import Engine, Request
@@ -26,7 +26,7 @@ from exporter.specs.models import ModelShape, kv_bytes_per_token
 class Instance(Protocol):
     """What a pair needs of each of its twins (exporter.simulator.twin.Twin)."""
 
-    pair: PdPair | None
+    pair: PdPair[Any] | None
     model: ModelShape
     engine: Engine
 
@@ -90,10 +90,13 @@ class KvLink:
         return self.transfers - sum(1 for start, _, _ in self.pending if start > t)
 
 
-class PdPair:
+_T = TypeVar("_T", bound=Instance)  # the twins' class (Twin), which this module cannot import: twin.py imports it
+
+
+class PdPair(Generic[_T]):
     """A prefill twin and a decode twin sharing one KV-transfer link (`scenario.pd`)."""
 
-    def __init__(self, prefill: Instance, decode: Instance) -> None:
+    def __init__(self, prefill: _T, decode: _T) -> None:
         spec = prefill.kv_link
         if spec is None or decode.kv_link != spec:
             raise ValueError("a prefill/decode pair runs a scenario that declares its KV link (Scenario.pd)")
@@ -107,7 +110,7 @@ class PdPair:
         self.attach(prefill, prefill.engine)
 
     @property
-    def twins(self) -> tuple[Instance, Instance]:
+    def twins(self) -> tuple[_T, _T]:
         return self.prefill, self.decode
 
     def attach(self, twin: Instance, engine: Engine) -> None:

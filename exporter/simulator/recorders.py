@@ -227,6 +227,11 @@ class Recorder:
         """The engine's /metrics page in its own format; every engine format overrides this."""
         raise TypeError(f"{type(self).__name__} does not render an engine format")
 
+    def families(self, state: EngineState, info: dict[str, str]) -> list[Metric]:
+        """The page as families, for render_merged over data-parallel engines: only a format with data
+        parallelism overrides this (the vllm one; Twin refuses data_parallel > 1 for the others)."""
+        raise TypeError(f"{type(self).__name__} has no data-parallel page")
+
     def headers(self) -> dict[str, str]:
         return {}
 

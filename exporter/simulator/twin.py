@@ -78,7 +78,7 @@ MANAGEMENT_TX_BYTES_PER_S = 120e3
 MANAGEMENT_PACKET_BYTES = 800
 
 
-def pd_pair(config: TwinConfig, *, decode_gpu_index_base: int | None = None) -> PdPair:
+def pd_pair(config: TwinConfig, *, decode_gpu_index_base: int | None = None) -> PdPair[Twin]:
     """The prefill and decode twins of a PD scenario (`config.scenario` declares `pd`), joined by
     their KV link; the decode twin's GPUs follow the prefill twin's in NVML index."""
     prefill = Twin(dataclasses.replace(config, role="prefill"))
@@ -119,7 +119,7 @@ class Twin:
                 if self.scenario.pd is not None else "runs no prefill/decode pair: role must be both"))
         if cfg.role != "both" and cfg.data_parallel != 1:
             raise ValueError("a prefill/decode instance runs one engine (no data parallel)")
-        self.pair: PdPair | None = None  # set by PdPair
+        self.pair: PdPair[Twin] | None = None  # set by PdPair
         self.epoch = time.time() if cfg.epoch is None else cfg.epoch
         self.rng = random.Random(cfg.seed)
         self.engine_cfg = cfg.engine or FORMAT_ENGINE_DEFAULTS[cfg.engine_format]

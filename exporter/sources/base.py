@@ -35,7 +35,12 @@ class SourceData:
 class Source(Protocol):
     """A source is collected once per cycle. `collect` must not block the event loop:
     blocking work (NVML, /proc reads) goes through `asyncio.to_thread`.
-    Raise SourceError for understood failures; anything else is caught and counted too."""
+    Raise SourceError for understood failures; anything else is caught and counted too.
+
+    A source may also have `attrs: Mapping[str, str]`, stable facts about it (an engine target's name
+    and engine) reported even when a collection fails, so `llm_engine_up 0` still names its target.
+    It is optional (the host and GPU sources have none), so the collector reads it with getattr and it
+    is no member here: a protocol member every source would have to define."""
 
     name: str
     """Unique among the sources; the `source` label of its self-health series."""
@@ -43,9 +48,6 @@ class Source(Protocol):
     timeout_s: float | None
     """How long one collection may take before the cycle reports it failed (`timeout`); None:
     the collection interval."""
-    attrs: Mapping[str, str]
-    """Stable facts about the source (an engine target's name and engine), reported even when a
-    collection fails, so `llm_engine_up 0` still names its target."""
 
     async def collect(self) -> SourceData: ...
 

@@ -151,7 +151,7 @@ class HostSource:
         missing or does not parse, so one odd file never fails the whole source."""
         path = os.path.join(self._opts.proc_root, *parts)
         text = self._files.read(path)
-        if not self._presence.note(path, text is not None):
+        if not self._presence.note(path, text is not None) or text is None:  # (the note is False when None)
             return None
         try:
             parsed = parser(text)

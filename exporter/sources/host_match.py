@@ -21,12 +21,11 @@ import re
 import time
 from collections.abc import Callable
 
-try:  # re's own parser: the pattern means exactly what re would make of it
-    from re import _constants as _c
-    from re import _parser as _p
-except ImportError:  # pragma: no cover - Python < 3.11 named them sre_parse and sre_constants
-    import sre_constants as _c  # type: ignore[no-redef]
-    import sre_parse as _p  # type: ignore[no-redef]
+# re's own parser: the pattern means exactly what re would make of it (Python >= 3.11 names them so).
+# Private modules typeshed has no stubs for, so to the type checker _c and _p are untyped (Any).
+from re import _constants as _c  # type: ignore[attr-defined]
+from re import _parser as _p  # type: ignore[attr-defined]
+from typing import Any
 
 MAX_PATTERN_STATES = 4096
 """NFA states of a pattern with its counted repeats expanded (`x{1000}` is 1000): a process name
@@ -76,7 +75,9 @@ class LinearPattern:
         # Parallel lists, one entry per NFA state: what it is, where it goes, and its argument.
         self._kind: list[int] = []
         self._out: list[tuple[int, ...]] = []
-        self._arg: list[object] = []
+        # A compiled one-character pattern for a _CHAR state, else what its kind needs: Any, as each
+        # kind reads its own.
+        self._arg: list[Any] = []
         self._global_flags = 0  # the pattern's own flags; a group's are scoped over them
         self._reads_before = False  # an assertion looks at the character before a position
         self._dollar = False  # `$` without MULTILINE also matches before a final newline
@@ -90,7 +91,7 @@ class LinearPattern:
 
     # --- the NFA -------------------------------------------------------------------------------
 
-    def _state(self, kind: int, out: tuple[int, ...], arg: object) -> int:
+    def _state(self, kind: int, out: tuple[int, ...], arg: Any) -> int:
         if len(self._kind) >= MAX_PATTERN_STATES:
             raise PatternError(f"too large: over {MAX_PATTERN_STATES} states once its repeats are expanded")
         self._kind.append(kind)
@@ -104,18 +105,19 @@ class LinearPattern:
             then = self._item(op, av, flags, then)
         return then
 
-    def _item(self, op: object, av: object, flags: int, then: int) -> int:
+    def _item(self, op: object, av: Any, flags: int, then: int) -> int:
+        # `av` is re's parser's argument of `op`, whose shape each op has its own (hence Any).
         name = str(op)
         if op in (_c.LITERAL, _c.NOT_LITERAL, _c.ANY, _c.IN):
             return self._state(_CHAR, (then,), self._predicate(op, av, flags))
         if op is _c.BRANCH:
-            _, alternatives = av  # type: ignore[misc]
+            _, alternatives = av
             return self._state(_SPLIT, tuple(self._sequence(list(a), flags, then) for a in alternatives), None)
         if op is _c.SUBPATTERN:
-            _, add, remove, body = av  # type: ignore[misc]
+            _, add, remove, body = av
             return self._sequence(list(body), (flags | add) & ~remove, then)
         if op in (_c.MAX_REPEAT, _c.MIN_REPEAT):  # lazy or greedy: the same strings occur
-            low, high, body = av  # type: ignore[misc]
+            low, high, body = av
             return self._repeat(list(body), low, high, flags, then)
         if op is _c.AT:
             if av in (_c.AT_BEGINNING, _c.AT_BEGINNING_STRING, _c.AT_BOUNDARY, _c.AT_NON_BOUNDARY):
@@ -140,19 +142,19 @@ class LinearPattern:
             tail = self._sequence(body, flags, tail)
         return tail
 
-    def _predicate(self, op: object, av: object, flags: int) -> re.Pattern[str]:
+    def _predicate(self, op: object, av: Any, flags: int) -> re.Pattern[str]:
         """One character's test, as a one-character `re` pattern with the flags in force there:
         case folding, `.` and classes mean exactly what they mean to re, at a cost that does not
         depend on the text."""
         if op is _c.LITERAL:
-            source = re.escape(chr(av))  # type: ignore[arg-type]
+            source = re.escape(chr(av))
         elif op is _c.NOT_LITERAL:
-            source = f"[^{re.escape(chr(av))}]"  # type: ignore[arg-type]
+            source = f"[^{re.escape(chr(av))}]"
         elif op is _c.ANY:
             source = "."
         else:
             parts = []
-            for item_op, item in av:  # type: ignore[union-attr]
+            for item_op, item in av:
                 if item_op is _c.NEGATE:
                     parts.append("^")
                 elif item_op is _c.LITERAL:
@@ -213,7 +215,7 @@ class LinearPattern:
                 stack.extend(out[s])
             elif k == _END:
                 return reading, True
-            elif _holds(arg[s], before, after, final_newline):  # type: ignore[arg-type]
+            elif _holds(arg[s], before, after, final_newline):
                 stack.append(out[s][0])
         return reading, False
 
@@ -222,7 +224,7 @@ class LinearPattern:
         reading, matched = self._closure(states, before, char, final_newline)
         if matched:
             return _MATCH
-        nxt = {self._out[s][0] for s in reading if self._arg[s].match(char)}  # type: ignore[union-attr]
+        nxt = {self._out[s][0] for s in reading if self._arg[s].match(char)}
         nxt.add(self._start)  # a match may start at every position
         return self._intern(frozenset(nxt), (char == "\n", char.isalnum() or char == "_", char in _ASCII_WORD))
 

@@ -286,7 +286,7 @@ def _netdev_links(sys_root: str, exclude: Sequence[str], read: Reader) -> tuple[
 def _rdma_links(sys_root: str, exclude: Sequence[str], read: Reader) -> tuple[list[NetLink], bool, bool]:
     base = os.path.join(sys_root, "class", "infiniband")
     devices, present, truncated = _scan(base)
-    links = []
+    links: list[NetLink] = []
     for dev in sorted(d for d in devices if valid_name(d)):
         if len(links) >= MAX_CLASSIFIED:
             truncated = True

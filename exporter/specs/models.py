@@ -263,7 +263,8 @@ def _compressed_tensors(quant: Mapping[str, Any]) -> _Quant:
 def _modelopt(quant: Mapping[str, Any]) -> _Quant:
     """NVIDIA TensorRT Model Optimizer (quant_method "modelopt"): quant_algo and kv_cache_quant_algo,
     in the quantization_config itself or under its "quantization" key (hf_quant_config.json)."""
-    inner = quant.get("quantization") if isinstance(quant.get("quantization"), Mapping) else quant
+    nested = quant.get("quantization")
+    inner = nested if isinstance(nested, Mapping) else quant
     algo = str(inner.get("quant_algo") or quant.get("quant_algo") or "").upper()
     kv_algo = str(inner.get("kv_cache_quant_algo") or quant.get("kv_cache_quant_algo") or "").upper()
     kv_bytes = 1.0 if "FP8" in kv_algo or "INT8" in kv_algo else 0.5 if "FP4" in kv_algo else None

@@ -5,6 +5,7 @@ of the engine's histogram."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from exporter.mixin.alerts.lib import (
@@ -40,7 +41,7 @@ def groups(cfg: dict) -> list[dict]:
         budget = round(1 - objective, 10)
         for br in cfg["burn_rates"]:
             long, short, factor = br["long"], br["short"], br["factor"]
-            expr = burn_expr(lambda w, metric=metric: good_ratio_rule(metric, w), budget, br,
+            expr = burn_expr(functools.partial(good_ratio_rule, metric), budget, br,
                              f"{request_rate_rule(long)} >= {floor}")
             page = br["severity"] == "critical"
             rules.append(alert(

@@ -81,7 +81,7 @@ class FleetLabels(Sequence[str]):
     def __len__(self) -> int:
         return len(self._labels())
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         return self._labels()[index]
 
     def by(self, *more: str) -> str:
@@ -199,10 +199,10 @@ class Promql:
     def sel(self, metric: str, *extra: str) -> str:
         return f"{metric}{{{', '.join((self.matchers, *extra))}}}"
 
-    def rate(self, metric: str, *extra: str, window: str = RATE) -> str:
+    def rate(self, metric: str, *extra: str, window: str | ConfigText = RATE) -> str:
         return f"rate({self.sel(metric, *extra)}[{window}])"
 
-    def sum_rate(self, metric: str, *extra: str, by: Sequence[str] = (), window: str = RATE) -> str:
+    def sum_rate(self, metric: str, *extra: str, by: Sequence[str] = (), window: str | ConfigText = RATE) -> str:
         return f"sum{by_clause(by)} ({self.rate(metric, *extra, window=window)})"
 
     def quantile(self, q: float, histogram: str, by: Sequence[str] = ("instance", "target", "model")) -> str:
@@ -536,7 +536,8 @@ def query_variable(name: str, label: str, query: str, *, multi: bool = True, inc
 
 def fleet_label_variables() -> list[dict]:
     """One variable per fleet label ($cluster, $namespace), each scoped by the ones before it."""
-    out, before = [], []
+    out: list[dict] = []
+    before: list[str] = []
     for variable, label in fleet_variables():
         matchers = f"{{{', '.join(before)}}}" if before else ""
         out.append(query_variable(variable, variable.capitalize(),

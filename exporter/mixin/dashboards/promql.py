@@ -89,8 +89,8 @@ def metric_names(expr: str) -> set[str]:
             i = _skip_string(expr, i)
         elif c == "{":
             i, body = _skip_block(expr, i, "{", "}")
-            for m in _NAME_MATCHER.finditer(body):
-                names.add(m.group(1)[1:-1])
+            for matcher in _NAME_MATCHER.finditer(body):
+                names.add(matcher.group(1)[1:-1])
         elif c == "[":
             i, _ = _skip_block(expr, i, "[", "]")
         elif c == "$":

@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 from exporter.catalog import engine as engine_catalog
 from exporter.sources.engines.registry import SPECS
-from exporter.sources.engines.table import Alias, EngineSpec, When, Where
+from exporter.sources.engines.table import Alias, EngineSpec, Product, When, Where
 
 __all__ = ["TABLES", "Route", "Slot", "Table", "TermRoute", "table_for"]
 
@@ -121,8 +121,8 @@ def _compile(spec: EngineSpec, present: frozenset[str] | None = None) -> Table:
             summed = product.type == "counter" and term.label is None
             terms.setdefault(term.source, []).append(
                 TermRoute(index, position, term.where, term.label, summed))
-    conditions = tuple(sorted({item.when[0] for item in (*(a for _, a in spec.alias_items()), *spec.products)
-                               if item.when is not None}))
+    conditional: tuple[Alias | Product, ...] = (*(a for _, a in spec.alias_items()), *spec.products)
+    conditions = tuple(sorted({item.when[0] for item in conditional if item.when is not None}))
     return Table(
         spec=spec,
         route_count=count,

@@ -140,9 +140,6 @@ def label_limit(raw: str, labels: Labels) -> str | None:
     return None
 
 
-_UNSEEN = object()
-
-
 class LabelCache:
     """Parsed label blocks keyed by their raw text, parsed line heads (`name{labels}`, the text
     before a sample line's value) keyed by theirs, and comment lines (what a TYPE line declares).
@@ -389,8 +386,9 @@ class _Parser:
 
     def comment(self, line: str) -> None:
         """A line starting with '#': HELP and TYPE lines repeat on every page, so each is read once."""
-        declared = self.cache._comments.get(line, _UNSEEN)
-        if declared is _UNSEEN:
+        try:
+            declared = self.cache._comments[line]
+        except KeyError:  # a line not seen yet (a hit, the usual case, costs no more than get())
             declared = _declared_type(line.strip())
             self.cache._remember_comment(line, declared)
         if declared is not None:
@@ -482,7 +480,8 @@ def parse(
                 entry = get(head)
                 if entry is not None and "_" not in value:
                     try:
-                        append((entry[0], entry[1], float(value), None))
+                        # Without a `keep` filter no head holds None labels (only a dropped series does).
+                        append((entry[0], entry[1], float(value), None))  # type: ignore[arg-type]
                         continue
                     except ValueError:
                         pass

@@ -1,10 +1,10 @@
 """llama.cpp server (`--metrics`): alias table. See docs/engines.md."""
 
-from exporter.sources.engines.table import Alias, EngineSpec
+from exporter.sources.engines.table import Alias, Aliases, EngineSpec
 
 CACHED = "\nllamacpp:prompt_tokens_cached_total "
 
-ALIASES = {
+ALIASES: Aliases = {
     # prompt_tokens_total excludes the tokens reused from the cache (its HELP says so), which
     # prompt_tokens_cached_total counts: every prompt token is their sum, as for the other engines.
     "llamacpp:prompt_tokens_total": (

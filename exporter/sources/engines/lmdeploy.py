@@ -5,9 +5,9 @@ page): configure one target per rank, or read them as ranks of one target behind
 them.
 """
 
-from exporter.sources.engines.table import COMMON_IGNORED, Alias, EngineSpec
+from exporter.sources.engines.table import COMMON_IGNORED, Alias, Aliases, EngineSpec
 
-ALIASES = {
+ALIASES: Aliases = {
     "lmdeploy:num_requests_running": Alias("llm_requests_running", "gauge"),
     "lmdeploy:num_requests_waiting": Alias("llm_requests_waiting", "gauge"),
     "lmdeploy:num_api_requests_waiting": Alias(

@@ -6,9 +6,9 @@ configure `kind=nim` to force this table. Detection needs a NIM-only name (the r
 the KV usage gauge): the unprefixed histograms are trtllm-serve's first release's too, whose idle
 page (HELP/TYPE lines only) would otherwise read as NIM."""
 
-from exporter.sources.engines.table import Alias, EngineSpec
+from exporter.sources.engines.table import Alias, Aliases, EngineSpec
 
-ALIASES = {
+ALIASES: Aliases = {
     "num_requests_running": Alias("llm_requests_running", "gauge"),
     "num_requests_waiting": Alias("llm_requests_waiting", "gauge"),
     "num_request_max": Alias("llm_requests_running_max", "gauge"),

@@ -41,7 +41,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 from types import MappingProxyType
-from typing import NamedTuple, Protocol
+from typing import Final, NamedTuple, Protocol
 
 from exporter.catalog import engine as engine_catalog
 from exporter.catalog.base import MAX_VALUE
@@ -60,7 +60,7 @@ from exporter.sources.engines.drops import (
 from exporter.sources.engines.histograms import BAD_LE_TEXT, histogram_fault
 from exporter.sources.engines.page import Page, read_page
 from exporter.sources.engines.registry import flavor, role
-from exporter.sources.engines.state import Entry, NormalizerState, labels_chars
+from exporter.sources.engines.state import Entry, NormalizerState, RouteEntry, labels_chars
 from exporter.sources.engines.table import EngineSpec, Product
 
 __all__ = ["NormalizedScrape", "Pass", "Trace", "full_pass", "minimum_note", "normalize", "scrape_of"]
@@ -219,7 +219,7 @@ def _label_tuple(target: str, kind: str, model: str | None, rank: str | None, re
 # ---------------------------------------------------------------------------------------------
 # One normalization pass
 
-_SKIP = False
+_SKIP: Final = False  # Final: typed Literal[False], so `not entry` leaves an Entry
 """Entry of a label set that is a tensor-parallel copy (kept by rank 0)."""
 
 
@@ -304,7 +304,7 @@ class Pass:
         if len(self.notes) < MAX_NOTES:
             self.notes[text] = None
 
-    def _entry(self, route: Route, labels: Labels) -> Entry | bool | None:
+    def _entry(self, route: Route, labels: Labels) -> RouteEntry:
         """What a label set becomes under a route: None when the route does not apply (selector,
         bucket without le), _SKIP for a rank copy, else its Entry. A bucket whose bound is not a
         number gets le=BAD_LE_TEXT, so that its whole histogram is dropped by finish()."""

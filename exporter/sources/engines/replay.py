@@ -110,7 +110,7 @@ def _normalize(text: str, target: str, kind: str | None, state: NormalizerState,
         names, labels, values, _ = zip(*parsed, strict=True)
     else:
         names = labels = values = ()
-    keys: PageKeys | None = PageKeys(page.table.key, target, names, labels)
+    keys = PageKeys(page.table.key, target, names, labels)
     plan = memo.plan if memo is not None else None
     if plan is not None and plan.fits(keys, max_series, values):
         replayed = plan.replay(page, state, target, values)
@@ -120,13 +120,14 @@ def _normalize(text: str, target: str, kind: str | None, state: NormalizerState,
         return None
     # Record a plan once the page's keys repeat: a first scrape, or a page that changes shape every
     # cycle, pays nothing for it.
-    keys = keys if _plannable(text, labels) else None
-    recorder = Recorder() if keys is not None and memo is not None and keys == memo.seen else None
+    kept = keys if _plannable(text, labels) else None
+    recorder = Recorder() if kept is not None and memo is not None and kept == memo.seen else None
     run, scrape = full_pass(page, state, target, max_series, recorder)
     # A page that failed validation on its values is not planned: the next one may pass.
-    planned = recorder is not None and not run.invalid
-    new_plan = recorder.plan(run, keys, max_series, values, scrape.dropped_series) if planned else None
-    state.memo = Memo(new_plan, keys)
+    new_plan = None
+    if recorder is not None and kept is not None and not run.invalid:
+        new_plan = recorder.plan(run, kept, max_series, values, scrape.dropped_series)
+    state.memo = Memo(new_plan, kept)
     return scrape
 
 
@@ -148,19 +149,19 @@ class _Below(NamedTuple):
     """A value under its alias minimum: dropped, with a note that names the value."""
 
     source: str
-    index: int
+    sample: int  # the sample's index on the page (`index` would hide tuple.index)
 
 
 class _Term(NamedTuple):
     term: TermRoute
     mapped: tuple
     labels: Labels
-    index: int
+    sample: int  # the sample's index on the page (`index` would hide tuple.index)
 
 
 class Scaled(NamedTuple):
     position: int
-    index: int
+    sample: int  # the sample's index on the page (`index` would hide tuple.index)
     scale: float
 
 
@@ -345,12 +346,12 @@ class Plan(NamedTuple):
         run = Pass(page.table, state, dict(page.notes), target)
         run.model = self.model
         for event in self.events:
-            if type(event) is _Term:
-                run.add_term(event.term, event.mapped, event.labels, values[event.index])
-            elif type(event) is _Note:
+            if isinstance(event, _Term):
+                run.add_term(event.term, event.mapped, event.labels, values[event.sample])
+            elif isinstance(event, _Note):
                 run.note(event.text)
             else:
-                run.note(minimum_note(event.source, values[event.index]))
+                run.note(minimum_note(event.source, values[event.sample]))
         run.products()
         if run.product_writes != self.product_writes:
             return None

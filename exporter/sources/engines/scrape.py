@@ -10,8 +10,9 @@ import asyncio
 import logging
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import TypeVar
 
 from exporter.catalog import family_of
 from exporter.config import EngineTarget
@@ -36,6 +37,7 @@ ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 INLINE_MAX_CPU_S = 0.003
 INLINE_MAX_GROWTH = 1.1
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_Scrape = TypeVar("_Scrape", NormalizedScrape, NormalizedScrape | None)  # what a normalize pass returns
 
 log = logging.getLogger("llm_exporter.engine")
 
@@ -140,7 +142,15 @@ class EngineSource:
         last = self._last_normalize
         return last is not None and last[1] < INLINE_MAX_CPU_S and size <= last[0] * INLINE_MAX_GROWTH
 
-    def _normalize(self, text: str, how=normalize_with_memo) -> NormalizedScrape | None:
+    def _normalize(self, text: str) -> NormalizedScrape:
+        return self._timed(normalize_with_memo, text)
+
+    def _normalize_if_unchanged(self, text: str) -> NormalizedScrape | None:
+        """The replay of an unchanged page, or None (exporter/sources/engines/replay.py)."""
+        return self._timed(normalize_if_unchanged, text)
+
+    def _timed(self, how: Callable[..., _Scrape], text: str) -> _Scrape:
+        """`how` on the page, its CPU time noted for normalize_inline."""
         started = time.thread_time()
         try:
             return how(text, target=self.target.name, kind=self.target.kind, state=self._state,
@@ -155,7 +165,7 @@ class EngineSource:
             # the payload cap) takes seconds to parse, which on the event loop would hold up every
             # /metrics request. The Collector never runs two collections of one source at once,
             # so the state is only ever used by one thread at a time.
-            scrape = self._normalize(text, normalize_if_unchanged) if self.normalize_inline(len(text)) else None
+            scrape = self._normalize_if_unchanged(text) if self.normalize_inline(len(text)) else None
             if scrape is None:
                 scrape = await asyncio.to_thread(self._normalize, text)
         except ExpositionError as error:

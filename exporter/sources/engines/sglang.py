@@ -1,11 +1,11 @@
 """SGLang (`--enable-metrics`): alias table. See docs/engines.md."""
 
-from exporter.sources.engines.table import COMMON_IGNORED, MIB, MS, Alias, EngineSpec, Product, Term
+from exporter.sources.engines.table import COMMON_IGNORED, MIB, MS, Alias, Aliases, EngineSpec, Product, Term
 
 CACHED_SAMPLE = "\nsglang:cached_tokens_total{"
 """A cached_tokens_total sample line (the counter has no series before the first cache hit)."""
 
-ALIASES = {
+ALIASES: Aliases = {
     "sglang:num_running_reqs": Alias("llm_requests_running", "gauge"),
     "sglang:num_queue_reqs": Alias("llm_requests_waiting", "gauge"),
     "sglang:token_usage": Alias("llm_kv_cache_usage_ratio", "gauge",

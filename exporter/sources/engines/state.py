@@ -8,7 +8,7 @@ bytes, and simply cleared when full.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from exporter.snapshot import Labels
 from exporter.sources.engines.accounting import MAX_MEMO_NAMES, FamilyAccount, account
@@ -42,6 +42,10 @@ class Entry(NamedTuple):
     """(rank, reason, le, tier): to rebuild the labels once the page's model is known."""
 
 
+# A route cache's value: the Entry, _SKIP (False) for a rank copy, None where the route does not apply.
+RouteEntry = Entry | Literal[False] | None
+
+
 class NormalizerState:
     """Per-target memory kept across cycles: the parser's label cache, what each engine label set
     becomes under each alias (so a label set seen last cycle costs one dict lookup), and the last
@@ -55,7 +59,7 @@ class NormalizerState:
     def __init__(self) -> None:
         self.label_cache = LabelCache()
         self.last_kind: str | None = None
-        self._entries: list[dict[Labels, Entry | bool | None]] = []
+        self._entries: list[dict[Labels, RouteEntry]] = []
         self._entries_for: tuple[str, str] | None = None
         """(kind, target) the route caches are for."""
         self._entry_count = 0
@@ -78,7 +82,7 @@ class NormalizerState:
             self._families = (key, account(SPECS[kind], declared, names))
         return self._families[1]
 
-    def route_entries(self, kind: str, target: str, route_count: int) -> list[dict[Labels, Entry | bool | None]]:
+    def route_entries(self, kind: str, target: str, route_count: int) -> list[dict[Labels, RouteEntry]]:
         """One dict per route of `kind`: engine labels -> mapped entry (see Pass._entry)."""
         if (self._entries_for != (kind, target) or self._entry_count >= MAX_MAPPED_LABEL_SETS
                 or self._entry_chars >= MAX_MAPPED_LABEL_CHARS):

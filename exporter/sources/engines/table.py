@@ -120,6 +120,10 @@ COMMON_IGNORED: Mapping[str, str] = MappingProxyType({
 """Families every Python engine's page carries beside its own (prometheus_client defaults)."""
 
 
+# An engine's alias table: its family name -> one alias, or several that split it by a label (`where`).
+Aliases = Mapping[str, Alias | tuple[Alias, ...]]
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class EngineSpec:
     """Everything normalize.py needs to know about one engine kind. Compared by identity: there
@@ -127,7 +131,7 @@ class EngineSpec:
 
     kind: str
     title: str
-    aliases: Mapping[str, Alias | tuple[Alias, ...]]
+    aliases: Aliases
     """Keyed by the engine's family name as exposed: counters with their `_total` suffix,
     histograms without `_bucket`/`_sum`/`_count`."""
     products: tuple[Product, ...] = ()

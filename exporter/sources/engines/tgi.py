@@ -1,8 +1,8 @@
 """Hugging Face TGI (text-generation-inference 2.x/3.x): alias table. See docs/engines.md."""
 
-from exporter.sources.engines.table import Alias, EngineSpec
+from exporter.sources.engines.table import Alias, Aliases, EngineSpec
 
-ALIASES = {
+ALIASES: Aliases = {
     "tgi_request_duration": Alias("llm_e2e_request_latency_seconds", "histogram"),
     "tgi_request_queue_duration": Alias("llm_request_queue_time_seconds", "histogram"),
     "tgi_request_inference_duration": Alias("llm_request_inference_time_seconds", "histogram"),

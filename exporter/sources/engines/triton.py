@@ -1,11 +1,11 @@
 """Triton Inference Server (port 8002) with the tensorrtllm backend: alias table. See docs/engines.md."""
 
-from exporter.sources.engines.table import MS, US, Alias, EngineSpec, Product, Term
+from exporter.sources.engines.table import MS, US, Alias, Aliases, EngineSpec, Product, Term
 
 BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
 BLOCK_TYPE = "kv_cache_block_type"
 
-ALIASES = {
+ALIASES: Aliases = {
     "nv_trt_llm_request_metrics": (
         Alias("llm_requests_running", "gauge", where=("request_type", "active")),
         Alias("llm_requests_waiting", "gauge", where=("request_type", "waiting"),

@@ -6,7 +6,7 @@ NVIDIA Dynamo re-exported the first release's five with a `trtllm:` prefix befor
 name 2 and `trtllm:` 1.
 """
 
-from exporter.sources.engines.table import Alias, EngineSpec, Product, Term
+from exporter.sources.engines.table import Alias, Aliases, EngineSpec, Product, Term
 
 CACHED_SAMPLE = "\ntrtllm_prompt_cached_tokens_total{"
 """A prompt_cached_tokens_total sample line: the servers that count cached prompt tokens."""
@@ -25,7 +25,7 @@ _FIRST_RELEASE = ("time_to_first_token_seconds", "time_per_output_token_seconds"
                   "request_queue_time_seconds")
 """The first release's histograms (with request_success_total, its whole set)."""
 
-ALIASES = {
+ALIASES: Aliases = {
     **{f"trtllm_{name}": Alias(family, "histogram", priority=3) for name, family in _HISTOGRAMS.items()},
     # the unprefixed first release had only these
     **{name: Alias(_HISTOGRAMS[name], "histogram", priority=2) for name in _FIRST_RELEASE},

@@ -11,7 +11,7 @@ lines, so the aliases test the raw page for the blocks wording (`when`, one subs
 blocks -> x block_size from cache_config_info, anything else (tokens, or no HELP) -> as is.
 """
 
-from exporter.sources.engines.table import COMMON_IGNORED, US, Alias, EngineSpec, Product, Term
+from exporter.sources.engines.table import COMMON_IGNORED, US, Alias, Aliases, EngineSpec, Product, Term
 from exporter.sources.engines.triton import IGNORED as TRITON_IGNORED
 
 INFO = "vllm:cache_config_info"
@@ -19,7 +19,7 @@ KV_FETCH = "vllm:num_requests_kv_fetch_by_stage"
 QUERIES_IN_BLOCKS = "prefix cache queries, in terms of number of queried blocks"
 HITS_IN_BLOCKS = "prefix cache hits, in terms of number of cached blocks"
 
-ALIASES = {
+ALIASES: Aliases = {
     "vllm:num_requests_running": Alias("llm_requests_running", "gauge"),
     "vllm:num_requests_waiting": Alias("llm_requests_waiting", "gauge"),
     "vllm:kv_cache_usage_perc": Alias("llm_kv_cache_usage_ratio", "gauge", priority=2,

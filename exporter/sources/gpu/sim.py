@@ -240,8 +240,8 @@ class SimGpuSource:
                  fetch_timeout_s: float = 2.0, name: str = "gpu", retry_interval_s: float = GPU_RETRY_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if isinstance(targets, str) or hasattr(targets, "gpu_state"):
-            targets = [targets]  # type: ignore[list-item]
-        self.targets: list[GpuStateProvider | str] = list(targets)  # type: ignore[arg-type]
+            targets = [targets]
+        self.targets: list[GpuStateProvider | str] = list(targets)
         if not self.targets:
             raise ValueError("SimGpuSource needs at least one twin or twin URL")
         self.name = name
@@ -378,20 +378,20 @@ class SimGpuSource:
             if len(self._lost) >= MAX_KNOWN_GPUS:
                 break  # down this cycle all the same; remembered (and said) for the first ones only
             self._lost.add(key)
-            known = self._known.get(key)
+            last = self._known.get(key)
             self._say(logging.WARNING, ("lost", *map(str, key)),
                            "GPU %s (%s) lost: %s; NVML will be re-initialised", key[1],
-                           known.uuid if known else "never read", why)
+                           last.uuid if last else "never read", why)
         for key, fields in read.absent.items():
             if key not in self._absent and len(self._absent) >= MAX_KNOWN_GPUS:
                 continue  # omitted this cycle all the same
             absent = self._absent.setdefault(key, set())
-            known = self._known.get(key)
+            last = self._known.get(key)
             for name, code in sorted(fields.items()):
                 absent.update(_FIELDS if name == _EVERY_FIELD else (name,))
                 self._say(logging.INFO, ("absent", *map(str, key), name),
                                "GPU %s (%s): %s not available, series omitted: %s",
-                               key[1], known.name if known else "", name, _describe(code))
+                               key[1], last.name if last else "", name, _describe(code))
         for key, fields in list(read.transient.items())[:MAX_KNOWN_GPUS]:
             for name, code in sorted(fields.items()):
                 self._say(logging.DEBUG, ("transient", *map(str, key), name),
