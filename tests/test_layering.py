@@ -182,7 +182,8 @@ BASE = ("exporter.specs", "exporter.physics")
 BASE_MODULES = {"exporter", "exporter.safefile", "exporter.jsonsafe", "exporter.redact", "exporter.yamlsafe",
                 "exporter.termsafe"}
 TOOLS = ("exporter.simulator", "exporter.planner", "exporter.probe")
-COMMANDS = {"exporter.app", "exporter.cli", "exporter.doctor", "exporter.planner.cmd", "exporter.probe.loadtest_cmd"}
+COMMANDS = {"exporter.app", "exporter.collectors", "exporter.cli", "exporter.doctor", "exporter.planner.cmd",
+            "exporter.probe.loadtest_cmd"}
 
 
 def layer_of(module: str) -> int:
