@@ -573,7 +573,10 @@ _COLLECTOR_ENV_PREFIX = "COLLECTOR_"
 
 def _collector_switches(block: Any, where: str = COLLECTORS_KEY) -> dict[str, Any]:
     """`collectors: {host: false, gpu: true}` -> {collector_host: False, ...} (values parsed later, as
-    every setting's); an unknown collector name is refused naming the closest one."""
+    every setting's); an unknown collector name is refused naming the closest one. An empty block
+    (`collectors:` with nothing under it) leaves every switch as it is, as an empty value does a setting."""
+    if block is None:
+        return {}
     if not isinstance(block, Mapping):
         raise ConfigError(where, block, "expected a mapping of collector names to true or false, "
                           "e.g. {host: false}")

@@ -84,6 +84,8 @@ def test_yaml_block_flat_key_and_environment_twins(tmp_path: pathlib.Path):
     assert (config.collector_host, config.collector_probe, config.collector_engine) == (False, False, True)
     path.write_text("collector_gpu: false\n")
     assert load_config({"config": str(path)}, {}).collector_gpu is False
+    path.write_text("collectors:\n")  # an empty block: the defaults
+    assert all(getattr(load_config({"config": str(path)}, {}), f"collector_{c.name}") for c in COLLECTORS)
     assert load_config({}, {"LLM_EXPORTER_COLLECTOR_HOST": "false"}).collector_host is False
     assert load_config({}, {"LLM_EXPORTER_COLLECTOR_HOST": "0"}).collector_host is False
 
