@@ -4,7 +4,8 @@ Each `Setting` names its Config field, value type (which validates it),
 default, command-line flag, LLM_EXPORTER_* variable, YAML key and meaning. exporter/config.py
 builds the Config dataclass and validates from it, exporter/cli.py and exporter/doctor.py add
 their flags from it, and deploy/configuration_docs.py writes docs/configuration.md from it.
-Adding a setting is one entry here (and reading the new Config field where it is used).
+Adding a setting is one entry here (and reading the new Config field where it is used). The
+collectors' switches (`--collector.NAME`) are settings too, one derived from each entry of COLLECTORS.
 
 Imports nothing from exporter/ but data: the spec tables and the SLO thresholds (exporter/slo.py)."""
 
