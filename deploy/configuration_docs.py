@@ -22,7 +22,16 @@ sys.path.insert(0, str(ROOT))
 
 from exporter import config as config_module  # noqa: E402
 from exporter.cli import build_parser  # noqa: E402
-from exporter.settings import BY_NAME, ENV_PREFIX, EXTENSION_PREFIX, MAX_TEXT_CHARS, SETTINGS, Setting  # noqa: E402
+from exporter.settings import (  # noqa: E402
+    BY_NAME,
+    COLLECTORS,
+    COLLECTORS_KEY,
+    ENV_PREFIX,
+    EXTENSION_PREFIX,
+    MAX_TEXT_CHARS,
+    SETTINGS,
+    Setting,
+)
 
 OUT = ROOT / "docs" / "configuration.md"
 SKIP_FIELDS: set[str] = set()  # Config fields that are no setting (none today)
@@ -61,7 +70,12 @@ def _flag(action: argparse.Action) -> str:
 def _setting_flag(setting: Setting, actions: dict[str, argparse.Action]) -> str:
     if not setting.flag:
         return "—"
+    if setting.flag_action == "switch":  # two flags, one dest
+        return " / ".join(f"`{flag}`" for flag in setting.flags)
     return _flag(actions[setting.dest])
+
+
+_SWITCHES = {c.setting_name: c.name for c in COLLECTORS}
 
 
 def run_table() -> list[str]:
@@ -72,8 +86,33 @@ def run_table() -> list[str]:
         env = f"`{setting.env}`" + (" (space-separated)" if setting.name in ("engines", "probes") else "")
         yaml_key = {"config": "—", "host_enabled": "`host.enabled` or `host_enabled`"}.get(
             setting.name, f"`{setting.yaml_key}`")
+        if setting.name in _SWITCHES:
+            yaml_key = f"`{COLLECTORS_KEY}.{_SWITCHES[setting.name]}` or `{setting.yaml_key}`"
         rows.append(f"| {_setting_flag(setting, actions)} | {env} | {yaml_key} | {setting.shown_default()} "
                     f"| {_cell(setting.help)} |")
+    return rows
+
+
+def collectors_section() -> list[str]:
+    rows = ["### Collectors", "",
+            "What the exporter collects is a set of collectors (node_exporter's pattern), each with a switch:",
+            "`--collector.NAME` / `--no-collector.NAME`, `collectors: {NAME: false}` in YAML (or",
+            f"`collector_NAME`), `{ENV_PREFIX}COLLECTOR_NAME=false`, with the precedence of every other setting.",
+            "A collector that is off builds no source and exports no series, not even its own",
+            "`llm_exporter_collector_success{collector}` and",
+            "`llm_exporter_collector_duration_seconds{collector}` (docs/metrics.md); one that is on with",
+            "nothing to collect (`probe` without `--probe`) exports none either.",
+            "An unknown collector name is refused with the closest one: `--collector.hots` is an unknown option,",
+            f"`{COLLECTORS_KEY}: {{hots: false}}` an unknown key, `{ENV_PREFIX}COLLECTOR_HOTS` a bad variable",
+            "(exit 2; unlike other unknown variables, which are only warned about).",
+            "`--no-host` and `--gpu-backend none` are the older spellings of `--no-collector.host` and",
+            "`--no-collector.gpu`; they keep working, and when they disagree with a switch, off wins:",
+            "`--collector.host --no-host` runs no host source.",
+            "",
+            "| Collector | Default | What it collects | Its settings |", "| --- | --- | --- | --- |"]
+    for c in COLLECTORS:
+        settings = ", ".join(f"`{BY_NAME[name].yaml_key}`" for name in c.settings) or "—"
+        rows.append(f"| `{c.name}` | {'on' if c.default else 'off'} | {_cell(c.help)} | {settings} |")
     return rows
 
 
@@ -92,11 +131,12 @@ def yaml_example() -> list[str]:
     lines = ["```yaml",
              "# llm-exporter run --config exporter.yaml (every key optional; values shown are the defaults)"]
     for setting in SETTINGS:
-        if not setting.field or setting.name in ("engines", "probes"):
+        if not setting.field or setting.name in ("engines", "probes", *_SWITCHES):
             continue
         default = setting.shown_default()
         line = f"{setting.yaml_key}: {default}"
         lines.append(f"# {line}" if default == "unset" else line)
+    lines += [f"{COLLECTORS_KEY}:", *(f"  {c.name}: {'true' if c.default else 'false'}" for c in COLLECTORS)]
     lines += [
         "engines:                        # or `engines: [\"http://127.0.0.1:8000,kind=vllm\"]`",
         "  - url: http://127.0.0.1:8000  # /metrics is appended when the path is empty",
@@ -153,6 +193,8 @@ def render() -> str:
         "`host: {enabled: true, proc_root: /host/proc, sys_root: /host/sys}`.",
         "In containers, change the port with `LLM_EXPORTER_LISTEN` rather than `--listen`: the image's",
         "HEALTHCHECK reads that variable.",
+        "",
+        *collectors_section(),
         "",
         "### Engine targets",
         "",

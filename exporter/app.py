@@ -9,16 +9,15 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
-import functools
 import gc
 import logging
 import signal
 import socket
 import threading
-import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from exporter import collectors
 from exporter.collect import MANY_TARGETS, MAX_SCRAPES_IN_FLIGHT, Collector
 from exporter.config import Config, ConfigError, EngineTarget, ProbeTarget
 from exporter.derive import build_deriver
@@ -27,7 +26,6 @@ from exporter.httpserver import LISTEN_BACKLOG, HttpServer, Limits
 from exporter.safefile import STARTUP_TIMEOUT_S, Detached, FileReadError
 from exporter.snapshot import Sample
 from exporter.sources.base import Source
-from exporter.sources.engines.scrape import EngineSource
 from exporter.webconfig import REALM, WebConfigManager
 
 log = logging.getLogger("llm_exporter")
@@ -54,77 +52,11 @@ async def _freeze_after_first_cycle(collector: Collector) -> None:
 
 
 def build_sources(config: Config, *, gpu_source: Source | None = None) -> list[Source]:
-    """Engine targets, their client-side probes (--probe), then the host and GPU sources the config asks for."""
-    engines = {t.name: EngineSource(t, max_payload_bytes=config.max_payload_bytes,
-                                    max_series=config.max_series_per_target) for t in config.engines}
-    sources: list[Source] = list(engines.values())
-    if config.probes:
-        from exporter.probe.source import ProbeSource
-
-        for probe in config.probes:
-            engine = engines.get(probe.target)
-            # The probe's series carry the engine label its target last detected (read each cycle).
-            attrs = functools.partial(getattr, engine, "attrs") if engine is not None else None
-            sources.append(ProbeSource(probe, engine_attrs=attrs))
-    host = _host_source(config) if config.host_enabled else None
-    if host is not None:
-        sources.append(host)
-    gpu = gpu_source if gpu_source is not None else _gpu_source(config, host)
-    if gpu is not None:
-        sources.append(gpu)
-    return sources
-
-
-def _host_source(config: Config) -> Source:
-    if config.host_backend == "sim":
-        if not config.sim_url:
-            raise ConfigError("host_backend", "sim", "needs sim_url (the twin's URL) outside `llm-exporter demo`")
-        from exporter.sources.host_sim import SimHostSource
-
-        return SimHostSource(config.sim_url)
-    from exporter.sources.host import HostOptions, HostSource
-
-    options = HostOptions(
-        proc_root=config.proc_root,
-        sys_root=config.sys_root,
-        engine_port=_engine_port(config),
-        engine_pidfile=config.engine_pidfile,
-        engine_process_name=config.engine_process_name,
-        engine_network_devices=config.engine_network_devices,
-    )
-    if config.network_exclude is not None:  # else HostOptions' default list
-        options = dataclasses.replace(options, network_exclude=config.network_exclude)
-    return HostSource(options)
-
-
-def _engine_port(config: Config) -> int | None:
-    """As a sidecar the engine usually listens on loopback in the same pod: when no selector is
-    configured, find the engine process by the port of the first loopback target."""
-    if config.engine_port or config.engine_pidfile or config.engine_process_name:
-        return config.engine_port
-    for target in config.engines:
-        parts = urllib.parse.urlsplit(target.url)
-        if parts.hostname in ("127.0.0.1", "localhost", "::1"):
-            return parts.port or (443 if parts.scheme == "https" else 80)
-    return None
-
-
-def _gpu_source(config: Config, host: Source | None) -> Source | None:
-    if config.gpu_backend == "none":
-        return None
-    if config.gpu_backend == "sim":
-        if not config.sim_url:
-            raise ConfigError("gpu_backend", "sim", "needs sim_url (the twin's URL) outside `llm-exporter demo`")
-        from exporter.sources.gpu.sim import SimGpuSource
-
-        return SimGpuSource(config.sim_url, retry_interval_s=config.gpu_retry_interval_s)
-    from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
-
-    # Without an engine selector the host source finds no pids; NVML then sums all processes.
-    selected = _engine_port(config) or config.engine_pidfile or config.engine_process_name
-    engine_pids = getattr(host, "engine_pids", None) if selected else None
-    return NvmlSource(NvmlOptions(required=config.gpu_backend == "nvml", engine_pids=engine_pids,
-                                  retry_interval_s=config.gpu_retry_interval_s))
+    """The sources of every enabled collector (exporter/collectors.py REGISTRY), in its order: the
+    engine targets, their client-side probes (--probe), the host, the GPUs. `gpu_source` replaces
+    the GPU collector's factory (the demo's simulated GPUs, a fake NVML), when that collector is on."""
+    built = collectors.build(config, given={"gpu": [gpu_source]} if gpu_source is not None else None)
+    return [source for sources in built.values() for source in sources]
 
 
 def bind_listener(config: Config) -> socket.socket:
@@ -148,7 +80,8 @@ def bind_listener(config: Config) -> socket.socket:
 
 def make_collector(config: Config, sources: Sequence[Source], *,
                    extra_health: Callable[[], Iterable[Sample]] | None = None) -> Collector:
-    return Collector(sources, interval_s=config.interval_s, derive=build_deriver(config), extra_health=extra_health)
+    return Collector(sources, interval_s=config.interval_s, derive=build_deriver(config), extra_health=extra_health,
+                     collectors=collectors.BY_KIND)
 
 
 def load_web_config(config: Config) -> WebConfigManager | None:
@@ -199,9 +132,9 @@ async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
     collect_task = asyncio.create_task(collector.run_forever(), name="collect")
     watch_task = asyncio.create_task(web.watch(), name="web-config") if web else None
     freeze_task = asyncio.create_task(_freeze_after_first_cycle(collector)) if own_process else None
-    log.info("listening on %s (%s%s), %d source(s), interval %gs", config.listen,
+    log.info("listening on %s (%s%s), %d source(s) (collectors: %s), interval %gs", config.listen,
              "https" if ssl_context else "http", ", basic auth" if web and web.auth_enabled else "",
-             len(sources), config.interval_s)
+             len(sources), _collectors_words(config, sources), config.interval_s)
     if (targets := len(config.engines)) > MANY_TARGETS:
         log.warning("%d engine targets: an exporter is meant for one node's engines (a sidecar has 1-8). They are "
                     "scraped %d at a time; when a cycle takes longer than the %gs interval ticks are skipped and "
@@ -223,6 +156,17 @@ async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
     error = collect_task.exception() if collect_task.done() and not collect_task.cancelled() else None
     if error is not None:
         raise error
+
+
+def _collectors_words(config: Config, sources: Sequence[Source]) -> str:
+    """`engine 2, probe 0, host 1, gpu off`: each collector's sources, or off (its switch)."""
+    counts = {c.name: 0 for c in collectors.REGISTRY if c.enabled(config)}
+    for source in sources:
+        name = collectors.BY_KIND.get(source.kind)
+        if name in counts:
+            counts[name] += 1
+    return ", ".join(f"{c.name} {counts[c.name]}" if c.name in counts else f"{c.name} off"
+                     for c in collectors.REGISTRY)
 
 
 def _on_sighup(web: WebConfigManager | None, tasks: set[asyncio.Task]) -> None:

@@ -110,6 +110,7 @@ class Collector:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] | None = None,
         extra_health: Callable[[], Iterable[Sample]] | None = None,
+        collectors: Mapping[SourceKind, str] | None = None,
     ) -> None:
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
@@ -127,6 +128,9 @@ class Collector:
         self.clocks = Clocks(clock, monotonic)
         # Self-health of parts outside the loop (the web config reloader), emitted every cycle.
         self.extra_health = extra_health
+        # Source kind -> the collector its results count for (exporter/collectors.py BY_KIND); a
+        # kind not in it (tests' OTHER sources) counts for none.
+        self.collectors = collectors or {}
         self.health = {s.name: SourceHealth() for s in sources}
         self.latest: Published | None = None
         self.cycles = 0
@@ -318,8 +322,26 @@ class Collector:
                 out.append(Sample("llm_exporter_collect_errors_total", labels_of(source=name, reason=reason),
                                   float(count)))
             out.extend(_engine_up(result))
+        out.extend(self._collector_health(snapshot))
         if self.extra_health is not None:
             out.extend(self.extra_health())
+        return out
+
+    def _collector_health(self, snapshot: Snapshot) -> list[Sample]:
+        """node_exporter's scrape_collector_success and _duration_seconds, per collector that built
+        sources: success when every one of its sources succeeded this cycle (an engine target down
+        makes the engine collector's 0; llm_engine_up says which), and its duration the longest of
+        its sources' (they run concurrently: the wall time the collector took)."""
+        grouped: dict[str, list[SourceResult]] = {}
+        for result in snapshot.results.values():
+            collector = self.collectors.get(result.kind)
+            if collector is not None:
+                grouped.setdefault(collector, []).append(result)
+        out = []
+        for collector, results in sorted(grouped.items()):
+            labels = labels_of(collector=collector)
+            out.append(Sample("llm_exporter_collector_success", labels, float(all(r.ok for r in results))))
+            out.append(Sample("llm_exporter_collector_duration_seconds", labels, max(r.duration_s for r in results)))
         return out
 
     async def run_forever(self) -> None:

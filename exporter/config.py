@@ -32,6 +32,8 @@ from exporter.safefile import read_pem_file
 from exporter.settings import (
     BY_KEY,
     BY_NAME,
+    COLLECTOR,
+    COLLECTORS_KEY,
     DEFAULT_ENGINE_TIMEOUT_S,
     DEFAULT_INTERVAL_S,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -172,6 +174,10 @@ class Config:
     rate_window_s: float | None = None
     gpu_spec: Mapping[str, float] | None = None
     target_gpus: Mapping[str, tuple[int, ...]] | None = None
+    collector_engine: bool = True
+    collector_probe: bool = True
+    collector_host: bool = True
+    collector_gpu: bool = True
     # END generated fields
 
     @property
@@ -584,7 +590,28 @@ def _load_yaml(path: str) -> dict[str, Any]:
     return data
 
 
-_KNOWN_KEYS = tuple(k for k, s in BY_KEY.items() if s.field) + ("host",)
+_KNOWN_KEYS = tuple(k for k, s in BY_KEY.items() if s.field) + ("host", COLLECTORS_KEY)
+# LLM_EXPORTER_COLLECTOR_<NAME>: a variable under this prefix names a collector, and an unknown name is an
+# error (not the warning other unknown variables get): a typo would leave on what was meant to be off.
+_COLLECTOR_ENV_PREFIX = "COLLECTOR_"
+
+
+def _collector_switches(block: Any, where: str = COLLECTORS_KEY) -> dict[str, Any]:
+    """`collectors: {host: false, gpu: true}` -> {collector_host: False, ...} (values parsed later, as
+    every setting's); an unknown collector name is refused naming the closest one. An empty block
+    (`collectors:` with nothing under it) leaves every switch as it is, as an empty value does a setting."""
+    if block is None:
+        return {}
+    if not isinstance(block, Mapping):
+        raise ConfigError(where, block, "expected a mapping of collector names to true or false, "
+                          "e.g. {host: false}")
+    out: dict[str, Any] = {}
+    for name, value in block.items():
+        collector = COLLECTOR.get(str(name))
+        if collector is None:
+            raise UnknownKeyError(str(name), tuple(COLLECTOR), where=where)
+        out[BY_NAME[collector.setting_name].yaml_key] = value
+    return out
 
 
 def _canonical(settings: Mapping[Any, Any]) -> dict[str, Any]:
@@ -594,10 +621,13 @@ def _canonical(settings: Mapping[Any, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     aliased: dict[str, Any] = {}
     host_block: Any = None
+    switches: dict[str, Any] = {}
     for raw_key, value in settings.items():
         key = str(raw_key)
         if key == "host":
             host_block = value
+        elif key == COLLECTORS_KEY:
+            switches = _collector_switches(value)
         elif key.startswith(EXTENSION_PREFIX):
             continue
         elif key in BY_KEY and BY_KEY[key].field:
@@ -607,7 +637,7 @@ def _canonical(settings: Mapping[Any, Any]) -> dict[str, Any]:
             raise UnknownKeyError(key, (), hint="its settings are top-level keys, e.g. `kv_cache_dtype: fp8`")
         else:
             raise UnknownKeyError(key, _KNOWN_KEYS)
-    for key, value in aliased.items():
+    for key, value in (*aliased.items(), *switches.items()):
         out.setdefault(key, value)
     if isinstance(host_block, Mapping):
         for inner, value in host_block.items():
@@ -629,6 +659,11 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         if not name.startswith(ENV_PREFIX):
             continue
         key = name[len(ENV_PREFIX):].lower()
+        if key.startswith(_COLLECTOR_ENV_PREFIX.lower()) and key not in BY_KEY:
+            collector = key[len(_COLLECTOR_ENV_PREFIX):]
+            hint = did_you_mean(ENV_PREFIX + _COLLECTOR_ENV_PREFIX + collector.upper(),
+                                [ENV_PREFIX + _COLLECTOR_ENV_PREFIX + c.upper() for c in COLLECTOR])
+            raise ConfigError(name, value, f"no collector {collector!r}{hint}")
         if key == "host" or (key in BY_KEY and BY_KEY[key].field):
             listed = BY_KEY.get(key) in (BY_NAME["engines"], BY_NAME["probes"])
             settings[key] = value.split() if listed else value
@@ -637,7 +672,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
 
 def env_warnings(env: Mapping[str, str]) -> list[str]:
     """One line per LLM_EXPORTER_* variable that is no setting, with the closest one's name."""
-    known = [ENV_PREFIX + k.upper() for k in _KNOWN_KEYS] + [ENV_PREFIX + "CONFIG"]
+    known = [ENV_PREFIX + k.upper() for k in _KNOWN_KEYS if k != COLLECTORS_KEY] + [ENV_PREFIX + "CONFIG"]
     return [f"ignoring {name}: no such setting{did_you_mean(name, known)}" for name in sorted(env)
             if name.startswith(ENV_PREFIX) and name not in known]
 

@@ -6,6 +6,7 @@ writes the fields of exporter/config.py's Config from it (`make generate`; the s
 drift), exporter/config.py validates from it, exporter/cli.py and exporter/doctor.py add their
 flags from it, and deploy/configuration_docs.py writes docs/configuration.md from it.
 Adding a setting is one entry here, `make generate`, and reading the new Config field where it is used.
+The collectors' switches (`--collector.NAME`) are settings too, one derived from each entry of COLLECTORS.
 
 Imports nothing from exporter/ but data: the spec tables and the SLO thresholds (exporter/slo.py)."""
 
@@ -387,7 +388,7 @@ class Setting:
     flag: str | None = None  # None: YAML and environment only
     aliases: tuple[str, ...] = ()  # other accepted YAML keys / variable suffixes
     metavar: str | None = None
-    flag_action: str = "store"  # "append" (repeatable), "store_false" (a --no-... switch)
+    flag_action: str = "store"  # "append" (repeatable), "store_false" (a --no-... switch), "switch" (both)
     flag_choices: bool = False  # let argparse refuse a bad choice (shows the choices in --help)
     default_text: str | None = None  # the default as the docs show it, when not the plain value
     field: bool = True  # False: read before Config is built (--config)
@@ -403,6 +404,13 @@ class Setting:
     @property
     def dest(self) -> str:
         return self.yaml_key
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The flag, and for a "switch" its --no- twin (`--collector.host`, `--no-collector.host`)."""
+        if not self.flag:
+            return ()
+        return (self.flag, "--no-" + self.flag[2:]) if self.flag_action == "switch" else (self.flag,)
 
     def shown_default(self) -> str:
         if self.default_text is not None:
@@ -421,6 +429,51 @@ _PROBE_HELP = ("opt-in client-side probe: a small streaming request to the engin
                "this base URL every few seconds, timing TTFT and inter-token gaps from here (llm_probe_*); "
                "repeat for several (env LLM_EXPORTER_PROBES); it sends the credentials of the engine target "
                "it belongs to when the URL has that target's scheme, host and port")
+
+@dataclass(frozen=True, slots=True)
+class CollectorSpec:
+    """One collector's declaration (node_exporter's registerCollector): its name, whether it runs by
+    default, a one-line help, and the settings that configure it. Its switch is a setting derived from
+    this (`--collector.NAME` / `--no-collector.NAME`, `collectors: {NAME: false}`,
+    LLM_EXPORTER_COLLECTOR_NAME); the factory that builds its sources is in exporter/collectors.py,
+    which checks at import that every collector declared here has one and no other."""
+
+    name: str
+    default: bool
+    help: str
+    settings: tuple[str, ...] = ()  # names in SETTINGS it reads (docs list them beside the collector)
+
+    @property
+    def setting_name(self) -> str:
+        """The Config field of its switch."""
+        return f"collector_{self.name}"
+
+
+COLLECTORS: tuple[CollectorSpec, ...] = (
+    CollectorSpec("engine", True, "scrape each engine target's /metrics (llm_* engine series, llm_engine_up)",
+                  ("engines", "engine_timeout_s", "max_payload_bytes", "max_series_per_target")),
+    CollectorSpec("probe", True, "client-side probes of the engines' OpenAI API (llm_probe_*); nothing to do "
+                  "without --probe", ("probes",)),
+    CollectorSpec("host", True, "the host's CPUs, memory, PCIe and network links and the engine process "
+                  "(llm_host_*): this machine's procfs and sysfs, or the twin's", (
+                      "host_backend", "proc_root", "sys_root", "engine_port", "engine_pidfile",
+                      "engine_process_name", "engine_network_devices", "network_exclude", "sim_url")),
+    CollectorSpec("gpu", True, "GPU telemetry (llm_gpu_*) from NVML, or the twin's",
+                  ("gpu_backend", "gpu_retry_interval_s", "sim_url")),
+)
+"""Every collector, in the order its sources are built (the probe reads the engine targets' sources,
+the GPU source the host source's engine pids)."""
+COLLECTOR: Mapping[str, CollectorSpec] = MappingProxyType({c.name: c for c in COLLECTORS})
+COLLECTORS_KEY = "collectors"
+"""The YAML block of the switches, `collectors: {host: false}`; unknown names in it are errors."""
+
+
+def _switch(collector: CollectorSpec) -> Setting:
+    state = "on" if collector.default else "off"
+    return Setting(collector.setting_name, Boolean(), "bool", collector.default,
+                   f"collector {collector.name} (default {state}): {collector.help}",
+                   flag=f"--collector.{collector.name}", flag_action="switch")
+
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("config", Text(), "str | None", None, "YAML config file (env LLM_EXPORTER_CONFIG)",
@@ -445,7 +498,8 @@ SETTINGS: tuple[Setting, ...] = (
             aliases=("engine_timeout_s",)),
     Setting("max_payload_bytes", ByteSize(1024, 1 << 30), "int", DEFAULT_MAX_PAYLOAD_BYTES,
             "engine payload cap (default 8 MiB)", flag="--max-payload-bytes"),
-    Setting("gpu_backend", Choice(GPU_BACKENDS), "str", "auto", "GPU source (default auto)",
+    Setting("gpu_backend", Choice(GPU_BACKENDS), "str", "auto",
+            "GPU source (default auto); none: the older spelling of --no-collector.gpu (either one off: off)",
             flag="--gpu-backend", flag_choices=True),
     Setting("sim_url", Text(), "str | None", None, "twin URL for --gpu-backend sim and --host-backend sim",
             flag="--sim-url"),
@@ -454,8 +508,9 @@ SETTINGS: tuple[Setting, ...] = (
             "float", DEFAULT_GPU_RETRY_S, "first wait before the GPU source initialises NVML again after a lost "
             "GPU or a failed start; doubles while it stays lost, up to 5m (default 10s)",
             flag="--gpu-retry-interval", aliases=("gpu_retry_interval_s",)),
-    Setting("host_enabled", Boolean(), "bool", True, "disable the host source", flag="--no-host",
-            flag_action="store_false"),
+    Setting("host_enabled", Boolean(), "bool", True,
+            "disable the host source: the older spelling of --no-collector.host (either one off: off)",
+            flag="--no-host", flag_action="store_false"),
     Setting("host_backend", Choice(HOST_BACKENDS), "str", "procfs",
             "host source: procfs (this machine's /proc and /sys) or sim (the twin at --sim-url; default procfs)",
             flag="--host-backend", flag_choices=True),
@@ -515,12 +570,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("target_gpus", TargetGpus(), "Mapping[str, tuple[int, ...]] | None", None,
             "which GPUs serve which target, {target: [GPU indices]}; default: slices of --tensor-parallel "
             "GPUs in target-name order; in a variable, a JSON object"),
+    *(_switch(c) for c in COLLECTORS),
 )
 
 BY_NAME: Mapping[str, Setting] = MappingProxyType({s.name: s for s in SETTINGS})
 # YAML keys and variable suffixes (aliases included) -> setting.
 BY_KEY: Mapping[str, Setting] = MappingProxyType(
     {k: s for s in SETTINGS for k in (s.yaml_key, *s.aliases)})
+_undeclared = sorted({n for c in COLLECTORS for n in c.settings} - set(BY_NAME))
+if _undeclared:  # a collector's settings are listed in the docs beside it: each must be a setting
+    raise ValueError(f"COLLECTORS name settings that SETTINGS does not declare: {_undeclared}")
 # `host:` in YAML may be a block (or `host: false`): {inner key: setting name}.
 HOST_BLOCK: Mapping[str, str] = MappingProxyType(
     {"enabled": "host_enabled", "backend": "host_backend", "proc_root": "proc_root", "sys_root": "sys_root"})
@@ -538,6 +597,13 @@ def add_flags(parser: Any, names: Sequence[str] | None = None, *, helps: Mapping
     for setting in wanted:
         shown = (helps or {}).get(setting.name, setting.help)
         options: dict[str, Any] = {"dest": setting.dest, "help": shown}
+        if setting.flag_action == "switch":  # --X on, --no-X off, neither: unset (env, file or default)
+            on, off = setting.flags
+            parser.add_argument(on, dest=setting.dest, action="store_const", const=True, help=shown,
+                                default=(defaults or {}).get(setting.name))
+            parser.add_argument(off, dest=setting.dest, action="store_const", const=False,
+                                help=f"turn {on} off", default=(defaults or {}).get(setting.name))
+            continue
         if setting.flag_action == "store_false":
             options.update(action="store_const", const=False)
         else:

@@ -190,8 +190,8 @@ BASE_MODULES = {"exporter", "exporter.safefile", "exporter.jsonsafe", "exporter.
 # The mixin (rules and dashboards) is a tool: it reads the catalogue, the SLOs and the verdict's
 # thresholds from the runtime, and nothing the exporter runs may import it.
 TOOLS = ("exporter.simulator", "exporter.planner", "exporter.probe", "exporter.mixin")
-COMMANDS = {"exporter.app", "exporter.cli", "exporter.doctor", "exporter.planner.cmd", "exporter.probe.loadtest_cmd",
-            "exporter.mixin.cmd"}
+COMMANDS = {"exporter.app", "exporter.collectors", "exporter.cli", "exporter.doctor", "exporter.planner.cmd",
+            "exporter.probe.loadtest_cmd", "exporter.mixin.cmd"}
 
 
 def layer_of(module: str) -> int:

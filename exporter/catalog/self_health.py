@@ -19,6 +19,13 @@ FAMILIES = (
            "of more than 5,000 metric families, refused while it is read); "
            "gpu: the NVML state (nvml_init, no_gpus, ...); "
            "host: procfs_missing.", ("source", "reason"), "self"),
+    family("llm_exporter_collector_success", "gauge", "bool",
+           "1 when every source of the collector (engine, probe, host, gpu; `--collector.NAME`) succeeded in the "
+           "last cycle, 0 when one failed (llm_exporter_source_up and llm_engine_up say which). Absent for a "
+           "collector that is off or has nothing to collect (probe without --probe).", ("collector",), "self"),
+    family("llm_exporter_collector_duration_seconds", "gauge", "seconds",
+           "Wall time of the collector's last collection: the longest of its sources', which run concurrently. "
+           "Absent when llm_exporter_collector_success is.", ("collector",), "self"),
     family("llm_exporter_collections_total", "counter", "cycles",
            "Collection cycles completed since the exporter started.", (), "self"),
     family("llm_exporter_cycle_duration_seconds", "gauge", "seconds",
