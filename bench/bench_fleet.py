@@ -28,7 +28,6 @@ VictoriaMetrics' own capacity planning is the reference for a real sizing.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import pathlib
 import re
@@ -55,13 +54,9 @@ AT_SCALE = 1000
 
 
 def _fleet_module():
-    if "deploy_fleet" in sys.modules:
-        return sys.modules["deploy_fleet"]
-    spec = importlib.util.spec_from_file_location("deploy_fleet", ROOT / "deploy" / "fleet.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["deploy_fleet"] = module
-    spec.loader.exec_module(module)
-    return module
+    from deploy import fleet  # Prometheus and podman around it: imported only by this bench
+
+    return fleet
 
 
 def _samples(text: str) -> int:

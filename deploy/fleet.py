@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.server
-import importlib.util
 import json
 import os
 import pathlib
@@ -57,20 +56,10 @@ import yaml
 from exporter.mixin.alerts import generate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: make `deploy` importable
+    sys.path.insert(0, str(ROOT))
 
-
-def _module(name: str, path: pathlib.Path):
-    """deploy/stack.py is a script, not a package: load it by path once."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-stack = _module("deploy_stack", ROOT / "deploy" / "stack.py")
+from deploy import stack  # noqa: E402
 
 DEFAULT_DIR = ROOT / ".fleet"
 CLUSTERS = ("a", "b")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import importlib.util
 import json
 import os
 import pathlib
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from deploy import stack as launcher
 from exporter.mixin.alerts import generate
 from tests.support import free_port, free_ports, send_body, wait_until
 
@@ -43,17 +43,6 @@ TWIN_SPEED = 10.0
 TARGET = "twin"
 
 
-def _module(name: str, path: pathlib.Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-launcher = _module("deploy_stack", ROOT / "deploy" / "stack.py")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -6,26 +6,18 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
 import pathlib
 import shutil
 
 import pytest
 
+from deploy import config_class
 from exporter.config import Config
 from exporter.settings import SETTINGS, Integer, Setting, Text
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("deploy_config_class", ROOT / "deploy" / "config_class.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-config_class = _module()
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ narrow what is checked when absent:
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import os
 import pathlib
@@ -32,6 +31,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from deploy import configuration_docs as config_docs
+from deploy import stack
+from deploy.kubernetes import generate as k8s_generate
 from exporter.mixin.alerts import generate as alerts_generate
 from tests.support import free_port, free_ports
 
@@ -48,18 +50,6 @@ SYSTEMD_UNIT = ROOT / "deploy" / "systemd" / "llm-exporter.service"
 CONFIG_DOC = ROOT / "docs" / "configuration.md"
 
 
-def _module(name: str, path: pathlib.Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-stack = _module("deploy_stack", ROOT / "deploy" / "stack.py")
-k8s_generate = _module("deploy_k8s_generate", K8S / "generate.py")
-config_docs = _module("deploy_configuration_docs", ROOT / "deploy" / "configuration_docs.py")
 
 
 def tool(name: str) -> str:

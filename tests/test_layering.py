@@ -217,3 +217,13 @@ def test_the_layer_finder_finds_an_upward_import():
 def test_no_module_imports_from_a_layer_above_its_own():
     found = upward_imports(import_graph(type_checking=True))
     assert not found, "upward imports:\n" + "\n".join(found)
+
+
+def test_no_code_of_ours_is_loaded_by_file_path():
+    # The generators live in the package (exporter/mixin) and the deploy scripts are a package of the
+    # checkout (deploy/__init__.py): each is imported by name, so there is one copy of each module and
+    # no loader to repeat (there were four, one per importer, before).
+    loaders = sorted(str(path.relative_to(ROOT)) for top in ("exporter", "tests", "bench", "deploy")
+                     for path in (ROOT / top).rglob("*.py")
+                     if "spec_from_file_location" in path.read_text() and path.name != "test_layering.py")
+    assert not loaders, loaders

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from tests.fullstack import ROOT, _module
+from deploy import container
+from tests.fullstack import ROOT
 
-container = _module("deploy_container", ROOT / "deploy" / "container.py")
 K8S = ROOT / "deploy" / "kubernetes"
 IMAGE = os.environ.get("LLM_EXPORTER_IMAGE", container.DEFAULT_TAG)
 PREFIX = "llmx-test"

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from deploy import fleet as fleet_launcher
 from exporter.mixin.dashboards import generate as boards
-from tests.fullstack import WebhookReceiver, _module, logs
+from tests.fullstack import WebhookReceiver, logs
 from tests.support import free_ports, wait_until
 
 pytestmark = [pytest.mark.fleet]
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-fleet_launcher = _module("deploy_fleet", ROOT / "deploy" / "fleet.py")
 
 REPLICAS = 6
 TIME_SCALE = 0.05  # 5m -> 15s, 1h -> 3m
