@@ -19,13 +19,14 @@ from typing import Any
 
 from exporter import collectors
 from exporter.collect import MANY_TARGETS, MAX_SCRAPES_IN_FLIGHT, Collector
-from exporter.config import Config, ConfigError, EngineTarget, ProbeTarget
+from exporter.config import Config, ConfigError
 from exporter.derive import build_deriver
 from exporter.endpoints import RequestGuard, create_app
 from exporter.httpserver import LISTEN_BACKLOG, HttpServer, Limits
 from exporter.safefile import STARTUP_TIMEOUT_S, Detached, FileReadError
 from exporter.snapshot import Sample
 from exporter.sources.base import Source
+from exporter.targets import EngineTarget, ProbeTarget
 from exporter.webconfig import REALM, WebConfigManager
 
 log = logging.getLogger("llm_exporter")

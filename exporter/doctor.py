@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from exporter import __version__, jsonsafe
-from exporter.config import ConfigError, load_config, parse_duration, refuse_userinfo
+from exporter.config import ConfigError, load_config, parse_duration
 from exporter.derive.bottleneck import UNKNOWN_VERDICT_WORDS, VERDICT_WORDS
 from exporter.httpclient import HttpClient
 from exporter.jsonsafe import JsonTooDeep
@@ -43,6 +43,7 @@ from exporter.shapes import DIAGNOSIS, ShapeError
 from exporter.shapes import check as check_shape
 from exporter.sources.base import SourceError
 from exporter.sources.engines.auth import client_context
+from exporter.targets import refuse_userinfo
 from exporter.termsafe import terminal_safe, terminal_safe_tree
 
 EXIT_HEALTHY = 0

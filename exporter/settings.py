@@ -359,8 +359,8 @@ def parse_listen(value: str, field_name: str = "listen") -> tuple[str, int]:
 
 @dataclass(frozen=True, slots=True)
 class EngineTargets(_ValueType):
-    """`URL[,OPTION=VALUE]...` strings or YAML mappings; parsed by exporter.config.parse_engine_spec
-    once the engine timeout is known (its options are exporter.config._TARGET_OPTIONS)."""
+    """`URL[,OPTION=VALUE]...` strings or YAML mappings; parsed by exporter.targets.parse_engine_spec
+    once the engine timeout is known (its options are exporter.targets.TARGET_OPTIONS)."""
 
     def text(self, value: object) -> str:
         return "unset" if not value else str(value)
@@ -368,8 +368,8 @@ class EngineTargets(_ValueType):
 
 @dataclass(frozen=True, slots=True)
 class ProbeTargets(_ValueType):
-    """`URL[,OPTION=VALUE]...` strings or YAML mappings; parsed by exporter.config.parse_probe_spec once
-    the engine targets are known (its options are exporter.config.PROBE_OPTIONS)."""
+    """`URL[,OPTION=VALUE]...` strings or YAML mappings; parsed by exporter.targets.parse_probe_spec once
+    the engine targets are known (its options are exporter.targets.PROBE_OPTIONS)."""
 
     def text(self, value: object) -> str:
         return "unset" if not value else str(value)

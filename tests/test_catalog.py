@@ -37,11 +37,11 @@ def test_promtool_accepts_what_the_demo_serves():
     import asyncio
 
     from exporter.collect import Collector
-    from exporter.config import EngineTarget
     from exporter.simulator.demo import start_twins
     from exporter.sources.engines.scrape import EngineSource
     from exporter.sources.gpu.sim import SimGpuSource
     from exporter.sources.host import HostSource
+    from exporter.targets import EngineTarget
 
     promtool = shutil.which("promtool")
     assert promtool, "promtool missing: `make test` installs the Debian package prometheus"

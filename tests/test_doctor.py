@@ -16,12 +16,13 @@ import httpx
 import pytest
 
 from exporter.cli import run
-from exporter.config import Config, EngineTarget
+from exporter.config import Config
 from exporter.doctor import EXIT_DEGRADED, EXIT_UNKNOWN, exit_code, render_report
 from exporter.simulator import Twin, TwinConfig
 from exporter.simulator.server import start_server
 from exporter.sources.engines.scrape import EngineSource
 from exporter.sources.gpu.sim import SimGpuSource
+from exporter.targets import EngineTarget
 from tests.exporter_process import running_exporter
 from tests.support import free_port, wait_until
 

@@ -9,8 +9,8 @@ import pathlib
 import pytest
 
 from exporter.collect import Collector
-from exporter.config import EngineTarget
 from exporter.sources.engines.scrape import EngineSource
+from exporter.targets import EngineTarget
 from tests.support import fake_engine, free_port
 from tests.test_collect import ScriptedSource
 from tests.test_http_client import offline_resolver

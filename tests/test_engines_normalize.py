@@ -908,8 +908,8 @@ def test_warm_state_with_sums_of_parts() -> None:
 
 
 def test_the_page_role_wins_over_the_option_and_the_option_over_both(caplog) -> None:
-    from exporter.config import EngineTarget
     from exporter.sources.engines.scrape import EngineSource
+    from exporter.targets import EngineTarget
 
     def role_of(option: str | None, page_role: str | None) -> str:
         source = EngineSource(EngineTarget(url="http://127.0.0.1:9/metrics", name="t", role=option),

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as strict_openmetrics
 
 from exporter.collect import Collector
-from exporter.config import Config, EngineTarget
+from exporter.config import Config
 from exporter.derive import Deriver, quantiles
 from exporter.expose import MAX_CACHED_LABEL_CHARS, Renderer, render
 from exporter.sources.engines.exposition import (
@@ -43,6 +43,7 @@ from exporter.sources.engines.normalize import normalize as plain_normalize
 from exporter.sources.engines.replay import normalize_with_memo
 from exporter.sources.engines.scrape import EngineSource
 from exporter.sources.engines.state import MAX_MAPPED_LABEL_CHARS, NormalizerState
+from exporter.targets import EngineTarget
 from tests.support import exporter_run, fake_engine, wait_until
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "engines"

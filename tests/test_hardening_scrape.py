@@ -23,8 +23,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collect import Collector
-from exporter.config import DEFAULT_MAX_PAYLOAD_BYTES, Config, EngineTarget
+from exporter.config import DEFAULT_MAX_PAYLOAD_BYTES, Config
 from exporter.sources.engines.scrape import EngineSource
+from exporter.targets import EngineTarget
 from tests.exporter_process import running_exporter
 from tests.support import background_process, free_port, serve_in_background, wait_until
 from tests.test_http_client import offline_resolver

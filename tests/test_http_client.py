@@ -18,10 +18,10 @@ import pytest
 import trustme
 
 from exporter import httpclient as http_module
-from exporter.config import EngineTarget
 from exporter.httpclient import HttpClient
 from exporter.sources.base import SourceError
 from exporter.sources.engines.auth import ssl_context
+from exporter.targets import EngineTarget
 
 BODY = b"".join(b'vllm:num_requests_running{model_name="m",engine="%d"} %d\n' % (i, i) for i in range(1200))
 

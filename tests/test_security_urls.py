@@ -3,7 +3,7 @@
 urllib ends the authority at the first / ? #, so `http://u:pa/ss@host/` was read as host `u`, port
 `pa`: the exporter tried to resolve the user name, and the password reached the log, the pages and
 start-up errors. Now the userinfo runs to the last @ (exporter/redact.split_userinfo), the URL is
-re-encoded once (config.normalize_engine_url) and every place a URL is shown uses redact_url."""
+re-encoded once (targets.normalize_engine_url) and every place a URL is shown uses redact_url."""
 
 from __future__ import annotations
 
@@ -19,15 +19,9 @@ import httpx
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from exporter.config import (
-    ConfigError,
-    _options_start,
-    _split_spec,
-    load_config,
-    normalize_engine_url,
-    reject_command_line_secrets,
-)
+from exporter.config import ConfigError, load_config
 from exporter.redact import RedactUrlCredentials, redact_url
+from exporter.targets import _options_start, _split_spec, normalize_engine_url, reject_command_line_secrets
 from tests.support import fake_engine, free_port, wait_until
 
 VLLM = (pathlib.Path(__file__).parent / "fixtures" / "engines" / "vllm-v0.11__documented.prom").read_bytes()

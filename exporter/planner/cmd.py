@@ -87,7 +87,8 @@ def _observe(args: argparse.Namespace) -> Observed:
 
     source = args.source
     if source.startswith(("http://", "https://")):
-        from exporter.config import ConfigError, refuse_userinfo
+        from exporter.config import ConfigError
+        from exporter.targets import refuse_userinfo
 
         try:
             refuse_userinfo(source, "from", "")

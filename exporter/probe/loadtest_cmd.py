@@ -272,9 +272,10 @@ def command_loadtest(args: Any, env: Mapping[str, str], out: Any = None, err: An
     """`llm-exporter loadtest`: run the sweep, print the table, write --json / --html."""
     import sys
 
-    from exporter.config import ConfigError, refuse_userinfo
+    from exporter.config import ConfigError
     from exporter.probe.report import render_table
     from exporter.redact import redact_url
+    from exporter.targets import refuse_userinfo
     from exporter.termsafe import terminal_safe, terminal_safe_tree
 
     out, err = out or sys.stdout, err or sys.stderr

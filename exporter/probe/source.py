@@ -29,13 +29,13 @@ from prometheus_client.utils import floatToGoString
 
 from exporter import jsonsafe
 from exporter.catalog.probe import E2E_BUCKETS, ERROR_REASONS, ITL_BUCKETS, TTFT_BUCKETS
-from exporter.config import ProbeTarget
 from exporter.httpclient import HttpClient
 from exporter.jsonsafe import JsonTooDeep
 from exporter.redact import CredentialError, redact_url
 from exporter.snapshot import Labels, Sample, make_labels
 from exporter.sources.base import SourceData, SourceError, SourceKind
 from exporter.sources.engines.auth import TargetAuth, client_context, ssl_context
+from exporter.targets import ProbeTarget
 
 from .client import CompletionTiming, Resolver, StreamLimits, make_prompt, stream_completion
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import certifi
 
-from exporter.config import EngineTarget
 from exporter.redact import CredentialError, read_secret_file
 from exporter.safefile import READ_TIMEOUT_S, Detached, FileReadError, read_pem_file
+from exporter.targets import EngineTarget
 
 
 class SecretFile:

@@ -15,7 +15,6 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from exporter.catalog import family_of
-from exporter.config import EngineTarget
 from exporter.httpclient import HttpClient
 from exporter.logstate import StateLog, quote_names
 from exporter.redact import CredentialError, redact_url
@@ -28,6 +27,7 @@ from exporter.sources.engines.normalize import NormalizedScrape
 from exporter.sources.engines.page import TooManyFamiliesError, UnknownEngineError
 from exporter.sources.engines.replay import normalize_if_unchanged, normalize_with_memo
 from exporter.sources.engines.state import NormalizerState
+from exporter.targets import EngineTarget
 
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 # A page whose last normalize took under this much CPU, and that has not grown, is tried on the
