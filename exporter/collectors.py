@@ -33,7 +33,9 @@ Factory = Callable[[Config, Built], list[Source]]
 
 
 @dataclass(frozen=True, slots=True)
-class Collector:
+class CollectorEntry:
+    """One registry entry (named apart from exporter/collect.py's Collector, the collection loop)."""
+
     spec: CollectorSpec  # name, default, help, settings (exporter/settings.py COLLECTORS)
     kind: SourceKind  # the kind of every source it builds (how a result is attributed to it)
     build: Factory  # its sources from the Config; [] when it has nothing to collect
@@ -130,11 +132,11 @@ def _gpu_sources(config: Config, built: Built) -> list[Source]:
 
 # --- the registry --------------------------------------------------------------------------------
 
-REGISTRY: tuple[Collector, ...] = (
-    Collector(COLLECTOR["engine"], SourceKind.ENGINE, _engine_sources),
-    Collector(COLLECTOR["probe"], SourceKind.PROBE, _probe_sources),
-    Collector(COLLECTOR["host"], SourceKind.HOST, _host_sources),
-    Collector(COLLECTOR["gpu"], SourceKind.GPU, _gpu_sources),
+REGISTRY: tuple[CollectorEntry, ...] = (
+    CollectorEntry(COLLECTOR["engine"], SourceKind.ENGINE, _engine_sources),
+    CollectorEntry(COLLECTOR["probe"], SourceKind.PROBE, _probe_sources),
+    CollectorEntry(COLLECTOR["host"], SourceKind.HOST, _host_sources),
+    CollectorEntry(COLLECTOR["gpu"], SourceKind.GPU, _gpu_sources),
 )
 """In exporter/settings.py COLLECTORS order: the sources are built in it (a factory reads the
 sources built before its own)."""
