@@ -26,6 +26,7 @@ import pathlib
 import threading
 import time
 
+import httpx
 import pytest
 import yaml
 
@@ -51,7 +52,33 @@ def _wait(stack: FullStack, predicate, timeout: float, what: str) -> None:
     if not wait_until(predicate, timeout=timeout, interval=0.5):
         raise AssertionError(f"{what} within {timeout:g}s.\n{timeline(stack)}\n"
                              f"firing in Prometheus: {sorted({a['alertname'] for a in stack.firing()})}\n"
-                             f"{logs(stack.directory)}")
+                             f"{burn_inputs(stack)}\n{logs(stack.directory)}")
+
+
+BURN_INPUTS = ("target_model:llm_time_to_first_token_seconds:slo_good_ratio_rate1h",
+               "target_model:llm_time_to_first_token_seconds:slo_good_ratio_rate5m",
+               "target_model:llm_time_to_first_token_seconds_count:rate1h",
+               "target_model:llm_time_to_first_token_seconds_count:rate5m",
+               "llm_requests_running", "llm_requests_waiting")
+
+
+def burn_inputs(stack: FullStack) -> str:
+    """What the TTFT page reads, every 10 s since the overload began (rules at their nominal names
+    over scaled windows): says why a page did not come (a good ratio too high, a window without
+    first tokens, traffic under the floor)."""
+    start = time.time() - (time.monotonic() - stack.marks.get("overload", stack.marks.get("start", 0)))
+    lines = ["burn inputs, every 10 s since the overload:"]
+    for expr in BURN_INPUTS:
+        try:
+            body = stack.client.get(f"{stack.prometheus}/api/v1/query_range", params={
+                "query": f'{expr}{{target="{stack.target}"}}', "start": start, "end": time.time(),
+                "step": 10}).json()["data"]["result"]
+        except (httpx.HTTPError, ValueError, KeyError) as e:
+            lines.append(f"  {expr}: {e!r}")
+            continue
+        for r in body:
+            lines.append(f"  {expr}: " + " ".join(f"{float(v):.3g}" for _, v in r["values"]))
+    return "\n".join(lines)
 
 
 def _engine_alert_names(stack: FullStack) -> set[str]:
@@ -274,6 +301,7 @@ def test_vllm_story_one_page_per_breach_kv_and_queue_tickets_engine_down_pages_o
             assert len(rx.pages(TTFT_BURN, since=overload, target=target, receiver="/pager")) == 1, timeline(stack)
             print("live story:", report)
             print(timeline(stack))
+            print(burn_inputs(stack))
     finally:
         if load is not None:
             load.stop()
