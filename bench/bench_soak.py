@@ -185,7 +185,7 @@ def engines_process(port: int):
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def soak(duration_s: float) -> SoakResult:
+def soak(duration_s: float, *, scrape_timeout_s: float = 5.0) -> SoakResult:
     sys.path.insert(0, str(ROOT))
     port, engines_port = free_port(), free_port()
     engines_base = f"http://127.0.0.1:{engines_port}"
@@ -197,7 +197,7 @@ def soak(duration_s: float) -> SoakResult:
         failed = 0
         warm: Probe | None = None
         cycles_start = 0.0
-        with httpx.Client(timeout=5) as client:
+        with httpx.Client(timeout=scrape_timeout_s) as client:
             while time.monotonic() < end_at:
                 started = time.perf_counter()
                 try:

@@ -318,6 +318,10 @@ class LiveEngine:
     # exporter and the burn-rate rules read one window (docs/diagnosis.md): 5m at the story's
     # TIME_SCALE 0.02 is 6s, raised to five 2 s scrapes.
     quantile_window: str = "10s"
+    # The rules' windows at least as long, for the same reason: the burn pairs' 5m short window at 0.02
+    # is 6 s, three 2 s scrapes, and a CI run on two cores lost enough cycles that the TTFT page's
+    # short window kept emptying (its `for` started over) through 240 s of overload.
+    min_window_s: float = 10.0
     # What a user on a CPU-only host sets (docs/alerts.md): no GPU source, so no GPU metrics to miss.
     disabled_alerts: tuple[str, ...] = ("LLMEngineWithoutGPUMetrics",)
 
@@ -339,7 +343,8 @@ def full_stack(directory: pathlib.Path, *, live: LiveEngine | None = None,
                            "ticket_url": receiver.url + "/ticket"}
     if live is not None:
         cfg["disabled_alerts"] = live.disabled_alerts
-    for path, text in generate.render_scaled(directory, time_scale, cfg).items():
+    min_window_s = live.min_window_s if live else 1.0
+    for path, text in generate.render_scaled(directory, time_scale, cfg, min_window_s=min_window_s).items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     prometheus_config = json.dumps({  # JSON is YAML
@@ -376,8 +381,8 @@ def full_stack(directory: pathlib.Path, *, live: LiveEngine | None = None,
         f"--rules.alert.resend-delay={live.resend_delay if live else '1s'}",
         "--log.level=warn"], {}, ports["prometheus"], urls["prometheus"])
     stack = FullStack(directory, receiver, proxy, urls["twin"], urls["exporter"], urls["prometheus"],
-                      urls["alertmanager"], exporter, prometheus_config, generate.scale_durations(cfg, time_scale),
-                      target=target)
+                      urls["alertmanager"], exporter, prometheus_config,
+                      generate.scale_durations(cfg, time_scale, min_window_s=min_window_s), target=target)
     try:
         if live is None:
             proxy.start()

@@ -124,6 +124,21 @@ def test_time_scale_scales_every_duration_and_keeps_rule_names_and_descriptions_
     assert longs == {'long="1m12s"', 'long="7m12s"', 'long="28m48s"', 'long="1h26m24s"'}, longs
 
 
+def test_min_window_floors_scaled_windows_and_leaves_every_for_and_timer_scaled():
+    """A stack scraped every 2 s renders its windows at least 10 s long (tests/fullstack.py LiveEngine),
+    while `for`, keep_firing_for and Alertmanager's timers stay exactly scaled."""
+    plain, floored = (generate.scale_durations(generate.CONFIG, 0.02, min_window_s=m) for m in (1.0, 10.0))
+    fast = floored["burn_rates"][0]
+    assert (fast["long"], fast["short"], fast["for"]) == ("1m12s", "10s", "2s"), fast
+    assert (floored["rate_window"], floored["kv_cache_window"], floored["slowdown_window"]) == ("10s", "12s", "10s")
+    assert floored["alertmanager"]["group_interval"] == plain["alertmanager"]["group_interval"] == "6s"
+    assert floored["kv_cache_for"] == plain["kv_cache_for"] == "6s"
+    assert plain["rate_window"] == plain["burn_rates"][0]["short"] == "6s"
+    recording = generate.build(floored)["recording"]
+    exprs = " ".join(r["expr"] for g in recording for r in g["rules"])
+    assert "[10s]" in exprs and "[6s]" not in exprs
+
+
 def test_area_modules_write_no_duration_literally():
     """Every duration a rule uses comes from CONFIG, so --time-scale reaches it."""
     modules = sorted(MODULES.glob("*.py"))

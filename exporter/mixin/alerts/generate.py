@@ -63,20 +63,34 @@ def build(cfg: dict = CONFIG) -> dict[str, list[dict]]:
     return out
 
 
-def scale_durations(cfg: dict, time_scale: float) -> dict:
+def is_window(key: str) -> bool:
+    """A CONFIG key whose duration is a range a rule looks back over (a rate window, a burn-rate
+    pair's windows, a lookback), not a `for` or an Alertmanager timer."""
+    return key in ("long", "short") or key.endswith(("window", "lookback", "period"))
+
+
+def scale_durations(cfg: dict, time_scale: float, *, min_window_s: float = 1.0) -> dict:
     """A copy of `cfg` with every duration (rate and SLO windows, `for`, Alertmanager timers)
     multiplied by `time_scale`, in whole seconds, at least 1s, written as Prometheus writes them
     (1h26m24s). For end-to-end tests that cannot wait an hour. Each is a lib.Scaled that remembers
     its nominal duration: recording-rule names keep it (rate5m stays rate5m, over 3s at 0.01), so
     the dashboards read a scaled stack unchanged. Every duration the rules use is in CONFIG
-    (test_alerts checks that no area module writes one literally)."""
-    def walk(value: object) -> object:
+    (test_alerts checks that no area module writes one literally).
+
+    Windows (is_window) are at least `min_window_s`: a stack scraped every 2 s needs about five
+    samples in a rate window, as a real one does (a 5m window at 0.02 is 6 s, three samples, and a
+    scrape or collection cycle lost on a busy machine empties it: a burn-rate pair's short window
+    then reads no traffic and its `for` starts over)."""
+    def walk(value: object, key: str = "") -> object:
         if isinstance(value, dict):
-            return {k: walk(v) for k, v in value.items()}
+            return {k: walk(v, k) for k, v in value.items()}
         if isinstance(value, list | tuple):
-            return type(value)(walk(v) for v in value)
+            return type(value)(walk(v, key) for v in value)
         if isinstance(value, str) and re.fullmatch(r"(\d+[smhdw])+", value):
-            return Scaled(prometheus_duration(duration_seconds(value) * time_scale), value)
+            seconds = duration_seconds(value) * time_scale
+            if is_window(key):
+                seconds = max(seconds, min_window_s)
+            return Scaled(prometheus_duration(seconds), value)
         return value
     return walk(cfg)  # type: ignore[return-value]
 
@@ -86,9 +100,11 @@ def rule_files(rules_dir: pathlib.Path, areas: dict[str, list[dict]]) -> dict[pa
     return {rules_dir / f"{area}.yaml": HEADER + dump({"groups": groups}) for area, groups in areas.items()}
 
 
-def render_scaled(out: pathlib.Path, time_scale: float, cfg: dict = CONFIG) -> dict[pathlib.Path, str]:
-    """rules/<area>.yaml and alertmanager.yml under `out`, from `cfg` with durations scaled."""
-    scaled = scale_durations(cfg, time_scale)
+def render_scaled(out: pathlib.Path, time_scale: float, cfg: dict = CONFIG, *,
+                  min_window_s: float = 1.0) -> dict[pathlib.Path, str]:
+    """rules/<area>.yaml and alertmanager.yml under `out`, from `cfg` with durations scaled
+    (scale_durations)."""
+    scaled = scale_durations(cfg, time_scale, min_window_s=min_window_s)
     areas = build(scaled)
     files = rule_files(out / "rules", areas)
     files[out / "alertmanager.yml"] = HEADER + dump(alertmanager(areas, scaled))
