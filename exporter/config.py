@@ -82,6 +82,14 @@ class Config:
     rate_window_s: float | None = None
     gpu_spec: Mapping[str, float] | None = None
     target_gpus: Mapping[str, tuple[int, ...]] | None = None
+    gpus: tuple[str, ...] | None = None
+    gpu_dra_claim: str | None = None
+    pod_name: str | None = None
+    pod_namespace: str | None = None
+    engine_containers: tuple[str, ...] | None = None
+    exporter_container: str = "llm-exporter"
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    kubernetes_gpu_mapping: bool = False
     collector_engine: bool = True
     collector_probe: bool = True
     collector_host: bool = True
