@@ -272,3 +272,20 @@ def test_a_call_in_flight_is_never_started_twice_and_is_picked_up_later(sock: st
         assert asyncio.run(cycles()) == ["all", "all", "all", "pod_resources"]
         assert calls == ["b"]
         assert attribution.selection is not None and attribution.selection.ids == {UUIDS[3], UUIDS[5]}
+
+
+def test_grpc_is_loaded_only_when_the_kubelet_is_asked() -> None:
+    """The exporter's RSS without Kubernetes does not carry grpc (about 10 MB): importing every
+    module the run command loads, and resolving an attribution whose socket is missing, load none."""
+    import subprocess
+    import sys
+
+    code = ("import asyncio, sys\n"
+            "import exporter.cli, exporter.app, exporter.collectors\n"
+            "import exporter.sources.gpu.nvml, exporter.sources.gpu.sim\n"
+            "from exporter.sources.gpu.attribution import Attribution, AttributionOptions\n"
+            "a = Attribution(AttributionOptions(pod_name='a', pod_namespace='n', socket='/nonexistent/kubelet.sock'))\n"
+            "assert asyncio.run(a.current()).method == 'all'\n"
+            "print('grpc' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

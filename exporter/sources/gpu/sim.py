@@ -328,8 +328,12 @@ class SimGpuSource:
             try:
                 library = None if doc.get("nvml_error") is None else _code(doc["nvml_error"])
                 for g in doc["gpus"]:
-                    if self._selection is not None and not self._selection.wants(int(g["index"]), str(g["uuid"])):
-                        continue  # another engine's GPU: not read, not exported
+                    # Another engine's GPU: not read, not exported. A GPU that fails may have no UUID in
+                    # the document (NVML could not read it): chosen by index then, as NVML's unopened.
+                    selection = self._selection
+                    if selection is not None and selection.ids is not None and not selection.wants(
+                            int(g["index"]), str(g.get("uuid") or "")):
+                        continue
                     self._read_gpu(read, (pos, int(g["index"])), g, library, opening)
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise SourceError("parse", f"malformed twin GPU state{self._where(pos)}: {e!r}") from None
