@@ -138,7 +138,9 @@ def _gpu_sources(config: Config, built: Built) -> list[Source]:
         gpus=config.gpus, dra_claim=config.gpu_dra_claim, pod_name=config.pod_name,
         pod_namespace=config.pod_namespace, engine_containers=config.engine_containers,
         exporter_container=config.exporter_container, socket=config.pod_resources_socket,
-        mapping=config.kubernetes_gpu_mapping, in_kubernetes=bool(os.environ.get("KUBERNETES_SERVICE_HOST")))
+        mapping=config.kubernetes_gpu_mapping, in_kubernetes=bool(os.environ.get("KUBERNETES_SERVICE_HOST")),
+        # A slow kubelet delays the GPU series by at most a quarter of the cycle, never past it.
+        wait_s=min(0.5, config.interval_s / 4))
     return [AttributedGpuSource(inner, Attribution(options))]
 
 

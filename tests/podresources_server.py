@@ -32,7 +32,7 @@ from exporter.sources.podresources import (
     encode_list_response,
 )
 
-MODES = ("ok", "no_get", "huge", "malformed", "hang")
+MODES = ("ok", "no_get", "get_disabled", "huge", "malformed", "hang")
 
 
 def pods_from_json(data: Sequence[dict]) -> list[PodResources]:
@@ -71,8 +71,10 @@ class Kubelet:
         if self.mode == "malformed":
             return b"\x0a\x10\x0a\x03abc"  # a pod of 16 bytes, 5 sent
         if method == GET_METHOD:
-            if self.mode == "no_get":
+            if self.mode == "no_get":  # a kubelet before 1.27
                 context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method Get")
+            if self.mode == "get_disabled":  # KubeletPodResourcesGet off: the kubelet answers a plain error
+                context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
             want = decode_pod(request)  # GetPodResourcesRequest has PodResources' first two fields
             pod = next((p for p in self.pods if p.name == want.name and p.namespace == want.namespace), None)
             if pod is None:

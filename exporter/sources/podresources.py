@@ -364,11 +364,12 @@ class PodResourcesClient:
             try:
                 data = self._call(GET_METHOD, encode_get_request(pod_name, pod_namespace))
             except PodResourcesError as exc:
-                if exc.reason != "unimplemented":
-                    if exc.reason == "not_found":
-                        return None
-                    raise
-                self.get_supported = False  # an older kubelet, or the feature gate off: List from now on
+                if exc.reason not in ("unimplemented", "not_found", "error"):
+                    raise  # the kubelet is not answering: List would not either
+                # UNIMPLEMENTED: a kubelet before 1.27. The kubelet's own error (gRPC Unknown): "PodResources
+                # API Get method disabled" where KubeletPodResourcesGet is off (alpha in 1.27-1.29), or
+                # "pod ... not found". List answers all three: it is used from now on.
+                self.get_supported = False
             else:
                 self.get_supported = True
                 try:

@@ -208,6 +208,8 @@ class Attribution:
             if not task.done():
                 return
         self._inflight = None
+        if task.cancelled():  # its loop ended under it (a shutdown): asked again next cycle
+            return
         try:
             pods = task.result()
         except PodResourcesError as exc:
