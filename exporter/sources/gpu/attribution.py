@@ -86,6 +86,7 @@ class GpuSelection:
 
 
 EVERY_GPU = GpuSelection("all")
+_NO_OWNERS: Mapping[str, Owner] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,7 @@ class Attribution:
         self._log = StateLog(clock=clock)
         self.selection: GpuSelection | None = None
         self._inflight: asyncio.Future[tuple[PodResources, ...]] | None = None
+        self._owner_map: Mapping[str, Owner] = _NO_OWNERS
 
     # -- the cycle ----------------------------------------------------------------------------
 
@@ -173,8 +175,14 @@ class Attribution:
         return out
 
     def _owners(self) -> Mapping[str, Owner]:
+        """The holders from the last answer while it stands (the same object until the next answer,
+        so that OwnerLabels keeps what it remembered), else none."""
+        return self._owner_map if self._fresh() is not None else _NO_OWNERS
+
+    @staticmethod
+    def _owners_of(pods: tuple[PodResources, ...]) -> Mapping[str, Owner]:
         owners: dict[str, Owner] = {}
-        for pod in self._fresh() or ():
+        for pod in pods:
             for c in pod.containers:
                 for d in c.devices:
                     if not d.resource_name.startswith(GPU_RESOURCE_PREFIX):
@@ -219,6 +227,8 @@ class Attribution:
             k.delay = min(k.delay * 2, RETRY_MAX_S)
             self._state(exc.reason, exc.message)
             return
+        if self.options.mapping and pods != k.answer:
+            self._owner_map = self._owners_of(pods)
         k.answer, k.answered_at, k.up = pods, self._clock(), True
         k.next_at = k.answered_at + REFRESH_S
         k.delay = RETRY_MIN_S
@@ -308,21 +318,44 @@ class Attribution:
             self._client.close()
 
 
+MAX_LABEL_CACHE = 65536  # label sets remembered by OwnerLabels: a node's GPUs x their series, many times over
+
+
+class OwnerLabels:
+    """Adds `pod`, `namespace` and `container` of the GPU's holder to the GPU series (a GPU no pod
+    holds keeps its labels as they are). The labelled sets are remembered while the holders stay the
+    same, so a steady cycle costs a dictionary lookup per sample."""
+
+    def __init__(self) -> None:
+        self._owners: Mapping[str, Owner] | None = None
+        self._cache: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+
+    def apply(self, samples: tuple[Sample, ...], owners: Mapping[str, Owner]) -> tuple[Sample, ...]:
+        if not owners:
+            return samples
+        if owners is not self._owners:
+            self._owners, self._cache = owners, {}
+        cache = self._cache
+        out = []
+        for s in samples:
+            if not s.name.startswith("llm_gpu_"):
+                out.append(s)
+                continue
+            labels = cache.get(s.labels)
+            if labels is None:
+                uuid = next((v for k, v in s.labels if k == "uuid"), "")
+                owner = owners.get(uuid) if uuid else None
+                labels = s.labels if owner is None else make_labels(s.labels + (
+                    ("pod", owner.pod), ("namespace", owner.namespace), ("container", owner.container)))
+                if len(cache) < MAX_LABEL_CACHE:
+                    cache[s.labels] = labels
+            out.append(s if labels is s.labels else Sample(s.name, labels, s.value))
+        return tuple(out)
+
+
 def label_owners(samples: tuple[Sample, ...], owners: Mapping[str, Owner]) -> tuple[Sample, ...]:
-    """The GPU series with `pod`, `namespace` and `container` of the GPU's holder added (a GPU no pod
-    holds keeps its labels as they are)."""
-    if not owners:
-        return samples
-    out = []
-    for s in samples:
-        uuid = dict(s.labels).get("uuid") if s.name.startswith("llm_gpu_") else None
-        owner = owners.get(uuid) if uuid else None
-        if owner is None:
-            out.append(s)
-        else:
-            out.append(Sample(s.name, make_labels(s.labels + (("pod", owner.pod), ("namespace", owner.namespace),
-                                                              ("container", owner.container))), s.value))
-    return tuple(out)
+    """OwnerLabels.apply once, remembering nothing."""
+    return OwnerLabels().apply(samples, owners)
 
 
 class AttributedGpuSource:
@@ -337,12 +370,13 @@ class AttributedGpuSource:
         self.name = inner.name
         self.kind = inner.kind
         self.timeout_s = inner.timeout_s
+        self._owner_labels = OwnerLabels()
 
     async def collect(self) -> SourceData:
         selection = await self.attribution.current()
         self.inner.select(selection)
         data = await self.inner.collect()
-        samples = label_owners(data.samples, selection.owners)
+        samples = self._owner_labels.apply(data.samples, selection.owners)
         return SourceData(samples + tuple(self.attribution.samples()),
                           {**data.attrs, "attribution": selection.method})
 
