@@ -130,6 +130,14 @@ def test_explicit_gpus_no_kubelet_and_the_daemonset_mapping(node, dirs) -> None:
                    "--pod-resources-socket", sock) as (base, _, _):
         _settled(lambda: _method(base) == "explicit" and _gpus(base) == {uuids[2], uuids[7]}, "explicit --gpus")
         assert _value(base, "llm_exporter_pod_resources_up") is None  # the kubelet is not asked
+    # A DRA claim shared with the engine: the driver injected only the claimed GPUs, so every GPU the
+    # container sees is watched (here the twin's 8), and the kubelet is not asked.
+    with _exporter(twin, "--gpu-dra-claim", "engine-gpus", "--pod-name", "a", "--pod-namespace", "ns1",
+                   "--pod-resources-socket", sock) as (base, _, stderr):
+        _settled(lambda: _method(base) == "dra" and _gpus(base) == set(uuids), "dra")
+        assert _value(base, "llm_exporter_pod_resources_up") is None
+        stderr.seek(0)
+        assert "GPU attribution: dra (DRA claim engine-gpus" in stderr.read().decode()
     # Nothing answers (no socket): every GPU, and a warning saying why that is wrong on a shared node.
     with _exporter(twin, "--pod-name", "a", "--pod-namespace", "ns1", "--pod-resources-socket", sock) \
             as (base, _, stderr):
