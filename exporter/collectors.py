@@ -135,7 +135,8 @@ def _gpu_sources(config: Config, built: Built) -> list[Source]:
 
     # Which GPUs are the engine's (explicit, DRA, the kubelet's pod-resources, or all): docs/gpu.md.
     options = AttributionOptions(
-        gpus=config.gpus, dra_claim=config.gpu_dra_claim, pod_name=config.pod_name,
+        gpus=config.gpus, dra_claim=config.gpu_dra_claim, dra_metadata_dir=config.gpu_dra_metadata_dir,
+        pod_name=config.pod_name,
         pod_namespace=config.pod_namespace, engine_containers=config.engine_containers,
         exporter_container=config.exporter_container, socket=config.pod_resources_socket,
         mapping=config.kubernetes_gpu_mapping, in_kubernetes=bool(os.environ.get("KUBERNETES_SERVICE_HOST")),

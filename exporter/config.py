@@ -84,6 +84,7 @@ class Config:
     target_gpus: Mapping[str, tuple[int, ...]] | None = None
     gpus: tuple[str, ...] | None = None
     gpu_dra_claim: str | None = None
+    gpu_dra_metadata_dir: str = "/var/run/dra-device-attributes"
     pod_name: str | None = None
     pod_namespace: str | None = None
     engine_containers: tuple[str, ...] | None = None

@@ -489,7 +489,8 @@ COLLECTORS: tuple[CollectorSpec, ...] = (
                       "host_backend", "proc_root", "sys_root", "engine_port", "engine_pidfile",
                       "engine_process_name", "engine_network_devices", "network_exclude", "sim_url")),
     CollectorSpec("gpu", True, "GPU telemetry (llm_gpu_*) from NVML, or the twin's",
-                  ("gpu_backend", "gpu_retry_interval_s", "sim_url", "gpus", "gpu_dra_claim", "pod_name",
+                  ("gpu_backend", "gpu_retry_interval_s", "sim_url", "gpus", "gpu_dra_claim", "gpu_dra_metadata_dir",
+                   "pod_name",
                    "pod_namespace", "engine_containers", "exporter_container", "pod_resources_socket",
                    "kubernetes_gpu_mapping")),
 )
@@ -611,6 +612,10 @@ SETTINGS: tuple[Setting, ...] = (
             "the DRA ResourceClaim (resource.k8s.io) the engine and this exporter share: the DRA driver injects "
             "only the claimed GPUs into both containers, so every GPU NVML shows is the engine's",
             flag="--gpu-dra-claim", metavar="NAME"),
+    Setting("gpu_dra_metadata_dir", Text(), "str", "/var/run/dra-device-attributes",
+            "where DRA device metadata (KEP-5304) appears in this container: with gpu_dra_claim, the UUIDs in "
+            "<dir>/<claim>/<request>/<driver>-metadata.json are the GPUs watched (default "
+            "/var/run/dra-device-attributes)"),
     Setting("pod_name", Text(), "str | None", None,
             "this pod's name (downward API metadata.name), to ask the kubelet's pod-resources API for the "
             "engine's GPUs", flag="--pod-name"),

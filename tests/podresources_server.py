@@ -54,6 +54,19 @@ def node_of_eight(uuids: Sequence[str]) -> list[dict]:
     ]
 
 
+def dra_metadata(root: str, claim: str, request: str, driver: str, uuids: list[str]) -> None:
+    """A KEP-5304 DeviceMetadata file, as the DRA framework writes it (the KEP's example's shape)."""
+    os.makedirs(os.path.join(root, claim, request), exist_ok=True)
+    doc = {"apiVersion": "metadata.resource.k8s.io/v1alpha1", "kind": "DeviceMetadata",
+           "metadata": {"name": claim, "namespace": "ns1", "uid": "u", "generation": 1},
+           "requests": [{"name": request, "devices": [
+               {"name": f"gpu-{i}", "driver": driver, "pool": "node-1", "attributes": {
+                   "index": {"int": i}, "uuid": {"string": u}, "productName": {"string": "H100"}}}
+               for i, u in enumerate(uuids)]}]}
+    with open(os.path.join(root, claim, request, f"{driver}-metadata.json"), "w") as f:
+        json.dump(doc, f)
+
+
 @dataclass
 class Kubelet:
     pods: list[PodResources]

@@ -33,7 +33,7 @@ from exporter.sources.podresources import (
     encode_get_response,
     encode_list_response,
 )
-from tests.podresources_server import node_of_eight, pods_from_json, serving
+from tests.podresources_server import dra_metadata, node_of_eight, pods_from_json, serving
 
 UUIDS = [f"GPU-{i:08x}-0000-4000-8000-{i:012x}" for i in range(8)]
 PODS = pods_from_json(node_of_eight(UUIDS))
@@ -297,3 +297,22 @@ def test_grpc_is_loaded_only_when_the_kubelet_is_asked() -> None:
             "print('grpc' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_dra_device_metadata_names_the_claims_gpus_and_a_bad_file_is_skipped(caplog) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        dra_metadata(root, "engine-gpus", "gpus", "gpu.nvidia.com", [UUIDS[1].lower(), UUIDS[6]])
+        with open(os.path.join(root, "engine-gpus", "gpus", "other.example-metadata.json"), "w") as f:
+            f.write('{"kind": "DeviceMetadata", "requests": [{"devices": ')  # cut short
+        os.makedirs(os.path.join(root, "engine-gpus", "deep"))
+        with open(os.path.join(root, "engine-gpus", "deep", "x-metadata.json"), "w") as f:
+            f.write("[" * 1000 + "]" * 1000)  # nested past jsonsafe's bound
+        caplog.set_level(logging.WARNING, "llm_exporter.gpu.attribution")
+        claimed = Attribution(_opts(dra_claim="engine-gpus", dra_metadata_dir=root))
+        selection, _ = _run(claimed)
+        assert selection.method == "dra" and selection.ids == {UUIDS[1].lower(), UUIDS[6]}
+        assert selection.wants(1, UUIDS[1]) and selection.wants(6, UUIDS[6]) and not selection.wants(0, UUIDS[0])
+        unreadable = [r.getMessage() for r in caplog.records if "DRA device metadata" in r.getMessage()]
+        assert len(unreadable) == 2 and all("not used" in m for m in unreadable)
+        other = Attribution(_opts(dra_claim="another-claim", dra_metadata_dir=root))
+        assert _run(other)[0].ids is None  # no metadata for it: every GPU the container sees

@@ -6,11 +6,11 @@ eight times. The selection comes from the first of these that answers, and the e
 one it used (`llm_exporter_gpu_attribution{method}` and one log line at start and on each change):
 
 1. `explicit`: --gpus UUID|INDEX,... (the user said so);
-2. `dra`: --gpu-dra-claim names a DRA ResourceClaim shared by the engine and the exporter. The DRA
-   driver (NVIDIA's k8s-dra-driver-gpu) injects only the claimed devices into each container that
-   names the claim (CDI), so NVML in this container shows exactly the engine's GPUs: every GPU it
-   shows is watched. (DRA device metadata files, KEP-5304, are not read: the assumption is the CDI
-   injection, which holds for every claim the NVIDIA driver prepares.)
+2. `dra`: --gpu-dra-claim names a DRA ResourceClaim shared by the engine and the exporter. Where the
+   claim's device metadata is mounted (KEP-5304: DRA_METADATA_DIR/<claim>/<request>/<driver>-metadata.json,
+   alpha in 1.36), the UUIDs it lists are watched; else every GPU NVML shows, since the DRA driver
+   (NVIDIA's gpu.nvidia.com) injects only the claimed devices into each container that names the
+   claim (CDI).
 3. `pod_resources`: --pod-name and --pod-namespace (downward API) are set and the kubelet's
    pod-resources API answers for this pod: the device IDs of every `nvidia.com/*` resource (GPUs
    and MIG instances; the NVIDIA device plugin's IDs are their UUIDs) held by the engine's
@@ -39,7 +39,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from exporter import jsonsafe
 from exporter.logstate import StateLog, quote_names
+from exporter.safefile import read_regular_file
 from exporter.snapshot import Sample, make_labels
 from exporter.sources.base import SourceData
 from exporter.sources.podresources import (
@@ -63,6 +65,12 @@ RETRY_MIN_S = 1.0
 RETRY_MAX_S = 30.0
 MAX_OWNED_GPUS = 4096  # GPUs one List may attribute (a node has a few dozen with MIG instances)
 OWNER_LABELS = ("pod", "namespace", "container")
+DRA_METADATA_DIR = "/var/run/dra-device-attributes"
+"""Where DRA device metadata appears in a container (KEP-5304, alpha in Kubernetes 1.36, a DRA driver
+started with its metadata flag): `<claim>/<request>/<driver>-metadata.json`, each device with its
+ResourceSlice attributes, among them NVIDIA's `uuid`."""
+MAX_DRA_FILES = 64  # metadata files read for one claim (one per request and driver)
+MAX_DRA_FILE_BYTES = 1 << 20  # a file lists a request's devices and their attributes: a few KB
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +89,17 @@ class GpuSelection:
     ids: frozenset[str] | None = None
     owners: Mapping[str, Owner] = field(default_factory=lambda: MappingProxyType({}))
 
+    matched: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
+    """`ids` in lower case, what `wants` compares: a UUID's hex digits in either case (DRA's metadata
+    may write `gpu-...`, NVML writes `GPU-...`)."""
+
+    def __post_init__(self) -> None:
+        if self.ids is not None:
+            object.__setattr__(self, "matched", frozenset(i.lower() for i in self.ids))
+
     def wants(self, index: int, uuid: str) -> bool:
-        return self.ids is None or (bool(uuid) and uuid in self.ids) or str(index) in self.ids
+        matched = self.matched
+        return matched is None or (bool(uuid) and uuid.lower() in matched) or str(index) in matched
 
 
 EVERY_GPU = GpuSelection("all")
@@ -99,6 +116,7 @@ class AttributionOptions:
     exporter_container: str = "llm-exporter"
     socket: str = DEFAULT_SOCKET
     mapping: bool = False  # DaemonSet mode
+    dra_metadata_dir: str = DRA_METADATA_DIR
     timeout_s: float = 2.0  # each kubelet call's deadline
     wait_s: float = 0.5  # how long a cycle waits for a call in flight before using the last answer
     in_kubernetes: bool = False  # KUBERNETES_SERVICE_HOST is set: falling back to every GPU is warned
@@ -134,6 +152,7 @@ class Attribution:
         self.selection: GpuSelection | None = None
         self._inflight: asyncio.Future[tuple[PodResources, ...]] | None = None
         self._owner_map: Mapping[str, Owner] = _NO_OWNERS
+        self._dra: tuple[frozenset[str] | None] | None = None  # the DRA metadata's UUIDs, once read
 
     # -- the cycle ----------------------------------------------------------------------------
 
@@ -141,6 +160,8 @@ class Attribution:
         o = self.options
         if o.asks_kubelet:
             await self._refresh()
+        if o.dra_claim and not o.gpus and self._dra is None:  # files on a mount: off the event loop, once
+            self._dra = (await asyncio.to_thread(self._read_dra_metadata),)
         selection = self._resolve()
         self._say(selection)
         self.selection = selection
@@ -154,13 +175,44 @@ class Attribution:
         if o.gpus:
             return GpuSelection("explicit", frozenset(o.gpus))
         if o.dra_claim:
-            return GpuSelection("dra")
+            return GpuSelection("dra", self._dra_uuids())
         pods = self._fresh()
         if pods is not None:
             pod = next((p for p in pods if p.name == o.pod_name and p.namespace == o.pod_namespace), None)
             if pod is not None:
                 return GpuSelection("pod_resources", frozenset(self._engine_gpus(pod)))
         return EVERY_GPU
+
+    def _dra_uuids(self) -> frozenset[str] | None:
+        """The claim's device UUIDs from its DRA device metadata where it is mounted (read once, by
+        `current`: a claim's devices do not change while the pod lives), else None: every GPU NVML
+        shows, which the driver's CDI injection limited to the claim's."""
+        return self._dra[0] if self._dra is not None else None
+
+    def _read_dra_metadata(self) -> frozenset[str] | None:
+        o = self.options
+        assert o.dra_claim
+        claim_dir = os.path.join(o.dra_metadata_dir, o.dra_claim)
+        try:
+            requests = sorted(os.listdir(claim_dir))[:MAX_DRA_FILES]
+        except OSError:
+            return None  # not mounted: the usual case before KEP-5304, or a driver without metadata
+        uuids: set[str] = set()
+        files = 0
+        for request in requests:
+            try:
+                names = sorted(n for n in os.listdir(os.path.join(claim_dir, request)) if n.endswith("-metadata.json"))
+            except OSError:
+                continue
+            for name in names[:MAX_DRA_FILES - files]:
+                files += 1
+                path = os.path.join(claim_dir, request, name)
+                try:
+                    doc = jsonsafe.loads(read_regular_file(path, MAX_DRA_FILE_BYTES))
+                    uuids.update(_metadata_uuids(doc))
+                except (OSError, ValueError, TypeError, AttributeError) as exc:
+                    LOG.warning("DRA device metadata %s unreadable, not used: %s", path, str(exc)[:200])
+        return frozenset(uuids) if uuids else None
 
     def _engine_gpus(self, pod: PodResources) -> list[str]:
         o = self.options
@@ -287,8 +339,10 @@ class Attribution:
                 LOG.info("GPU attribution: pod_resources (DaemonSet mode): %d GPUs held by pods%s",
                          len(selection.owners), suffix)
             else:
-                shown = quote_names(sorted(selection.ids)) if selection.ids else "none"
-                source = {"explicit": "--gpus", "dra": f"DRA claim {o.dra_claim}: every GPU NVML shows",
+                shown = quote_names(sorted(selection.ids)) if selection.ids else (
+                    "none" if selection.ids is not None else "all")
+                dra = "its device metadata" if selection.ids is not None else "every GPU NVML shows"
+                source = {"explicit": "--gpus", "dra": f"DRA claim {o.dra_claim}: {dra}",
                           "pod_resources": f"pod {o.pod_namespace}/{o.pod_name}"}[selection.method]
                 LOG.info("GPU attribution: %s (%s): %s%s", selection.method, source, shown, suffix)
 
@@ -319,6 +373,20 @@ class Attribution:
 
 
 MAX_LABEL_CACHE = 65536  # label sets remembered by OwnerLabels: a node's GPUs x their series, many times over
+
+
+def _metadata_uuids(doc: Any) -> list[str]:
+    """The `uuid` attribute (`{"string": ...}`) of every device of every request of a KEP-5304
+    DeviceMetadata document; raises TypeError/AttributeError on another shape."""
+    if not isinstance(doc, dict) or doc.get("kind") != "DeviceMetadata":
+        raise TypeError("not a DeviceMetadata document")
+    out = []
+    for request in doc.get("requests") or ():
+        for device in request.get("devices") or ():
+            uuid = ((device.get("attributes") or {}).get("uuid") or {}).get("string")
+            if isinstance(uuid, str) and 0 < len(uuid) <= 128:
+                out.append(uuid)
+    return out[:MAX_OWNED_GPUS]
 
 
 class OwnerLabels:
