@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -114,20 +115,34 @@ def engine_port(config: Config) -> int | None:
 def _gpu_sources(config: Config, built: Built) -> list[Source]:
     if config.gpu_backend == "none":  # the older switch: off wins over --collector.gpu
         return []
+    inner: Source
     if config.gpu_backend == "sim":
         if not config.sim_url:
             raise ConfigError("gpu_backend", "sim", "needs sim_url (the twin's URL) outside `llm-exporter demo`")
         from exporter.sources.gpu.sim import SimGpuSource
 
-        return [SimGpuSource(config.sim_url, retry_interval_s=config.gpu_retry_interval_s)]
-    from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
+        inner = SimGpuSource(config.sim_url, retry_interval_s=config.gpu_retry_interval_s)
+    else:
+        from exporter.sources.gpu.nvml import NvmlOptions, NvmlSource
 
-    # Without an engine selector the host source finds no pids; NVML then sums all processes.
-    host = next(iter(built.get("host", ())), None)
-    selected = engine_port(config) or config.engine_pidfile or config.engine_process_name
-    engine_pids = getattr(host, "engine_pids", None) if selected else None
-    return [NvmlSource(NvmlOptions(required=config.gpu_backend == "nvml", engine_pids=engine_pids,
-                                   retry_interval_s=config.gpu_retry_interval_s))]
+        # Without an engine selector the host source finds no pids; NVML then sums all processes.
+        host = next(iter(built.get("host", ())), None)
+        selected = engine_port(config) or config.engine_pidfile or config.engine_process_name
+        engine_pids = getattr(host, "engine_pids", None) if selected else None
+        inner = NvmlSource(NvmlOptions(required=config.gpu_backend == "nvml", engine_pids=engine_pids,
+                                       retry_interval_s=config.gpu_retry_interval_s))
+    from exporter.sources.gpu.attribution import AttributedGpuSource, Attribution, AttributionOptions
+
+    # Which GPUs are the engine's (explicit, DRA, the kubelet's pod-resources, or all): docs/gpu.md.
+    options = AttributionOptions(
+        gpus=config.gpus, dra_claim=config.gpu_dra_claim, dra_metadata_dir=config.gpu_dra_metadata_dir,
+        pod_name=config.pod_name,
+        pod_namespace=config.pod_namespace, engine_containers=config.engine_containers,
+        exporter_container=config.exporter_container, socket=config.pod_resources_socket,
+        mapping=config.kubernetes_gpu_mapping, in_kubernetes=bool(os.environ.get("KUBERNETES_SERVICE_HOST")),
+        # A slow kubelet delays the GPU series by at most a quarter of the cycle, never past it.
+        wait_s=min(0.5, config.interval_s / 4))
+    return [AttributedGpuSource(inner, Attribution(options))]
 
 
 # --- the registry --------------------------------------------------------------------------------

@@ -82,6 +82,15 @@ class Config:
     rate_window_s: float | None = None
     gpu_spec: Mapping[str, float] | None = None
     target_gpus: Mapping[str, tuple[int, ...]] | None = None
+    gpus: tuple[str, ...] | None = None
+    gpu_dra_claim: str | None = None
+    gpu_dra_metadata_dir: str = "/var/run/dra-device-attributes"
+    pod_name: str | None = None
+    pod_namespace: str | None = None
+    engine_containers: tuple[str, ...] | None = None
+    exporter_container: str = "llm-exporter"
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    kubernetes_gpu_mapping: bool = False
     collector_engine: bool = True
     collector_probe: bool = True
     collector_host: bool = True
@@ -212,7 +221,22 @@ def build_config(settings: Mapping[str, Any], env: Mapping[str, str] | None = No
     values.setdefault("engine_timeout_s", min(DEFAULT_ENGINE_TIMEOUT_S, interval))
     values["engines"] = engine_targets(flat.get("engines"), values["engine_timeout_s"], env)
     values["probes"] = probe_targets(flat.get("probes"), values["engines"])
+    _check_target_gpus(values.get("gpus"), values.get("target_gpus"))
     return Config(**values)
+
+
+def _check_target_gpus(gpus: tuple[str, ...] | None, target_gpus: Mapping[str, tuple[int, ...]] | None) -> None:
+    """target_gpus names GPUs by NVML index (the `gpu` label); with --gpus given as indices only, an
+    index outside them is a GPU the source never reads: refused, rather than a target shown against
+    no GPU. (UUIDs in --gpus, or a kubelet's answer, are checked by no index here: docs/gpu.md.)"""
+    if not gpus or not target_gpus or not all(g.isdigit() for g in gpus):
+        return
+    watched = {int(g) for g in gpus}
+    for target, indices in target_gpus.items():
+        outside = sorted(set(indices) - watched)
+        if outside:
+            raise ConfigError(f"target_gpus.{target}", list(indices),
+                              f"GPU {', '.join(map(str, outside))} is not watched (gpus: {','.join(gpus)})")
 
 
 def load_config(flags: Mapping[str, Any], env: Mapping[str, str], config_path: str | None = None) -> Config:

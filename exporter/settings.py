@@ -36,6 +36,7 @@ DEFAULT_PROBE_TIMEOUT_S = 10.0
 MIN_PROBE_EVERY_S = 1.0
 DEFAULT_GPU_RETRY_S = 10.0
 MIN_GPU_RETRY_S = 1.0  # a re-initialisation opens every GPU again: tens of NVML calls per GPU
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"  # the kubelet's, on every node
 MAX_TARGET_GPUS = 1024  # GPU indices one target may list in target_gpus (a node has at most a few dozen)
 TARGET_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
 MAX_MODEL_NAME = 256
@@ -262,6 +263,35 @@ class NameList(_ValueType):
         return ", ".join(value) if isinstance(value, tuple) else str(value)
 
 
+MAX_GPU_IDS = 1024  # entries of --gpus (a node has at most a few dozen GPUs and MIG instances)
+# A GPU UUID as NVML prints it (GPU-<uuid>), a MIG instance's (MIG-<uuid>, or the older
+# MIG-GPU-<uuid>/<gi>/<ci>), or an NVML index.
+GPU_ID_RE = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]{1,80}|[0-9]{1,4}")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIds(_ValueType):
+    """GPUs by UUID (GPU-..., MIG-...) or NVML index: a YAML list or comma-separated text."""
+
+    def parse(self, value: object, name: str) -> tuple[str, ...]:
+        items = value.split(",") if isinstance(value, str) else value
+        if isinstance(items, int) and not isinstance(items, bool):
+            items = [str(items)]
+        if not isinstance(items, list | tuple) or not items or len(items) > MAX_GPU_IDS:
+            raise ConfigError(name, value, f"expected 1 to {MAX_GPU_IDS} GPU UUIDs (GPU-..., MIG-...) or indices")
+        out: list[str] = []
+        for item in items:
+            text = str(item).strip() if isinstance(item, str | int) and not isinstance(item, bool) else ""
+            if not GPU_ID_RE.fullmatch(text):
+                raise ConfigError(name, item, "expected a GPU UUID (GPU-..., MIG-...) or an NVML index")
+            if text not in out:
+                out.append(text)
+        return tuple(out)
+
+    def text(self, value: object) -> str:
+        return ",".join(value) if isinstance(value, tuple) else str(value)
+
+
 @dataclass(frozen=True, slots=True)
 class KvCacheDtype(_ValueType):
     """An engine's KV-cache dtype name (vLLM --kv-cache-dtype): fp8, bfloat16, auto..."""
@@ -459,7 +489,10 @@ COLLECTORS: tuple[CollectorSpec, ...] = (
                       "host_backend", "proc_root", "sys_root", "engine_port", "engine_pidfile",
                       "engine_process_name", "engine_network_devices", "network_exclude", "sim_url")),
     CollectorSpec("gpu", True, "GPU telemetry (llm_gpu_*) from NVML, or the twin's",
-                  ("gpu_backend", "gpu_retry_interval_s", "sim_url")),
+                  ("gpu_backend", "gpu_retry_interval_s", "sim_url", "gpus", "gpu_dra_claim", "gpu_dra_metadata_dir",
+                   "pod_name",
+                   "pod_namespace", "engine_containers", "exporter_container", "pod_resources_socket",
+                   "kubernetes_gpu_mapping")),
 )
 """Every collector, in the order its sources are built (the probe reads the engine targets' sources,
 the GPU source the host source's engine pids)."""
@@ -570,6 +603,37 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("target_gpus", TargetGpus(), "Mapping[str, tuple[int, ...]] | None", None,
             "which GPUs serve which target, {target: [GPU indices]}; default: slices of --tensor-parallel "
             "GPUs in target-name order; in a variable, a JSON object"),
+    # Which GPUs the GPU source watches (exporter/sources/gpu/attribution.py, docs/gpu.md "Which GPUs").
+    Setting("gpus", GpuIds(), "tuple[str, ...] | None", None,
+            "watch only these GPUs: UUIDs (GPU-..., MIG-...) or NVML indices, comma-separated; default: the "
+            "engine's GPUs from a DRA claim or the kubelet's pod-resources API, else every GPU NVML shows",
+            flag="--gpus", metavar="UUID|INDEX,..."),
+    Setting("gpu_dra_claim", Text(), "str | None", None,
+            "the DRA ResourceClaim (resource.k8s.io) the engine and this exporter share: the DRA driver injects "
+            "only the claimed GPUs into both containers, so every GPU NVML shows is the engine's",
+            flag="--gpu-dra-claim", metavar="NAME"),
+    Setting("gpu_dra_metadata_dir", Text(), "str", "/var/run/dra-device-attributes",
+            "where DRA device metadata (KEP-5304) appears in this container: with gpu_dra_claim, the UUIDs in "
+            "<dir>/<claim>/<request>/<driver>-metadata.json are the GPUs watched (default "
+            "/var/run/dra-device-attributes)"),
+    Setting("pod_name", Text(), "str | None", None,
+            "this pod's name (downward API metadata.name), to ask the kubelet's pod-resources API for the "
+            "engine's GPUs", flag="--pod-name"),
+    Setting("pod_namespace", Text(), "str | None", None,
+            "this pod's namespace (downward API metadata.namespace)", flag="--pod-namespace"),
+    Setting("engine_containers", NameList(), "tuple[str, ...] | None", None,
+            "the pod's containers whose GPUs are the engine's (names or globs); default: every container "
+            "but the exporter's own (exporter_container)"),
+    Setting("exporter_container", Text(), "str", "llm-exporter",
+            "this exporter's container name in its pod, left out of the engine's containers (default "
+            "llm-exporter)"),
+    Setting("pod_resources_socket", Text(), "str", POD_RESOURCES_SOCKET,
+            f"the kubelet's pod-resources socket (default {POD_RESOURCES_SOCKET})",
+            flag="--pod-resources-socket", metavar="PATH"),
+    Setting("kubernetes_gpu_mapping", Boolean(), "bool", False,
+            "DaemonSet mode: label every GPU with the pod, namespace and container that hold it, from the "
+            "kubelet's pod-resources List (default off)", flag="--kubernetes-gpu-mapping",
+            flag_action="switch"),
     *(_switch(c) for c in COLLECTORS),
 )
 

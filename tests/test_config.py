@@ -297,6 +297,14 @@ def test_derive_settings_are_typed_validated_fields(tmp_path):
     ({"engine_network_devices": ["x" * 65]}, "engine_network_devices"),
     ({"network_exclude": [f"eth{i}" for i in range(65)]}, "network_exclude"),
     ({"network_exclude": [1]}, "network_exclude"),
+    ({"gpus": ","}, "gpus"),
+    ({"gpus": "GPU-1,../etc"}, "gpus"),
+    ({"gpus": [True]}, "gpus"),
+    ({"gpus": "GPU-" + "a" * 81}, "gpus"),
+    ({"gpus": [str(i) for i in range(1025)]}, "gpus"),
+    ({"gpus": "0,1", "target_gpus": {"a": [1, 2]}}, "target_gpus.a"),
+    ({"kubernetes_gpu_mapping": "maybe"}, "kubernetes_gpu_mapping"),
+    ({"engine_containers": ["a b"]}, "engine_containers"),
 ])
 def test_bad_derive_and_size_settings_name_the_field(settings, field):
     with pytest.raises(ConfigError) as caught:
@@ -378,3 +386,16 @@ def test_engine_model_option_bounded_and_printable():
     # A probe's own model= (the request's model field) is not taken for the target option.
     config = load_config({"engines": ["http://e:1/metrics,name=e"], "probes": ["http://e:1,target=e,model=m"]}, {})
     assert config.probes[0].model == "m"
+
+
+def test_gpu_attribution_settings_from_flags_env_and_yaml():
+    config = load_config({"gpus": "GPU-8f0c,MIG-2b1e,3"}, {"LLM_EXPORTER_POD_NAME": "vllm-0",
+                                                         "LLM_EXPORTER_POD_NAMESPACE": "serving",
+                                                         "LLM_EXPORTER_ENGINE_CONTAINERS": "vllm,prefill-*"})
+    assert config.gpus == ("GPU-8f0c", "MIG-2b1e", "3")
+    assert (config.pod_name, config.pod_namespace) == ("vllm-0", "serving")
+    assert config.engine_containers == ("vllm", "prefill-*") and config.exporter_container == "llm-exporter"
+    assert config.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert config.kubernetes_gpu_mapping is False and config.gpu_dra_claim is None
+    assert build_config({"gpus": [0, 1], "target_gpus": {"a": [1]}, "kubernetes_gpu_mapping": True}, {}).gpus == (
+        "0", "1")

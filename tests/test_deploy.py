@@ -490,9 +490,20 @@ def test_exporter_containers_are_hardened_probed_and_sized():
         exporter = next(c for c in pod["containers"] if c["name"] == "llm-exporter")
         seen += 1
         sc = exporter["securityContext"]
-        assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True, where
+        assert sc["readOnlyRootFilesystem"] is True, where
         assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], where
-        assert sc["runAsUser"] != 0, where
+        assert "add" not in sc["capabilities"], where
+        if doc["kind"] == "DaemonSet":
+            # The one exception: the kubelet's pod-resources socket is root's only (connecting needs write
+            # permission on it), so the DaemonSet that maps GPUs to pods runs as uid 0, without any
+            # capability, and only while it mounts that socket and nothing else writable.
+            mounts = {m["mountPath"]: m for m in exporter["volumeMounts"]}
+            assert mounts["/var/lib/kubelet/pod-resources"]["readOnly"] is True, where
+            assert all(m.get("readOnly") is True for m in mounts.values()), where
+            assert {"name": "LLM_EXPORTER_KUBERNETES_GPU_MAPPING", "value": "true"} in exporter["env"], where
+            assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False, where
+        else:
+            assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0, where
         assert exporter["livenessProbe"]["httpGet"]["path"] == "/healthz", where
         assert exporter["readinessProbe"]["httpGet"]["path"] == "/readyz", where
         resources = exporter["resources"]

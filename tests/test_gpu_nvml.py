@@ -1096,3 +1096,31 @@ def test_real_nvml() -> None:
     if out_dir:  # a device run saves what it saw, for a captured golden file
         with open(os.path.join(out_dir, "real_nvml.metrics"), "w") as fh:
             fh.write(text)
+
+
+# -- which GPUs (exporter/sources/gpu/attribution.py) ---------------------------------------------
+
+def test_a_selection_reads_only_the_engines_gpus_and_a_new_one_takes_effect_next_cycle() -> None:
+    """The sidecar of an engine on GPUs 1 and 3 of a 4-GPU node: the others are never read (half the
+    per-GPU calls of the whole node) and export nothing; by UUID or by NVML index alike."""
+    from exporter.sources.gpu.attribution import GpuSelection
+
+    fake = FakeNvml(["h100", "a100", "h100", "a100"], "busy")
+    whole = make_source(fake, xid_events=False)
+    uuids = two_cycles(fake, whole).attrs["uuids"].split(",")
+    every = _calls_per_cycle(fake, whole)
+    close(whole)
+    source = make_source(fake, xid_events=False)
+    source.select(GpuSelection("pod_resources", frozenset({uuids[1], "3"})))
+    data = two_cycles(fake, source)
+    assert {s.label("uuid") for s in data.samples if s.name == "llm_gpu_up"} == {uuids[1], uuids[3]}
+    assert {s.label("gpu") for s in data.samples} == {"1", "3"}
+    assert data.attrs["gpus"] == "2" and data.attrs["uuids"] == f"{uuids[1]},{uuids[3]}"
+    watched = _calls_per_cycle(fake, source)
+    assert watched["nvmlDeviceGetMemoryInfo"] == every["nvmlDeviceGetMemoryInfo"] / 2 == 2.0
+    source.select(GpuSelection("pod_resources", frozenset()))  # a pod that holds no GPU
+    data = collect(source)
+    assert not data.samples and data.attrs["gpus"] == "0"
+    source.select(None)
+    assert {s.label("gpu") for s in collect(source).samples if s.name == "llm_gpu_up"} == {"0", "1", "2", "3"}
+    close(source)

@@ -152,7 +152,7 @@ def test_config_does_not_reach_into_sources():
 
 # Import name -> the distribution in pyproject's `dependencies` that provides it.
 RUNTIME_IMPORTS = {"h11": "h11", "yaml": "pyyaml", "prometheus_client": "prometheus-client",
-                   "pynvml": "nvidia-ml-py", "bcrypt": "bcrypt", "certifi": "certifi"}
+                   "pynvml": "nvidia-ml-py", "bcrypt": "bcrypt", "certifi": "certifi", "grpc": "grpcio"}
 
 
 def test_the_package_imports_only_the_standard_library_and_its_declared_dependencies():

@@ -1,6 +1,8 @@
 """GPU families: read through NVML (exporter/sources/gpu/nvml.py) or simulated (sim.py).
 
-Every per-GPU series carries `gpu` (NVML index), `uuid` and `name`. Units are base units; NVML's
+Every per-GPU series carries `gpu` (NVML index), `uuid` and `name`; in DaemonSet mode
+(--kubernetes-gpu-mapping) a GPU that a pod holds also `pod`, `namespace` and `container`
+(exporter/sources/gpu/attribution.py). Units are base units; NVML's
 mW, mJ, MHz, KiB and MiB/s are converted at the source. A field the GPU does not support is
 omitted for that GPU, never exported as 0 or NaN.
 """

@@ -56,8 +56,23 @@ FAMILIES = (
     family("llm_exporter_log_lines_suppressed_total", "counter", "lines",
            "State-change log lines of the source held back by the rate limit (3 lines per kind of line and "
            "target a minute; the next line written says how many), by reason: unaccounted_families, "
-           "series_dropped, role_conflict; every source: source_state (its failing and recovered lines).",
+           "series_dropped, role_conflict; gpu: pod_resources (the kubelet answering or not), gpu_attribution (the "
+           "GPUs watched changing); every source: source_state (its failing and recovered lines).",
            ("source", "reason"), "self"),
+    family("llm_exporter_gpu_attribution", "gauge", "bool",
+           "1 for the way the GPU source chose the GPUs it watches, 0 for the others: explicit (--gpus), dra (a "
+           "DRA ResourceClaim shared with the engine: every GPU NVML shows), pod_resources (the engine "
+           "containers' nvidia.com/* devices from the kubelet's pod-resources API; in DaemonSet mode, "
+           "--kubernetes-gpu-mapping, every GPU labelled with the pod, namespace and container holding it), "
+           "all (nothing answered: every GPU NVML shows, which on a shared node includes other pods' GPUs). "
+           "docs/gpu.md, \"Which GPUs\".", ("method",), "self"),
+    family("llm_exporter_pod_resources_up", "gauge", "bool",
+           "1 when the kubelet's pod-resources API answered the last call, 0 when it did not (its last answer is "
+           "then used for up to 5 minutes); absent when the exporter does not ask it.", (), "self"),
+    family("llm_exporter_pod_resources_errors_total", "counter", "errors",
+           "Calls to the kubelet's pod-resources API that did not answer, by reason: socket_missing, "
+           "unavailable, deadline, too_large (over 4 MiB), malformed, not_found (the kubelet does not know "
+           "this pod), unimplemented, error.", ("reason",), "self"),
     family("llm_exporter_engine_families", "gauge", "families",
            "Native metric families on the target's last page, by what the engine table says of them: "
            "mapped (feeds an llm_* family), ignored (left out on purpose, docs/engines.md says why) or "

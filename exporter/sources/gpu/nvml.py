@@ -38,6 +38,7 @@ from exporter.sources.gpu._errors import (
     error_code,
 )
 from exporter.sources.gpu._xid import XidWatcher
+from exporter.sources.gpu.attribution import GpuSelection
 
 MAX_XID_CODES_PER_GPU = 32
 # Reasons NVML may be unusable at start; in auto mode these mean "no NVIDIA GPU here".
@@ -142,6 +143,19 @@ class NvmlSource:
         self._retry_delay = self._options.retry_interval_s
         self._last_failure: _InitFailure | None = None
         self.inits = 0  # successful NVML initialisations, for tests and the status page
+        self._selection: GpuSelection | None = None  # None: every GPU NVML shows (attribution.py)
+
+    def select(self, selection: GpuSelection | None) -> None:
+        """Read only the GPUs `selection` wants from the next cycle on: the others are opened with
+        the generation (a handle costs nothing) but never read, and export nothing."""
+        if selection != self._selection:
+            self._selection = selection
+            gen = self._gen
+            if gen is not None:
+                gen.identity_attrs = None  # the attrs list the watched GPUs: join them again
+
+    def _wants(self, ident: GpuIdentity) -> bool:
+        return self._selection is None or self._selection.wants(ident.index, ident.uuid)
 
     async def collect(self) -> SourceData:
         return await asyncio.to_thread(self._collect_sync)
@@ -194,7 +208,7 @@ class NvmlSource:
             raise SourceError(failure.state, failure.message)
         self._once.log(logging.INFO if normal else logging.WARNING, ("init", failure.state),
                        "GPU source: %s%s", failure.message, "; no GPU series" if normal else "")
-        idents = [self._known[i] for i in sorted(self._known)]
+        idents = [self._known[i] for i in sorted(self._known) if self._wants(self._known[i])]
         samples = [Sample("llm_gpu_up", ident.labels(), 0.0) for ident in idents]
         for ident in idents:
             samples.extend(self._xid_samples(ident, ident.labels()))
@@ -204,8 +218,10 @@ class NvmlSource:
     def _read(self, gen: _Generation, now: float) -> SourceData:
         pids, want_engine = self._engine_pids()
         samples: list[Sample] = []
-        lost: list[GpuIdentity] = list(gen.unopened)
+        lost: list[GpuIdentity] = [i for i in gen.unopened if self._wants(i)]
         for dev in gen.devices:
+            if not self._wants(dev.ident):
+                continue
             if not dev.lost:
                 try:
                     samples.extend(self._reader.read(dev, now, pids, want_engine))
@@ -220,6 +236,8 @@ class NvmlSource:
                 samples.append(Sample("llm_gpu_up", dev.labels, 0.0))
             samples.extend(self._xid_samples(dev.ident, dev.labels))
         for ident in gen.unopened:
+            if not self._wants(ident):
+                continue
             samples.append(Sample("llm_gpu_up", ident.labels(), 0.0))
             samples.extend(self._xid_samples(ident, ident.labels()))
         if lost and not gen.needs_reinit:
@@ -260,17 +278,20 @@ class NvmlSource:
             "driver_version": gen.driver_version,
             "cuda_version": gen.cuda_version,
             "mig": mig,
-            "gpm": ",".join("1" if d.gpm is not None else "0" for d in gen.devices),  # GPM may fall away
+            # GPM may fall away
+            "gpm": ",".join("1" if d.gpm is not None else "0" for d in gen.devices if self._wants(d.ident)),
         }
 
-    @staticmethod
-    def _identity_attrs(gen: _Generation) -> IdentityAttrs:
-        """gpus, names, uuids, pci_bus_ids and mig attrs: fixed for a generation, so joined once."""
+    def _identity_attrs(self, gen: _Generation) -> IdentityAttrs:
+        """gpus, names, uuids, pci_bus_ids and mig attrs of the watched GPUs: fixed for a generation
+        and a selection, so joined once."""
         if gen.identity_attrs is None:
-            idents = sorted([d.ident for d in gen.devices] + gen.unopened, key=lambda i: i.index)
+            devices = [d for d in gen.devices if self._wants(d.ident)]
+            idents = sorted([d.ident for d in devices] + [i for i in gen.unopened if self._wants(i)],
+                            key=lambda i: i.index)
             gen.identity_attrs = IdentityAttrs(str(len(idents)), ",".join(i.name for i in idents),
                                   ",".join(i.uuid for i in idents), ",".join(i.pci_bus_id for i in idents),
-                                  ",".join(d.mig_mode for d in gen.devices))
+                                  ",".join(d.mig_mode for d in devices))
         return gen.identity_attrs
 
     def _schedule_retry(self, now: float) -> None:

@@ -42,6 +42,7 @@ from exporter.sources.gpu._errors import (
     Kind,
     classify_code,
 )
+from exporter.sources.gpu.attribution import GpuSelection
 
 SIM_DRIVER_VERSION = "sim"
 # A /sim/gpu document is about 1.5 KB per GPU; this holds hundreds and bounds a wrong URL's page.
@@ -261,6 +262,11 @@ class SimGpuSource:
         self._absent: dict[tuple[int, int], set[str]] = {}
         self._known: dict[tuple[int, int], _Known] = {}
         self.inits = 0  # successful (simulated) NVML initialisations, for tests
+        self._selection: GpuSelection | None = None  # None: every GPU (attribution.py)
+
+    def select(self, selection: GpuSelection | None) -> None:
+        """Watch only the GPUs `selection` wants from the next collection on (as the NVML source)."""
+        self._selection = selection
 
     async def _fetch(self, url: str) -> Mapping[str, Any]:
         endpoint = url.rstrip("/") + "/sim/gpu"
@@ -322,6 +328,12 @@ class SimGpuSource:
             try:
                 library = None if doc.get("nvml_error") is None else _code(doc["nvml_error"])
                 for g in doc["gpus"]:
+                    # Another engine's GPU: not read, not exported. A GPU that fails may have no UUID in
+                    # the document (NVML could not read it): chosen by index then, as NVML's unopened.
+                    selection = self._selection
+                    if selection is not None and selection.ids is not None and not selection.wants(
+                            int(g["index"]), str(g.get("uuid") or "")):
+                        continue
                     self._read_gpu(read, (pos, int(g["index"])), g, library, opening)
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise SourceError("parse", f"malformed twin GPU state{self._where(pos)}: {e!r}") from None
