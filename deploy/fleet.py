@@ -435,10 +435,27 @@ def _names(directory: pathlib.Path) -> list[str]:
     return [*order, *extra]
 
 
+# Stopped last, once every writer is gone: a Prometheus flushes its final samples on shutdown (the
+# staleness markers of every series it scraped) and vmalert its last results. With the store already
+# closed they retry against a refused port until their flush deadline (Prometheus: 1 min), which
+# costs stop() its whole timeout and a SIGKILL.
+SINKS = ("victoria-metrics", "alertmanager", "webhook")
+
+
 def stop(directory: pathlib.Path, timeout_s: float = 15.0) -> list[str]:
-    """SIGTERM every process this launcher started (newest first), SIGKILL what is left after timeout_s.
-    Only pids whose command line still matches the recorded one are signalled."""
+    """SIGTERM every process this launcher started (newest first, the SINKS after the rest have gone),
+    SIGKILL what is left of each phase after timeout_s. Only pids whose command line still matches the
+    recorded one are signalled."""
     alive = {name: pid for name in reversed(_names(directory)) if (pid := stack._alive(directory, name))}
+    writers = {name: pid for name, pid in alive.items() if name not in SINKS}
+    _terminate(writers, timeout_s)
+    _terminate({name: pid for name, pid in alive.items() if name in SINKS}, timeout_s)
+    for name in _names(directory):
+        stack._pidfile(directory, name).unlink(missing_ok=True)
+    return list(alive)
+
+
+def _terminate(alive: Mapping[str, int], timeout_s: float) -> None:
     for pid in alive.values():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
@@ -452,9 +469,6 @@ def stop(directory: pathlib.Path, timeout_s: float = 15.0) -> list[str]:
         if stack._cmdline(pid) is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    for name in _names(directory):
-        stack._pidfile(directory, name).unlink(missing_ok=True)
-    return list(alive)
 
 
 def cpu_seconds(pid: int) -> float | None:
