@@ -3,7 +3,7 @@
 central store (VictoriaMetrics + vmalert) with the rules, and Alertmanager.
 
     python deploy/fleet.py up      [--dir .fleet] [--replicas 6] [--die-after 300] [--time-scale 1]
-                                   [--interval 3s] [--base-port 19480] [--webhook URL]
+                                   [--interval 3s] [--base-port 19480] [--webhook URL] [--ha-cluster b]
     python deploy/fleet.py status  [--dir .fleet]
     python deploy/fleet.py down    [--dir .fleet] [--purge]
 
@@ -16,7 +16,13 @@ central store (VictoriaMetrics + vmalert) with the rules, and Alertmanager.
     prometheus-a/-b          Debian's prometheus: scrapes its cluster's exporters (target label
                              `namespace`), external_labels {cluster: a|b}, evaluates the rules for its
                              own boards and remote-writes raw series (recorded ones dropped) centrally
-    victoria-metrics         the central store (Debian's victoria-metrics), Prometheus API on its port
+    prometheus-<c>-1         with --ha-cluster c: the second of an HA pair for cluster c, scraping the
+                             same exporters; both carry external_labels {cluster: c, prometheus_replica:
+                             c-0|c-1} and remote-write everything twice
+    victoria-metrics         the central store (Debian's victoria-metrics), Prometheus API on its port;
+                             it drops `prometheus_replica` from what it ingests (-relabelConfig) and keeps
+                             one sample per series and scrape interval (-dedup.minScrapeInterval), so an
+                             HA pair is stored once (docs/deploy.md, "HA Prometheus pairs")
     vmalert                  the same rules against the central store; recorded series and ALERTS are
                              written back to it; the one notifier of Alertmanager
     alertmanager             the generated config (exporter/mixin), receivers pointed at --webhook
@@ -65,6 +71,12 @@ DEFAULT_DIR = ROOT / ".fleet"
 CLUSTERS = ("a", "b")
 NAMESPACES = ("chat", "batch")
 JOB = "llm-exporter"  # the job the recording rules select (exporter/slo.py EXPORTER_SELECTOR)
+# The label each Prometheus sets in external_labels: the mixin's one setting, which rules and boards follow.
+CLUSTER_LABEL: str = generate.CONFIG["cluster_label"]
+# What tells the two servers of an HA pair apart (the Prometheus Operator's name for it). The central
+# store drops it on ingestion: the pair's series become one series with two writers, which
+# -dedup.minScrapeInterval thins to one sample per interval.
+REPLICA_LABEL = "prometheus_replica"
 
 
 @dataclass(frozen=True)
@@ -142,17 +154,20 @@ class Ports:
     vmalert: int
     alertmanager: int
     webhook: int
+    ha_prometheus: int | None = None  # the HA cluster's second Prometheus (--ha-cluster)
 
     @classmethod
-    def from_base(cls, base: int, n: int) -> Ports:
-        """base..base+n-1 the exporters, then Prometheus a and b, the store, vmalert, Alertmanager, sink."""
+    def from_base(cls, base: int, n: int, ha: bool = False) -> Ports:
+        """base..base+n-1 the exporters, then Prometheus a and b, the store, vmalert, Alertmanager, sink,
+        and with `ha` the HA pair's second Prometheus."""
         after = base + n
         return cls(list(range(base, after)), {c: after + i for i, c in enumerate(CLUSTERS)}, after + 2, after + 3,
-                   after + 4, after + 5)
+                   after + 4, after + 5, after + 6 if ha else None)
 
     def all(self) -> list[int]:
-        return [*self.replicas, *self.prometheus.values(), self.victoria_metrics, self.vmalert, self.alertmanager,
-                self.webhook]
+        ha = [] if self.ha_prometheus is None else [self.ha_prometheus]
+        return [*self.replicas, *self.prometheus.values(), *ha, self.victoria_metrics, self.vmalert,
+                self.alertmanager, self.webhook]
 
 
 @dataclass
@@ -163,6 +178,7 @@ class FleetOptions:
     interval: str = "3s"  # each exporter's collection interval, and every scrape and evaluation interval
     webhook: str | None = None  # Alertmanager's receivers; None: the built-in sink
     retention: str = "1d"
+    ha_cluster: str | None = None  # a cluster scraped by an HA pair of Prometheus servers (needs Ports.ha_prometheus)
 
 
 @dataclass
@@ -178,6 +194,8 @@ class Fleet:
     webhook: str
     order: list[str] = field(default_factory=list)  # process names in start order
     notifications: pathlib.Path | None = None  # the built-in sink's file (None with --webhook)
+    # The HA cluster's second Prometheus, by process name (prometheus-b-1): `prometheus` holds the first.
+    ha_prometheus: dict[str, str] = field(default_factory=dict)
 
     def exporter(self, replica: Replica) -> str:
         return f"http://{replica.instance}"
@@ -186,7 +204,8 @@ class Fleet:
         return {"replicas": [{**asdict(r), "profile": asdict(r.profile)} for r in self.replicas],
                 "prometheus": self.prometheus, "central": self.central, "vmalert": self.vmalert,
                 "alertmanager": self.alertmanager, "webhook": self.webhook, "order": self.order,
-                "notifications": str(self.notifications) if self.notifications else None}
+                "notifications": str(self.notifications) if self.notifications else None,
+                "ha_prometheus": self.ha_prometheus}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -217,15 +236,17 @@ def render_rules(directory: pathlib.Path, time_scale: float, webhook: str) -> di
 
 
 def prometheus_config(cluster: str, members: Sequence[Replica], rules_glob: pathlib.Path, central_write: str,
-                      interval: str) -> dict:
-    """One cluster's Prometheus: its exporters by namespace, the rules, remote write of raw series."""
+                      interval: str, replica: str | None = None) -> dict:
+    """One cluster's Prometheus: its exporters by namespace, the rules, remote write of raw series.
+    `replica`: one of an HA pair, told apart from its twin by REPLICA_LABEL alone."""
     timeout = f"{max(500, int(_seconds(interval) * 900))}ms"
     by_namespace: dict[str, list[str]] = {}
     for r in members:
         by_namespace.setdefault(r.namespace, []).append(r.instance)
+    external = {CLUSTER_LABEL: cluster, **({REPLICA_LABEL: replica} if replica else {})}
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": timeout,
-                   "external_labels": {"cluster": cluster}},
+                   "external_labels": external},
         "rule_files": [str(rules_glob)],
         # No alertmanagers: the central vmalert is the one notifier, so an alert is not sent twice
         # with two label sets (this server's copy carries external_labels, the central one may not).
@@ -269,9 +290,20 @@ def _binary(*names: str) -> str:
     raise stack.StackError(f"{' or '.join(names)} not found: install the Debian package (`make fleet` does)")
 
 
+def vm_relabel_config() -> list[dict]:
+    """The central store's -relabelConfig: the HA replica label dropped on ingestion (VictoriaMetrics'
+    relabeling), so both servers of a pair write one series and -dedup.minScrapeInterval keeps one
+    sample of the two per interval. Without it the pair's series stay two, and every fleet sum and
+    replica count over them doubles."""
+    return [{"action": "labeldrop", "regex": REPLICA_LABEL}]
+
+
 def plan(directory: pathlib.Path, opts: FleetOptions, ports: Ports) -> tuple[Fleet, list[Proc]]:
     """Render every config under `directory` and return the fleet and its processes in start order."""
     directory.mkdir(parents=True, exist_ok=True)
+    if opts.ha_cluster is not None and (opts.ha_cluster not in CLUSTERS or ports.ha_prometheus is None):
+        raise stack.StackError(f"--ha-cluster must be one of {', '.join(CLUSTERS)}, with a port for its second "
+                               f"Prometheus; got {opts.ha_cluster!r}")
     members = replicas(opts.replicas, ports.replicas, opts.die_after_s)
     url = {name: f"http://127.0.0.1:{port}" for name, port in (
         ("vm", ports.victoria_metrics), ("vmalert", ports.vmalert), ("am", ports.alertmanager),
@@ -281,6 +313,9 @@ def plan(directory: pathlib.Path, opts: FleetOptions, ports: Ports) -> tuple[Fle
     interval = opts.interval
     python = sys.executable
     procs: list[Proc] = []
+    relabel = directory / "vm-relabel.yml"
+    relabel.write_text("# Rendered by deploy/fleet.py; do not edit.\n" + yaml.safe_dump(vm_relabel_config()),
+                       encoding="utf-8")
     if opts.webhook is None:
         procs.append(Proc("webhook", [python, str(pathlib.Path(__file__).resolve()), "webhook", "--port",
                                       str(ports.webhook), "--out", str(directory / "notifications.jsonl")],
@@ -290,7 +325,10 @@ def plan(directory: pathlib.Path, opts: FleetOptions, ports: Ports) -> tuple[Fle
         f"-httpListenAddr=127.0.0.1:{ports.victoria_metrics}", f"-retentionPeriod={opts.retention}",
         # Queries see samples once written: the default 30 s hides the newest scrapes, which vmalert
         # and the boards need at a scaled time (a for: of 30 s would wait a minute).
-        f"-search.latencyOffset={interval}", "-loggerLevel=WARN"], url["vm"], "/health", ports.victoria_metrics))
+        f"-search.latencyOffset={interval}",
+        # HA pairs: one sample per series per scrape interval, the replica label dropped (vm_relabel_config).
+        f"-dedup.minScrapeInterval={interval}", f"-relabelConfig={relabel}",
+        "-loggerLevel=WARN"], url["vm"], "/health", ports.victoria_metrics))
     procs.append(Proc("alertmanager", [
         _binary("prometheus-alertmanager", "alertmanager"), f"--config.file={directory / 'alertmanager.yml'}",
         f"--storage.path={directory / 'am-data'}", f"--web.listen-address=127.0.0.1:{ports.alertmanager}",
@@ -302,18 +340,29 @@ def plan(directory: pathlib.Path, opts: FleetOptions, ports: Ports) -> tuple[Fle
         f"-external.url={url['vmalert']}",  # the alerts' source links (default: this host's name)
         # Alertmanager resolves an alert 4 x this after the last send unless resent: scaled like the rules.
         f"-rule.resendDelay={interval}", "-loggerLevel=WARN"], url["vmalert"], "/health", ports.vmalert))
-    prometheus = {}
-    for cluster in CLUSTERS:
-        port = ports.prometheus[cluster]
+    prometheus: dict[str, str] = {}
+    ha_prometheus: dict[str, str] = {}
+    # (cluster, process name, port, replica label value or None, the HA pair's second server)
+    servers = [(c, f"prometheus-{c}", ports.prometheus[c], f"{c}-0" if c == opts.ha_cluster else None, False)
+               for c in CLUSTERS]
+    if opts.ha_cluster is not None and ports.ha_prometheus is not None:
+        servers.append((opts.ha_cluster, f"prometheus-{opts.ha_cluster}-1", ports.ha_prometheus,
+                        f"{opts.ha_cluster}-1", True))
+    for cluster, name, port, replica, second in servers:
         config = prometheus_config(cluster, [r for r in members if r.cluster == cluster], rules["prometheus"],
-                                   url["vm"] + "/api/v1/write", interval)
-        path = directory / f"prometheus-{cluster}.yml"
+                                   url["vm"] + "/api/v1/write", interval, replica)
+        path = directory / f"{name}.yml"
         path.write_text("# Rendered by deploy/fleet.py; do not edit.\n" + yaml.safe_dump(config, sort_keys=False),
                         encoding="utf-8")
-        prometheus[cluster] = f"http://127.0.0.1:{port}"
-        procs.append(Proc(f"prometheus-{cluster}", [
-            _binary("prometheus"), f"--config.file={path}", f"--storage.tsdb.path={directory / f'prom-{cluster}'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], prometheus[cluster], "/-/ready", port))
+        base = f"http://127.0.0.1:{port}"
+        if second:
+            ha_prometheus[name] = base
+        else:
+            prometheus[cluster] = base
+        data = directory / name.replace("prometheus-", "prom-", 1)
+        procs.append(Proc(name, [
+            _binary("prometheus"), f"--config.file={path}", f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], base, "/-/ready", port))
     for r in members:
         p = r.profile
         probe = [] if p.probe and r.index < len(PROFILES) else ["--no-probe"]  # the first lap's only
@@ -326,7 +375,7 @@ def plan(directory: pathlib.Path, opts: FleetOptions, ports: Ports) -> tuple[Fle
             argv = [_binary("timeout"), "-s", "KILL", f"{r.dies_after_s:g}", *argv]
         procs.append(Proc(r.name, argv, f"http://{r.instance}", "/readyz", r.port))
     fleet = Fleet(directory, members, prometheus, url["vm"], url["vmalert"], url["am"], webhook,
-                  [p.name for p in procs], None if opts.webhook else directory / "notifications.jsonl")
+                  [p.name for p in procs], None if opts.webhook else directory / "notifications.jsonl", ha_prometheus)
     return fleet, procs
 
 
@@ -386,10 +435,27 @@ def _names(directory: pathlib.Path) -> list[str]:
     return [*order, *extra]
 
 
+# Stopped last, once every writer is gone: a Prometheus flushes its final samples on shutdown (the
+# staleness markers of every series it scraped) and vmalert its last results. With the store already
+# closed they retry against a refused port until their flush deadline (Prometheus: 1 min), which
+# costs stop() its whole timeout and a SIGKILL.
+SINKS = ("victoria-metrics", "alertmanager", "webhook")
+
+
 def stop(directory: pathlib.Path, timeout_s: float = 15.0) -> list[str]:
-    """SIGTERM every process this launcher started (newest first), SIGKILL what is left after timeout_s.
-    Only pids whose command line still matches the recorded one are signalled."""
+    """SIGTERM every process this launcher started (newest first, the SINKS after the rest have gone),
+    SIGKILL what is left of each phase after timeout_s. Only pids whose command line still matches the
+    recorded one are signalled."""
     alive = {name: pid for name in reversed(_names(directory)) if (pid := stack._alive(directory, name))}
+    writers = {name: pid for name, pid in alive.items() if name not in SINKS}
+    _terminate(writers, timeout_s)
+    _terminate({name: pid for name, pid in alive.items() if name in SINKS}, timeout_s)
+    for name in _names(directory):
+        stack._pidfile(directory, name).unlink(missing_ok=True)
+    return list(alive)
+
+
+def _terminate(alive: Mapping[str, int], timeout_s: float) -> None:
     for pid in alive.values():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
@@ -403,9 +469,6 @@ def stop(directory: pathlib.Path, timeout_s: float = 15.0) -> list[str]:
         if stack._cmdline(pid) is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    for name in _names(directory):
-        stack._pidfile(directory, name).unlink(missing_ok=True)
-    return list(alive)
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -485,6 +548,9 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
                         help="first port: the exporters, then both Prometheus servers, the store, vmalert, "
                              "Alertmanager and the webhook sink (default 19480, or $FLEET_BASE_PORT)")
     parser.add_argument("--webhook", help="Alertmanager's receivers (default: a sink writing notifications.jsonl)")
+    parser.add_argument("--ha-cluster", choices=("", *CLUSTERS), default=env.get("FLEET_HA_CLUSTER", ""),
+                        help="scrape this cluster with an HA pair of Prometheus servers, deduplicated in the "
+                             "central store (default: none, or $FLEET_HA_CLUSTER)")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds the fleet may take to be ready")
     parser.add_argument("--purge", action="store_true", help="down: also delete the directory (data, logs)")
     parser.add_argument("--port", type=int, help="webhook: port")
@@ -517,9 +583,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             print(f"{name:28} {state:16} {url:28} {extra}")
         return 0 if all(pid for _, pid, _ in rows) else 3
     opts = FleetOptions(replicas=args.replicas, die_after_s=args.die_after or None, time_scale=args.time_scale,
-                        interval=args.interval, webhook=args.webhook)
+                        interval=args.interval, webhook=args.webhook, ha_cluster=args.ha_cluster or None)
     try:
-        fleet, procs = plan(directory, opts, Ports.from_base(args.base_port, args.replicas))
+        fleet, procs = plan(directory, opts, Ports.from_base(args.base_port, args.replicas, ha=bool(args.ha_cluster)))
         start(fleet, procs, timeout_s=args.timeout)
     except stack.StackError as error:
         print(f"fleet: {error}", file=sys.stderr)
@@ -538,6 +604,8 @@ def describe(fleet: Fleet) -> str:
                      f" x{p.gpus} GPU{dies}")
     for cluster, url in fleet.prometheus.items():
         lines.append(f"  prometheus {cluster}      {url}   (targets {url}/targets, rules {url}/rules)")
+    for name, url in fleet.ha_prometheus.items():
+        lines.append(f"  {name:17} {url}   (the HA pair's second server: same targets, deduplicated centrally)")
     lines += [f"  central store     {fleet.central}   (Prometheus API: {fleet.central}/prometheus/api/v1/query;"
               f" Grafana datasource URL {fleet.central})",
               f"  vmalert           {fleet.vmalert}   (rules {fleet.vmalert}/api/v1/rules, alerts {fleet.vmalert}"

@@ -250,7 +250,9 @@ AGGREGATORS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count",
                "bottomk", "topk", "quantile"}
 # Series that Prometheus itself writes for every target.
 PROMETHEUS_SERIES = {"up"}
-TARGET_LABELS = {"job", "instance"}
+# Labels the scrape adds (job, instance) or the Prometheus does (the fleet labels: external_labels,
+# Kubernetes target labels), which a selector may match although no family declares them.
+TARGET_LABELS = {"job", "instance", generate.CONFIG["cluster_label"], *generate.CONFIG["fleet_extra_labels"]}
 
 
 def tokens(expr: str) -> list[tuple[str, str]]:

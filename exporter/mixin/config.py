@@ -180,6 +180,11 @@ CONFIG: dict = {
     "unaccounted_families_for": "30m",
     "exporter_down_for": "5m",
     "exporter_absent_for": "10m",
+    # LLMExporterClusterAbsent (central stores): a cluster (cluster_label) with exporters within
+    # cluster_absent_lookback and none now, for cluster_absent_for. A cluster retired on purpose pages
+    # until the lookback forgets it.
+    "cluster_absent_lookback": "6h",
+    "cluster_absent_for": "10m",
     "no_gpu_metrics_for": "15m",
     "bucket_bound_window": "1h",
     "bucket_bound_for": "30m",

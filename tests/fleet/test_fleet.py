@@ -6,7 +6,10 @@ running the rules there, Alertmanager notifying a webhook receiver in this proce
   resolves them, is evaluated against the central store and each cluster's Prometheus: none errors,
   none is empty unless NO_DATA says why (a small, explicit list: a strict entry must stay empty);
 - the instance table lists every replica of both clusters on the central store;
-- the replica that dies raises the capacity-loss alert through vmalert and Alertmanager.
+- the replica that dies raises the capacity-loss alert through vmalert and Alertmanager;
+- cluster b is scraped by an HA pair of Prometheus servers: the central store holds each of its series
+  once, one sample per scrape interval, and its replica counts are the cluster's, not twice them;
+- a cluster whose exporters all vanish pages LLMExporterClusterAbsent (last: it silences cluster a).
 
 Rules run at TIME_SCALE (exporter/mixin/alerts/generate.py render_scaled): 5m windows take 15 s, `for: 10m` 30 s.
 Run by `make test-fleet` (LLM_EXPORTER_FLEET=1); `make test` leaves the folder out. The machine may
@@ -17,8 +20,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import re
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +33,7 @@ import pytest
 
 from deploy import fleet as fleet_launcher
 from exporter.mixin.dashboards import generate as boards
+from exporter.slo import duration_seconds
 from tests.fullstack import WebhookReceiver, logs
 from tests.support import free_ports, wait_until
 
@@ -46,6 +52,9 @@ RATE_INTERVAL = "20s"
 FLEET_BOARD = "llm-serving-fleet.json"
 OVERVIEW = "llm-serving-overview.json"
 CAPACITY_ALERT = "LLMFleetReplicasLost"
+CLUSTER_ALERT = "LLMExporterClusterAbsent"
+HA_CLUSTER = "b"  # scraped by two Prometheus servers; the dying replica is in it too
+SILENT_CLUSTER = "a"  # its exporters are all killed by the last test
 
 # (dashboard file, panel title, refId) -> (reason, strict). strict: must stay empty in this fleet (what
 # no replica runs); not strict: depends on timing. Everything else must have data on every store.
@@ -101,21 +110,23 @@ def _has_data(result: list[dict]) -> bool:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory) -> Iterator[FleetUnderTest]:
     directory = tmp_path_factory.mktemp("fleet")
-    names = [f"r{i}" for i in range(REPLICAS)] + ["prometheus-a", "prometheus-b", "vm", "vmalert", "am", "sink"]
+    names = [f"r{i}" for i in range(REPLICAS)] + ["prometheus-a", "prometheus-b", "prometheus-ha", "vm", "vmalert",
+                                                   "am", "sink"]
     free = free_ports(names)
     ports = fleet_launcher.Ports([free[f"r{i}"] for i in range(REPLICAS)],
                                  {"a": free["prometheus-a"], "b": free["prometheus-b"]},
-                                 free["vm"], free["vmalert"], free["am"], free["sink"])
+                                 free["vm"], free["vmalert"], free["am"], free["sink"], free["prometheus-ha"])
     receiver = WebhookReceiver()
     opts = fleet_launcher.FleetOptions(replicas=REPLICAS, die_after_s=DIE_AFTER_S, time_scale=TIME_SCALE,
-                                       interval=INTERVAL, webhook=receiver.url)
+                                       interval=INTERVAL, webhook=receiver.url, ha_cluster=HA_CLUSTER)
     the_fleet, procs = fleet_launcher.plan(directory, opts, ports)
     started = time.monotonic()
     client = httpx.Client(timeout=20)
     try:
         fleet_launcher.start(the_fleet, procs, timeout_s=90)
         stores = {"central": Store("central", the_fleet.central, None),
-                  **{f"prometheus-{c}": Store(f"prometheus-{c}", url, c) for c, url in the_fleet.prometheus.items()}}
+                  **{f"prometheus-{c}": Store(f"prometheus-{c}", url, c) for c, url in the_fleet.prometheus.items()},
+                  **{name: Store(name, url, HA_CLUSTER) for name, url in the_fleet.ha_prometheus.items()}}
         under_test = FleetUnderTest(the_fleet, receiver, stores, started, client)
         # Data flows: every replica's engine is up in its cluster's Prometheus and in the central store.
         every = {(r.cluster, r.instance) for r in the_fleet.replicas}
@@ -123,8 +134,8 @@ def fleet(tmp_path_factory) -> Iterator[FleetUnderTest]:
         def flowing() -> bool:
             central = {(m["metric"].get("cluster"), m["metric"]["instance"]) for m in under_test.query(
                 stores["central"], 'llm_engine_up{job="llm-exporter"} == 1')}
-            local = {(c, m["metric"]["instance"]) for c in ("a", "b") for m in under_test.query(
-                stores[f"prometheus-{c}"], 'llm_engine_up{job="llm-exporter"} == 1')}
+            local = {(s.cluster, m["metric"]["instance"]) for s in stores.values() if s.cluster for m in
+                     under_test.query(s, 'llm_engine_up{job="llm-exporter"} == 1')}
             return central >= every and local >= every
 
         assert wait_until(flowing, timeout=90, interval=1.0), f"data never reached every store\n{logs(directory)}"
@@ -201,7 +212,7 @@ def test_no_data_list_names_real_panel_queries():
 # The tests
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("store_name", ["central", "prometheus-a", "prometheus-b"])
+@pytest.mark.parametrize("store_name", ["central", "prometheus-a", "prometheus-b"])  # not the HA twin: b's again
 def test_every_board_query_has_data_on_every_store(fleet: FleetUnderTest, store_name: str):
     store = fleet.stores[store_name]
     pending: dict[tuple[str, str, str], str] = {}
@@ -301,3 +312,100 @@ def test_the_dying_replica_raises_the_capacity_alert_through_alertmanager(fleet:
     assert {a.labels.get("cluster") for a in capacity} <= {dying.cluster, None}, capacity
     others = {a.labels.get("instance") for a in fleet.receiver.alerts("LLMExporterDown")} - {dying.instance}
     assert not others, others
+
+
+def _remote_written(url: str, client: httpx.Client) -> float:
+    """Samples a Prometheus server has sent by remote write (its own /metrics; the fleet's servers do
+    not scrape themselves)."""
+    text = client.get(f"{url}/metrics").text
+    return sum(float(m.group(1)) for m in re.finditer(
+        r"^prometheus_remote_storage_samples_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+@pytest.mark.timeout(300)
+def test_the_ha_pair_is_stored_once_in_the_central_store(fleet: FleetUnderTest):
+    """Cluster b is scraped by two Prometheus servers, external labels equal but `prometheus_replica`,
+    both remote-writing everything. The central store drops that label on ingestion and keeps one sample
+    per series and scrape interval (-dedup.minScrapeInterval): each exporter of b is one series there
+    (the instances either server sees, none twice), with no more samples in a window than one scraper
+    takes, and the fleet's replica count for b (vmalert's rule over the store) equals the count b's own
+    Prometheus records. Without the label dropped the store would keep both servers' copies as two
+    series: every count and sum over b twice what each server of the pair holds, which the pair's own
+    counts (summed here) show."""
+    central = fleet.stores["central"]
+    pair = [s for s in fleet.stores.values() if s.cluster == HA_CLUSTER]
+    assert len(pair) == 2, pair
+    window_s, interval_s = 30, duration_seconds(INTERVAL)
+    # Both servers of the pair write: neither is a cold standby, so the store gets every sample twice.
+    urls = [s.url for s in pair]
+    assert wait_until(lambda: all(_remote_written(u, fleet.client) > 0 for u in urls), timeout=60, interval=2.0)
+
+    def instances(store: Store, selector: str) -> list[str]:
+        return sorted(r["metric"]["instance"] for r in fleet.query(store, f"llm_exporter_build_info{selector}"))
+
+    state: dict[str, object] = {}
+
+    def stored_once() -> bool:
+        seen = [instances(s, "") for s in pair]
+        stored = instances(central, f'{{cluster="{HA_CLUSTER}"}}')
+        state.update(seen=seen, stored=stored)
+        return bool(stored) and seen[0] == seen[1] == stored  # sorted lists: a duplicate would differ
+
+    assert wait_until(stored_once, timeout=60, interval=2.0), state
+    assert fleet.query(central, 'llm_exporter_build_info{prometheus_replica!=""}') == [], "the replica label stayed"
+    # Without dropping the label: two series per exporter, as the pair holds them together.
+    assert sum(len(instances(s, "")) for s in pair) == 2 * len(state["stored"])  # type: ignore[arg-type]
+
+    def one_sample_per_interval() -> bool:
+        stored = {r["metric"]["instance"]: float(r["value"][1]) for r in fleet.query(
+            central, f'count_over_time(llm_exporter_build_info{{cluster="{HA_CLUSTER}"}}[{window_s}s])')}
+        written: dict[str, float] = {}
+        for s in pair:
+            for r in fleet.query(s, f"count_over_time(llm_exporter_build_info[{window_s}s])"):
+                written[r["metric"]["instance"]] = written.get(r["metric"]["instance"], 0.0) + float(r["value"][1])
+        state.update(samples_stored=stored, samples_written=written)
+        # Dedup keeps one sample per discrete interval: at most window/interval + 1 (+1 for the edges),
+        # where the pair wrote about twice that.
+        return bool(stored) and all(n <= window_s / interval_s + 2 and n < written.get(i, 0.0)
+                                    for i, n in stored.items())
+
+    assert wait_until(one_sample_per_interval, timeout=60, interval=2.0), state
+
+    def counted_once() -> bool:
+        rule = "model:llm_replicas_up:count"
+        fleet_count = [float(r["value"][1]) for r in fleet.query(central, f'sum({rule}{{cluster="{HA_CLUSTER}"}})')]
+        own = [float(r["value"][1]) for r in fleet.query(pair[0], f"sum({rule})")]
+        live = len(instances(pair[0], ""))
+        state.update(fleet_count=fleet_count, own=own, live=live)
+        return fleet_count == own == [float(live)]
+
+    assert wait_until(counted_once, timeout=60, interval=2.0), state
+
+
+@pytest.mark.timeout(400)
+def test_a_silent_cluster_pages_through_alertmanager(fleet: FleetUnderTest):
+    """Every exporter of cluster a is killed (SIGKILL, as nodes that vanish): its Prometheus still
+    scrapes and remote-writes, but no exporter of a answers. The fleet-wide LLMExporterAbsent cannot
+    see it (cluster b is there); LLMExporterClusterAbsent, on the central store, pages for cluster a
+    alone. Last in this file: cluster a stays silent."""
+    directory = fleet.fleet.directory
+    silenced = [r for r in fleet.fleet.replicas if r.cluster == SILENT_CLUSTER]
+    for r in silenced:
+        pid = fleet_launcher.stack._alive(directory, r.name)  # only a process this fleet started
+        assert pid is not None, f"{r.name} is not running"
+        os.kill(pid, signal.SIGKILL)
+    central = fleet.stores["central"]
+    assert wait_until(lambda: fleet.query(
+        central, f'llm_exporter_build_info{{cluster="{SILENT_CLUSTER}"}}') == [], timeout=60, interval=2.0)
+
+    def paged() -> bool:
+        return any(a.status == "firing" for a in fleet.receiver.alerts(CLUSTER_ALERT, cluster=SILENT_CLUSTER))
+
+    if not wait_until(paged, timeout=ALERT_DEADLINE_S, interval=2.0):
+        vmalert = fleet.client.get(f"{fleet.fleet.vmalert}/api/v1/alerts").json()
+        pytest.fail(f"not notified: {[(a.name, a.status, a.labels) for a in fleet.receiver.alerts()]}\n"
+                    f"vmalert: {json.dumps(vmalert)[:3000]}")
+    page = next(a for a in fleet.receiver.alerts(CLUSTER_ALERT, cluster=SILENT_CLUSTER) if a.status == "firing")
+    assert page.labels.get("severity") == "critical", page.labels
+    assert {a.labels.get("cluster") for a in fleet.receiver.alerts(CLUSTER_ALERT)} == {SILENT_CLUSTER}
+    assert not fleet.receiver.alerts("LLMExporterAbsent"), "the fleet-wide alert fired with cluster b up"

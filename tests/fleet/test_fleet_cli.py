@@ -3,6 +3,7 @@ shape, and `up` / `status` / `down` as processes on a small fleet."""
 
 from __future__ import annotations
 
+import pathlib
 import random
 import re
 import shutil
@@ -68,6 +69,36 @@ def test_rendered_configs_pass_promtool_and_vmalert(tmp_path):
                             text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert fleet.notifications == tmp_path / "notifications.jsonl"
+
+
+def test_an_ha_pair_differs_only_in_the_replica_label_which_the_store_drops(tmp_path):
+    """--ha-cluster b: two Prometheus configs for b, identical but for `prometheus_replica` (both pass
+    promtool), and the central store started with -dedup.minScrapeInterval at the scrape interval and a
+    -relabelConfig that drops that label (and nothing else)."""
+    ports = fleet_launcher.Ports.from_base(20000, 6, ha=True)
+    fleet, procs = fleet_launcher.plan(tmp_path, fleet_launcher.FleetOptions(ha_cluster="b", interval="2s"), ports)
+    assert set(fleet.ha_prometheus) == {"prometheus-b-1"} and set(fleet.prometheus) == {"a", "b"}
+    promtool = _tool("promtool")
+    configs = {}
+    for name in ("prometheus-b", "prometheus-b-1"):
+        path = tmp_path / f"{name}.yml"
+        result = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        configs[name] = yaml.safe_load(path.read_text())
+    first, second = configs["prometheus-b"], configs["prometheus-b-1"]
+    assert first["global"].pop("external_labels") == {"cluster": "b", "prometheus_replica": "b-0"}
+    assert second["global"].pop("external_labels") == {"cluster": "b", "prometheus_replica": "b-1"}
+    assert first == second
+    assert yaml.safe_load((tmp_path / "prometheus-a.yml").read_text())["global"]["external_labels"] == {
+        "cluster": "a"}
+    vm = next(p for p in procs if p.name == "victoria-metrics").argv
+    assert "-dedup.minScrapeInterval=2s" in vm
+    relabel = next(a.split("=", 1)[1] for a in vm if a.startswith("-relabelConfig="))
+    assert yaml.safe_load(pathlib.Path(relabel).read_text()) == [{"action": "labeldrop", "regex": "prometheus_replica"}]
+    with pytest.raises(fleet_launcher.stack.StackError, match="ha-cluster"):
+        fleet_launcher.plan(tmp_path, fleet_launcher.FleetOptions(ha_cluster="b"), fleet_launcher.Ports.from_base(
+            20000, 6))
 
 
 @pytest.mark.timeout(300)

@@ -1,5 +1,6 @@
 """Pipeline alerts: engines down or not started, exporter sources failing or flapping, the exporter
-down or absent, engines without GPU metrics."""
+down or absent (from the whole store, or from one cluster of a central store), engines without GPU
+metrics."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ def groups(cfg: dict) -> list[dict]:
     not_engine = 'source!~"engine:.*"'
     unaccounted = 'state="unaccounted"'
     sw = cfg["source_flapping_window"]
+    cl, cluster_lookback = cfg["cluster_label"], cfg["cluster_absent_lookback"]
+    has_cluster = f'{cl}!=""'
     rules = [
         alert("LLMEngineDown",
               f"{sel('llm_engine_up', cfg=cfg)} == 0\n"
@@ -71,6 +74,22 @@ def groups(cfg: dict) -> list[dict]:
               "exporter target is discovered, all are down, or the job scrapes something else. "
               "Every other llm-exporter alert is blind.",
               cfg["exporter_absent_for"], cfg=cfg),
+        # A central store holds several clusters: the fleet-wide absent() above stays quiet while one
+        # cluster is silent. Clusters seen within the lookback, unless one exporter of theirs is there
+        # now. Only series that carry the cluster label count: a Prometheus without it (one cluster,
+        # LLMExporterAbsent's case) never fires this, nor does a cluster's own Prometheus, whose local
+        # series lack its external_labels.
+        alert("LLMExporterClusterAbsent",
+              f"group by ({cl}) (max_over_time({sel('llm_exporter_build_info', has_cluster, cfg=cfg)}"
+              f"[{cluster_lookback}]))\n"
+              f"unless on ({cl})\n"
+              f"group by ({cl}) ({sel('llm_exporter_build_info', cfg=cfg)})",
+              "critical", f"No llm-exporter of cluster {{{{ $labels.{cl} }}}} is being scraped.",
+              f"No series of llm_exporter_build_info{{{job}}} from cluster {{{{ $labels.{cl} }}}} for "
+              f"{cfg['cluster_absent_for']}, though the cluster had some within the last {cluster_lookback}: "
+              "its exporters are all down or gone, or its Prometheus stopped scraping them or stopped "
+              "remote-writing. Every other llm-exporter alert of that cluster is blind.",
+              cfg["cluster_absent_for"], cfg=cfg),
         alert("LLMEngineWithoutGPUMetrics",
               f"group by ({join}) ({sel('llm_engine_up', cfg=cfg)} == 1)\n"
               f"unless on ({join})\n"
