@@ -770,6 +770,9 @@ def test_the_component_injects_labelled_workloads_and_leaves_the_rest(tmp_path, 
         for field in ("containers", "initContainers"):
             names = [c["name"] for c in pod.get(field, [])]
             assert [c["name"] for c in original.get(field, [])] == [n for n in names if n != "llm-exporter"], kind
+        # Where it goes: last of the containers (the engine stays containers[0], the one `kubectl
+        # logs` and tools take by default); first of the init containers (started before all).
+        assert pod[key].index(exporter) == (0 if component == "native-sidecar" else len(pod[key]) - 1), kind
         if kind == "LeaderWorkerSet":  # workers run no server: no sidecar there
             worker = doc["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
             assert exporter_of(worker) is None and "shareProcessNamespace" not in worker

@@ -149,11 +149,20 @@ def render_components(source: pathlib.Path = CONTAINER) -> dict[pathlib.Path, st
         sidecar = {**container, "restartPolicy": "Always"} if native else container
         # kustomize applies a patch to every target its selector matches, whatever the name here.
         meta = {"name": "llm-exporter-inject"}
+        # Deployments and StatefulSets: a strategic merge (merge keys known) for the label, the PID
+        # namespace and, native, the init container, which it puts first (started before the
+        # workload's own init containers and the engine). A plain sidecar is appended to
+        # `containers` by a JSON patch instead: a strategic merge would put it first, making it the
+        # container `kubectl logs/exec` and tools that read containers[0] take for the engine.
+        workload_spec: dict = {"shareProcessNamespace": True, **({key: [sidecar]} if native else {})}
         workload = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {"template": {
-            "metadata": {"labels": dict(SCRAPE_LABEL)},
-            "spec": {"shareProcessNamespace": True, key: [sidecar]}}}}
+            "metadata": {"labels": dict(SCRAPE_LABEL)}, "spec": workload_spec}}}
         out = COMPONENTS / variant
         files[out / "workload-patch.yaml"] = header + yaml.safe_dump(workload, sort_keys=False, width=100)
+        if not native:
+            files[out / "workload-container-patch.yaml"] = header + yaml.safe_dump(
+                [{"op": "add", "path": "/spec/template/spec/containers/-", "value": sidecar}], sort_keys=False,
+                width=100)
         for custom in CUSTOM_WORKLOADS:
             maps = _merge(_nested(custom.labels, dict(SCRAPE_LABEL)),
                           _nested(custom.pod, {"shareProcessNamespace": True}))
@@ -168,7 +177,7 @@ def render_components(source: pathlib.Path = CONTAINER) -> dict[pathlib.Path, st
             files[out / f"{stem}-patch.yaml"] = header + yaml.safe_dump(merge, sort_keys=False, width=100)
             files[out / f"{stem}-container-patch.yaml"] = header + yaml.safe_dump([op], sort_keys=False, width=100)
         files[out / "kustomization.yaml"] = header + COMPONENT_DOC[variant] + yaml.safe_dump(
-            _component_kustomization(), sort_keys=False, width=100)
+            _component_kustomization(native), sort_keys=False, width=100)
     return files
 
 
@@ -193,9 +202,11 @@ _COMPONENT_HEAD = """#
 COMPONENT_DOC = {k: _COMPONENT_HEAD + v for k, v in COMPONENT_DOC.items()}
 
 
-def _component_kustomization() -> dict:
-    patches: list[dict] = [{"path": "workload-patch.yaml", "target": {
-        "group": "apps", "kind": "Deployment|StatefulSet", "labelSelector": INJECT_SELECTOR}}]
+def _component_kustomization(native: bool) -> dict:
+    workloads = {"group": "apps", "kind": "Deployment|StatefulSet", "labelSelector": INJECT_SELECTOR}
+    patches: list[dict] = [{"path": "workload-patch.yaml", "target": workloads}]
+    if not native:
+        patches.append({"path": "workload-container-patch.yaml", "target": dict(workloads)})
     for custom in CUSTOM_WORKLOADS:
         target = {"group": custom.group, "kind": custom.kind, "labelSelector": INJECT_SELECTOR}
         stem = custom.kind.lower()
