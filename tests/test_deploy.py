@@ -15,7 +15,10 @@ narrow what is checked when absent:
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import gzip
+import hashlib
 import json
 import os
 import pathlib
@@ -34,6 +37,7 @@ import yaml
 from deploy import configuration_docs as config_docs
 from deploy import stack
 from deploy.kubernetes import generate as k8s_generate
+from exporter.endpoints import HealthEndpoints
 from exporter.mixin.alerts import generate as alerts_generate
 from tests.support import free_port, free_ports
 
@@ -44,7 +48,20 @@ PROMETHEUS_YML = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 ALERTMANAGER_YML = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 K8S = ROOT / "deploy" / "kubernetes"
 KUSTOMIZATIONS = ("base", "overlays/vllm", "overlays/sglang", "variants/servicemonitor", "variants/web-config",
-                  "daemonset")
+                  "daemonset", "cluster", "examples/production-stack", "examples/llm-d", "examples/kserve",
+                  "examples/leaderworkerset")
+EXAMPLES = tuple(k for k in KUSTOMIZATIONS if k.startswith("examples/"))
+# The published schemas of the projects the examples run on, as fetched (README.md there: version,
+# source URL and checksum of each).
+SCHEMAS = ROOT / "tests" / "fixtures" / "k8s-schemas"
+PUBLISHED_CRDS = {
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): SCHEMAS / "lws-v0.10.0-leaderworkersets.yaml.gz",
+    ("serving.kserve.io/v1beta1", "InferenceService"): SCHEMAS / "kserve-v0.20.0-inferenceservices.yaml.gz",
+}
+CHART_VALUES = {  # example values file -> the chart's values.schema.json
+    K8S / "examples" / "production-stack" / "values.yaml": SCHEMAS / "production-stack-0.1.12-values.schema.json",
+    K8S / "examples" / "llm-d" / "values.yaml": SCHEMAS / "llm-d-modelservice-v0.4.12-values.schema.json",
+}
 K8S_VERSION = "1.32.0"
 SYSTEMD_UNIT = ROOT / "deploy" / "systemd" / "llm-exporter.service"
 CONFIG_DOC = ROOT / "docs" / "configuration.md"
@@ -325,7 +342,8 @@ def standalone_objects() -> list[tuple[str, dict]]:
     out = []
     for path in sorted(K8S.rglob("*.yaml")):
         patch = path.parent.parent.name == "overlays" or path.name.endswith("-patch.yaml")
-        if path.name == "kustomization.yaml" or patch:
+        # Not objects: the components' one container declaration, the charts' values files.
+        if path.name in ("kustomization.yaml", "container.yaml", "values.yaml") or patch:
             continue
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
@@ -385,6 +403,7 @@ CRD_SCHEMAS = {
         "properties": {
             "selector": _SELECTOR, "namespaceSelector": {"type": "object"}, "jobLabel": {"type": "string"},
             "podTargetLabels": {"type": "array", "items": {"type": "string"}}, "sampleLimit": {"type": "integer"},
+            "labelLimit": {"type": "integer", "minimum": 0},
             "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": {
                 "type": "object", "additionalProperties": False,
                 "properties": {"port": {"type": "string"}, "portNumber": {"type": "integer"}, **_ENDPOINT_COMMON}}}}}),
@@ -394,6 +413,7 @@ CRD_SCHEMAS = {
             "selector": _SELECTOR, "namespaceSelector": {"type": "object"}, "jobLabel": {"type": "string"},
             "targetLabels": {"type": "array", "items": {"type": "string"}},
             "podTargetLabels": {"type": "array", "items": {"type": "string"}}, "sampleLimit": {"type": "integer"},
+            "labelLimit": {"type": "integer", "minimum": 0},
             "endpoints": {"type": "array", "minItems": 1, "items": {
                 "type": "object", "additionalProperties": False,
                 "properties": {"port": {"type": "string"}, "targetPort": {"type": ["string", "integer"]},
@@ -417,10 +437,56 @@ CRD_SCHEMAS = {
 }
 
 
+def _closed(schema: object) -> object:
+    """A CRD's OpenAPI schema made strict, as kubeconform's --strict does: every object that lists its
+    properties refuses others (the API server would prune them silently), unless it says it keeps
+    unknown fields."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed(v) for k, v in schema.items()}
+    if ("properties" in out and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.cache
+def published_crd_schema(api_version: str, kind: str) -> dict:
+    """The openAPIV3Schema of the published CRD's version, closed; the root's metadata checked as
+    the API server does (the CRD leaves it to the server)."""
+    crd = yaml.safe_load(gzip.decompress(PUBLISHED_CRDS[(api_version, kind)].read_bytes()))
+    group, version = api_version.split("/")
+    assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind
+    served = next(v for v in crd["spec"]["versions"] if v["name"] == version and v["served"])
+    schema = _closed(served["schema"]["openAPIV3Schema"])
+    assert isinstance(schema, dict)
+    schema["properties"]["metadata"] = _METADATA
+    schema["required"] = sorted({*schema.get("required", ()), "apiVersion", "kind", "metadata", "spec"})
+    return schema
+
+
+def _embedded_pods(doc: dict) -> list[dict]:
+    """The pod templates a custom resource holds, for Kubernetes' own Pod schema."""
+    if doc["kind"] == "LeaderWorkerSet":
+        lwt = doc["spec"]["leaderWorkerTemplate"]
+        return [lwt[t] for t in ("leaderTemplate", "workerTemplate") if t in lwt]
+    return []
+
+
 def validate(doc: dict) -> None:
-    """Kubernetes' own schemas for core kinds (strict: unknown fields fail), ours for the CRDs."""
+    """Kubernetes' own schemas for core kinds (strict: unknown fields fail), ours for the Prometheus
+    Operator's CRDs, the published CRDs (closed) for LeaderWorkerSet and KServe, with the pods they
+    hold checked against Kubernetes' Pod schema as well."""
     if doc["apiVersion"].startswith("monitoring.coreos.com/"):
         jsonschema.validate(doc, CRD_SCHEMAS[doc["kind"]])
+    elif (doc["apiVersion"], doc["kind"]) in PUBLISHED_CRDS:
+        jsonschema.validate(doc, published_crd_schema(doc["apiVersion"], doc["kind"]))
+        for template in _embedded_pods(doc):
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "template", **template.get("metadata", {})},
+                   "spec": template["spec"]}
+            kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
     else:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -436,12 +502,17 @@ def test_kubernetes_manifests_match_the_schemas(source):
         except Exception as error:  # noqa: BLE001 - reported with its origin
             pytest.fail(f"{where}: {doc.get('kind')} {doc.get('metadata', {}).get('name')}: {error}")
         kinds.add(doc["kind"])
-    if source in ("base", "overlays/vllm", "overlays/sglang"):
-        assert kinds == {"Deployment", "PodMonitor", "PrometheusRule", "ConfigMap"}
+    # Per namespace apart from cluster-wide: the rules and dashboards only in `cluster`.
+    if source in ("base", "overlays/vllm", "overlays/sglang", "variants/web-config"):
+        assert kinds == {"Deployment", "PodMonitor", "NetworkPolicy"}
     if source == "variants/servicemonitor":
-        assert kinds == {"Deployment", "Service", "ServiceMonitor", "PrometheusRule", "ConfigMap"}
+        assert kinds == {"Deployment", "Service", "ServiceMonitor", "NetworkPolicy"}
     if source == "daemonset":
         assert kinds == {"DaemonSet", "PodMonitor"}
+    if source == "cluster":
+        assert kinds == {"PrometheusRule", "ConfigMap"}
+    if source in EXAMPLES:
+        assert {"PodMonitor", "NetworkPolicy"} < kinds and not kinds & {"PrometheusRule", "ConfigMap"}
 
 
 def test_the_validators_reject_mistakes():
@@ -479,15 +550,35 @@ def test_kubernetes_labels_are_valid():
                     f"{where}: label {key}={value!r}"
 
 
+WORKLOAD_KINDS = ("Deployment", "DaemonSet", "StatefulSet", "LeaderWorkerSet", "InferenceService")
+
+
+def pod_of(doc: dict) -> dict:
+    """The pod spec a workload runs the exporter in: a template's, a LeaderWorkerSet leader's, a
+    KServe predictor's (its pod spec inline)."""
+    if doc["kind"] == "LeaderWorkerSet":
+        return doc["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+    if doc["kind"] == "InferenceService":
+        return doc["spec"]["predictor"]
+    return doc["spec"]["template"]["spec"]
+
+
+def exporter_of(pod: dict) -> dict | None:
+    found = [c for key in ("containers", "initContainers") for c in pod.get(key, []) if c["name"] == "llm-exporter"]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
 def _workloads() -> list[tuple[str, dict]]:
-    return [(w, d) for w, d in all_objects() if d["kind"] in ("Deployment", "DaemonSet")]
+    return [(w, d) for w, d in all_objects() if d["kind"] in WORKLOAD_KINDS and exporter_of(pod_of(d))]
 
 
 def test_exporter_containers_are_hardened_probed_and_sized():
     seen = 0
     for where, doc in _workloads():
-        pod = doc["spec"]["template"]["spec"]
-        exporter = next(c for c in pod["containers"] if c["name"] == "llm-exporter")
+        pod = pod_of(doc)
+        exporter = exporter_of(pod)
+        assert exporter is not None
         seen += 1
         sc = exporter["securityContext"]
         assert sc["readOnlyRootFilesystem"] is True, where
@@ -504,16 +595,44 @@ def test_exporter_containers_are_hardened_probed_and_sized():
             assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False, where
         else:
             assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0, where
-        assert exporter["livenessProbe"]["httpGet"]["path"] == "/healthz", where
-        assert exporter["readinessProbe"]["httpGet"]["path"] == "/readyz", where
+        # Probes on the exporter's own port, on /healthz (the HTTP loop answers, nothing else checked).
+        # A sidecar has no readiness probe: it is ready while it runs, so it never takes a healthy
+        # engine out of its Service; the DaemonSet (no engine beside it) may wait for a collection.
+        probe = exporter["livenessProbe"]["httpGet"]
+        assert (probe["path"], probe["port"]) == ("/healthz", "metrics") and set(probe) <= {"path", "port", "scheme"}, \
+            where
+        if doc["kind"] == "DaemonSet":
+            assert exporter["readinessProbe"]["httpGet"]["path"] == "/readyz", where
+        else:
+            assert "readinessProbe" not in exporter and "startupProbe" not in exporter, where
         resources = exporter["resources"]
         assert set(resources["requests"]) == {"cpu", "memory"} and set(resources["limits"]) == {"cpu", "memory"}, where
         assert exporter["ports"] == [{"name": "metrics", "containerPort": 9480}], where
         assert {"name": "LLM_EXPORTER_LISTEN", "value": "0.0.0.0:9480"} in exporter["env"], where
-        assert pod.get("automountServiceAccountToken") is False, where
+        if doc["kind"] in ("Deployment", "DaemonSet") and not where.startswith("kustomize examples/"):
+            assert pod.get("automountServiceAccountToken") is False, where
         if where.startswith("kustomize"):
             assert exporter["image"] == "ghcr.io/llm-exporter/llm-exporter:0.1.0", where
-    assert seen >= 2
+    assert seen >= 2 + len(EXAMPLES)
+
+
+def test_the_probed_paths_are_the_exporters_own_and_need_nothing_else():
+    """/healthz is answered by HealthEndpoints from the HTTP loop alone: before any collection (a
+    collector that never finished one) it is 200 where /readyz is still 503."""
+    class NeverCollected:
+        ready = False
+
+    async def status(path: str) -> int:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await HealthEndpoints(NeverCollected())({"path": path, "method": "GET"}, None, send)  # type: ignore[arg-type]
+        return next(m["status"] for m in sent if m["type"] == "http.response.start")
+
+    assert asyncio.run(status("/healthz")) == 200
+    assert asyncio.run(status("/readyz")) == 503
 
 
 def test_overlays_run_real_engines_with_nvml_sidecars():
@@ -556,7 +675,7 @@ def test_monitors_select_the_pods_relabel_the_job_and_carry_the_release_label():
 
 
 def test_prometheusrule_equals_the_alert_rule_files():
-    rule = yaml.safe_load((K8S / "base" / "prometheusrule.yaml").read_text())
+    rule = yaml.safe_load((K8S / "cluster" / "prometheusrule.yaml").read_text())
     groups = [g for path in sorted((ROOT / "alerts" / "rules").glob("*.yaml"))
               for g in yaml.safe_load(path.read_text())["groups"]]
     by_name = {g["name"]: g for g in rule["spec"]["groups"]}
@@ -565,15 +684,19 @@ def test_prometheusrule_equals_the_alert_rule_files():
     for docs in built().values():
         for doc in docs:
             if doc["kind"] == "PrometheusRule":
-                assert doc == rule
+                assert doc["metadata"]["namespace"] == "monitoring"  # cluster/kustomization.yaml's
+                metadata = {k: v for k, v in doc["metadata"].items() if k != "namespace"}
+                assert {**doc, "metadata": metadata} == rule
 
 
 def test_dashboard_configmaps_equal_the_dashboards():
     assert k8s_generate.main(["--check"]) == 0, "run `python deploy/kubernetes/generate.py`"
     dashboards = {p.name: p.read_text() for p in (ROOT / "dashboards").glob("*.json")}
     assert dashboards, "dashboards/*.json missing: run dashboards/generate.py"
-    sources = [("files", [d for _, d in standalone_objects()])]
-    sources += [(name, docs) for name, docs in built().items() if name != "daemonset"]
+    sources = [("files", [d for _, d in standalone_objects()]), ("cluster", built()["cluster"])]
+    # Only the cluster-wide kustomization carries them: applied once, never once per namespace.
+    for name, docs in built().items():
+        assert name == "cluster" or not any(d["kind"] in ("ConfigMap", "PrometheusRule") for d in docs), name
     for where, docs in sources:
         configmaps = [d for d in docs if d["kind"] == "ConfigMap"]
         found = {}
@@ -585,9 +708,243 @@ def test_dashboard_configmaps_equal_the_dashboards():
 
 
 def test_kustomize_images_and_generated_files_are_not_hand_edited():
-    for path in [K8S / "base" / "prometheusrule.yaml", *(K8S / "base" / "dashboards").glob("*.yaml")]:
+    generated = [K8S / "cluster" / "prometheusrule.yaml", *(K8S / "cluster" / "dashboards").glob("*.yaml"),
+                 *(K8S / "components").glob("*/*.yaml")]
+    assert len(generated) > 12
+    for path in generated:
         assert path.read_text().startswith("# Generated by "), path
-    assert alerts_generate.PROMETHEUSRULE == K8S / "base" / "prometheusrule.yaml"
+    assert alerts_generate.PROMETHEUSRULE == K8S / "cluster" / "prometheusrule.yaml"
+
+
+# The plain workloads a user already runs: each kind the components select, labelled or not.
+_PLAIN = {
+    "Deployment": {"apiVersion": "apps/v1", "kind": "Deployment", "spec": {
+        "selector": {"matchLabels": {"app": "x"}},
+        "template": {"metadata": {"labels": {"app": "x"}},
+                     "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.10.1"}]}}}},
+    "StatefulSet": {"apiVersion": "apps/v1", "kind": "StatefulSet", "spec": {
+        "serviceName": "x", "selector": {"matchLabels": {"app": "x"}},
+        "template": {"metadata": {"labels": {"app": "x"}},
+                     "spec": {"initContainers": [{"name": "fetch-model", "image": "busybox"}],
+                              "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.10.1"}]}}}},
+    "LeaderWorkerSet": {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "spec": {
+        "leaderWorkerTemplate": {"size": 2,
+                                 "leaderTemplate": {"spec": {"containers": [{"name": "vllm-leader", "image": "v"}]}},
+                                 "workerTemplate": {"spec": {"containers": [{"name": "vllm-worker", "image": "v"}]}}}}},
+}
+
+
+def inject(tmp_path: pathlib.Path, component: str, labelled: dict[str, bool]) -> dict[str, dict]:
+    """`kubectl kustomize` of the plain workloads (name: kind lower-cased, + "-plain" when unlabelled)
+    with the component; name -> rendered object."""
+    docs = []
+    for kind, with_label in labelled.items():
+        doc = json.loads(json.dumps(_PLAIN[kind]))
+        doc["metadata"] = {"name": kind.lower() + ("" if with_label else "-plain")}
+        if with_label:
+            doc["metadata"]["labels"] = {"llm-exporter.io/inject": "true"}
+        docs.append(doc)
+    tmp_path.mkdir()
+    (tmp_path / "workloads.yaml").write_text(yaml.safe_dump_all(docs))
+    relative = os.path.relpath(K8S / "components" / component, tmp_path)  # kustomize refuses absolute roots
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({"resources": ["workloads.yaml"],
+                                                                 "components": [relative]}))
+    result = run(tool("kubectl"), "kustomize", tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = {d["metadata"]["name"]: d for d in yaml.safe_load_all(result.stdout) if d}
+    for doc in out.values():
+        validate(doc)
+    return out
+
+
+@pytest.mark.parametrize("component", ["sidecar", "native-sidecar"])
+def test_the_component_injects_labelled_workloads_and_leaves_the_rest(tmp_path, component):
+    kinds = {"Deployment": True, "StatefulSet": True, "LeaderWorkerSet": True}
+    out = inject(tmp_path / "labelled", component, kinds)
+    plain = inject(tmp_path / "plain", component, dict.fromkeys(kinds, False))
+    container = yaml.safe_load((K8S / "components" / "container.yaml").read_text())
+    for kind in kinds:
+        doc = out[kind.lower()]
+        pod = pod_of(doc)
+        exporter = exporter_of(pod)
+        assert exporter is not None, kind
+        key = "initContainers" if component == "native-sidecar" else "containers"
+        assert exporter in pod[key], kind
+        assert exporter == {**container, "image": "ghcr.io/llm-exporter/llm-exporter:0.1.0",
+                            **({"restartPolicy": "Always"} if component == "native-sidecar" else {})}, kind
+        assert pod["shareProcessNamespace"] is True, kind
+        labels = (doc["spec"]["leaderWorkerTemplate"]["leaderTemplate"] if kind == "LeaderWorkerSet"
+                  else doc["spec"]["template"])["metadata"]["labels"]
+        assert labels["llm-exporter/scrape"] == "true", kind
+        # The workload's own containers are all still there, the engine first.
+        original = pod_of({**_PLAIN[kind], "metadata": {}})
+        for field in ("containers", "initContainers"):
+            names = [c["name"] for c in pod.get(field, [])]
+            assert [c["name"] for c in original.get(field, [])] == [n for n in names if n != "llm-exporter"], kind
+        # Where it goes: last of the containers (the engine stays containers[0], the one `kubectl
+        # logs` and tools take by default); first of the init containers (started before all).
+        assert pod[key].index(exporter) == (0 if component == "native-sidecar" else len(pod[key]) - 1), kind
+        if kind == "LeaderWorkerSet":  # workers run no server: no sidecar there
+            worker = doc["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+            assert exporter_of(worker) is None and "shareProcessNamespace" not in worker
+        # Unlabelled, the same workload comes out as it went in.
+        untouched = plain[kind.lower() + "-plain"]
+        assert untouched["spec"] == _PLAIN[kind]["spec"], kind
+    # The per-namespace monitoring objects come with it, once.
+    assert sorted(d["kind"] for d in out.values() if d["kind"] not in kinds) == \
+        ["NetworkPolicy", "NetworkPolicy", "PodMonitor"]
+
+
+def test_the_native_sidecar_starts_first_and_restarts_always():
+    """Kubernetes starts init containers in order: the exporter, listed first, runs before the
+    StatefulSet's own init container and the engine, and stops after them."""
+    native = []
+    for where, doc in _workloads():
+        pod = pod_of(doc)
+        if any(c["name"] == "llm-exporter" for c in pod.get("initContainers", [])):
+            assert pod["initContainers"][0]["name"] == "llm-exporter", where
+            assert pod["initContainers"][0]["restartPolicy"] == "Always", where
+            assert all(c["name"] != "llm-exporter" for c in pod["containers"]), where
+            native.append(where)
+    # llm-d's (beside its own native sidecar, the routing proxy) and the LeaderWorkerSet's leader.
+    assert sorted(native) == ["kustomize examples/leaderworkerset", "kustomize examples/llm-d"]
+
+
+def test_the_examples_point_the_sidecar_at_their_engine():
+    """Each example's pod annotations name the engine's loopback port that its engine container
+    (or, for llm-d, vLLM behind the routing proxy) listens on, and the annotations reach the
+    exporter's environment through the downward API."""
+    expected = {"examples/production-stack": 8000, "examples/llm-d": 8200, "examples/kserve": 8080,
+                "examples/leaderworkerset": 8080}
+    for name, port in expected.items():
+        doc = next(d for d in built()[name] if d["kind"] in WORKLOAD_KINDS)
+        annotations = (doc["spec"]["predictor"]["annotations"] if doc["kind"] == "InferenceService" else
+                       (doc["spec"]["leaderWorkerTemplate"]["leaderTemplate"] if doc["kind"] == "LeaderWorkerSet"
+                        else doc["spec"]["template"])["metadata"]["annotations"])
+        assert annotations["llm-exporter.io/engines"].startswith(f"http://127.0.0.1:{port},kind=vllm"), name
+        pod = pod_of(doc)
+        ports = {p["containerPort"] for c in pod["containers"] if c["name"] != "llm-exporter"
+                 for p in c.get("ports", [])}
+        assert port in ports, name
+        env = {e["name"]: e for e in exporter_of(pod)["env"]}
+        assert env["LLM_EXPORTER_ENGINES"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+            "metadata.annotations['llm-exporter.io/engines']", name
+
+
+def test_the_chart_values_match_their_published_schemas():
+    for values, schema in CHART_VALUES.items():
+        doc = yaml.safe_load(values.read_text())
+        errors = [e.message for e in jsonschema.Draft7Validator(json.loads(schema.read_text())).iter_errors(doc)]
+        assert errors == [], values
+    # The labels and annotations the sidecar needs are the chart's own settings, not extra keys the
+    # chart would ignore: the production-stack schema lists them.
+    stack = json.loads(CHART_VALUES[K8S / "examples" / "production-stack" / "values.yaml"].read_text())
+    model = stack["properties"]["servingEngineSpec"]["properties"]["modelSpec"]["items"]["properties"]
+    assert {"labels", "podAnnotations"} <= set(model)
+    broken = yaml.safe_load((K8S / "examples" / "production-stack" / "values.yaml").read_text())
+    broken["servingEngineSpec"]["modelSpec"][0]["replicaCount"] = "one"
+    assert list(jsonschema.Draft7Validator(stack).iter_errors(broken))
+
+
+def test_the_published_crds_refuse_mistakes():
+    lws = next(d for d in built()["examples/leaderworkerset"] if d["kind"] == "LeaderWorkerSet")
+    isvc = next(d for d in built()["examples/kserve"] if d["kind"] == "InferenceService")
+    validate(lws)
+    validate(isvc)
+    for doc, mutate in (
+            (lws, lambda d: d["spec"]["leaderWorkerTemplate"].update(sise=2)),
+            (lws, lambda d: d["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0].update(
+                imag="x")),
+            (lws, lambda d: d["spec"].update(replicas="one")),
+            (isvc, lambda d: d["spec"]["predictor"].update(minReplica=1)),
+            (isvc, lambda d: d["spec"]["predictor"]["containers"][1]["ports"][0].update(containerPort="metrics"))):
+        broken = json.loads(json.dumps(doc))
+        mutate(broken)
+        with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
+            validate(broken)
+
+
+def test_the_schema_fixtures_are_documented_with_version_and_source():
+    readme = (SCHEMAS / "README.md").read_text()
+    for path in [*PUBLISHED_CRDS.values(), *CHART_VALUES.values()]:
+        assert path.name in readme, path
+        row = next(line for line in readme.splitlines() if path.name in line)
+        assert "https://" in row and re.search(r"[0-9a-f]{64}", row), row
+        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        assert hashlib.sha256(data).hexdigest() in row, path
+
+
+def _ports(rule: dict) -> set[tuple[str, int]]:
+    """(protocol, port) pairs a NetworkPolicy ingress rule admits; a rule without ports admits all."""
+    out = set()
+    for port in rule.get("ports", []):
+        protocol = port.get("protocol", "TCP")
+        if "port" not in port:
+            out |= {(protocol, n) for n in range(1, 65536)}
+        else:
+            out |= {(protocol, n) for n in range(port["port"], port.get("endPort", port["port"]) + 1)}
+    return out
+
+
+def test_the_metrics_port_admits_only_the_monitoring_namespace():
+    for name in ("base", *EXAMPLES):
+        policies = [d for d in built()[name] if d["kind"] == "NetworkPolicy"]
+        assert len(policies) == 2, name
+        admitted_from_anywhere: set[tuple[str, int]] = set()
+        from_monitoring: set[tuple[str, int]] = set()
+        for policy in policies:
+            assert policy["spec"]["podSelector"] == {"matchLabels": {"llm-exporter/scrape": "true"}}, name
+            assert policy["spec"]["policyTypes"] == ["Ingress"], name
+            for rule in policy["spec"]["ingress"]:
+                if "from" not in rule:
+                    admitted_from_anywhere |= _ports(rule)
+                else:
+                    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {
+                        "kubernetes.io/metadata.name": "monitoring"}}}], name
+                    from_monitoring |= _ports(rule)
+        assert from_monitoring == {("TCP", 9480)}, name
+        # Every other port stays as open as it was without a policy; 9480 is not among them.
+        assert ("TCP", 9480) not in admitted_from_anywhere, name
+        for protocol in ("TCP", "UDP", "SCTP"):
+            expected = {(protocol, n) for n in range(1, 65536)} - {("TCP", 9480)}
+            assert expected <= admitted_from_anywhere, (name, protocol)
+
+
+def test_monitors_bound_samples_and_labels():
+    monitors = [(w, d) for w, d in all_objects() if d["kind"] in ("PodMonitor", "ServiceMonitor")]
+    assert len(monitors) >= 5
+    for where, doc in monitors:
+        # docs/deploy.md "Scrape limits": 925 series measured for an 8-GPU replica; 15 labels on the
+        # widest series plus 7 from the operator's relabelings.
+        assert doc["spec"]["sampleLimit"] >= 4 * 925, where
+        assert doc["spec"]["labelLimit"] >= 15 + 7, where
+
+
+def test_a_cluster_label_from_the_mixin_config_reaches_rules_alertmanager_and_boards(tmp_path):
+    """`llm-exporter mixin --config` with cluster_label: k8s_cluster, then generate.py --mixin: the
+    cluster kustomization renders, and its rules, the Alertmanager grouping and every board's
+    $cluster variable use k8s_cluster, never `cluster`."""
+    (tmp_path / "mixin.yaml").write_text("cluster_label: k8s_cluster\n")
+    cli = pathlib.Path(sys.executable).parent / "llm-exporter"
+    result = run(cli, "mixin", "--config", tmp_path / "mixin.yaml", "--out", tmp_path / "mixin")
+    assert result.returncode == 0, result.stderr
+    assert k8s_generate.main(["--mixin", str(tmp_path / "mixin"), "--out", str(tmp_path / "cluster")]) == 0
+    rendered = run(tool("kubectl"), "kustomize", tmp_path / "cluster")
+    assert rendered.returncode == 0, rendered.stderr
+    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    for doc in docs:
+        validate(doc)
+    rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+    exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert any("k8s_cluster" in e for e in exprs)
+    assert not any(re.search(r"(?<![a-z_])cluster(?![a-z_])\s*(=|,|\))", e) for e in exprs)
+    boards = [json.loads(text) for d in docs if d["kind"] == "ConfigMap" for text in d["data"].values()]
+    assert len(boards) == len(list((ROOT / "dashboards").glob("*.json")))
+    for board in boards:
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        assert variables["cluster"]["query"] == "label_values(llm_exporter_build_info, k8s_cluster)"
+    alertmanager = yaml.safe_load((tmp_path / "mixin" / "alertmanager.yml").read_text())
+    assert "k8s_cluster" in alertmanager["route"]["group_by"] and "cluster" not in alertmanager["route"]["group_by"]
 
 
 # ------------------------------------------------------------------------------------------------

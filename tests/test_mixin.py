@@ -24,7 +24,7 @@ from tests.conftest import ROOT
 # Where each output of `mixin --out DIR` is shipped in the checkout.
 SHIPPED = {
     "alertmanager.yml": ROOT / "deploy" / "alertmanager" / "alertmanager.yml",
-    "prometheusrule.yaml": ROOT / "deploy" / "kubernetes" / "base" / "prometheusrule.yaml",
+    "prometheusrule.yaml": ROOT / "deploy" / "kubernetes" / "cluster" / "prometheusrule.yaml",
     **{f"rules/{p.name}": p for p in (ROOT / "alerts" / "rules").glob("*.yaml")},
     **{f"dashboards/{p.name}": p for p in (ROOT / "dashboards").glob("*.json")},
 }

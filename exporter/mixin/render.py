@@ -2,7 +2,7 @@
 --out DIR` writes. With the default CONFIG each file is byte for byte the checkout's shipped copy:
 
     rules/<area>.yaml         alerts/rules/<area>.yaml
-    prometheusrule.yaml       deploy/kubernetes/base/prometheusrule.yaml
+    prometheusrule.yaml       deploy/kubernetes/cluster/prometheusrule.yaml
     alertmanager.yml          deploy/alertmanager/alertmanager.yml
     dashboards/<board>.json   dashboards/<board>.json
 """

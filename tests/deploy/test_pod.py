@@ -64,7 +64,7 @@ class Sidecar:
         self.deployment = one(objects, "Deployment")
         self.deployment["metadata"]["name"] = DEPLOYMENT
         self.monitor = one(objects, "PodMonitor")
-        self.rule = one(objects, "PrometheusRule")
+        self.rule = one(kustomize("cluster"), "PrometheusRule")  # cluster-wide, applied once
         ca = trustme.CA()
         cert = ca.issue_cert("llm-exporter")
         self.ca_pem = ca.cert_pem.bytes()
@@ -128,7 +128,7 @@ def sidecar(podman: Podman, tmp_path_factory: pytest.TempPathFactory):
 def test_every_probe_answers_where_the_manifest_points(sidecar: Sidecar):
     probes = [(c["name"], kind, c[kind]["httpGet"]) for c in containers(sidecar.deployment)
               for kind in ("livenessProbe", "readinessProbe", "startupProbe") if kind in c]
-    assert len(probes) >= 3
+    assert len(probes) >= 2  # the engine's readiness, the exporter's liveness
     for name, kind, http_get in probes:
         url = sidecar.url(name, http_get["port"], http_get["path"], http_get.get("scheme", "HTTP"))
         status, _ = wait_for(url, timeout=30, context=sidecar.tls)

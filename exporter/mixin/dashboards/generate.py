@@ -129,7 +129,7 @@ description, which Grafana shows on the panel's (i) icon).
   `deploy/grafana/provisioning/` at `/etc/grafana/provisioning`; the file provider
   (`dashboards/llm-exporter.yaml`) loads every `*.json` into the folder "LLM inference", and the
   datasource file points at `http://prometheus:9090`.
-- **kube-prometheus-stack:** the ConfigMaps in `deploy/kubernetes/base/dashboards/` carry the JSON
+- **kube-prometheus-stack:** the ConfigMaps in `deploy/kubernetes/cluster/dashboards/` carry the JSON
   unchanged with the label `grafana_dashboard: "1"` that the Grafana sidecar watches.
 - **By hand:** import the JSON (Dashboards > New > Import) and pick a Prometheus datasource.
 
