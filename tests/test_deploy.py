@@ -1083,3 +1083,39 @@ def test_make_stack_scrapes_the_exporter_with_rules_loaded(tmp_path):
         assert stack.main(["down", *argv], env={}) == 0
     assert stack.main(["status", *argv], env={}) == 3
     assert not list((tmp_path / "stack" / "pids").glob("*.pid"))
+
+
+def test_the_documented_pod_resources_patch_gives_the_injected_sidecar_the_socket_and_nothing_else(tmp_path):
+    """docs/deploy.md's patch, beside the sidecar component on the production-stack example, renders and
+    validates: the exporter gets the kubelet's socket read-only as uid 0 with every capability still
+    dropped, the downward API names its pod, and the engine container is untouched."""
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    snippet = doc[doc.index("# patches: [{path: pod-resources.yaml"):]
+    snippet = snippet[:snippet.index("```")]
+    shutil.copytree(K8S, tmp_path / "k")
+    example = tmp_path / "k" / "examples" / "production-stack"
+    (example / "pod-resources.yaml").write_text(snippet)
+    kustomization = yaml.safe_load((example / "kustomization.yaml").read_text())
+    documented = yaml.safe_load(snippet.splitlines()[0].removeprefix("# patches: "))
+    kustomization["patches"] = [*kustomization.get("patches", []), *documented]
+    (example / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    result = run(tool("kubectl"), "kustomize", example)
+    assert result.returncode == 0, result.stderr
+    deployments = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "Deployment"]
+    assert deployments
+    for d in deployments:
+        validate(d)
+        pod = pod_of(d)
+        exporter = exporter_of(pod)
+        assert exporter is not None
+        sc = exporter["securityContext"]
+        assert sc["runAsUser"] == 0 and sc["capabilities"]["drop"] == ["ALL"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert exporter["volumeMounts"] == [{"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources",
+                                             "readOnly": True}]
+        env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in exporter["env"]}
+        assert env["LLM_EXPORTER_POD_NAME"] == "metadata.name"
+        assert env["LLM_EXPORTER_POD_NAMESPACE"] == "metadata.namespace"
+        for c in pod["containers"]:
+            if c is not exporter:
+                assert "pod-resources" not in {m["name"] for m in c.get("volumeMounts", [])}, c["name"]
