@@ -240,9 +240,6 @@ def prometheus_config(cluster: str, members: Sequence[Replica], rules_glob: path
     """One cluster's Prometheus: its exporters by namespace, the rules, remote write of raw series.
     `replica`: one of an HA pair, told apart from its twin by REPLICA_LABEL alone."""
     timeout = f"{max(500, int(_seconds(interval) * 900))}ms"
-    by_namespace: dict[str, list[str]] = {}
-    for r in members:
-        by_namespace.setdefault(r.namespace, []).append(r.instance)
     external = {CLUSTER_LABEL: cluster, **({REPLICA_LABEL: replica} if replica else {})}
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": timeout,
@@ -252,8 +249,10 @@ def prometheus_config(cluster: str, members: Sequence[Replica], rules_glob: path
         # with two label sets (this server's copy carries external_labels, the central one may not).
         "scrape_configs": [{
             "job_name": JOB,
-            "static_configs": [{"targets": targets, "labels": {"namespace": ns}}
-                               for ns, targets in sorted(by_namespace.items())],
+            # The labels a Kubernetes scrape gives each pod: its namespace and its pod's name (the
+            # replica's), so the per-pod GPU rules (pod:llm_gpu_*) and their panel read this fleet too.
+            "static_configs": [{"targets": [r.instance], "labels": {"namespace": r.namespace, "pod": r.name}}
+                               for r in sorted(members, key=lambda r: (r.namespace, r.name))],
         }],
         "remote_write": [{
             "url": central_write,

@@ -252,7 +252,9 @@ AGGREGATORS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count",
 PROMETHEUS_SERIES = {"up"}
 # Labels the scrape adds (job, instance) or the Prometheus does (the fleet labels: external_labels,
 # Kubernetes target labels), which a selector may match although no family declares them.
-TARGET_LABELS = {"job", "instance", generate.CONFIG["cluster_label"], *generate.CONFIG["fleet_extra_labels"]}
+# Labels a scrape adds: Prometheus's own, the cluster's external label, Kubernetes' namespace and pod.
+TARGET_LABELS = {"job", "instance", generate.CONFIG["cluster_label"], *generate.CONFIG["fleet_extra_labels"],
+                 generate.CONFIG["pod_label"]}
 
 
 def tokens(expr: str) -> list[tuple[str, str]]:
@@ -332,7 +334,7 @@ def test_every_metric_in_a_rule_is_in_the_catalogue_and_docs_or_a_recording_rule
 
 # Recording-rule metrics that are no family but say what they count: the fleet's replicas and GPUs
 # up, and the finished requests' error, abort and availability (exporter/mixin/alerts/fleet.py).
-FLEET_METRICS = {"llm_replicas_up": "llm_engine_up", "llm_gpus_up": "llm_gpu_up",
+FLEET_METRICS = {"llm_replicas_up": "llm_engine_up", "llm_gpus_up": "llm_gpu_up", "llm_gpus": "llm_gpu_up",
                  "llm_requests_error": "llm_requests_finished_total",
                  "llm_requests_abort": "llm_requests_finished_total",
                  "llm_requests_availability": "llm_requests_finished_total"}
@@ -340,10 +342,11 @@ FLEET_METRICS = {"llm_replicas_up": "llm_engine_up", "llm_gpus_up": "llm_gpu_up"
 
 def test_recording_rule_names_follow_level_metric_operations():
     """level:metric:operations, the level saying what the rule keeps: target_model (every label but
-    aggregate_away), model (cluster, namespace, model: the fleet), cluster (cluster, namespace)."""
+    aggregate_away), model (cluster, namespace, model: the fleet), cluster (cluster, namespace), pod
+    (cluster, namespace, pod: an engine pod's GPUs)."""
     for name in recording_names():
         level, metric, ops = name.split(":")
-        assert level in ("target_model", "model", "cluster") and metric.startswith("llm_") and ops, name
+        assert level in ("target_model", "model", "cluster", "pod") and metric.startswith("llm_") and ops, name
         base = FLEET_METRICS.get(metric, metric.removesuffix("_bucket").removesuffix("_count"))
         assert base in catalog.FAMILIES or base + "_total" in catalog.FAMILIES, name
     for metric, family in FLEET_METRICS.items():
@@ -353,7 +356,7 @@ def test_recording_rule_names_follow_level_metric_operations():
 def test_fleet_rules_aggregate_by_cluster_namespace_model_and_never_divide_by_zero():
     """Every model:/cluster: rule names what it keeps (`by (cluster, namespace, ...)`, never a
     `without` that lets scrape labels leak), and every division's denominator is kept above 0."""
-    fleet = [r for r in rules() if "record" in r and r["record"].split(":")[0] in ("model", "cluster")]
+    fleet = [r for r in rules() if "record" in r and r["record"].split(":")[0] in ("model", "cluster", "pod")]
     assert len(fleet) > 20, fleet
     for rule in fleet:
         if "sum" in rule["expr"] or "count" in rule["expr"]:

@@ -186,8 +186,9 @@ RULE_LABELS = {
     "target_model": {"cluster", "namespace", "job", "instance", "target", "engine", "model"},
     "model": {"cluster", "namespace", "model", "engine"},
     "cluster": {"cluster", "namespace"},
+    "pod": {"cluster", "namespace", "pod"},
 }
-FLEET_LEVELS = ("model", "cluster")
+FLEET_LEVELS = ("model", "cluster", "pod")
 
 
 def series_labels(name: str) -> set[str]:

@@ -32,6 +32,12 @@ CONFIG: dict = {
     # from the sidecars, so join on the node: ("job", "kubernetes_node"), with every PodMonitor/ServiceMonitor
     # setting `node` from __meta_kubernetes_pod_node_name (the shipped ones do).
     "gpu_join_labels": ("job", "instance"),
+    # Per engine pod GPU rules (pod:llm_gpu_*, the Fleet board's "GPUs per engine pod"): the label a
+    # Kubernetes scrape gives each pod's series, and the prefix under which a scrape that keeps its own
+    # target labels (honorLabels: false) stores the holder's pod and namespace that the DaemonSet
+    # (--kubernetes-gpu-mapping) writes on each GPU, as it does dcgm-exporter's: exported_pod.
+    "pod_label": "pod",
+    "gpu_holder_label_prefix": "exported_",
     # Labels summed away when recording per-target rules; everything else is kept (`without`).
     # Add "instance" (or "pod") here to get fleet-wide SLOs per target name and model.
     "aggregate_away": ("rank",),
@@ -231,7 +237,7 @@ _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Keys whose value names labels: each must be a valid Prometheus label name, since it is spliced
 # into every selector, grouping and template.
 _LABEL_KEYS = frozenset({"cluster_label", "fleet_extra_labels", "exporter_labels", "gpu_join_labels",
-                         "aggregate_away"})
+                         "aggregate_away", "pod_label", "gpu_holder_label_prefix"})
 
 
 def with_overrides(base: Mapping, overrides: object, where: str = "") -> dict:

@@ -64,6 +64,34 @@ def ratio(bad: str, total: str) -> str:
     return f"({bad}\n  or 0 * {total})\n/\n{when_positive(total)}"
 
 
+POD_GPU_RULES = (  # record name, GPU family, aggregation over the pod's GPUs
+    ("pod:llm_gpus:count", "llm_gpu_up", "count"),
+    ("pod:llm_gpu_utilization_ratio:avg", "llm_gpu_utilization_ratio", "avg"),
+    ("pod:llm_gpu_dram_bandwidth_utilization_ratio:avg", "llm_gpu_dram_bandwidth_utilization_ratio", "avg"),
+    ("pod:llm_gpu_power_watts:sum", "llm_gpu_power_watts", "sum"),
+)
+
+
+def pod_gpu_rules(cfg: dict) -> list[dict]:
+    """Each engine pod's GPUs, whoever reads them: a sidecar's GPU series carry its own pod's labels;
+    the DaemonSet's carry the holder's as exported_pod / exported_namespace (gpu_holder_label_prefix),
+    which replace its own here. Kept only for pods with an engine target (llm_engine_up with a pod),
+    so the DaemonSet's free GPUs (its own pod) and scrapes without pods (no Kubernetes) record nothing."""
+    pod, prefix = cfg["pod_label"], cfg["gpu_holder_label_prefix"]
+    holder = (*cfg["fleet_extra_labels"], pod)
+    keys = ", ".join((*fleet_labels(cfg), pod))
+
+    def as_holder(expr: str) -> str:
+        for label in holder:
+            expr = f'label_replace({expr}, "{label}", "$1", "{prefix}{label}", "(.+)")'
+        return expr
+
+    with_pod = pod + '!=""'
+    engines = f"group by ({keys}) ({sel('llm_engine_up', with_pod, cfg=cfg)})"
+    return [rec(name, f"{how} by ({keys}) (\n  {as_holder(sel(family, cfg=cfg))}\n)\nand on ({keys}) {engines}")
+            for name, family, how in POD_GPU_RULES]
+
+
 def groups(cfg: dict) -> list[dict]:
     w = cfg["rate_window"]
     n = nominal(w)
@@ -124,6 +152,7 @@ def groups(cfg: dict) -> list[dict]:
         rec(GPUS_UP, f"count {by_fleet(cfg=cfg)} ({sel('llm_gpu_up', cfg=cfg)} == 1)"),
         rec("model:llm_kv_cache_capacity_tokens:sum", fleet_sum(sel("llm_kv_cache_capacity_tokens", cfg=cfg))),
     ]
+    rules += pod_gpu_rules(cfg)
 
     lookback, critical = cfg["fleet_capacity_lookback"], cfg["fleet_capacity_critical_ratio"]
 

@@ -271,6 +271,13 @@ not apply: GPUs belong to nodes, not to a model. A drop without a replica drop i
 engine (XID 79, a fallen-off bus): check the GPU board's health row.
 """, [target(C.sel("cluster:llm_gpus_up:count"), "GPUs {{cluster}} {{namespace}}")],
             unit="short", w=8, minimum=0, decimals=0),
+        timeseries("GPU busy per engine pod", """
+Each engine pod's GPUs, busy share averaged over them (pod:llm_gpu_utilization_ratio:avg), whichever exporter
+reads them: a sidecar watching its engine's GPUs, or the node's DaemonSet, which names the pod holding each GPU
+(docs/deploy.md, "DaemonSet"). A pod missing here has no GPU series of its own: its sidecar runs without GPUs
+and no DaemonSet maps them. One pod busy while its neighbours idle is load the router sends unevenly.
+""", [target(C.sel("pod:llm_gpu_utilization_ratio:avg"), "{{cluster}} {{namespace}}/{{pod}}")],
+            unit="percentunit", w=8, minimum=0, maximum=1),
         timeseries("KV cache capacity per model", """
 Tokens of KV cache the model's replicas allocated, summed (model:llm_kv_cache_capacity_tokens:sum). It is
 what bounds concurrent context across the fleet: replicas lost, or restarted with a smaller pool, shrink it.
