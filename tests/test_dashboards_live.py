@@ -90,6 +90,10 @@ NO_DATA: dict[tuple[str, str, str], tuple[str, bool]] = {
         "engine without it", True)
        for title in ("Speculative decoding: acceptance ratio and length",
                      "Speculative decoding: draft and accepted tokens/s (5m)") for ref in "AB"},
+    ("LLM Serving / Fleet", "GPU busy per engine pod", "A"):
+        ("the pod label of a Kubernetes scrape: the demo's Prometheus scrapes exporters without pods; the fleet "
+         "tier (namespace and pod labels) and alerts/tests/fleet-test.yaml (both Kubernetes layouts) check it",
+         True),
     ("LLM Serving / Host", "Collection errors by reason", "A"):
         ("llm_exporter_collect_errors_total appears only after a failed collection; the demo's sources "
          "do not fail", False),
