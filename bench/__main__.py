@@ -14,7 +14,8 @@ import sys
 import time
 
 MODULES = ("bench.bench_parser", "bench.bench_normalize", "bench.bench_metrics", "bench.bench_gpu", "bench.bench_host",
-           "bench.bench_derive", "bench.bench_fetch", "bench.bench_soak", "bench.bench_fleet")
+           "bench.bench_derive", "bench.bench_fetch", "bench.bench_podresources", "bench.bench_soak",
+           "bench.bench_fleet")
 DOC = pathlib.Path("docs/benchmarks.md")
 
 
