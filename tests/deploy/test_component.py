@@ -71,6 +71,13 @@ def test_the_component_in_a_plain_deployment_runs_and_is_scraped(podman: Podman,
     # the kubelet reads the pod's, which the template gives it. So the play gets the template's
     # annotations on the Deployment as well; the manifest's env, the downward API path, is unchanged.
     deployment["metadata"]["annotations"] = dict(deployment["spec"]["template"]["metadata"]["annotations"])
+    # podman 4.3's kube play refuses the fieldRef metadata.namespace ("not valid or not supported"),
+    # which every kubelet resolves; the play gets the namespace it would give the pod, as a value.
+    exporter = next(c for c in containers(deployment) if c["name"] == "llm-exporter")
+    for env in exporter["env"]:
+        if env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
+            env.pop("valueFrom")
+            env["value"] = "default"
     manifest = tmp_path / "pod.yaml"
     manifest.write_text(yaml.safe_dump(deployment))
     ports = free_ports(("prometheus",))
