@@ -12,7 +12,7 @@ import tempfile
 import pytest
 
 from exporter.snapshot import Sample, make_labels
-from exporter.sources.gpu.attribution import Attribution, AttributionOptions, label_owners
+from exporter.sources.gpu.attribution import Attribution, AttributionOptions, OwnerLabels
 from exporter.sources.podresources import (
     MAX_CONTAINERS,
     MAX_STRING_BYTES,
@@ -240,7 +240,7 @@ def test_label_owners_adds_the_holder_to_gpu_series_only() -> None:
     gpu = Sample("llm_gpu_up", make_labels({"gpu": "0", "uuid": UUIDS[0], "name": "H100"}), 1.0)
     free = Sample("llm_gpu_up", make_labels({"gpu": "1", "uuid": UUIDS[1], "name": "H100"}), 1.0)
     other = Sample("llm_exporter_source_up", make_labels({"uuid": UUIDS[0]}), 1.0)
-    out = label_owners((gpu, free, other), {UUIDS[0]: Owner("a", "ns1", "vllm")})
+    out = OwnerLabels().apply((gpu, free, other), {UUIDS[0]: Owner("a", "ns1", "vllm")})
     assert dict(out[0].labels) == {"gpu": "0", "uuid": UUIDS[0], "name": "H100", "pod": "a", "namespace": "ns1",
                                    "container": "vllm"}
     assert out[1:] == (free, other)

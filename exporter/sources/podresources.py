@@ -81,9 +81,10 @@ class ContainerResources:
     devices: tuple[ContainerDevices, ...]
     dynamic_resources: tuple[DynamicResource, ...] = ()
 
-    def device_ids(self, resource_name: str) -> tuple[str, ...]:
-        """The IDs of every device of `resource_name` this container holds, in the kubelet's order."""
-        return tuple(i for d in self.devices if d.resource_name == resource_name for i in d.device_ids)
+    def device_ids(self, resource_prefix: str) -> tuple[str, ...]:
+        """The IDs of every device whose resource name starts with `resource_prefix` (`nvidia.com/`:
+        GPUs and MIG instances) this container holds, in the kubelet's order."""
+        return tuple(i for d in self.devices if d.resource_name.startswith(resource_prefix) for i in d.device_ids)
 
 
 @dataclass(frozen=True, slots=True)

@@ -223,7 +223,7 @@ class Attribution:
                     continue
             elif c.name == o.exporter_container:
                 continue
-            out.extend(i for d in c.devices if d.resource_name.startswith(GPU_RESOURCE_PREFIX) for i in d.device_ids)
+            out.extend(c.device_ids(GPU_RESOURCE_PREFIX))
         return out
 
     def _owners(self) -> Mapping[str, Owner]:
@@ -236,12 +236,9 @@ class Attribution:
         owners: dict[str, Owner] = {}
         for pod in pods:
             for c in pod.containers:
-                for d in c.devices:
-                    if not d.resource_name.startswith(GPU_RESOURCE_PREFIX):
-                        continue
-                    for uuid in d.device_ids:
-                        if len(owners) < MAX_OWNED_GPUS:
-                            owners[uuid] = Owner(pod.name, pod.namespace, c.name)
+                for uuid in c.device_ids(GPU_RESOURCE_PREFIX):
+                    if len(owners) < MAX_OWNED_GPUS:
+                        owners[uuid] = Owner(pod.name, pod.namespace, c.name)
         return MappingProxyType(owners)
 
     def _fresh(self) -> tuple[PodResources, ...] | None:
@@ -419,11 +416,6 @@ class OwnerLabels:
                     cache[s.labels] = labels
             out.append(s if labels is s.labels else Sample(s.name, labels, s.value))
         return tuple(out)
-
-
-def label_owners(samples: tuple[Sample, ...], owners: Mapping[str, Owner]) -> tuple[Sample, ...]:
-    """OwnerLabels.apply once, remembering nothing."""
-    return OwnerLabels().apply(samples, owners)
 
 
 class AttributedGpuSource:

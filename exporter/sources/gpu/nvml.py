@@ -218,7 +218,8 @@ class NvmlSource:
     def _read(self, gen: _Generation, now: float) -> SourceData:
         pids, want_engine = self._engine_pids()
         samples: list[Sample] = []
-        lost: list[GpuIdentity] = [i for i in gen.unopened if self._wants(i)]
+        unopened = [i for i in gen.unopened if self._wants(i)]
+        lost: list[GpuIdentity] = list(unopened)
         for dev in gen.devices:
             if not self._wants(dev.ident):
                 continue
@@ -235,9 +236,7 @@ class NvmlSource:
                 lost.append(dev.ident)
                 samples.append(Sample("llm_gpu_up", dev.labels, 0.0))
             samples.extend(self._xid_samples(dev.ident, dev.labels))
-        for ident in gen.unopened:
-            if not self._wants(ident):
-                continue
+        for ident in unopened:
             samples.append(Sample("llm_gpu_up", ident.labels(), 0.0))
             samples.extend(self._xid_samples(ident, ident.labels()))
         if lost and not gen.needs_reinit:
