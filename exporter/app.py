@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from exporter import collectors
+from exporter.catalog import profiles
 from exporter.collect import MANY_TARGETS, MAX_SCRAPES_IN_FLIGHT, Collector
 from exporter.config import Config, ConfigError
 from exporter.derive import build_deriver
@@ -82,7 +83,20 @@ def bind_listener(config: Config) -> socket.socket:
 def make_collector(config: Config, sources: Sequence[Source], *,
                    extra_health: Callable[[], Iterable[Sample]] | None = None) -> Collector:
     return Collector(sources, interval_s=config.interval_s, derive=build_deriver(config), extra_health=extra_health,
-                     collectors=collectors.BY_KIND)
+                     collectors=collectors.BY_KIND, families=written_families(config))
+
+
+def written_families(config: Config) -> frozenset[str] | None:
+    """The families /metrics writes: --families FILE, else --profile (None: every family, `full`).
+    A file that cannot be read or names an unknown family is a ConfigError (exit 2)."""
+    path = config.families_file
+    if path:
+        try:
+            return Detached[frozenset]("families files", STARTUP_TIMEOUT_S).call(
+                lambda: profiles.read_families_file(path))
+        except (FileReadError, profiles.FamiliesFileError) as error:
+            raise ConfigError("families_file", path, str(error)) from None
+    return None if config.profile == "full" else profiles.families(config.profile)
 
 
 def load_web_config(config: Config) -> WebConfigManager | None:

@@ -59,7 +59,7 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"no client-side probe (default: one every {DEMO_PROBE_EVERY_S:g}s to each twin's "
                              "OpenAI API; the verdict leaves the probe's own work out, so idle stays idle)")
     add_flags(parser, ("gpu_price_per_hour", "listen", "interval_s", "log_level", "host_backend",
-                       "gpu_retry_interval_s"),
+                       "gpu_retry_interval_s", "profile", "families_file", "host_per_cpu"),
               helps={"gpu_price_per_hour": "price of one GPU-hour, for the cost-per-token panels (default "
                                            f"{DEMO_GPU_PRICE_PER_HOUR}, an example figure of the order of "
                                            "public-cloud on-demand H100 prices)",
@@ -108,7 +108,7 @@ def setup_logging(level: str) -> None:
 
 
 def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from exporter.app import bind_listener, build_sources, load_web_config, serve, tune_gc
+    from exporter.app import bind_listener, build_sources, load_web_config, serve, tune_gc, written_families
 
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     try:
@@ -117,6 +117,7 @@ def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         for warning in env_warnings(env):
             logging.getLogger("exporter.config").warning("%s", warning)
         web = load_web_config(config)
+        written_families(config)  # a families file that cannot be used fails the start (exit 2)
         sources = build_sources(config)
         sock = bind_listener(config)
     except ConfigError as error:
@@ -155,8 +156,13 @@ def command_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             raise ConfigError("speed", args.speed, "must be between 0.1 and 100")
         config = load_config({"listen": args.listen, "interval": args.interval, "log_level": args.log_level,
                               "gpu_backend": "none", "gpu_price_per_hour": args.gpu_price_per_hour,
-                              "host_backend": args.host_backend, "gpu_retry_interval": args.gpu_retry_interval}, {})
+                              "host_backend": args.host_backend, "gpu_retry_interval": args.gpu_retry_interval,
+                              "profile": args.profile, "families_file": args.families_file,
+                              "host_per_cpu": args.host_per_cpu}, {})
         setup_logging(config.log_level)
+        from exporter.app import written_families
+
+        written_families(config)  # a families file that cannot be used fails the start (exit 2)
         asyncio.run(run_demo(config, scenario=args.scenario, engines=args.engines, gpus=args.gpus,
                              engine_format=args.engine_format, gpu_name=args.gpu_name, model=args.model,
                              seed=args.seed, speed=args.speed, numa_mismatch=args.numa_mismatch,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from exporter import __version__
+from exporter import __version__, catalog
 from exporter.clock import Clocks
 from exporter.expose import Renderer
 from exporter.logstate import StateLog
@@ -111,6 +111,7 @@ class Collector:
         monotonic: Callable[[], float] | None = None,
         extra_health: Callable[[], Iterable[Sample]] | None = None,
         collectors: Mapping[SourceKind, str] | None = None,
+        families: frozenset[str] | None = None,
     ) -> None:
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
@@ -132,6 +133,10 @@ class Collector:
         # kind not in it (tests' OTHER sources) counts for none.
         self.collectors = collectors or {}
         self.health = {s.name: SourceHealth() for s in sources}
+        # The profile's families (exporter/catalog/profiles.py), as the sample names they write: a
+        # profile only decides what /metrics shows, derive and the verdict see every family.
+        self.written: frozenset[str] | None = None if families is None else frozenset(
+            name for family in families for name in catalog.FAMILIES[family].sample_names())
         self.latest: Published | None = None
         self.cycles = 0
         self.scrapes_rejected = 0
@@ -284,6 +289,9 @@ class Collector:
         snapshot = Snapshot(snapshot.taken_at, snapshot.results, derived, steady)
         self.cycles += 1
         samples = (*snapshot.samples(include_derived=True), *self.self_health(snapshot))
+        if self.written is not None:
+            written = self.written
+            samples = tuple(s for s in samples if s.name in written)
         published = Published(snapshot, tuple(samples), self.renderer)
         self.latest = published
         self._last_cycle_s = time.perf_counter() - started

@@ -91,6 +91,9 @@ class Config:
     exporter_container: str = "llm-exporter"
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     kubernetes_gpu_mapping: bool = False
+    profile: str = "default"
+    families_file: str | None = None
+    host_per_cpu: bool = False
     collector_engine: bool = True
     collector_probe: bool = True
     collector_host: bool = True

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from exporter.catalog.profiles import DEFAULT_PROFILE, PROFILES  # the profile names (families.csv)
 from exporter.slo import TBT, TTFT  # the thresholds alerts/ and dashboards/ use too
 from exporter.yamlsafe import MAX_ECHO_CHARS, shorten
 
@@ -634,6 +635,16 @@ SETTINGS: tuple[Setting, ...] = (
             "DaemonSet mode: label every GPU with the pod, namespace and container that hold it, from the "
             "kubelet's pod-resources List (default off)", flag="--kubernetes-gpu-mapping",
             flag_action="switch"),
+    Setting("profile", Choice(PROFILES), "str", DEFAULT_PROFILE,
+            "which families /metrics writes: minimal (the verdict, SLO burn, hardware faults, the fleet view), "
+            "default or full; exporter/catalog/families.csv lists each family's profile (default default)",
+            flag="--profile", metavar="|".join(PROFILES)),
+    Setting("families_file", Text(), "str | None", None,
+            "write exactly the families this file lists (the format of exporter/catalog/families.csv, "
+            "copied and trimmed); replaces --profile", flag="--families", metavar="FILE"),
+    Setting("host_per_cpu", Boolean(), "bool", False,
+            "write llm_host_cpu_busy_ratio for every CPU (a 256-CPU host: 257 series) instead of cpu=\"all\" "
+            "and the busiest core (default off)", flag="--host-per-cpu", flag_action="switch"),
     *(_switch(c) for c in COLLECTORS),
 )
 
