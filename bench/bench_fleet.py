@@ -95,9 +95,17 @@ _pages: dict[tuple[str, int], str] = {}
 
 def series_per_replica(engine_format: str, gpus: int) -> tuple[int, int]:
     """(series, families) of one demo replica's /metrics once stable (the page kept in _pages)."""
+    text = stable_page(engine_format, gpus)
+    _pages[(engine_format, gpus)] = text
+    return _samples(text) + PROMETHEUS_PER_TARGET, len(family_series(text))
+
+
+def stable_page(engine_format: str, gpus: int, extra: Sequence[str] = ()) -> str:
+    """One `llm-exporter demo --engines 1` replica's /metrics once three scrapes 1 s apart agree on the
+    number of series (`extra`: more demo arguments, e.g. --profile)."""
     port = free_port()
     argv = [sys.executable, "-m", "exporter.cli", "demo", "--engines", "1", "--listen", f"127.0.0.1:{port}",
-            "--no-probe", "--interval", "1s", "--engine-format", engine_format, "--gpus", str(gpus)]
+            "--no-probe", "--interval", "1s", "--engine-format", engine_format, "--gpus", str(gpus), *extra]
     process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
@@ -114,8 +122,7 @@ def series_per_replica(engine_format: str, gpus: int) -> tuple[int, int]:
         # Histograms and counters appear with the first requests; three equal scrapes 1 s apart after that.
         if not wait_until(stable, timeout=60, interval=1.0):
             raise RuntimeError(f"{engine_format} x{gpus}: /metrics never settled: {counts[-5:]}")
-        _pages[(engine_format, gpus)] = text
-        return counts[-1] + PROMETHEUS_PER_TARGET, len(family_series(text))
+        return text
     finally:
         process.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
