@@ -59,14 +59,24 @@ import httpx
 from tests.support import free_ports, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _duration_s(duration: str) -> float:
+    from exporter.slo import duration_seconds
+
+    return duration_seconds(duration)
+
+
 SIZES = tuple(int(n) for n in os.environ.get("LLM_EXPORTER_STORE_SIZES", "100,300,1000").split(","))
 DAYS = float(os.environ.get("LLM_EXPORTER_STORE_DAYS", "3"))
 INTERVAL = os.environ.get("LLM_EXPORTER_STORE_INTERVAL", "30m")
 PROFILES = tuple(os.environ.get("LLM_EXPORTER_STORE_PROFILES", "default,minimal").split(","))
 EVAL_INTERVAL_S = 15
 ROUNDS = 3
-RANGES = (("6h", 6 * 3600), ("1d", 86400))
-REPLAY_S = 86400 + 3600  # recorded series backfilled over the longest panel range (and an hour before it)
+# The boards' time ranges (LLM_EXPORTER_STORE_RANGES, e.g. "6h,1d"): each costs its queries, and the longest
+# the replay that backfills recorded series under it (25 h of replay at 1,000 replicas took 275 s here).
+RANGES = tuple((r, int(_duration_s(r))) for r in os.environ.get("LLM_EXPORTER_STORE_RANGES", "6h").split(","))
+REPLAY_S = max(s for _, s in RANGES) + 3600  # recorded series backfilled over the longest range and an hour before
 POINTS = 1000  # Grafana's maxDataPoints for a full-width panel: step = range / POINTS
 CLUSTERS = ("a", "b")
 NAMESPACES = ("chat", "batch", "agents", "eval")
@@ -309,6 +319,7 @@ class StoreCost:
     vmalert_rss_mb: float
     round_s: float  # sum over groups of the mean iteration
     groups: dict[str, float]  # group -> mean iteration (s)
+    rules: dict[str, float]  # "group / rule" -> its expression as one instant query at now (s)
     replay_s: float  # vmalert's replay of every rule over the last REPLAY_S at the data's interval
     panels: dict[str, dict[str, float]]  # range name -> "panel / ref" -> seconds
     empty: dict[str, list[str]]  # range name -> queries without a finite value
@@ -472,11 +483,12 @@ def store_cost(profile: str, shapes: Sequence[Shape], n: int, timeline: Timeline
             httpx.get(vm + "/internal/force_flush", timeout=120)
             recorded = _sum(_metrics(vm), "vm_new_timeseries_created_total") - series
 
+            per_rule = rule_times(vm, rules["central"], end_s)
             panels, empty, failed = board_times(vm, board_mod, timeline)
             rss_after = (fleet_mod.rss_bytes(vm_proc.pid) or 0) / 2**20
             return StoreCost(profile, n, series_of(shapes), series, recorded, sent * timeline.count, load_s, spent,
-                             vm_cpu, rss_loaded, rss_after, disk, vmalert_rss, sum(groups.values()), groups, replay_s,
-                             panels, empty, failed)
+                             vm_cpu, rss_loaded, rss_after, disk, vmalert_rss, sum(groups.values()), groups,
+                             per_rule, replay_s, panels, empty, failed)
         finally:
             for process in reversed(processes):
                 _stop(process)
@@ -524,6 +536,23 @@ def recording_levels(rules_glob: pathlib.Path, out: pathlib.Path) -> list[pathli
                 (target / path.name).write_text(yaml.safe_dump({"groups": mine}, sort_keys=False))
         globs.append(target / "*.yaml")
     return globs
+
+
+def rule_times(vm: str, rules_glob: pathlib.Path, at_s: float) -> dict[str, float]:
+    """Each rule's expression as one instant query at `at_s`, one after the other as vmalert runs a group:
+    "group / rule" -> seconds (vmalert 1.79 reports time per group, not per rule)."""
+    import yaml
+
+    out: dict[str, float] = {}
+    with httpx.Client(timeout=300) as client:
+        for path in sorted(rules_glob.parent.glob(rules_glob.name)):
+            for group in (yaml.safe_load(path.read_text()) or {}).get("groups", []):
+                for rule in group.get("rules", []):
+                    t0 = time.perf_counter()
+                    client.get(vm + "/api/v1/query", params={"query": rule["expr"], "time": at_s})
+                    name = rule.get("record") or rule.get("alert")
+                    out[f"{group['name'].removeprefix('llm-exporter.')} / {name}"] = time.perf_counter() - t0
+    return out
 
 
 def _instant(vm: str, expr: str) -> float:
@@ -601,12 +630,6 @@ def _rfc3339(epoch_s: float) -> str:
 # ------------------------------------------------------------------------------------------------
 # The bench
 # ------------------------------------------------------------------------------------------------
-def _seconds(duration: str) -> float:
-    from exporter.slo import duration_seconds
-
-    return duration_seconds(duration)
-
-
 def page(profile: str) -> str:
     """One demo replica's /metrics once stable (bench_fleet's procedure) with `--profile`."""
     from bench import bench_fleet
@@ -619,8 +642,11 @@ _setup: dict[str, object] = {}
 
 
 def measure() -> list[StoreCost]:
+    from bench.__main__ import _load
+
+    _setup["load_before"] = _load()
     out = []
-    step_s = _seconds(INTERVAL)
+    step_s = _duration_s(INTERVAL)
     for profile in PROFILES:
         shapes = parse_page(page(profile))
         for n in SIZES:
@@ -631,6 +657,7 @@ def measure() -> list[StoreCost]:
             out.append(cost)
             print(f"# store {profile} N={n}: {time.perf_counter() - started:.0f}s, {cost.samples:,} samples, "
                   f"{cost.rows_per_s:,.0f} rows/s, round {cost.round_s:.2f}s", file=sys.stderr)
+    _setup["load_after"] = _load()
     return out
 
 
@@ -642,7 +669,7 @@ def run() -> list[tuple[str, str]]:
         rows.append((f"store: {c.profile} N={c.replicas}: series / rows/s / VM RSS MB / disk MB",
                      f"{c.series:.0f} / {c.rows_per_s:.0f} / {c.vm_rss_after_mb:.0f} / {c.disk_mb:.0f}"))
         rows.append((f"store: {c.profile} N={c.replicas}: rule round s / panel median / max s",
-                     f"{c.round_s:.3f} / {_median(c, '6h'):.3f} / {_max(c, '6h')[1]:.3f}"))
+                     f"{c.round_s:.3f} / {_median(c, RANGES[0][0]):.3f} / {_max(c, RANGES[0][0])[1]:.3f}"))
     return rows
 
 
@@ -679,17 +706,22 @@ def section() -> str:
     machine = f"{os.cpu_count()} CPUs, {_mem_gb():.0f} GB"
     lines = ["## Central store: steady state with days of data", "",
              "Written by `python -m bench store` (bench/bench_store.py says what is generated and measured). "
-             f"VictoriaMetrics and vmalert {_version()} (Debian's) on this machine ({machine}), a fresh store per "
-             f"row: {DAYS:g} days of one sample every {INTERVAL} per series ({_setup.get('samples_per_series')} "
-             "samples per series, ending now) loaded through /api/v1/import; then vmalert's replay mode writes every "
-             "rule's results over the last 25 h at the data's interval (the boards read recorded series; the "
-             "replay's wall time is in the table); then vmalert with the shipped central "
-             f"rules, {ROUNDS} rounds every {EVAL_INTERVAL_S} s, its 1d and 3d windows full; then every query of the "
-             "fleet board (variables at All) as a range query over the last 6 h and 1 d at range/1,000 step. "
-             "The interval is not 15 s: 3 days of 15 s samples of 1,000 replicas is about 7,000 times more samples "
-             "per series than this machine loads in minutes. Series, index and the lookups of rules and panels are "
-             "production's; the samples decoded inside a long window are interval/15 s fewer than production's.",
-             ""]
+             f"VictoriaMetrics and vmalert {_version()} (Debian's) on this machine ({machine}; load average "
+             f"{_setup.get('load_before')} before, {_setup.get('load_after')} after: other work shared it), a fresh "
+             f"store per row. {DAYS:g} days of one sample every {INTERVAL} per series "
+             f"({_setup.get('samples_per_series')} samples per series, ending now) loaded through /api/v1/import; "
+             f"vmalert's replay mode writes the recording rules' results over the last {REPLAY_S / 3600:g} h at the "
+             "data's interval (the boards read recorded series; its wall time is the replay column); vmalert with "
+             f"the shipped central rules, {ROUNDS} rounds every {EVAL_INTERVAL_S} s at now, the 1d and 3d windows "
+             "full; every query of the fleet board (variables at All) as a range query over the last "
+             + " and ".join(r for r, _ in RANGES) + " at a step of range/1,000 (Grafana's for a full-width panel).",
+             "",
+             f"The interval is {INTERVAL}, not 15 s: 3 days of 15 s samples of 1,000 replicas (about 6.6 G samples "
+             "for `default`) do not load on 2 cores in minutes. Series, index, and the series each rule and panel "
+             "looks up are production's; the samples a long window decodes are interval/15 s fewer, so the 1d and "
+             "3d rules' sample work is understated by that factor (their series lookups are not). VictoriaMetrics "
+             "widens a rate window shorter than the sample interval to the interval, so the 5m rules read the newest "
+             "samples.", ""]
     for profile in PROFILES:
         costs = sorted((c for c in _last if c.profile == profile), key=lambda c: c.replicas)
         if not costs:
@@ -698,8 +730,8 @@ def section() -> str:
                   "Prometheus' 5 per target included)", "",
                   "| replicas | active series (raw + recorded) | samples loaded | ingestion rows/s (store CPU s) | "
                   "store RSS loaded / after queries | disk | vmalert RSS | rule round (s) | slowest 3 groups (s) | "
-                  "replay 1 d (s) | panels 6h median / max (s) | panels 1d median / max (s) |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "replay (s) | " + " | ".join(f"panels {r} median / max (s)" for r, _ in RANGES) + " |",
+                  "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(RANGES)]
         for c in costs:
             slow = sorted(c.groups.items(), key=lambda kv: kv[1], reverse=True)[:3]
             lines.append(
@@ -707,18 +739,23 @@ def section() -> str:
                 f"{c.rows_per_s:,.0f} ({c.vm_load_cpu_s:.0f}) | {c.vm_rss_loaded_mb:,.0f} / {c.vm_rss_after_mb:,.0f}"
                 f" MB | {c.disk_mb:,.0f} MB | {c.vmalert_rss_mb:.0f} MB | {c.round_s:.2f} | "
                 + ", ".join(f"{g.removeprefix('llm-exporter.')} {s:.2f}" for g, s in slow)
-                + f" | {c.replay_s:.0f} | {_median(c, '6h'):.3f} / {_max(c, '6h')[1]:.2f} | {_median(c, '1d'):.3f} / "
-                f"{_max(c, '1d')[1]:.2f} |")
+                + f" | {c.replay_s:.0f} | "
+                + " | ".join(f"{_median(c, r):.3f} / {_max(c, r)[1]:.2f}" for r, _ in RANGES) + " |")
         lines += ["", "Growth from the smallest to the largest size (slope, and k in value ~ N^k; k > 1 grows "
                   "faster than linearly):", "",
                   f"- active series: {_growth(costs, lambda c: c.series + c.recorded)}; store RSS: "
                   f"{_growth(costs, lambda c: c.vm_rss_after_mb)} MB; disk: {_growth(costs, lambda c: c.disk_mb)} MB;",
-                  f"- rule round: {_growth(costs, lambda c: c.round_s)} s; panels' 6 h median: "
-                  f"{_growth(costs, lambda c: _median(c, '6h'))} s;"]
+                  f"- rule round: {_growth(costs, lambda c: c.round_s)} s; panels' {RANGES[0][0]} median: "
+                  f"{_growth(costs, lambda c: _median(c, RANGES[0][0]))} s; slowest panel: "
+                  f"{_growth(costs, lambda c: _max(c, RANGES[0][0])[1])} s;"]
         for group in sorted(costs[-1].groups, key=lambda g: costs[-1].groups[g], reverse=True)[:4]:
             lines.append(f"- group `{group}`: {_growth(costs, lambda c, g=group: c.groups.get(g, 0.0))} s;")
         big = costs[-1]
-        for range_name in ("6h", "1d"):
+        top_rules = sorted(big.rules.items(), key=lambda kv: kv[1], reverse=True)[:6]
+        if top_rules:
+            lines.append(f"- slowest rules at {big.replicas:,} replicas (each expression as one instant query): "
+                         + "; ".join(f"`{name}` {s:.2f} s" for name, s in top_rules) + ".")
+        for range_name, _ in RANGES:
             top = sorted(big.panels.get(range_name, {}).items(), key=lambda kv: kv[1], reverse=True)[:5]
             lines.append(f"- slowest panels at {big.replicas:,} replicas ({range_name}): "
                          + "; ".join(f"{name} {s:.2f} s" for name, s in top) + ".")
