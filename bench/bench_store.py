@@ -713,7 +713,10 @@ def section() -> str:
              f"vmalert's replay mode writes the recording rules' results over the last {REPLAY_S / 3600:g} h at the "
              "data's interval (the boards read recorded series; its wall time is the replay column); vmalert with "
              f"the shipped central rules, {ROUNDS} rounds every {EVAL_INTERVAL_S} s at now, the 1d and 3d windows "
-             "full; every query of the fleet board (variables at All) as a range query over the last "
+             "full (the round is the sum over groups of vmalert_iteration_duration_seconds' mean: the groups run "
+             "concurrently and contend for the 2 cores, so \"rules one at a time\" also gives each rule's expression "
+             "as one instant query, summed); every query of the fleet board (variables at All) as a range query "
+             "over the last "
              + " and ".join(r for r, _ in RANGES) + " at a step of range/1,000 (Grafana's for a full-width panel).",
              "",
              f"The interval is {INTERVAL}, not 15 s: 3 days of 15 s samples of 1,000 replicas (about 6.6 G samples "
@@ -730,8 +733,9 @@ def section() -> str:
                   "Prometheus' 5 per target included)", "",
                   "| replicas | active series (raw + recorded) | samples loaded | ingestion rows/s (store CPU s) | "
                   "store RSS loaded / after queries | disk | vmalert RSS | rule round (s) | slowest 3 groups (s) | "
+                  "rules one at a time (s) | "
                   "replay (s) | " + " | ".join(f"panels {r} median / max (s)" for r, _ in RANGES) + " |",
-                  "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(RANGES)]
+                  "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(RANGES)]
         for c in costs:
             slow = sorted(c.groups.items(), key=lambda kv: kv[1], reverse=True)[:3]
             lines.append(
@@ -739,7 +743,7 @@ def section() -> str:
                 f"{c.rows_per_s:,.0f} ({c.vm_load_cpu_s:.0f}) | {c.vm_rss_loaded_mb:,.0f} / {c.vm_rss_after_mb:,.0f}"
                 f" MB | {c.disk_mb:,.0f} MB | {c.vmalert_rss_mb:.0f} MB | {c.round_s:.2f} | "
                 + ", ".join(f"{g.removeprefix('llm-exporter.')} {s:.2f}" for g, s in slow)
-                + f" | {c.replay_s:.0f} | "
+                + f" | {sum(c.rules.values()):.2f} | {c.replay_s:.0f} | "
                 + " | ".join(f"{_median(c, r):.3f} / {_max(c, r)[1]:.2f}" for r, _ in RANGES) + " |")
         lines += ["", "Growth from the smallest to the largest size (slope, and k in value ~ N^k; k > 1 grows "
                   "faster than linearly):", "",
@@ -751,6 +755,11 @@ def section() -> str:
         for group in sorted(costs[-1].groups, key=lambda g: costs[-1].groups[g], reverse=True)[:4]:
             lines.append(f"- group `{group}`: {_growth(costs, lambda c, g=group: c.groups.get(g, 0.0))} s;")
         big = costs[-1]
+        by_group: dict[str, float] = {}
+        for name, seconds in big.rules.items():
+            by_group[name.split(" / ")[0]] = by_group.get(name.split(" / ")[0], 0.0) + seconds
+        lines.append(f"- rules one at a time at {big.replicas:,} replicas, by group: " + ", ".join(
+            f"{g} {s:.2f} s" for g, s in sorted(by_group.items(), key=lambda kv: kv[1], reverse=True)[:5]) + ";")
         top_rules = sorted(big.rules.items(), key=lambda kv: kv[1], reverse=True)[:6]
         if top_rules:
             lines.append(f"- slowest rules at {big.replicas:,} replicas (each expression as one instant query): "
