@@ -86,17 +86,17 @@ def make_collector(config: Config, sources: Sequence[Source], *,
                      collectors=collectors.BY_KIND, families=written_families(config))
 
 
-def written_families(config: Config) -> frozenset[str] | None:
+def written_families(config: Config) -> profiles.Selection | None:
     """The families /metrics writes: --families FILE, else --profile (None: every family, `full`).
     A file that cannot be read or names an unknown family is a ConfigError (exit 2)."""
     path = config.families_file
     if path:
         try:
-            return Detached[frozenset]("families files", STARTUP_TIMEOUT_S).call(
+            return Detached[profiles.Selection]("families files", STARTUP_TIMEOUT_S).call(
                 lambda: profiles.read_families_file(path))
         except (FileReadError, profiles.FamiliesFileError) as error:
             raise ConfigError("families_file", path, str(error)) from None
-    return None if config.profile == "full" else profiles.families(config.profile)
+    return None if config.profile == "full" else profiles.selection(config.profile)
 
 
 def load_web_config(config: Config) -> WebConfigManager | None:

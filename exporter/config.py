@@ -93,7 +93,6 @@ class Config:
     kubernetes_gpu_mapping: bool = False
     profile: str = "default"
     families_file: str | None = None
-    host_per_cpu: bool = False
     collector_engine: bool = True
     collector_probe: bool = True
     collector_host: bool = True

@@ -642,9 +642,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("families_file", Text(), "str | None", None,
             "write exactly the families this file lists (the format of exporter/catalog/families.csv, "
             "copied and trimmed); replaces --profile", flag="--families", metavar="FILE"),
-    Setting("host_per_cpu", Boolean(), "bool", False,
-            "write llm_host_cpu_busy_ratio for every CPU (a 256-CPU host: 257 series) instead of cpu=\"all\" "
-            "and the busiest core (default off)", flag="--host-per-cpu", flag_action="switch"),
     *(_switch(c) for c in COLLECTORS),
 )
 
