@@ -174,7 +174,8 @@ def run() -> list[tuple[str, str]]:
             slope = per_gpu(_results, f, p)
             gpu_budget = PER_GPU_BUDGET.get(p)
             verdict = "" if budget is None else (" within" if one.total <= budget else " OVER") + f" {budget}"
-            gpu_verdict = "" if gpu_budget is None else (" within" if slope <= gpu_budget else " OVER") + f" {gpu_budget}"
+            gpu_verdict = ("" if gpu_budget is None
+                           else (" within" if slope <= gpu_budget else " OVER") + f" {gpu_budget}")
             rows.append((f"profile {p}, {f} x1 GPU: series (stored + recorded; + per model)",
                          f"{one.total} ({one.stored} + {one.recorded}; + {one.fleet_recorded}){verdict}"))
             rows.append((f"profile {p}, {f}: series per GPU", f"{slope:.1f}{gpu_verdict}"))
@@ -191,7 +192,8 @@ def section() -> str:
              "per model = the fleet rules' series of its model (one set per model, not per replica). Budgets "
              "(docs/metrics.md, \"Profiles\"): a 1-GPU vLLM replica adds at most 150 (minimal) and 450 (default) "
              "series; default at most 30 more per GPU.", "",
-             "| engine | profile | 1 GPU: stored + recorded = per replica | per model | 8 GPUs: per replica | per GPU |",
+             "| engine | profile | 1 GPU: stored + recorded = per replica | per model | 8 GPUs: per replica "
+             "| per GPU |",
              "|---|---|---|---|---|---|"]
     for f in FORMATS:
         for p in PROFILES:
