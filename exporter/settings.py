@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from exporter.catalog.profiles import DEFAULT_PROFILE, PROFILES  # the profile names (families.csv)
 from exporter.slo import TBT, TTFT  # the thresholds alerts/ and dashboards/ use too
 from exporter.yamlsafe import MAX_ECHO_CHARS, shorten
 
 ENV_PREFIX = "LLM_EXPORTER_"
 GPU_BACKENDS = ("auto", "nvml", "sim", "none")
 HOST_BACKENDS = ("procfs", "sim")
+PROFILES = ("minimal", "default", "full")  # smallest first: exporter/catalog/profiles.py, families.csv
+DEFAULT_PROFILE = "default"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_ENGINE_TIMEOUT_S = 0.8

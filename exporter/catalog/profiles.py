@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from exporter.catalog.base import Family
+from exporter.settings import PROFILES  # the names are a setting's choices (--profile); what they write is here
 
-PROFILES: tuple[str, ...] = ("minimal", "default", "full")
-DEFAULT_PROFILE = "default"
 SHIPPED = pathlib.Path(__file__).with_name("families.csv")
 MAX_FAMILIES_FILE_BYTES = 256 * 1024  # the shipped file is about 20 KB
 MAX_FAMILIES_FILE_LINES = 4096
