@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from exporter import __version__, catalog
+from exporter.buckets import Rebucketer
 from exporter.clock import Clocks
 from exporter.expose import Renderer
 from exporter.logstate import StateLog
@@ -112,6 +113,7 @@ class Collector:
         extra_health: Callable[[], Iterable[Sample]] | None = None,
         collectors: Mapping[SourceKind, str] | None = None,
         families: frozenset[str] | None = None,
+        buckets: Rebucketer | None = None,
     ) -> None:
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
@@ -137,6 +139,8 @@ class Collector:
         # profile only decides what /metrics shows, derive and the verdict see every family.
         self.written: frozenset[str] | None = None if families is None else frozenset(
             name for family in families for name in catalog.FAMILIES[family].sample_names())
+        # The engine histograms' buckets as /metrics writes them (exporter/buckets.py); None: as they came.
+        self.buckets = buckets
         self.latest: Published | None = None
         self.cycles = 0
         self.scrapes_rejected = 0
@@ -292,6 +296,9 @@ class Collector:
         if self.written is not None:
             written = self.written
             samples = tuple(s for s in samples if s.name in written)
+        if self.buckets is not None:  # after the filter: derive and the verdict read the engine's layout
+            samples = self.buckets.apply(samples)
+            samples = (*samples, *(s for s in self.buckets.health() if self.written is None or s.name in self.written))
         published = Published(snapshot, tuple(samples), self.renderer)
         self.latest = published
         self._last_cycle_s = time.perf_counter() - started

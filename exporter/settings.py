@@ -27,6 +27,7 @@ ENV_PREFIX = "LLM_EXPORTER_"
 GPU_BACKENDS = ("auto", "nvml", "sim", "none")
 HOST_BACKENDS = ("procfs", "sim")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+HISTOGRAM_BUCKETS = ("auto", "engine", "coarse")  # exporter/buckets.py
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_ENGINE_TIMEOUT_S = 0.8
 MIN_INTERVAL_S = 0.1  # below this the collector would spin (a cycle itself takes a few ms of CPU)
@@ -642,6 +643,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("families_file", Text(), "str | None", None,
             "write exactly the families this file lists (the format of exporter/catalog/families.csv, "
             "copied and trimmed); replaces --profile", flag="--families", metavar="FILE"),
+    # Re-bucketing of the engine's histograms on /metrics (exporter/buckets.py, docs/metrics.md "Histogram buckets").
+    Setting("histogram_buckets", Choice(HISTOGRAM_BUCKETS), "str", "auto",
+            "the engine histograms' buckets on /metrics: engine (the engine's own edges), coarse (at most "
+            "histogram_buckets_max of them, the SLO thresholds among them) or auto (coarse under --profile "
+            "minimal, engine otherwise; default auto)", flag="--histogram-buckets",
+            metavar="|".join(HISTOGRAM_BUCKETS)),
+    Setting("histogram_buckets_max", Integer(2, 64), "int", 8,
+            "coarse buckets: the finite edges kept per histogram, chosen from the engine's own (default 8)",
+            flag="--histogram-buckets-max", metavar="N"),
     Setting("host_per_cpu", Boolean(), "bool", False,
             "write llm_host_cpu_busy_ratio for every CPU (a 256-CPU host: 257 series) instead of cpu=\"all\" "
             "and the busiest core (default off)", flag="--host-per-cpu", flag_action="switch"),
