@@ -141,19 +141,24 @@ def plan_for(les: Sequence[str], *, slo: str = "", threshold: float | None = Non
     if math.inf not in index:
         return PASS
     edges = sorted(b for b in index if b != math.inf)
+    below = above = None
+    if threshold is not None and slo:
+        cut = bisect.bisect_right(edges, threshold * (1 + _REL))
+        below = edges[cut - 1] if cut > 0 else None
+        above = edges[cut] if cut < len(edges) else None
     kept = edges
     if limit is not None and len(edges) > limit:
-        kept = list(choose_edges(edges, () if threshold is None else (threshold,), limit))
+        # The threshold, or the edge below it whose count its bucket repeats (a reader checks one against
+        # the other on the same page), always among the edges kept.
+        kept = list(choose_edges(edges, () if below is None else (below,), limit))
     order: tuple[int, ...] | None = (*(index[e] for e in kept), index[math.inf])
     if order == tuple(range(len(les))):
         order = None  # every bucket, already in order: written as it came
     if threshold is None or not slo:
         return Plan(order)
-    cut = bisect.bisect_right(edges, threshold * (1 + _REL))
-    below = edges[cut - 1] if cut > 0 else None
-    above = edges[cut] if cut < len(edges) else None
     if below is not None and same_edge(below, threshold):
-        return Plan(order, slo=slo, state="engine", below=edges[cut - 2] if cut > 1 else None, above=above)
+        lower = edges.index(below)
+        return Plan(order, slo=slo, state="engine", below=edges[lower - 1] if lower else None, above=above)
     if below is None:
         return Plan(order, slo=slo, state="none", above=above)
     extra_at = bisect.bisect_right(kept, threshold)
