@@ -156,7 +156,10 @@ def section() -> str:
              "`--histogram-buckets coarse --histogram-buckets-max N` writes (the exporter's own edge choice). "
              "p50, p95 and p99 as histogram_quantile() computes them; the error is |coarse - engine| / engine, "
              "median and maximum over the families and the three quantiles. The engine's own error against the "
-             "true quantile is beside it: coarse adds to that.", "",
+             "true quantile is beside it: coarse adds to that. TGI exports no TTFT or inter-token histogram: its rows "
+             "use the layout of its duration histograms (queue, inference, time per output token: 0.0001 x 1.5^k), "
+             "which coarse cuts the same way; SGLang's inter-token layout is its own histogram, which the exporter "
+             "does not map to llm_inter_token_latency_seconds (docs/engines.md).", "",
              "| engine | histogram | N | edges written | coarse vs engine, median | max | "
              "engine vs true, median | max |",
              "|---|---|---|---|---|---|---|---|"]
@@ -166,7 +169,8 @@ def section() -> str:
     lines += ["", "SLO attainment at the shipped thresholds: the share of draws within the threshold minus the "
               "share the threshold bucket reports (the count at the engine's edge at or below it, in every "
               "mode: coarse always keeps that edge). Never negative: the SLO never flatters; 0 where the "
-              "threshold is an engine edge.", "",
+              "threshold is an engine edge. Only the rows of a histogram the exporter judges an SLO on apply "
+              "(vLLM TTFT and TBT, SGLang TTFT); the others show what the same rule would cost on that layout.", "",
               f"| engine | SLO | threshold | engine edge used | error, mean (points) | max (points) | max where "
               f"the true attainment is at least {NEAR_SLO:.0%} (points) |",
               "|---|---|---|---|---|---|---|"]

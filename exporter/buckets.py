@@ -55,6 +55,7 @@ whose edges change every page) the oldest go, and a page costs a plan per series
 MAX_TRACKED = 4096
 """(target, SLO) states kept: targets are configured, so this is a bound against a bug, not a limit."""
 LOG_REASON = "slo_threshold_edge"
+DOCS = "docs/alerts.md, Histogram buckets and SLO thresholds"
 _REL = 1e-9  # float tolerance for "the threshold is this edge" (exporter/derive/quantiles.py slo_bound)
 _INF_TEXT = "+Inf"
 
@@ -266,15 +267,15 @@ class Rebucketer:
                         "%gs below, %s above): /metrics adds a bucket le=\"%s\" holding the count at le=\"%s\", so "
                         "requests between %gs and %gs count as slow (the SLO never flatters). For an exact SLO pick "
                         "%s (and the same threshold in the mixin), or give the engine an edge at %gs "
-                        "(docs/metrics.md, Histogram buckets)%s", target, slo, threshold, family, plan.below,
+                        "(%s)%s", target, slo, threshold, family, plan.below,
                         "none" if plan.above is None else f"{plan.above:g}s", plan.extra_le, plan.source_le,
-                        plan.below, threshold, picks, threshold, suffix)
+                        plan.below, threshold, picks, threshold, DOCS, suffix)
         else:
             log.warning("target %s: the %s SLO threshold %gs is below every bucket edge of its engine's %s (the "
                         "lowest is %s): no bucket can count good events, so the %s SLO alerts cannot fire. Pick %s "
-                        "or give the engine an edge at %gs (docs/metrics.md, Histogram buckets)%s", target, slo,
+                        "or give the engine an edge at %gs (%s)%s", target, slo,
                         threshold, family, "none" if plan.above is None else f"{plan.above:g}s", slo,
-                        picks or "a larger threshold", threshold, suffix)
+                        picks or "a larger threshold", threshold, DOCS, suffix)
 
     def health(self) -> list[Sample]:
         out = []

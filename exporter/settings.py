@@ -643,7 +643,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("families_file", Text(), "str | None", None,
             "write exactly the families this file lists (the format of exporter/catalog/families.csv, "
             "copied and trimmed); replaces --profile", flag="--families", metavar="FILE"),
-    # Re-bucketing of the engine's histograms on /metrics (exporter/buckets.py, docs/metrics.md "Histogram buckets").
+    # The engine histograms' buckets on /metrics (exporter/buckets.py; docs/alerts.md, "Histogram buckets and
+    # SLO thresholds").
     Setting("histogram_buckets", Choice(HISTOGRAM_BUCKETS), "str", "auto",
             "the engine histograms' buckets on /metrics: engine (the engine's own edges), coarse (at most "
             "histogram_buckets_max of them, the SLO thresholds among them) or auto (coarse under --profile "
