@@ -52,6 +52,9 @@ STATES = ("engine", "lower_edge", "none")
 MAX_PLANS = 512
 """Cached plans, by (family, edges): a sidecar has a few families x a few layouts; past this (a target
 whose edges change every page) the oldest go, and a page costs a plan per series again, never memory."""
+MAX_SPLIT = 65536
+"""Bucket label sets remembered without their `le` (a steady page then costs a dict lookup per bucket):
+a sidecar's pages hold a few thousand."""
 MAX_TRACKED = 4096
 """(target, SLO) states kept: targets are configured, so this is a bound against a bug, not a limit."""
 LOG_REASON = "slo_threshold_edge"
@@ -182,6 +185,7 @@ class Rebucketer:
         families |= set(self.thresholds)
         self._by_bucket = {name + "_bucket": name for name in families}
         self._plans: dict[tuple[str, tuple[str, ...]], Plan] = {}
+        self._split: dict[Labels, tuple[Labels, str]] = {}  # a bucket's labels -> (the rest, its `le`)
         self._states: dict[tuple[str, str], Plan] = {}
         self._log = state_log or StateLog(reasons=(LOG_REASON,))
 
@@ -212,37 +216,51 @@ class Rebucketer:
         by_bucket = self._by_bucket
         series: dict[tuple[str, Labels], list[Sample]] = {}
         first: dict[int, tuple[str, Labels]] = {}
+        touched: list[int] = []  # indices of the bucket samples this module owns
+        les: dict[tuple[str, Labels], list[str]] = {}
+        split = self._split
         for index, sample in enumerate(samples):
             if sample.name not in by_bucket:
                 continue
-            key = (sample.name, tuple(pair for pair in sample.labels if pair[0] != "le"))
-            members = series.get(key)
+            touched.append(index)
+            parts = split.get(sample.labels)
+            if parts is None:
+                parts = (tuple(pair for pair in sample.labels if pair[0] != "le"), sample.label("le"))
+                if len(split) >= MAX_SPLIT:
+                    split.clear()  # a page of ever-new label sets: start over, never grow
+                split[sample.labels] = parts
+            series_key = (sample.name, parts[0])
+            members = series.get(series_key)
             if members is None:
-                members = series[key] = []
-                first[index] = key
+                members = series[series_key] = []
+                les[series_key] = []
+                first[index] = series_key
             members.append(sample)
+            les[series_key].append(parts[1])
         states: dict[tuple[str, str], Plan] = {}
-        if not series:
-            self._update(states)
-            return tuple(samples)
         written: dict[tuple[str, Labels], list[Sample]] = {}
         for key, members in series.items():
-            family = by_bucket[key[0]]
-            plan = self.plan(family, tuple(s.label("le") for s in members))
+            plan = self.plan(by_bucket[key[0]], tuple(les[key]))
             if plan.state:
-                target = dict(key[1]).get("target", "")
-                state_key = (target, plan.slo)
+                state_key = (dict(key[1]).get("target", ""), plan.slo)
                 held = states.get(state_key)
                 if held is None or STATES.index(plan.state) > STATES.index(held.state):
                     states[state_key] = plan
-            written[key] = _rewrite(members, plan) if plan.rewrites else members
-        out: list[Sample] = []
-        for index, sample in enumerate(samples):
-            if sample.name not in by_bucket:
-                out.append(sample)
-            elif index in first:
-                out.extend(written[first[index]])
+            if plan.rewrites:
+                written[key] = _rewrite(members, plan)
         self._update(states)
+        if not written:  # the layouts as they came: the page as it came
+            return tuple(samples)
+        # Every series' buckets where its first bucket was; what lies between the buckets copied in slices.
+        out: list[Sample] = []
+        previous = 0
+        for index in touched:
+            out.extend(samples[previous:index])
+            previous = index + 1
+            starts = first.get(index)
+            if starts is not None:
+                out.extend(written.get(starts) or series[starts])
+        out.extend(samples[previous:])
         return tuple(out)
 
     def _update(self, states: dict[tuple[str, str], Plan]) -> None:
