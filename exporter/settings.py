@@ -648,8 +648,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("histogram_buckets", Choice(HISTOGRAM_BUCKETS), "str", "auto",
             "the engine histograms' buckets on /metrics: engine (the engine's own edges), coarse (at most "
             "histogram_buckets_max of them, the SLO thresholds among them) or auto (coarse under --profile "
-            "minimal, engine otherwise; default auto)", flag="--histogram-buckets",
-            metavar="|".join(HISTOGRAM_BUCKETS)),
+            "minimal, engine otherwise; default auto)", flag="--histogram-buckets", flag_choices=True),
     Setting("histogram_buckets_max", Integer(2, 64), "int", 8,
             "coarse buckets: the finite edges kept per histogram, chosen from the engine's own (default 8)",
             flag="--histogram-buckets-max", metavar="N"),
