@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from exporter import collectors
+from exporter.buckets import Rebucketer
 from exporter.catalog import profiles
 from exporter.collect import MANY_TARGETS, MAX_SCRAPES_IN_FLIGHT, Collector
 from exporter.config import Config, ConfigError
@@ -83,7 +84,8 @@ def bind_listener(config: Config) -> socket.socket:
 def make_collector(config: Config, sources: Sequence[Source], *,
                    extra_health: Callable[[], Iterable[Sample]] | None = None) -> Collector:
     return Collector(sources, interval_s=config.interval_s, derive=build_deriver(config), extra_health=extra_health,
-                     collectors=collectors.BY_KIND, families=written_families(config))
+                     collectors=collectors.BY_KIND, families=written_families(config),
+                     buckets=Rebucketer.from_config(config))
 
 
 def written_families(config: Config) -> profiles.Selection | None:

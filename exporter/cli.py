@@ -59,7 +59,8 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"no client-side probe (default: one every {DEMO_PROBE_EVERY_S:g}s to each twin's "
                              "OpenAI API; the verdict leaves the probe's own work out, so idle stays idle)")
     add_flags(parser, ("gpu_price_per_hour", "listen", "interval_s", "log_level", "host_backend",
-                       "gpu_retry_interval_s", "profile", "families_file"),
+                       "gpu_retry_interval_s", "profile", "families_file", "histogram_buckets",
+                       "histogram_buckets_max"),
               helps={"gpu_price_per_hour": "price of one GPU-hour, for the cost-per-token panels (default "
                                            f"{DEMO_GPU_PRICE_PER_HOUR}, an example figure of the order of "
                                            "public-cloud on-demand H100 prices)",
@@ -157,7 +158,9 @@ def command_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         config = load_config({"listen": args.listen, "interval": args.interval, "log_level": args.log_level,
                               "gpu_backend": "none", "gpu_price_per_hour": args.gpu_price_per_hour,
                               "host_backend": args.host_backend, "gpu_retry_interval": args.gpu_retry_interval,
-                              "profile": args.profile, "families_file": args.families_file}, {})
+                              "profile": args.profile, "families_file": args.families_file,
+                              "histogram_buckets": args.histogram_buckets,
+                              "histogram_buckets_max": args.histogram_buckets_max}, {})
         setup_logging(config.log_level)
         from exporter.app import written_families
 

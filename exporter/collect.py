@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from exporter import __version__, catalog
+from exporter.buckets import Rebucketer
 from exporter.clock import Clocks
 from exporter.expose import Renderer
 from exporter.logstate import StateLog
@@ -130,6 +131,7 @@ class Collector:
         extra_health: Callable[[], Iterable[Sample]] | None = None,
         collectors: Mapping[SourceKind, str] | None = None,
         families: Mapping[str, tuple[str, frozenset[str]] | None] | None = None,
+        buckets: Rebucketer | None = None,
     ) -> None:
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
@@ -155,6 +157,8 @@ class Collector:
         # write: a profile only decides what /metrics shows, derive and the verdict see every family.
         self.written: dict[str, tuple[str, frozenset[str]] | None] | None = None if families is None else {
             name: only for family, only in families.items() for name in catalog.FAMILIES[family].sample_names()}
+        # The engine histograms' buckets as /metrics writes them (exporter/buckets.py); None: as they came.
+        self.buckets = buckets
         self.latest: Published | None = None
         self.cycles = 0
         self.scrapes_rejected = 0
@@ -309,6 +313,10 @@ class Collector:
         samples = (*snapshot.samples(include_derived=True), *self.self_health(snapshot))
         if self.written is not None:
             samples = written_only(samples, self.written)
+        if self.buckets is not None:  # after the filter: derive and the verdict read the engine's layout
+            samples = self.buckets.apply(samples)
+            health = tuple(self.buckets.health())
+            samples = (*samples, *(health if self.written is None else written_only(health, self.written)))
         published = Published(snapshot, tuple(samples), self.renderer)
         self.latest = published
         self._last_cycle_s = time.perf_counter() - started
