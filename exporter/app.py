@@ -94,11 +94,17 @@ def written_families(config: Config) -> profiles.Selection | None:
     path = config.families_file
     if path:
         try:
-            return Detached[profiles.Selection]("families files", STARTUP_TIMEOUT_S).call(
+            chosen = Detached[profiles.Selection]("families files", STARTUP_TIMEOUT_S).call(
                 lambda: profiles.read_families_file(path))
         except (FileReadError, profiles.FamiliesFileError) as error:
             raise ConfigError("families_file", path, str(error)) from None
-    return None if config.profile == "full" else profiles.selection(config.profile)
+    else:
+        chosen = profiles.selection(config.profile)
+    if config.histogram_buckets == "slo":
+        # Prometheus scrapes the engine's own histograms too: of the re-exported ones only what the SLO
+        # burn-rate rules read stays (exporter/buckets.py cuts those to the threshold's bucket).
+        return {name: only for name, only in chosen.items() if name not in profiles.ENGINE_HISTOGRAMS_NOT_SLO}
+    return None if chosen == profiles.selection("full") and not path else chosen
 
 
 def load_web_config(config: Config) -> WebConfigManager | None:

@@ -188,13 +188,14 @@ class Rebucketer:
     llm_exporter_slo_threshold_edge samples of the latest page."""
 
     def __init__(self, *, coarse: bool, max_edges: int, thresholds: Mapping[str, tuple[str, float]],
-                 state_log: StateLog | None = None) -> None:
-        """`thresholds`: histogram family -> (SLO key, threshold in its unit)."""
+                 state_log: StateLog | None = None, slo_only: bool = False) -> None:
+        """`thresholds`: histogram family -> (SLO key, threshold in its unit). `slo_only`: coarse for the
+        SLO histograms only (the others are not written at all: exporter/app.py written_families)."""
         self.coarse = coarse
         self.max_edges = max_edges
         self.thresholds = dict(thresholds)
         families = {f.name for f in catalog.FAMILIES.values() if f.type == "histogram" and f.source == "engine"
-                    and f.unit in COARSE_UNITS} if coarse else set()
+                    and f.unit in COARSE_UNITS} if coarse and not slo_only else set()
         families |= set(self.thresholds)
         self._by_bucket = {name + "_bucket": name for name in families}
         self._plans: dict[tuple[str, tuple[str, ...]], Plan] = {}
@@ -207,8 +208,10 @@ class Rebucketer:
         mode = config.histogram_buckets
         if mode == "auto":  # coarse where the user asked for the fewest series
             mode = "coarse" if config.profile == "minimal" and not config.families_file else "engine"
-        return cls(coarse=mode == "coarse", max_edges=config.histogram_buckets_max,
-                   thresholds={TTFT.metric: (TTFT.key, config.slo_ttft_s), TBT.metric: (TBT.key, config.slo_tbt_s)})
+        thresholds = {TTFT.metric: (TTFT.key, config.slo_ttft_s), TBT.metric: (TBT.key, config.slo_tbt_s)}
+        if mode == "slo":  # the threshold's bucket alone: what the burn-rate rules read
+            return cls(coarse=True, max_edges=1, thresholds=thresholds, slo_only=True)
+        return cls(coarse=mode == "coarse", max_edges=config.histogram_buckets_max, thresholds=thresholds)
 
     @property
     def suppressed(self) -> Mapping[str, int]:

@@ -28,7 +28,7 @@ HOST_BACKENDS = ("procfs", "sim")
 PROFILES = ("minimal", "default", "full")  # smallest first: exporter/catalog/profiles.py, families.csv
 DEFAULT_PROFILE = "default"
 LOG_LEVELS = ("debug", "info", "warning", "error")
-HISTOGRAM_BUCKETS = ("auto", "engine", "coarse")  # exporter/buckets.py
+HISTOGRAM_BUCKETS = ("auto", "engine", "coarse", "slo")  # exporter/buckets.py
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_ENGINE_TIMEOUT_S = 0.8
 MIN_INTERVAL_S = 0.1  # below this the collector would spin (a cycle itself takes a few ms of CPU)
@@ -648,8 +648,10 @@ SETTINGS: tuple[Setting, ...] = (
     # SLO thresholds").
     Setting("histogram_buckets", Choice(HISTOGRAM_BUCKETS), "str", "auto",
             "the engine histograms' buckets on /metrics: engine (the engine's own edges), coarse (at most "
-            "histogram_buckets_max of them, the SLO thresholds among them) or auto (coarse under --profile "
-            "minimal, engine otherwise; default auto)", flag="--histogram-buckets", flag_choices=True),
+            "histogram_buckets_max of them, the SLO thresholds among them), slo (only the SLO thresholds' "
+            "buckets of the TTFT and TBT histograms, no other engine histogram: for when Prometheus also "
+            "scrapes the engine's own) or auto (coarse under --profile minimal, engine otherwise; default "
+            "auto)", flag="--histogram-buckets", flag_choices=True),
     Setting("histogram_buckets_max", Integer(2, 64), "int", 8,
             "coarse buckets: the finite edges kept per histogram, chosen from the engine's own (default 8)",
             flag="--histogram-buckets-max", metavar="N"),

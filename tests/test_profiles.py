@@ -146,7 +146,7 @@ def test_written_only_keeps_the_listed_series():
     assert [s.value for s in written_only(samples, written)] == [1.0, 0.0]
 
 
-VLLM_PAGE = ROOT / "tests" / "fixtures" / "engines" / "vllm-v0.7-aibrix_runtime_docs.prom"
+VLLM_PAGE = ROOT / "tests" / "fixtures" / "engines" / "vllm-v0.34.0__crafted_from_source.prom"
 
 
 def _families_on(text: str) -> set[str]:
@@ -171,7 +171,7 @@ def test_the_real_process_writes_exactly_its_profiles_families(engine_url, profi
         # what the bigger profile adds for this engine is really left out
         with exporter_run("--engine", engine_url, "--profile", bigger) as (base, _, _):
             more = _families_on(httpx.get(base + "/metrics", timeout=10).text)
-        assert written < more
+        assert more - profiles.families(profile)  # what the profile leaves out is there to leave out
 
 
 def test_the_real_process_writes_exactly_a_families_file(engine_url, tmp_path):
@@ -191,3 +191,17 @@ def test_a_families_file_that_cannot_be_used_stops_the_start_with_one_line(tmp_p
     assert result.returncode == 2
     assert "invalid families_file=" in result.stderr and "did you mean 'llm_engine_up'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_histogram_buckets_slo_writes_only_what_the_burn_rate_rules_read(engine_url):
+    """For a Prometheus that also scrapes the engine: the re-exported histograms shrink to the SLO
+    thresholds' buckets (the burn-rate rules' input), the rest of the engine's histograms go."""
+    with exporter_run("--engine", engine_url, "--histogram-buckets", "slo") as (base, _, _):
+        text = httpx.get(base + "/metrics", timeout=10).text
+    buckets = [line.split(" ")[0] for line in text.splitlines() if "_bucket{" in line and not line.startswith("#")]
+    ttft = sorted(b for b in buckets if b.startswith("llm_time_to_first_token_seconds_bucket"))
+    assert ttft and {t.split('le="')[1].split('"')[0] for t in ttft} == {"+Inf", "2.5"}
+    assert {b.split("_bucket")[0] for b in buckets} <= {"llm_time_to_first_token_seconds",
+                                                         "llm_inter_token_latency_seconds"}
+    written = _families_on(text)
+    assert "llm_e2e_request_latency_seconds" not in written and "llm_requests_running" in written

@@ -158,6 +158,18 @@ def families(profile: str) -> frozenset[str]:
     return frozenset(selection(profile))
 
 
+def _engine_histograms_not_slo() -> frozenset[str]:
+    from exporter import catalog
+    from exporter.slo import SLOS
+
+    return frozenset(f.name for f in catalog.FAMILIES.values()
+                     if f.type == "histogram" and f.source == "engine" and f.name not in {s.metric for s in SLOS})
+
+
+ENGINE_HISTOGRAMS_NOT_SLO = _engine_histograms_not_slo()
+"""What `--histogram-buckets slo` leaves out: the engine's histograms no SLO is judged on."""
+
+
 def read_families_file(path: str) -> Selection:
     """What a user's file selects; FamiliesFileError (or OSError) names what is wrong."""
     from exporter import catalog
