@@ -67,8 +67,10 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
                      "host_backend": "sim: the twins' simulated host (default); procfs: this machine's",
                      "listen": "exporter HOST:PORT (default 127.0.0.1:9480)",
                      "interval_s": "collection interval (default 1s)",
-                     "log_level": "debug, info, warning or error (default warning)"},
-              defaults={"listen": "127.0.0.1:9480", "interval_s": "1s", "log_level": "warning",
+                     "log_level": "debug, info, warning or error (default warning)",
+                     "profile": "which families /metrics writes: minimal, default or full (default full: the demo "
+                                "fills every panel; `run` defaults to default)"},
+              defaults={"listen": "127.0.0.1:9480", "interval_s": "1s", "log_level": "warning", "profile": "full",
                         "host_backend": "sim", "gpu_price_per_hour": DEMO_GPU_PRICE_PER_HOUR,
                         "gpu_retry_interval_s": "10s"})
 
