@@ -205,3 +205,20 @@ def test_histogram_buckets_slo_writes_only_what_the_burn_rate_rules_read(engine_
                                                          "llm_inter_token_latency_seconds"}
     written = _families_on(text)
     assert "llm_e2e_request_latency_seconds" not in written and "llm_requests_running" in written
+
+
+def test_series_per_replica_stay_within_the_budgets():
+    """docs/metrics.md "Profiles": a 1-GPU vLLM replica adds at most 150 series (minimal) and 450
+    (default) to a real Prometheus running the shipped rules, its recorded series included; default adds
+    at most 30 per GPU. Counts, not timings: the same on a loaded machine."""
+    from bench.bench_profiles import BUDGETS, PER_GPU_BUDGET, Replica, count_series
+
+    counts = count_series([Replica("vllm", p, g) for p in ("minimal", "default") for g in (1, 8)])
+    for (engine_format, profile), budget in BUDGETS.items():
+        one = counts[Replica(engine_format, profile, 1)]
+        assert one.stored > 50 and one.recorded > 10, one  # measured, not empty
+        assert one.total <= budget, (profile, one)
+    eight, one = counts[Replica("vllm", "default", 8)], counts[Replica("vllm", "default", 1)]
+    assert (eight.total - one.total) / 7 <= PER_GPU_BUDGET["default"], (one, eight)
+    minimal = counts[Replica("vllm", "minimal", 1)]
+    assert minimal.total < one.total / 2
