@@ -60,6 +60,7 @@ from dataclasses import asdict, dataclass, field
 import yaml
 
 from exporter.mixin.alerts import generate
+from exporter.settings import PROFILES as PROFILE_NAMES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make `deploy` importable
@@ -179,6 +180,7 @@ class FleetOptions:
     webhook: str | None = None  # Alertmanager's receivers; None: the built-in sink
     retention: str = "1d"
     ha_cluster: str | None = None  # a cluster scraped by an HA pair of Prometheus servers (needs Ports.ha_prometheus)
+    profile: str = "default"  # every replica's --profile: a production fleet's (exporter/catalog/families.csv)
 
 
 @dataclass
@@ -367,7 +369,8 @@ def plan(directory: pathlib.Path, opts: FleetOptions, ports: Ports) -> tuple[Fle
         probe = [] if p.probe and r.index < len(PROFILES) else ["--no-probe"]  # the first lap's only
         argv = [python, "-m", "exporter.cli", "demo", "--engines", "1", "--listen", r.instance, *probe,
                 "--interval", interval, "--engine-format", p.engine_format, "--model", p.model,
-                "--scenario", p.scenario, "--gpus", str(p.gpus), "--seed", str(r.index), "--speed", f"{p.speed:g}"]
+                "--scenario", p.scenario, "--gpus", str(p.gpus), "--seed", str(r.index), "--speed", f"{p.speed:g}",
+                "--profile", opts.profile]
         if r.dies_after_s is not None:
             # coreutils timeout: the kill happens even after `up` has returned; SIGKILL, as a node that
             # vanishes (no goodbye, the target just stops answering).
@@ -550,6 +553,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
     parser.add_argument("--ha-cluster", choices=("", *CLUSTERS), default=env.get("FLEET_HA_CLUSTER", ""),
                         help="scrape this cluster with an HA pair of Prometheus servers, deduplicated in the "
                              "central store (default: none, or $FLEET_HA_CLUSTER)")
+    parser.add_argument("--profile", choices=PROFILE_NAMES, default=env.get("FLEET_PROFILE", "default"),
+                        help="every replica's --profile (default: default, or $FLEET_PROFILE)")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds the fleet may take to be ready")
     parser.add_argument("--purge", action="store_true", help="down: also delete the directory (data, logs)")
     parser.add_argument("--port", type=int, help="webhook: port")
@@ -582,7 +587,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             print(f"{name:28} {state:16} {url:28} {extra}")
         return 0 if all(pid for _, pid, _ in rows) else 3
     opts = FleetOptions(replicas=args.replicas, die_after_s=args.die_after or None, time_scale=args.time_scale,
-                        interval=args.interval, webhook=args.webhook, ha_cluster=args.ha_cluster or None)
+                        interval=args.interval, webhook=args.webhook, ha_cluster=args.ha_cluster or None,
+                        profile=args.profile)
     try:
         fleet, procs = plan(directory, opts, Ports.from_base(args.base_port, args.replicas, ha=bool(args.ha_cluster)))
         start(fleet, procs, timeout_s=args.timeout)

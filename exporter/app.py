@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from exporter import collectors
+from exporter.buckets import Rebucketer
 from exporter.catalog import profiles
 from exporter.collect import MANY_TARGETS, MAX_SCRAPES_IN_FLIGHT, Collector
 from exporter.config import Config, ConfigError
@@ -83,20 +84,27 @@ def bind_listener(config: Config) -> socket.socket:
 def make_collector(config: Config, sources: Sequence[Source], *,
                    extra_health: Callable[[], Iterable[Sample]] | None = None) -> Collector:
     return Collector(sources, interval_s=config.interval_s, derive=build_deriver(config), extra_health=extra_health,
-                     collectors=collectors.BY_KIND, families=written_families(config))
+                     collectors=collectors.BY_KIND, families=written_families(config),
+                     buckets=Rebucketer.from_config(config))
 
 
-def written_families(config: Config) -> frozenset[str] | None:
+def written_families(config: Config) -> profiles.Selection | None:
     """The families /metrics writes: --families FILE, else --profile (None: every family, `full`).
     A file that cannot be read or names an unknown family is a ConfigError (exit 2)."""
     path = config.families_file
     if path:
         try:
-            return Detached[frozenset]("families files", STARTUP_TIMEOUT_S).call(
+            chosen = Detached[profiles.Selection]("families files", STARTUP_TIMEOUT_S).call(
                 lambda: profiles.read_families_file(path))
         except (FileReadError, profiles.FamiliesFileError) as error:
             raise ConfigError("families_file", path, str(error)) from None
-    return None if config.profile == "full" else profiles.families(config.profile)
+    else:
+        chosen = profiles.selection(config.profile)
+    if config.histogram_buckets == "slo":
+        # Prometheus scrapes the engine's own histograms too: of the re-exported ones only what the SLO
+        # burn-rate rules read stays (exporter/buckets.py cuts those to the threshold's bucket).
+        return {name: only for name, only in chosen.items() if name not in profiles.ENGINE_HISTOGRAMS_NOT_SLO}
+    return None if chosen == profiles.selection("full") and not path else chosen
 
 
 def load_web_config(config: Config) -> WebConfigManager | None:

@@ -59,15 +59,18 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"no client-side probe (default: one every {DEMO_PROBE_EVERY_S:g}s to each twin's "
                              "OpenAI API; the verdict leaves the probe's own work out, so idle stays idle)")
     add_flags(parser, ("gpu_price_per_hour", "listen", "interval_s", "log_level", "host_backend",
-                       "gpu_retry_interval_s", "profile", "families_file", "host_per_cpu"),
+                       "gpu_retry_interval_s", "profile", "families_file", "histogram_buckets",
+                       "histogram_buckets_max"),
               helps={"gpu_price_per_hour": "price of one GPU-hour, for the cost-per-token panels (default "
                                            f"{DEMO_GPU_PRICE_PER_HOUR}, an example figure of the order of "
                                            "public-cloud on-demand H100 prices)",
                      "host_backend": "sim: the twins' simulated host (default); procfs: this machine's",
                      "listen": "exporter HOST:PORT (default 127.0.0.1:9480)",
                      "interval_s": "collection interval (default 1s)",
-                     "log_level": "debug, info, warning or error (default warning)"},
-              defaults={"listen": "127.0.0.1:9480", "interval_s": "1s", "log_level": "warning",
+                     "log_level": "debug, info, warning or error (default warning)",
+                     "profile": "which families /metrics writes: minimal, default or full (default full: the demo "
+                                "fills every panel; `run` defaults to default)"},
+              defaults={"listen": "127.0.0.1:9480", "interval_s": "1s", "log_level": "warning", "profile": "full",
                         "host_backend": "sim", "gpu_price_per_hour": DEMO_GPU_PRICE_PER_HOUR,
                         "gpu_retry_interval_s": "10s"})
 
@@ -158,7 +161,8 @@ def command_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                               "gpu_backend": "none", "gpu_price_per_hour": args.gpu_price_per_hour,
                               "host_backend": args.host_backend, "gpu_retry_interval": args.gpu_retry_interval,
                               "profile": args.profile, "families_file": args.families_file,
-                              "host_per_cpu": args.host_per_cpu}, {})
+                              "histogram_buckets": args.histogram_buckets,
+                              "histogram_buckets_max": args.histogram_buckets_max}, {})
         setup_logging(config.log_level)
         from exporter.app import written_families
 

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from exporter import __version__, catalog
+from exporter.buckets import Rebucketer
 from exporter.clock import Clocks
 from exporter.expose import Renderer
 from exporter.logstate import StateLog
@@ -92,6 +93,24 @@ class Published:
         return body
 
 
+_ABSENT = ("", frozenset())
+
+
+def written_only(samples: Iterable[Sample], written: Mapping[str, tuple[str, frozenset[str]] | None]) -> tuple:
+    """The samples a profile writes: of a family it lists, every series or those whose label has one
+    of the listed values."""
+    out = []
+    for sample in samples:
+        only = written.get(sample.name, _ABSENT)
+        if only is None:
+            out.append(sample)
+        elif only is not _ABSENT:
+            label, values = only
+            if any(k == label and v in values for k, v in sample.labels):
+                out.append(sample)
+    return tuple(out)
+
+
 def _no_derive(snapshot: Snapshot, previous: Snapshot | None) -> tuple[Sample, ...]:
     return ()
 
@@ -111,7 +130,8 @@ class Collector:
         monotonic: Callable[[], float] | None = None,
         extra_health: Callable[[], Iterable[Sample]] | None = None,
         collectors: Mapping[SourceKind, str] | None = None,
-        families: frozenset[str] | None = None,
+        families: Mapping[str, tuple[str, frozenset[str]] | None] | None = None,
+        buckets: Rebucketer | None = None,
     ) -> None:
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
@@ -133,10 +153,12 @@ class Collector:
         # kind not in it (tests' OTHER sources) counts for none.
         self.collectors = collectors or {}
         self.health = {s.name: SourceHealth() for s in sources}
-        # The profile's families (exporter/catalog/profiles.py), as the sample names they write: a
-        # profile only decides what /metrics shows, derive and the verdict see every family.
-        self.written: frozenset[str] | None = None if families is None else frozenset(
-            name for family in families for name in catalog.FAMILIES[family].sample_names())
+        # The profile's families (exporter/catalog/profiles.py Selection) by the sample names they
+        # write: a profile only decides what /metrics shows, derive and the verdict see every family.
+        self.written: dict[str, tuple[str, frozenset[str]] | None] | None = None if families is None else {
+            name: only for family, only in families.items() for name in catalog.FAMILIES[family].sample_names()}
+        # The engine histograms' buckets as /metrics writes them (exporter/buckets.py); None: as they came.
+        self.buckets = buckets
         self.latest: Published | None = None
         self.cycles = 0
         self.scrapes_rejected = 0
@@ -290,8 +312,11 @@ class Collector:
         self.cycles += 1
         samples = (*snapshot.samples(include_derived=True), *self.self_health(snapshot))
         if self.written is not None:
-            written = self.written
-            samples = tuple(s for s in samples if s.name in written)
+            samples = written_only(samples, self.written)
+        if self.buckets is not None:  # after the filter: derive and the verdict read the engine's layout
+            samples = self.buckets.apply(samples)
+            health = tuple(self.buckets.health())
+            samples = (*samples, *(health if self.written is None else written_only(health, self.written)))
         published = Published(snapshot, tuple(samples), self.renderer)
         self.latest = published
         self._last_cycle_s = time.perf_counter() - started

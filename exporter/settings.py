@@ -19,14 +19,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from exporter.catalog.profiles import DEFAULT_PROFILE, PROFILES  # the profile names (families.csv)
 from exporter.slo import TBT, TTFT  # the thresholds alerts/ and dashboards/ use too
 from exporter.yamlsafe import MAX_ECHO_CHARS, shorten
 
 ENV_PREFIX = "LLM_EXPORTER_"
 GPU_BACKENDS = ("auto", "nvml", "sim", "none")
 HOST_BACKENDS = ("procfs", "sim")
+PROFILES = ("minimal", "default", "full")  # smallest first: exporter/catalog/profiles.py, families.csv
+DEFAULT_PROFILE = "default"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+HISTOGRAM_BUCKETS = ("auto", "engine", "coarse", "slo")  # exporter/buckets.py
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_ENGINE_TIMEOUT_S = 0.8
 MIN_INTERVAL_S = 0.1  # below this the collector would spin (a cycle itself takes a few ms of CPU)
@@ -638,13 +640,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("profile", Choice(PROFILES), "str", DEFAULT_PROFILE,
             "which families /metrics writes: minimal (the verdict, SLO burn, hardware faults, the fleet view), "
             "default or full; exporter/catalog/families.csv lists each family's profile (default default)",
-            flag="--profile", metavar="|".join(PROFILES)),
+            flag="--profile", flag_choices=True),
     Setting("families_file", Text(), "str | None", None,
             "write exactly the families this file lists (the format of exporter/catalog/families.csv, "
             "copied and trimmed); replaces --profile", flag="--families", metavar="FILE"),
-    Setting("host_per_cpu", Boolean(), "bool", False,
-            "write llm_host_cpu_busy_ratio for every CPU (a 256-CPU host: 257 series) instead of cpu=\"all\" "
-            "and the busiest core (default off)", flag="--host-per-cpu", flag_action="switch"),
+    # The engine histograms' buckets on /metrics (exporter/buckets.py; docs/alerts.md, "Histogram buckets and
+    # SLO thresholds").
+    Setting("histogram_buckets", Choice(HISTOGRAM_BUCKETS), "str", "auto",
+            "the engine histograms' buckets on /metrics: engine (the engine's own edges), coarse (at most "
+            "histogram_buckets_max of them, the SLO thresholds among them), slo (only the SLO thresholds' "
+            "buckets of the TTFT and TBT histograms, no other engine histogram: for when Prometheus also "
+            "scrapes the engine's own) or auto (coarse under --profile minimal, engine otherwise; default "
+            "auto)", flag="--histogram-buckets", flag_choices=True),
+    Setting("histogram_buckets_max", Integer(2, 64), "int", 8,
+            "coarse buckets: the finite edges kept per histogram, chosen from the engine's own (default 8)",
+            flag="--histogram-buckets-max", metavar="N"),
     *(_switch(c) for c in COLLECTORS),
 )
 

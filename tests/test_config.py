@@ -56,6 +56,9 @@ def test_engine_flag_syntax_and_env_list():
     ({"engines": ["http://[::1/metrics"]}, "engine"),  # urllib's own ValueError, as a config error
     ({"engines": ["http://u:pw@host:abc/metrics"]}, "engine"),
     ({"host": "maybe"}, "host"),
+    ({"histogram_buckets": "fine"}, "histogram_buckets"),
+    ({"histogram_buckets_max": "1"}, "histogram_buckets_max"),
+    ({"histogram_buckets_max": "65"}, "histogram_buckets_max"),
 ])
 def test_bad_values_name_the_field(flags, field):
     with pytest.raises(ConfigError) as caught:

@@ -149,7 +149,10 @@ def stack(tmp_path_factory):
     try:
         for name, port in ports.items():
             scenario = name if name in (*SCENARIOS, FAULTS, PD) else "decode-heavy"
-            args = ["demo", "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--scenario", scenario]
+            # Every family, so every panel of every board is checked here; tests/test_profiles.py checks
+            # that a smaller profile's panels read only what it writes.
+            args = ["demo", "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--scenario", scenario,
+                    "--profile", "full"]
             if name in FORMATS:
                 args += ["--engine-format", name]
             elif scenario in (*SCENARIOS, PD) and scenario != "decode-heavy":

@@ -136,10 +136,13 @@ def test_cpu_busy_ratios_from_stat_deltas(tmp_path: pathlib.Path) -> None:
     fx = Fixture("dual_socket_ok", tmp_path)
     _, second = fx.two_cycles(fx.source())
     busy = {dict(k)["cpu"]: v for k, v in by_name(second, "llm_host_cpu_busy_ratio").items()}
-    assert set(busy) == {"all", *map(str, range(8))}
+    assert set(busy) == {"all", "busiest", *map(str, range(8))}
     assert busy["0"] == pytest.approx(0.6)
     assert busy["7"] == pytest.approx(0.05)
     assert busy["all"] == pytest.approx((4 * 0.6 + 4 * 0.05) / 8)
+    # The summary a profile without per-CPU series keeps: the busiest CPU and how many there are.
+    assert busy["busiest"] == pytest.approx(0.6)
+    assert dict(by_name(second, "llm_host_cpus")) == {(): 8.0}
 
 
 def test_busiest_thread_shows_saturated_tokenizer(tmp_path: pathlib.Path) -> None:
@@ -453,6 +456,7 @@ def test_missing_files_omit_series_and_stay_up(tmp_path: pathlib.Path, caplog: p
         source.collect_sync()
     assert names(second) == {
         "llm_host_cpu_busy_ratio",
+        "llm_host_cpus",
         "llm_engine_process_found",
         "llm_engine_process_cpu_seconds_total",
     }

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from exporter.catalog import all_areas
+from exporter.catalog import all_areas, profiles
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
@@ -23,12 +23,57 @@ served stale) and `llm_exporter_source_up{source}` goes to 0.
 """
 
 
+def _profile_cell(name: str) -> str:
+    """`minimal`, or `default (reason=a|b); full` where a family's series are split between profiles."""
+    rows = [e for e in profiles.ENTRIES if e.family == name]
+    bar = "\\|"  # a table cell
+    return "; ".join(e.profile + (f" ({e.only[0]}={bar.join(sorted(e.only[1]))})" if e.only else "") for e in rows)
+
+
 def _family_table(families) -> list[str]:
-    lines = ["| name | type | unit | labels | source | meaning |", "|---|---|---|---|---|---|"]
+    lines = ["| name | type | unit | labels | profile | source | meaning |", "|---|---|---|---|---|---|---|"]
     for fam in sorted(families, key=lambda f: f.name):
         labels = ", ".join(f"`{label}`" for label in fam.labels) or "-"
         help_text = fam.help.replace("|", "\\|")
-        lines.append(f"| `{fam.name}` | {fam.type} | {fam.unit} | {labels} | {fam.source} | {help_text} |")
+        lines.append(f"| `{fam.name}` | {fam.type} | {fam.unit} | {labels} | {_profile_cell(fam.name)} | "
+                     f"{fam.source} | {help_text} |")
+    return lines
+
+
+PROFILES_INTRO = """
+## Profiles
+
+`--profile` chooses which families /metrics writes (`exporter/catalog/families.csv` lists every family,
+the smallest profile that writes it and why; the `profile` column above). Each profile writes its own
+families and those of the smaller ones; some families write a few of their series in a smaller profile
+and the rest in a bigger one (`llm_gpu_clock_event_active{reason=...}`). Sources, the derive stages, the
+verdict and the status page see every family whatever the profile: it decides only what is stored.
+
+- `minimal`: the verdict, the SLO burn-rate alerts, the hardware fault alerts, the fleet board and the
+  exporter's own health. Its engine histograms are re-bucketed to a few edges (the SLO thresholds among
+  them) unless `--histogram-buckets engine`.
+- `default`: every shipped rule and every board panel but the detail panels listed below, at most 30
+  series per GPU.
+- `full`: every family and series, per-CPU host series included.
+
+`--families FILE` writes exactly what a copy of families.csv lists (delete the rows you do not want; a
+row may name some series only, `family{label=a|b}`), whatever `--profile` says.
+
+Budgets, measured by `make bench` (docs/benchmarks.md, "Profiles: series per replica"): a 1-GPU vLLM
+replica adds at most 150 series to the store under `minimal` and 450 under `default`, the recording
+rules' series of the replica included; `default` adds at most 30 series per GPU. tests/test_profiles.py
+fails when a rule or panel shipped for a profile reads a family (or a series) the profile leaves out.
+"""
+
+
+def _serves_markdown() -> list[str]:
+    lines = []
+    for name, spec in profiles.SERVES.items():
+        rules = ", ".join(f"`{r}`" for r in spec.rules)
+        boards = ", ".join(f"`{b}`" for b in spec.boards)
+        lines.append(f"- `{name}` serves rules {rules}; boards {boards}.")
+        if spec.except_panels:
+            lines.append(f"  Panels it leaves to a bigger profile: {', '.join(f'`{p}`' for p in spec.except_panels)}.")
     return lines
 
 
@@ -40,6 +85,9 @@ def render_markdown() -> str:
         parts.append(f"\n## {title}\n")
         parts.extend(_family_table(families))
         parts.append("")
+    parts.append(PROFILES_INTRO)
+    parts.extend(_serves_markdown())
+    parts.append("")
     coverage = _engine_coverage()
     if coverage:
         parts.append("\n## Engine coverage\n")

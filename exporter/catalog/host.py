@@ -6,8 +6,12 @@ from exporter.catalog.base import family
 FAMILIES = (
     family("llm_host_cpu_busy_ratio", "gauge", "ratio",
            "Share of the last cycle each CPU was busy (not idle or iowait; steal counts as busy), from "
-           "/proc/stat deltas; cpu=\"all\" is the whole host. Absent on the first cycle.",
+           "/proc/stat deltas; cpu=\"all\" is the whole host, cpu=\"busiest\" the busiest CPU, the others one "
+           "per CPU (--profile full). Absent on the first cycle.",
            ("cpu",), "host"),
+    family("llm_host_cpus", "gauge", "cpus",
+           "CPUs the host source reads in /proc/stat (online CPUs of the host, whatever the container's quota).",
+           (), "host"),
     family("llm_host_load1", "gauge", "tasks",
            "1-minute load average from /proc/loadavg (runnable plus uninterruptible tasks).", (), "host"),
     family("llm_host_load5", "gauge", "tasks",

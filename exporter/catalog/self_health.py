@@ -105,6 +105,13 @@ FAMILIES = (
            "llm_exporter_scrapes_rejected_total), by reason: too_many (503: as many in flight as the /metrics "
            "cap), too_large (the page was over its 8 MiB cap: the snapshot without samples, the others 503).",
            ("path", "reason"), "self"),
+    family("llm_exporter_slo_threshold_edge", "gauge", "bool",
+           "Per engine target and latency SLO (ttft, tbt), 1 for the state in force and 0 for the others: "
+           "engine (the SLO threshold is one of the engine's bucket edges), lower_edge (it is not: /metrics "
+           "writes a bucket at the threshold holding the count at the engine's largest edge below it, so "
+           "the SLO never flatters; the log names the edges the threshold could be instead), none (no edge "
+           "at or below the threshold: no bucket written, the SLO has no good-event ratio). Absent while the "
+           "target exposes no such histogram.", ("target", "slo", "state"), "self"),
     family("llm_exporter_build_info", "gauge", "info",
            "Always 1; the labels carry the exporter version and Python version.", ("version", "python"), "self"),
 )

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from exporter.snapshot import Sample
 from exporter.sources.base import SourceData, SourceError, SourceKind
-from exporter.sources.host_common import HostOptions, PresenceLog
+from exporter.sources.host_common import HostOptions, PresenceLog, cpu_summary
 from exporter.sources.host_common import sample as _sample
 from exporter.sources.host_engine import EngineTracker
 from exporter.sources.host_files import HeldFiles
@@ -169,7 +169,9 @@ class HostSource:
         self._prev_cpus = current
         # One sample per CPU, a few hundred on a GPU server: the one-label tuple is built here
         # rather than sorted by labels_of.
-        return [Sample("llm_host_cpu_busy_ratio", (("cpu", cpu),), r) for cpu, r in ratios.items()]
+        out = [Sample("llm_host_cpu_busy_ratio", (("cpu", cpu),), r) for cpu, r in ratios.items()]
+        per_cpu = [r for cpu, r in ratios.items() if cpu != "all"]
+        return out + cpu_summary(per_cpu, cpus=len(current) - ("all" in current))
 
     def _load(self) -> list[Sample]:
         load = self._read(parse_loadavg, "loadavg")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from exporter.settings import ConfigError
@@ -150,3 +150,13 @@ def sample(name: str, value: float, **labels: str) -> Sample:
     return Sample(name, pairs, float(value))
 
 
+
+
+def cpu_summary(per_cpu: Sequence[float], cpus: int) -> list[Sample]:
+    """The two CPU series every profile can afford beside cpu="all": the busiest core's share (a
+    single-threaded bottleneck hides in the mean of 256 cores) and the number of CPUs read. The
+    per-CPU series are for `--profile full` (exporter/catalog/families.csv)."""
+    out = [Sample("llm_host_cpus", (), float(cpus))] if cpus else []
+    if per_cpu:
+        out.append(Sample("llm_host_cpu_busy_ratio", (("cpu", "busiest"),), max(per_cpu)))
+    return out

@@ -22,7 +22,7 @@ from exporter.httpclient import HttpClient, get_json_object
 from exporter.redact import redact_url
 from exporter.snapshot import Sample
 from exporter.sources.base import SourceData, SourceError, SourceKind
-from exporter.sources.host_common import sample
+from exporter.sources.host_common import cpu_summary, sample
 from exporter.sources.host_net import (
     COUNTERS,
     KINDS,
@@ -104,6 +104,7 @@ def samples_from_host_state(state: Mapping[str, Any], rates: ByteRates | None = 
     cpus = [float(b) for b in state["cpus"]]
     out.extend(Sample("llm_host_cpu_busy_ratio", (("cpu", str(i)),), b) for i, b in enumerate(cpus))
     out.append(Sample("llm_host_cpu_busy_ratio", (("cpu", "all"),), float(state["cpu_all"])))
+    out.extend(cpu_summary(cpus, cpus=len(cpus)))
     l1, l5, l15 = (float(v) for v in state["load"])
     out += [sample("llm_host_load1", l1), sample("llm_host_load5", l5), sample("llm_host_load15", l15)]
     out.append(sample("llm_host_memory_total_bytes", float(state["memory_total_bytes"])))

@@ -32,6 +32,7 @@ import httpx
 import pytest
 
 from deploy import fleet as fleet_launcher
+from exporter.catalog import profiles
 from exporter.mixin.dashboards import generate as boards
 from exporter.slo import duration_seconds
 from tests.fullstack import WebhookReceiver, logs
@@ -202,6 +203,21 @@ def board_queries(board: dict) -> list[tuple[str, str, str]]:
     return [(panel["title"], t["refId"], t["expr"]) for panel, t in boards.iter_exprs(board)]
 
 
+def _left_to_full() -> dict[tuple[str, str, str], tuple[str, bool]]:
+    """The panels the default profile leaves to `full` (exporter/catalog/profiles.py SERVES): the fleet's
+    replicas run the default profile, so these may be empty (or partly: some of their queries read
+    default families)."""
+    out = {}
+    for name, board in boards_under_test().items():
+        for title, ref, _ in board_queries(board):
+            if f"{name.removesuffix('.json')}:{title}" in profiles.SERVES["default"].except_panels:
+                out[(name, title, ref)] = ("the default profile leaves this panel's families to --profile full", False)
+    return out
+
+
+NO_DATA.update(_left_to_full())
+
+
 def test_no_data_list_names_real_panel_queries():
     known = {(name, title, ref) for name, board in boards_under_test().items()
              for title, ref, _ in board_queries(board)}
@@ -312,6 +328,73 @@ def test_the_dying_replica_raises_the_capacity_alert_through_alertmanager(fleet:
     assert {a.labels.get("cluster") for a in capacity} <= {dying.cluster, None}, capacity
     others = {a.labels.get("instance") for a in fleet.receiver.alerts("LLMExporterDown")} - {dying.instance}
     assert not others, others
+
+
+BUCKET_ALERT = "LLMSLOThresholdNotABucketBound"
+
+
+def _bucket_alert_rule() -> dict:
+    """The LLMSLOThresholdNotABucketBound rule for `slo="ttft"` as vmalert runs it (the central variant,
+    scaled like the fleet's)."""
+    import yaml
+
+    from exporter.mixin.alerts import generate
+
+    cfg = {**generate.CONFIG, **fleet_launcher.CENTRAL_RULES_OVERRIDES}
+    files = generate.render_scaled(pathlib.Path("/nonexistent"), TIME_SCALE, cfg)
+    slo = yaml.safe_load(next(text for path, text in files.items() if path.name == "slo.yaml"))
+    return next(r for g in slo["groups"] for r in g["rules"]
+                if r.get("alert") == BUCKET_ALERT and r["labels"]["slo"] == "ttft")
+
+
+def _active(fleet: FleetUnderTest, name: str) -> list[tuple[str, str]]:
+    """(store, state) of every pending or firing `name` on vmalert and each cluster's Prometheus."""
+    out = [("vmalert", a.get("state", "")) for a in fleet.client.get(f"{fleet.fleet.vmalert}/api/v1/alerts").json()
+           ["data"]["alerts"] if a.get("name") == name]
+    for store in fleet.stores.values():
+        if store.cluster is None or store.name not in ("prometheus-a", "prometheus-b"):
+            continue
+        alerts = fleet.client.get(f"{store.url}/api/v1/alerts").json()["data"]["alerts"]
+        out += [(store.name, a["state"]) for a in alerts if a["labels"].get("alertname") == name]
+    return out
+
+
+@pytest.mark.timeout(400)
+def test_the_shipped_slo_thresholds_raise_no_bucket_bound_alert(fleet: FleetUnderTest):
+    """The shipped TTFT target (2.5 s) is not one of SGLang's edges (2, 4): the exporter writes a bucket
+    at 2.5 holding the count at 2 (exporter/buckets.py), so LLMSLOThresholdNotABucketBound is neither
+    pending nor firing anywhere, over at least its window and `for` since the fleet started. The rule's
+    first half (a TTFT histogram with traffic) holds for the SGLang replicas: without the bucket it fires."""
+    rule = _bucket_alert_rule()
+    central = fleet.stores["central"]
+    traffic = rule["expr"].split("\nunless\n")[0]
+    engine_of = {r.instance: r.profile.engine_format for r in fleet.fleet.replicas}
+
+    def sglang_with_traffic() -> set[str]:
+        return {m["metric"].get("instance", "") for m in fleet.query(central, traffic)
+                if engine_of.get(m["metric"].get("instance", "")) == "sglang"}
+    assert wait_until(lambda: sglang_with_traffic(), timeout=120, interval=2.0), traffic
+    sglang = {r.instance for r in fleet.fleet.replicas if r.profile.engine_format == "sglang"}
+    edge = {m["metric"]["instance"] for m in fleet.query(
+        central, 'llm_time_to_first_token_seconds_bucket{job="llm-exporter", le="2.5"}')}
+    state = {m["metric"]["instance"] for m in fleet.query(
+        central, 'llm_exporter_slo_threshold_edge{job="llm-exporter", slo="ttft", state="lower_edge"} == 1')}
+    assert sglang_with_traffic() <= edge & state, (sglang, edge, state)
+    settle = duration_seconds(str(rule["for"])) + duration_seconds(_rate_window(rule)) + 10
+    end = max(time.monotonic() + 6, fleet.started + settle)
+    while True:
+        active = _active(fleet, BUCKET_ALERT)
+        assert not active, f"{BUCKET_ALERT} is active: {active}"
+        if time.monotonic() >= end:
+            break
+        time.sleep(2)
+
+
+def _rate_window(rule: dict) -> str:
+    """The rate window of the rule's expression (`[1h]` scaled)."""
+    found = re.search(r"\[(\w+)\]", rule["expr"])
+    assert found, rule["expr"]
+    return found.group(1)
 
 
 def _remote_written(url: str, client: httpx.Client) -> float:

@@ -55,10 +55,10 @@ def test_rendered_configs_pass_promtool_and_vmalert(tmp_path):
         assert "alerting" not in config  # the central vmalert is the one notifier
         drops = [r["regex"] for r in config["remote_write"][0]["write_relabel_configs"] if r["action"] == "drop"]
         # Prometheus anchors relabel regexes: full matches, as here.
-        dropped = {name for name in ("target_model:llm_time_to_first_token_seconds_bucket:rate5m", "ALERTS",
+        dropped = {name for name in ("target_model:llm_time_to_first_token_seconds:p99_5m", "ALERTS",
                                      "ALERTS_FOR_STATE", "llm_engine_up", "up", "llm_gpu_power_watts")
                    if any(re.fullmatch(regex, name) for regex in drops)}
-        assert dropped == {"target_model:llm_time_to_first_token_seconds_bucket:rate5m", "ALERTS",
+        assert dropped == {"target_model:llm_time_to_first_token_seconds:p99_5m", "ALERTS",
                            "ALERTS_FOR_STATE"}
     vmalert = _tool("vmalert")
     central = str(tmp_path / "rules" / "central" / "rules" / "*.yaml")

@@ -173,12 +173,15 @@ def slo_windows(cfg: dict) -> list[str]:
     return sorted(seen.values(), key=lambda w: duration_seconds(nominal(w)))
 
 
-def quantile_of(q: float, bucket_rule: str) -> str:
-    """histogram_quantile over the recorded bucket rates of series that saw requests: at zero traffic
-    every bucket rate is 0 and histogram_quantile returns NaN; keeping only the histograms whose
-    +Inf bucket (every request) rose leaves no sample instead."""
-    return (f"histogram_quantile({q}, {bucket_rule}\n"
-            f"  and ignoring (le) {bucket_rule}{{le=\"+Inf\"}} > 0)")
+
+def quantile_of(q: float, buckets: str, every_request: str | None = None) -> str:
+    """histogram_quantile over bucket rates of series that saw requests: at zero traffic every bucket
+    rate is 0 and histogram_quantile returns NaN; keeping only the histograms whose +Inf bucket (every
+    request) rose leaves no sample instead. `buckets` is a recorded rule's name, or an expression whose
+    +Inf bucket alone is `every_request`."""
+    if every_request is None:
+        every_request = f"{buckets}{{le=\"+Inf\"}}"
+    return f"histogram_quantile({q},\n  {buckets}\n  and ignoring (le)\n  {every_request} > 0)"
 
 
 def fleet_bucket_rule(metric: str, window: str) -> str:

@@ -32,7 +32,8 @@ TITLE = "LLM Serving / Host"
 EX = Promql("exporter")
 T = Promql("target")
 TM = Promql("target_model")
-NOT_ALL, CURRENT, MAXIMUM = 'cpu!="all"', 'state="current"', 'state="max"'
+PER_CPU, BUSIEST = 'cpu!~"all|busiest"', 'cpu="busiest"'
+CURRENT, MAXIMUM = 'state="current"', 'state="max"'
 
 
 def cpu_row() -> Row:
@@ -42,8 +43,7 @@ The whole host's busy share against its busiest core. A host at 30% with one cor
 single-threaded bottleneck (tokenizer, scheduler, HTTP/JSON loop): more cores will not help, a faster core or
 moving the work off that thread will.
 """, [target(EX.sel("llm_host_cpu_busy_ratio", 'cpu="all"'), "all cores {{instance}}"),
-      target(f"max {fleet('job', 'instance').by()} ({EX.sel('llm_host_cpu_busy_ratio', NOT_ALL)})",
-             "busiest core {{instance}}")],
+      target(EX.sel("llm_host_cpu_busy_ratio", BUSIEST), "busiest core {{instance}}")],
             unit="percentunit", w=12, minimum=0, maximum=1,
             overrides=[color_override("^busiest.*", "orange")]),
         timeseries("Engine process: busiest thread and cores used", f"""
@@ -65,7 +65,7 @@ pinned off its GPUs' NUMA node.
         state_timeline("CPU busy per core", """
 Each core's busy share over time (green idle, red saturated). A single hot row is one thread pinned to one core;
 a whole NUMA node's block hot and the other cold is placement, see the NUMA row.
-""", [target(EX.sel("llm_host_cpu_busy_ratio", NOT_ALL), "cpu {{cpu}} ({{instance}})")], unit="percentunit", w=24, h=8,
+""", [target(EX.sel("llm_host_cpu_busy_ratio", PER_CPU), "cpu {{cpu}} ({{instance}})")], unit="percentunit", w=24, h=8,
         color={"mode": "continuous-GrYlRd"}, minimum=0, maximum=1, merge=False, show_values="never"),
         timeseries("Load average vs cores", """
 1, 5 and 15-minute load (runnable plus uninterruptible tasks) against the number of cores. Load above cores
@@ -73,8 +73,7 @@ means tasks wait for a CPU; PSI below says how long.
 """, [target(EX.sel("llm_host_load1"), "load1 {{instance}}"),
       target(EX.sel("llm_host_load5"), "load5 {{instance}}"),
       target(EX.sel("llm_host_load15"), "load15 {{instance}}"),
-      target(f"count {fleet('job', 'instance').by()} ({EX.sel('llm_host_cpu_busy_ratio', NOT_ALL)})",
-             "cores {{instance}}")],
+      target(EX.sel("llm_host_cpus"), "cores {{instance}}")],
             unit="short", w=12, minimum=0, overrides=[color_override("^cores.*", "red", dashed=True)]),
         timeseries("Engine process: threads and resident memory", """
 Threads and resident memory of the engine process (and its children). Steady growth of either is a leak; a

@@ -47,7 +47,9 @@ do not edit by hand. The normalized families are documented in docs/metrics.md.
 4. **Units**: a `scale` converts to base units; for a histogram it applies to the `le` bounds and
    to `_sum`, never to bucket counts or `_count`. Bounds are re-formatted the way Prometheus 3
    normalizes them (`0.001`, `2.5`, `1.0`, `+Inf`), computed in decimal so 250 ms is exactly `0.25`.
-   Native bucket bounds are kept, never re-bucketed: they differ by engine and version.
+   Native bucket bounds are kept: they differ by engine and version. Only /metrics may write fewer
+   (`--histogram-buckets coarse`) or one more at an SLO threshold (docs/alerts.md, "Histogram buckets
+   and SLO thresholds"); derive reads the native ones.
 5. **Merging**: series that coincide after step 3 are merged. Counters and histogram parts are
    summed: they are partitions of one count (Triton model versions, TGI error kinds, per-process
    copies in multiprocess mode). Gauges take the maximum: coinciding gauges are copies of one state,
