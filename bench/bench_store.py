@@ -320,6 +320,7 @@ class StoreCost:
     round_s: float  # sum over groups of the mean iteration
     groups: dict[str, float]  # group -> mean iteration (s)
     rules: dict[str, float]  # "group / rule" -> its expression as one instant query at now (s)
+    long_rules: frozenset[str]  # the rules of `rules` that read a 1d or 3d window
     replay_s: float  # vmalert's replay of every rule over the last REPLAY_S at the data's interval
     panels: dict[str, dict[str, float]]  # range name -> "panel / ref" -> seconds
     empty: dict[str, list[str]]  # range name -> queries without a finite value
@@ -483,12 +484,12 @@ def store_cost(profile: str, shapes: Sequence[Shape], n: int, timeline: Timeline
             httpx.get(vm + "/internal/force_flush", timeout=120)
             recorded = _sum(_metrics(vm), "vm_new_timeseries_created_total") - series
 
-            per_rule = rule_times(vm, rules["central"], end_s)
+            per_rule, long_rules = rule_times(vm, rules["central"], end_s)
             panels, empty, failed = board_times(vm, board_mod, timeline)
             rss_after = (fleet_mod.rss_bytes(vm_proc.pid) or 0) / 2**20
             return StoreCost(profile, n, series_of(shapes), series, recorded, sent * timeline.count, load_s, spent,
                              vm_cpu, rss_loaded, rss_after, disk, vmalert_rss, sum(groups.values()), groups,
-                             per_rule, replay_s, panels, empty, failed)
+                             per_rule, long_rules, replay_s, panels, empty, failed)
         finally:
             for process in reversed(processes):
                 _stop(process)
@@ -538,12 +539,14 @@ def recording_levels(rules_glob: pathlib.Path, out: pathlib.Path) -> list[pathli
     return globs
 
 
-def rule_times(vm: str, rules_glob: pathlib.Path, at_s: float) -> dict[str, float]:
+def rule_times(vm: str, rules_glob: pathlib.Path, at_s: float) -> tuple[dict[str, float], frozenset[str]]:
     """Each rule's expression as one instant query at `at_s`, one after the other as vmalert runs a group:
-    "group / rule" -> seconds (vmalert 1.79 reports time per group, not per rule)."""
+    "group / rule" -> seconds (vmalert 1.79 reports time per group, not per rule); and the rules that read
+    a 1d or 3d window."""
     import yaml
 
     out: dict[str, float] = {}
+    long: set[str] = set()
     with httpx.Client(timeout=300) as client:
         for path in sorted(rules_glob.parent.glob(rules_glob.name)):
             for group in (yaml.safe_load(path.read_text()) or {}).get("groups", []):
@@ -552,7 +555,9 @@ def rule_times(vm: str, rules_glob: pathlib.Path, at_s: float) -> dict[str, floa
                     client.get(vm + "/api/v1/query", params={"query": rule["expr"], "time": at_s})
                     name = rule.get("record") or rule.get("alert")
                     out[f"{group['name'].removeprefix('llm-exporter.')} / {name}"] = time.perf_counter() - t0
-    return out
+                    if re.search(r"\[(1d|3d)\]", rule["expr"]):
+                        long.add(f"{group['name'].removeprefix('llm-exporter.')} / {name}")
+    return out, frozenset(long)
 
 
 def _instant(vm: str, expr: str) -> float:
@@ -760,6 +765,13 @@ def section() -> str:
             by_group[name.split(" / ")[0]] = by_group.get(name.split(" / ")[0], 0.0) + seconds
         lines.append(f"- rules one at a time at {big.replicas:,} replicas, by group: " + ", ".join(
             f"{g} {s:.2f} s" for g, s in sorted(by_group.items(), key=lambda kv: kv[1], reverse=True)[:5]) + ";")
+        long = {name: seconds for name, seconds in big.rules.items() if name in big.long_rules}
+        if long:
+            lines.append(f"- the {len(long)} rules with 1d or 3d windows (full) at {big.replicas:,} replicas: "
+                         f"{sum(long.values()):.2f} s one at a time, "
+                         f"{_growth(costs, lambda c: sum(v for k, v in c.rules.items() if k in c.long_rules))} s; "
+                         "slowest: " + "; ".join(f"`{n}` {s:.2f} s" for n, s in sorted(
+                             long.items(), key=lambda kv: kv[1], reverse=True)[:3]) + ";")
         top_rules = sorted(big.rules.items(), key=lambda kv: kv[1], reverse=True)[:6]
         if top_rules:
             lines.append(f"- slowest rules at {big.replicas:,} replicas (each expression as one instant query): "
