@@ -15,7 +15,7 @@ import time
 
 MODULES = ("bench.bench_parser", "bench.bench_normalize", "bench.bench_metrics", "bench.bench_gpu", "bench.bench_host",
            "bench.bench_derive", "bench.bench_fetch", "bench.bench_podresources", "bench.bench_soak",
-           "bench.bench_fleet", "bench.bench_buckets", "bench.bench_store")
+           "bench.bench_fleet", "bench.bench_buckets", "bench.bench_profiles", "bench.bench_store")
 DOC = pathlib.Path("docs/benchmarks.md")
 
 
