@@ -93,7 +93,7 @@ class Published:
         return body
 
 
-_ABSENT = ("", frozenset())
+_ABSENT: tuple[str, frozenset[str]] = ("", frozenset())
 
 
 def written_only(samples: Iterable[Sample], written: Mapping[str, tuple[str, frozenset[str]] | None]) -> tuple:
