@@ -78,7 +78,7 @@ def run(log: IO[bytes]) -> int:
     # stderr to a file, not a pipe nobody reads while it runs (a pipe blocks the writer at 64 KiB).
     exporter = subprocess.Popen(
         [sys.executable, "-m", "exporter.cli", "run", "--listen", f"127.0.0.1:{port}", "--interval", "500ms",
-         "--gpu-backend", "none"],
+         "--gpu-backend", "none", "--profile", "full"],  # the raw link counters are full's
         stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     sent = [0]
     stop = threading.Event()
