@@ -70,7 +70,10 @@ def exporter(engine_url: str, engine_port: int, extra_args: tuple[str, ...] = ()
     cmd = [sys.executable, "-m", "exporter.cli", "run", "--engine", f"{engine_url},name={TARGET}",
            "--listen", f"127.0.0.1:{port}", "--interval", f"{INTERVAL_S:g}s",
            "--engine-timeout", f"{0.9 * INTERVAL_S:g}s",
-           "--gpu-backend", "none", "--engine-port", str(engine_port), *extra_args]
+           "--gpu-backend", "none", "--engine-port", str(engine_port),
+           # every family: the tier checks each family the live page maps (the default profile leaves some
+           # to full, exporter/catalog/families.csv)
+           "--profile", "full", *extra_args]
     with tempfile.NamedTemporaryFile(prefix="exporter-", suffix=".log", delete=False) as log:
         process = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
