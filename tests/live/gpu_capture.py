@@ -128,7 +128,8 @@ def capture(out: pathlib.Path, log) -> None:
         exporter = subprocess.Popen(
             [sys.executable, "-m", "exporter.cli", "run", "--engine",
              f"{engine.base_url}/metrics,kind=llamacpp,name=tiny-llama", "--gpu-backend", "nvml",
-             "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--engine-process-name", "llama-server"],
+             "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--engine-process-name", "llama-server",
+             "--profile", "full"],  # the capture keeps every family the card gives
             stdout=exporter_log, stderr=subprocess.STDOUT,
             # The engine cache's variable is the tests', not a setting: the exporter would warn about it.
             env={k: v for k, v in os.environ.items() if not k.startswith("LLM_EXPORTER_")})
