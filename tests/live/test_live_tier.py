@@ -189,9 +189,12 @@ def traffic_and_checks(engine: engines.Engine, base: str, proxy: RecordingProxy,
     done = closed_loop(url, 2 * cap, 45.0, max_tokens=48, probe=probe)
     assert done and all(c.status == 200 for c in done), [c for c in done if c.status != 200][:3]
     queued = [(t, w, v) for t, w, v in seen if t > SETTLED_S and (w or 0) >= 1]
-    assert queued, f"no request waited over the cap of {cap}: {seen}"
+    # On a CPU-starved machine the engine's own front end (HTTP, tokenizer) may be what holds the extra
+    # clients, so its scheduler queue stays empty: then the verdict must name that constraint instead.
+    constrained = [(t, w, v) for t, w, v in seen if t > SETTLED_S and v not in ("", "idle", "headroom")]
+    assert queued or constrained, f"no request waited over the cap of {cap} and no constraint was named: {seen}"
     assert all(v not in ("idle", "headroom") for _, _, v in queued), "\n".join(map(str, detail))
-    report["over_cap_verdicts"] = sorted({v for _, _, v in queued})
+    report["over_cap_verdicts"] = sorted({v for _, _, v in queued + constrained})
     print("over the cap:", *detail, sep="\n  ")
     time.sleep(2)
     report["over_cap"] = assert_exporter_matches_the_page(proxy, base, kind)
