@@ -148,9 +148,10 @@ class FleetCost:
     replica_cores: float  # mean CPU of one demo replica (twin + exporter)
 
 
-def _metrics(url: str) -> dict[str, float]:
+def scrape_metrics(url: str, timeout: float = 10.0) -> dict[str, float]:
+    """A server's own /metrics (VictoriaMetrics, vmalert) as `name{labels}` -> value."""
     out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(url + "/metrics", timeout=timeout).text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             with contextlib.suppress(ValueError):
@@ -186,7 +187,7 @@ def fleet_cost(n: int) -> FleetCost:
 
             def snapshot() -> tuple[float, dict[str, float], dict[str, float], dict[str, float]]:
                 cpu = {name: fleet_mod.cpu_seconds(pid) or 0.0 for name, pid in pids.items()}
-                return time.monotonic(), _metrics(vm), _metrics(vmalert), cpu
+                return time.monotonic(), scrape_metrics(vm), scrape_metrics(vmalert), cpu
 
             t0, vm0, al0, cpu0 = snapshot()
             time.sleep(WINDOW_S)

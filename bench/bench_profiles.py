@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import httpx
 import yaml
 
-from tests.support import free_port, wait_until
+from tests.support import free_port, stop_process, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FORMATS = ("vllm", "sglang", "tgi", "llamacpp")
@@ -132,14 +132,11 @@ def count_series(replicas: Iterable[Replica], *, settle_s: float = SETTLE_S) -> 
         fleet = _query(url, 'count by (cluster) ({__name__=~".+:.+", instance=""})')
         return {r: Count(stored.get(r.name, 0), recorded.get(r.name, 0), fleet.get(r.name, 0)) for r in replicas}
     finally:
-        for proc in [*procs, *([prometheus_proc] if prometheus_proc else [])]:
+        running = [*procs, *([prometheus_proc] if prometheus_proc else [])]
+        for proc in running:  # all at once, then each waited for
             proc.terminate()
-        for proc in [*procs, *([prometheus_proc] if prometheus_proc else [])]:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        for proc in running:
+            stop_process(proc, timeout=15)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -56,7 +56,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tests.support import free_ports, wait_until
+from bench import bench_fleet
+from tests.support import free_ports, stop_process, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -332,13 +333,7 @@ class StoreCost:
 
 
 def _metrics(url: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                out[name] = float(value)
-    return out
+    return bench_fleet.scrape_metrics(url, timeout=30)
 
 
 def _sum(metrics: dict[str, float], prefix: str) -> float:
@@ -366,12 +361,7 @@ def _start(argv: list[str], url: str, ready: str, log: pathlib.Path) -> subproce
 
 def _stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout=30)
 
 
 def load(vm: str, lines: Iterator[str]) -> tuple[int, float]:
@@ -637,7 +627,6 @@ def _rfc3339(epoch_s: float) -> str:
 # ------------------------------------------------------------------------------------------------
 def page(profile: str) -> str:
     """One demo replica's /metrics once stable (bench_fleet's procedure) with `--profile`."""
-    from bench import bench_fleet
 
     return bench_fleet.stable_page("vllm", 1, ("--profile", profile))
 

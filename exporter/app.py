@@ -15,7 +15,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from exporter import collectors
 from exporter.buckets import Rebucketer
@@ -81,10 +81,17 @@ def bind_listener(config: Config) -> socket.socket:
     return sock
 
 
+FROM_CONFIG: Literal["config"] = "config"
+"""make_collector/serve/run_demo: work out the written families from the Config (a caller that
+already did, to fail the start early, passes its result instead: the families file is read once)."""
+
+
 def make_collector(config: Config, sources: Sequence[Source], *,
-                   extra_health: Callable[[], Iterable[Sample]] | None = None) -> Collector:
+                   extra_health: Callable[[], Iterable[Sample]] | None = None,
+                   families: profiles.Selection | None | Literal["config"] = FROM_CONFIG) -> Collector:
     return Collector(sources, interval_s=config.interval_s, derive=build_deriver(config), extra_health=extra_health,
-                     collectors=collectors.BY_KIND, families=written_families(config),
+                     collectors=collectors.BY_KIND,
+                     families=written_families(config) if families == FROM_CONFIG else families,
                      buckets=Rebucketer.from_config(config))
 
 
@@ -104,7 +111,7 @@ def written_families(config: Config) -> profiles.Selection | None:
         # Prometheus scrapes the engine's own histograms too: of the re-exported ones only what the SLO
         # burn-rate rules read stays (exporter/buckets.py cuts those to the threshold's bucket).
         return {name: only for name, only in chosen.items() if name not in profiles.ENGINE_HISTOGRAMS_NOT_SLO}
-    return None if chosen == profiles.selection("full") and not path else chosen
+    return None if config.profile == "full" and not path else chosen
 
 
 def load_web_config(config: Config) -> WebConfigManager | None:
@@ -121,9 +128,11 @@ def load_web_config(config: Config) -> WebConfigManager | None:
 
 async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
                 stop: asyncio.Event | None = None, web: WebConfigManager | None = None,
-                own_process: bool = False, http_limits: Limits | None = None) -> None:
+                own_process: bool = False, http_limits: Limits | None = None,
+                families: profiles.Selection | None | Literal["config"] = FROM_CONFIG) -> None:
     """Run the collection loop and the HTTP server until `stop` is set or SIGINT/SIGTERM.
     `web`: the already loaded --web.config.file (loaded here from config when not given).
+    `families`: what /metrics writes, as written_families gave it (worked out here when not given).
     `own_process`: the process is only this exporter (the CLI), so its GC may be tuned.
     `http_limits`: connection bounds and timeouts (default: exporter/httpserver.py's constants)."""
     stop = stop or asyncio.Event()
@@ -133,7 +142,7 @@ async def serve(config: Config, sources: Sequence[Source], sock: socket.socket,
     def extra_health() -> list[Sample]:
         return [sample for part in parts for sample in part()]
 
-    collector = make_collector(config, sources, extra_health=extra_health)
+    collector = make_collector(config, sources, extra_health=extra_health, families=families)
     endpoint = create_app(collector, max_concurrent_scrapes=config.max_concurrent_scrapes)
     app = RequestGuard(endpoint, authorize=web.authorize if web else None, realm=REALM)
     ssl_context = web.server_ssl_context() if web else None
@@ -245,7 +254,8 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
                    stop: asyncio.Event | None = None,
                    announce: Callable[[str], None] = _print_now,
                    on_ready: Callable[[str, Sequence[str]], None] | None = None,
-                   probe_every_s: float | None = None) -> None:
+                   probe_every_s: float | None = None,
+                   families: profiles.Selection | None | Literal["config"] = FROM_CONFIG) -> None:
     """`llm-exporter demo`: twins on loopback, the exporter scraping them over HTTP exactly as it
     scrapes a real engine, the simulated GPU source reading the twins, and the host source
     `config.host_backend` says: sim (the demo's default) reads the first twin's host over HTTP,
@@ -301,7 +311,7 @@ async def run_demo(config: Config, *, scenario: str, engines: int, gpus: int, en
                               announce=announce)
         if on_ready is not None:
             on_ready(base, [t.url for t in twins])
-        await serve(config, sources, sock, stop)
+        await serve(config, sources, sock, stop, families=families)
     finally:
         for running in twins:
             with contextlib.suppress(Exception):

@@ -6,8 +6,8 @@ still read the engine's full layout (collect.py runs `apply` on the samples it p
 - coarse (`--histogram-buckets coarse`, auto under `--profile minimal`): each engine histogram in
   seconds, tokens or bytes keeps at most `histogram_buckets_max` finite edges, a subset of the
   engine's own: the count at a kept edge is the engine's, nothing is invented or interpolated. The SLO
-  threshold is always among them; the rest spread evenly in log space from the lowest edge to the
-  highest. +Inf, _sum and _count stay.
+  threshold is always among them; the rest spread evenly in log space over the edges within SLO_SPAN
+  of the threshold (over all of them for a histogram without one). +Inf, _sum and _count stay.
 - SLO threshold buckets (every mode): where an SLO threshold (`--slo-ttft`, `--slo-tbt`) is not an
   edge of the engine's histogram (SGLang's TTFT edges are 2 and 4, the shipped target 2.5 s), one more
   bucket is written at the threshold holding the cumulative count at the largest engine edge below it:
@@ -55,6 +55,10 @@ whose edges change every page) the oldest go, and a page costs a plan per series
 MAX_SPLIT = 65536
 """Bucket label sets remembered without their `le` (a steady page then costs a dict lookup per bucket):
 a sidecar's pages hold a few thousand."""
+MAX_CACHED_CHARS = 4 << 20
+"""The plan and split caches are also cleared past this many characters of `le` and label text they
+hold: the engine chooses how many buckets a series has and how long its labels are, so a count bound
+alone would let a page of huge layouts keep megabytes per entry."""
 MAX_TRACKED = 4096
 """(target, SLO) states kept: targets are configured, so this is a bound against a bug, not a limit."""
 LOG_REASON = "slo_threshold_edge"
@@ -200,6 +204,7 @@ class Rebucketer:
         self._by_bucket = {name + "_bucket": name for name in families}
         self._plans: dict[tuple[str, tuple[str, ...]], Plan] = {}
         self._split: dict[Labels, tuple[Labels, str]] = {}  # a bucket's labels -> (the rest, its `le`)
+        self._cached_chars = 0  # of both caches (MAX_CACHED_CHARS)
         self._states: dict[tuple[str, str], Plan] = {}
         self._log = state_log or StateLog(reasons=(LOG_REASON,))
 
@@ -225,8 +230,18 @@ class Rebucketer:
             found = plan_for(les, slo=slo, threshold=threshold, limit=self.max_edges if self.coarse else None)
             if len(self._plans) >= MAX_PLANS:
                 del self._plans[next(iter(self._plans))]
+            self._charge(sum(map(len, les)) + len(les))
             self._plans[key] = found
         return found
+
+    def _charge(self, chars: int) -> None:
+        """Count the text the caches keep; past MAX_CACHED_CHARS both start over (a steady page fills
+        them again in one cycle)."""
+        self._cached_chars += chars
+        if self._cached_chars > MAX_CACHED_CHARS:
+            self._plans = {}
+            self._split = {}
+            self._cached_chars = chars
 
     def apply(self, samples: Sequence[Sample]) -> tuple[Sample, ...]:
         by_bucket = self._by_bucket
@@ -244,6 +259,8 @@ class Rebucketer:
                 parts = (tuple(pair for pair in sample.labels if pair[0] != "le"), sample.label("le"))
                 if len(split) >= MAX_SPLIT:
                     split.clear()  # a page of ever-new label sets: start over, never grow
+                self._charge(sum(len(k) + len(v) for k, v in sample.labels))
+                split = self._split  # _charge may have started it over
                 split[sample.labels] = parts
             series_key = (sample.name, parts[0])
             members = series.get(series_key)

@@ -120,7 +120,7 @@ def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         for warning in env_warnings(env):
             logging.getLogger("exporter.config").warning("%s", warning)
         web = load_web_config(config)
-        written_families(config)  # a families file that cannot be used fails the start (exit 2)
+        families = written_families(config)  # a families file that cannot be used fails the start (exit 2)
         sources = build_sources(config)
         sock = bind_listener(config)
     except ConfigError as error:
@@ -133,7 +133,7 @@ def command_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
               file=sys.stderr)
         return EXIT_CONFIG
     tune_gc()
-    asyncio.run(serve(config, sources, sock, web=web, own_process=True))
+    asyncio.run(serve(config, sources, sock, web=web, own_process=True, families=families))
     return 0
 
 
@@ -166,11 +166,11 @@ def command_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         setup_logging(config.log_level)
         from exporter.app import written_families
 
-        written_families(config)  # a families file that cannot be used fails the start (exit 2)
+        families = written_families(config)  # a families file that cannot be used fails the start (exit 2)
         asyncio.run(run_demo(config, scenario=args.scenario, engines=args.engines, gpus=args.gpus,
                              engine_format=args.engine_format, gpu_name=args.gpu_name, model=args.model,
                              seed=args.seed, speed=args.speed, numa_mismatch=args.numa_mismatch,
-                             probe_every_s=DEMO_PROBE_EVERY_S if args.probe else None))
+                             probe_every_s=DEMO_PROBE_EVERY_S if args.probe else None, families=families))
     except ConfigError as error:
         print(f"llm-exporter: {error}", file=sys.stderr)
         return EXIT_CONFIG

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from exporter.buckets import MAX_PLANS, PASS, SLO_SPAN, Rebucketer, choose_edges, plan_for
+from exporter.buckets import MAX_CACHED_CHARS, MAX_PLANS, PASS, SLO_SPAN, Rebucketer, choose_edges, plan_for
 from exporter.config import load_config
 from exporter.logstate import StateLog
 from exporter.simulator.recorders import SGLANG_TTFT, TGI_DURATION, VLLM_ITL, VLLM_TTFT
@@ -194,6 +194,18 @@ def test_the_plan_cache_is_bounded():
     for shift in range(MAX_PLANS + 50):
         buckets.apply(page(TTFT, [e * (1 + shift / 1e4) for e in SGLANG_TTFT]))
     assert len(buckets._plans) <= MAX_PLANS
+
+
+def test_the_caches_are_bounded_by_the_text_they_hold_not_only_by_entries():
+    """An engine chooses how many buckets a series has and how long its labels are: pages of new
+    2,000-bucket layouts with long label values keep at most MAX_CACHED_CHARS of text."""
+    buckets = rebucketer(coarse=True, max_edges=4)
+    wide = [0.001 * 1.005 ** k for k in range(2000)]
+    for shift in range(40):
+        buckets.apply(page(TTFT, [e * (1 + shift / 1e4) for e in wide], model=f"m{shift}" + "x" * 2000))
+        held = sum(len(le) + 1 for _, les in buckets._plans for le in les)
+        held += sum(len(k) + len(v) for labels in buckets._split for k, v in labels)
+        assert held <= MAX_CACHED_CHARS, (shift, held)
 
 
 def test_one_log_line_per_state_change_naming_the_edges_and_the_targets_to_pick(caplog):
