@@ -200,7 +200,7 @@ class Collector:
         return True
 
     async def _collect_source(self, source: Source) -> SourceResult:
-        if source.kind is not SourceKind.ENGINE:
+        if source.kind not in (SourceKind.ENGINE, SourceKind.ROUTER):
             return await self._collect_now(source)
         if self._slots is None:
             self._slots = asyncio.Semaphore(MAX_SCRAPES_IN_FLIGHT)
@@ -398,7 +398,12 @@ class Collector:
 
 
 def _engine_up(result: SourceResult) -> list[Sample]:
-    """`llm_engine_up{target,engine}` for engine sources, 0 on failure (with the last known kind)."""
+    """`llm_engine_up{target,engine}` for engine sources, `llm_router_up{target,router}` for router
+    sources, 0 on failure (with the last known kind)."""
+    if result.kind is SourceKind.ROUTER:
+        labels = labels_of(target=result.attrs.get("target", result.source),
+                           router=result.attrs.get("router", "unknown"))
+        return [Sample("llm_router_up", labels, 1.0 if result.ok else 0.0)]
     if result.kind is not SourceKind.ENGINE:
         return []
     labels = labels_of(target=result.attrs.get("target", result.source),

@@ -59,6 +59,13 @@ def _engine_sources(config: Config, built: Built) -> list[Source]:
             for t in config.engines]
 
 
+def _router_sources(config: Config, built: Built) -> list[Source]:
+    from exporter.sources.routers.scrape import RouterSource
+
+    return [RouterSource(t, max_payload_bytes=config.max_payload_bytes, max_series=config.max_series_per_target)
+            for t in config.routers]
+
+
 def _probe_sources(config: Config, built: Built) -> list[Source]:
     if not config.probes:
         return []
@@ -149,6 +156,7 @@ def _gpu_sources(config: Config, built: Built) -> list[Source]:
 
 REGISTRY: tuple[CollectorEntry, ...] = (
     CollectorEntry(COLLECTOR["engine"], SourceKind.ENGINE, _engine_sources),
+    CollectorEntry(COLLECTOR["router"], SourceKind.ROUTER, _router_sources),
     CollectorEntry(COLLECTOR["probe"], SourceKind.PROBE, _probe_sources),
     CollectorEntry(COLLECTOR["host"], SourceKind.HOST, _host_sources),
     CollectorEntry(COLLECTOR["gpu"], SourceKind.GPU, _gpu_sources),

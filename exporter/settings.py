@@ -458,6 +458,11 @@ _ENGINE_HELP = ("engine /metrics URL to scrape; repeat for several targets (env 
                 " | username=U,password_env=VAR; TLS: ca_file=PATH, insecure_skip_verify=true. "
                 "Secrets themselves are refused on the command line")
 
+_ROUTER_HELP = ("router /metrics URL to scrape (vllm-router, sglang-router, Dynamo's frontend, the inference "
+                "extension's endpoint picker; kind auto-detected); repeat for several (env LLM_EXPORTER_ROUTERS); "
+                "the same options as --engine. Backends it names that are also --engine targets (same host and "
+                "port) are joined to them for the routing verdict; docs/routers.md")
+
 _PROBE_HELP = ("opt-in client-side probe: a small streaming request to the engine's OpenAI-compatible API at "
                "this base URL every few seconds, timing TTFT and inter-token gaps from here (llm_probe_*); "
                "repeat for several (env LLM_EXPORTER_PROBES); it sends the credentials of the engine target "
@@ -485,6 +490,8 @@ class CollectorSpec:
 COLLECTORS: tuple[CollectorSpec, ...] = (
     CollectorSpec("engine", True, "scrape each engine target's /metrics (llm_* engine series, llm_engine_up)",
                   ("engines", "engine_timeout_s", "max_payload_bytes", "max_series_per_target")),
+    CollectorSpec("router", True, "scrape each router target's /metrics (llm_router_*, llm_router_up); nothing "
+                  "to do without --router", ("routers", "engine_timeout_s", "max_payload_bytes", "max_series_per_target")),
     CollectorSpec("probe", True, "client-side probes of the engines' OpenAI API (llm_probe_*); nothing to do "
                   "without --probe", ("probes",)),
     CollectorSpec("host", True, "the host's CPUs, memory, PCIe and network links and the engine process "
@@ -516,6 +523,8 @@ SETTINGS: tuple[Setting, ...] = (
             flag="--config", field=False),
     Setting("engines", EngineTargets(), "tuple[EngineTarget, ...]", (), _ENGINE_HELP, flag="--engine",
             aliases=("engine",), metavar="URL[,kind=K][,name=N][,timeout=T]", flag_action="append"),
+    Setting("routers", EngineTargets(), "tuple[EngineTarget, ...]", (), _ROUTER_HELP, flag="--router",
+            aliases=("router",), metavar="URL[,kind=K][,name=N][,timeout=T]", flag_action="append"),
     Setting("probes", ProbeTargets(), "tuple[ProbeTarget, ...]", (), _PROBE_HELP, flag="--probe",
             aliases=("probe",), metavar="URL[,model=M][,every=15s][,api=completions|chat][,target=NAME]",
             flag_action="append"),

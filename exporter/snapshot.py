@@ -53,6 +53,7 @@ class SourceKind(Enum):
     ENGINE = "engine"
     GPU = "gpu"
     HOST = "host"
+    ROUTER = "router"  # a router in front of engine replicas (exporter/sources/routers/); derive/routing.py
     PROBE = "probe"  # client-side requests to an engine's API (exporter/probe/); derive/probe.py reads it
     OTHER = "other"
 

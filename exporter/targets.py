@@ -239,7 +239,8 @@ def _split_spec(spec: str, what: str) -> tuple[str, dict[str, str]]:
 
 
 def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float,
-                      env: Mapping[str, str] | None = None) -> EngineTarget:
+                      env: Mapping[str, str] | None = None, *, kinds: tuple[str, ...] | None = None,
+                      what: str = "engine") -> EngineTarget:
     """`URL[,kind=K][,name=N][,timeout=T][,bearer_token_file=PATH]...` or a YAML mapping with the same
     keys (plus basic_auth/tls_config blocks). Secrets come from files or environment variables."""
     if isinstance(spec, Mapping):
@@ -260,9 +261,9 @@ def parse_engine_spec(spec: str | Mapping[str, Any], default_timeout: float,
     kind = options.get("kind")
     if kind is not None:
         kind = str(kind)
-        known = _engine_kinds()
+        known = _engine_kinds() if kinds is None else kinds
         if kind not in known and kind != "auto":
-            raise ConfigError("engine.kind", kind, f"expected one of {', '.join(('auto',) + known)}")
+            raise ConfigError(f"{what}.kind", kind, f"expected one of {', '.join(('auto',) + known)}")
         kind = None if kind == "auto" else kind
     role = _opt(options, "role")
     if role is not None and role not in ROLES:
@@ -504,14 +505,25 @@ def _engine_kinds() -> tuple[str, ...]:
     return tuple(KINDS)
 
 
-def engine_targets(raw: Any, timeout_s: float, env: Mapping[str, str] | None) -> tuple[EngineTarget, ...]:
+def _router_kinds() -> tuple[str, ...]:
+    from exporter.sources.routers.registry import KINDS
+
+    return tuple(KINDS)
+
+
+def engine_targets(raw: Any, timeout_s: float, env: Mapping[str, str] | None, *,
+                   routers: bool = False, taken: tuple[EngineTarget, ...] = ()) -> tuple[EngineTarget, ...]:
+    """The engine targets, or with `routers` the router targets (same options, the router kinds;
+    their names must differ from the engine targets' `taken`: both are `target` label values)."""
     raw = raw or ()
+    field = "routers" if routers else "engines"
     if isinstance(raw, str | Mapping):
         raw = [raw]
     if not isinstance(raw, list | tuple):
-        raise ConfigError("engines", raw, "expected a list of targets (URL strings or mappings)")
-    engines = tuple(parse_engine_spec(spec, timeout_s, env) for spec in raw)
-    names = [e.name for e in engines]
+        raise ConfigError(field, raw, "expected a list of targets (URL strings or mappings)")
+    kinds = _router_kinds() if routers else None
+    engines = tuple(parse_engine_spec(spec, timeout_s, env, kinds=kinds, what=field[:-1]) for spec in raw)
+    names = [e.name for e in (*taken, *engines)]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError("engine.name", duplicates[0], "two targets share this name; set name= on one")

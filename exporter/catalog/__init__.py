@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from exporter.catalog import derived, engine, gpu, host, probe, self_health
+from exporter.catalog import derived, engine, gpu, host, probe, router, self_health
 from exporter.catalog.base import Family
 
 AREAS: tuple[tuple[str, tuple[Family, ...]], ...] = (
     ("Engine (normalized)", engine.FAMILIES),
+    ("Router (normalized and derived)", router.FAMILIES),
     ("GPU", gpu.FAMILIES),
     ("Host", host.FAMILIES),
     ("Derived", derived.FAMILIES),
