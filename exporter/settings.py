@@ -491,7 +491,8 @@ COLLECTORS: tuple[CollectorSpec, ...] = (
     CollectorSpec("engine", True, "scrape each engine target's /metrics (llm_* engine series, llm_engine_up)",
                   ("engines", "engine_timeout_s", "max_payload_bytes", "max_series_per_target")),
     CollectorSpec("router", True, "scrape each router target's /metrics (llm_router_*, llm_router_up); nothing "
-                  "to do without --router", ("routers", "engine_timeout_s", "max_payload_bytes", "max_series_per_target")),
+                  "to do without --router",
+                  ("routers", "engine_timeout_s", "max_payload_bytes", "max_series_per_target")),
     CollectorSpec("probe", True, "client-side probes of the engines' OpenAI API (llm_probe_*); nothing to do "
                   "without --probe", ("probes",)),
     CollectorSpec("host", True, "the host's CPUs, memory, PCIe and network links and the engine process "

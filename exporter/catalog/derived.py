@@ -10,7 +10,7 @@ TM = TE + ("model",)
 # The verdict's resources, in the diagnosis order (ties go to the earlier one). idle: no work;
 # headroom: serving with no resource near its limit (healthy); then the roofs, then the constraints.
 RESOURCES = ("idle", "headroom", "compute", "memory_bandwidth", "kv_capacity", "scheduler", "host_cpu",
-             "interconnect", "power_thermal")
+             "interconnect", "power_thermal", "routing")
 
 WINDOW_QUANTILE = "q"
 """The quantile label of llm_*_window_seconds ("0.5", "0.95", "0.99")."""

@@ -18,7 +18,19 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from exporter.config import Config
-from exporter.derive import energy, health, kv, modelcheck, probe, quantiles, roofline, signals, throughput, transfer
+from exporter.derive import (
+    energy,
+    health,
+    kv,
+    modelcheck,
+    probe,
+    quantiles,
+    roofline,
+    routing,
+    signals,
+    throughput,
+    transfer,
+)
 from exporter.derive.assign import assign_gpus
 from exporter.derive.diagnosis import Cycle, TargetResult, build_diagnosis, not_ready
 from exporter.derive.settings import DeriveSettings, derive_settings
@@ -32,7 +44,7 @@ log = logging.getLogger("llm_exporter.derive")
 
 # In the order they run: a stage reads only the results of stages before it (check_order). The
 # diagnosis lists their numbers in this order too.
-STAGES: tuple[Stage, ...] = (health.STAGE, throughput.STAGE, kv.STAGE, roofline.STAGE, energy.STAGE,
+STAGES: tuple[Stage, ...] = (health.STAGE, routing.STAGE, throughput.STAGE, kv.STAGE, roofline.STAGE, energy.STAGE,
                              modelcheck.STAGE,
                              quantiles.STAGE, transfer.STAGE, signals.STAGE, probe.STAGE)
 check_order(STAGES)
@@ -139,6 +151,12 @@ class Deriver:
             result, samples = self._target(view, engine, assignment.get(engine.target, ()))
             results.append(result)
             out.extend(samples)
+        routes = self.state.get(routing.STAGE.name)
+        if isinstance(routes, routing.RoutingState) and view.routers:
+            medians = {(r.engine.target, kind): p50 for r in results
+                       for kind, tail in (r.results.get(quantiles.STAGE.name) or {}).items()
+                       if (p50 := tail.quantile(0.5)) is not None}
+            out.extend(routing.router_samples(routes, view.now, medians))
         for state in self.state.values():
             state.end(view)
         self.last_cost_s = self._clock() - started

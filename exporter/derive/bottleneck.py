@@ -31,7 +31,7 @@ from exporter.slo import latency_text
 from exporter.snapshot import Sample
 
 ROOFS = ("compute", "memory_bandwidth")
-CONSTRAINTS = ("kv_capacity", "scheduler", "host_cpu", "interconnect", "power_thermal")
+CONSTRAINTS = ("kv_capacity", "scheduler", "host_cpu", "interconnect", "power_thermal", "routing")
 CONSTRAINT_MIN = 0.6
 ROOF_MIN = 0.35
 STICKY = 0.1
@@ -59,6 +59,8 @@ VERDICT_WORDS: Mapping[str, tuple[str, str]] = {
     "interconnect": ("interconnect (PCIe/NVLink/network)",
                      "interconnect (PCIe, NVLink, or the network between servers)"),
     "power_thermal": ("power / thermal throttling", "power / thermal throttling"),
+    "routing": ("routing (load skew across replicas)",
+                "routing: the router sends this replica most of the traffic while others idle"),
 }
 UNKNOWN_VERDICT_WORDS = "cannot tell yet"
 
@@ -112,6 +114,16 @@ REMEDIES: Mapping[str, tuple[str, ...]] = {
         "check the BIOS PCIe setting.",
         "Check NVLink status (nvidia-smi nvlink -s) and topology (nvidia-smi topo -m).",
         "Keep tensor parallelism inside one NVLink domain, or run replicas (data parallel) instead of TP over PCIe.",
+    ),
+    "routing": (
+        "The router's policy piles requests on this replica while others idle: its queue and SLO misses are "
+        "the skew's, not a resource's. Check the policy (a cache-aware or consistent-hash policy follows "
+        "prompt prefixes or sessions; one hot prefix or tenant lands on one replica).",
+        "Bound the policy's imbalance (vllm-router/sglang-router --balance-abs-threshold and "
+        "--balance-rel-threshold make cache-aware fall back to the least loaded; power_of_two or round_robin "
+        "spread evenly), or give the hot prefix more replicas.",
+        "Check that the idle replicas are registered and healthy in the router (llm_router_backend_up, the "
+        "breaker state) before adding capacity: more replicas behind the same policy stay idle too.",
     ),
     "power_thermal": (
         "Check cooling: airflow, fans, inlet temperature, dust; the GPU is slowing its clocks.",
@@ -247,6 +259,13 @@ class Signals(NamedTuple):
     net_util_what: str = ""
     net_down: tuple[str, ...] = ()
     net_errors: tuple[str, ...] = ()
+    # What the routers in front of this target say (derive/routing.py): the busiest router's view.
+    routing_router: str = ""  # "router NAME (kind, policy P)"; "" when no router read here sends it traffic
+    routing_share: float | None = None  # this replica's share of that router's requests over the window
+    routing_fair: float | None = None  # 1 / the backends in rotation
+    routing_skew: float | None = None  # busiest in-rotation backend's rate over their mean
+    routing_busiest: bool = False
+    routing_idle: tuple[str, ...] = ()  # in-rotation backends under half their fair share
 
     def queued(self, waiting: float | None) -> float | None:
         """`waiting` without the requests waiting for their KV to arrive: those wait on the network,
@@ -523,6 +542,32 @@ def _power(s: Signals, ev: list[str] | None) -> float:
     return score
 
 
+SKEW_MIN, SKEW_HIGH = 1.5, 3.0  # the busiest replica's rate over the mean: a routing score from 1.5x
+
+
+def _routing(s: Signals, ev: list[str] | None) -> float:
+    """The router gives this replica most of the traffic while another replica it routes to idles,
+    and this one misses its SLO or queues: the fix is the routing, not this replica's resources."""
+    skew, share = s.routing_skew, s.routing_share
+    if skew is None or share is None or skew < SKEW_MIN or not s.routing_busiest or not s.routing_idle:
+        return 0.0
+    misses = [f"{kind} SLO attainment {pct(att)}" for kind, att in (("TTFT", s.ttft_attainment),
+                                                                   ("TBT", s.tbt_attainment))
+              if att is not None and att < SLO_TARGET]
+    queued = s.queued(s.mean_waiting) or 0.0
+    if queued >= SCHEDULER_WAITING_MIN:
+        misses.append(f"{queued:.1f} requests waiting on average")
+    if not misses:
+        return 0.0
+    if ev is not None:
+        fair = f" (fair share {pct(s.routing_fair)})" if s.routing_fair is not None else ""
+        ev.append(f"{s.routing_router} sends this replica {pct(share)} of its requests{fair}: load skew "
+                  f"{skew:.2f}x (busiest over mean)")
+        ev.append(f"idle meanwhile: {', '.join(s.routing_idle[:4])}" + (" and more" if len(s.routing_idle) > 4 else ""))
+        ev.append("here: " + ", ".join(misses))
+    return 0.6 + 0.4 * ramp(skew, SKEW_MIN, SKEW_HIGH)
+
+
 def _context(s: Signals) -> list[str]:
     out = []
     if s.prefill_share is not None:
@@ -561,8 +606,9 @@ def _scores(s: Signals, evidence: dict[str, list[str]] | None) -> dict[str, floa
     host = _host(s, max(compute, bandwidth), ev("host_cpu"))
     link = _interconnect(s, ev("interconnect"), max(compute, bandwidth))
     power = _power(s, ev("power_thermal"))
+    routed = _routing(s, ev("routing"))
     limits = {"compute": compute, "memory_bandwidth": bandwidth, "kv_capacity": kv, "scheduler": scheduler,
-              "host_cpu": host, "interconnect": link, "power_thermal": power}
+              "host_cpu": host, "interconnect": link, "power_thermal": power, "routing": routed}
     work = s.work
     # idle: there is no work. headroom: there is, and the closer the nearest limit, the lower it is.
     idle = 0.0 if work else 1.0
@@ -634,6 +680,10 @@ def raw_verdict(s: Signals, scores: Mapping[str, float], current: str | None) ->
         return scores[resource] >= minimum - (STICKY if resource == current else 0.0)
 
     active = [r for r in CONSTRAINTS if passes(r, CONSTRAINT_MIN)]
+    if "routing" in active:
+        # The hot replica's queue, KV pressure or busy CPU are the skew's symptoms: with the load spread
+        # they go. The diagnosis still names those that score as high (co_equal).
+        return "routing", f"routing score >= {CONSTRAINT_MIN}: the skew comes before this replica's own limits"
     if active:
         return _best(active, scores, current), f"constraint score >= {CONSTRAINT_MIN}"
     roofs = [r for r in ROOFS if passes(r, ROOF_MIN)]

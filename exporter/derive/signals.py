@@ -144,6 +144,14 @@ def gather(ctx: Ctx) -> Signals:
                       spans=moved.spans, spans_parallel=moved.parallel, net_util=moved.link_util,
                       net_util_what=moved.link_what,
                       net_down=moved.links_down, net_errors=moved.link_errors)
+    routed = ctx.get("routing")
+    if routed:
+        # The router that gives this replica the largest share speaks for the others.
+        top = max(routed, key=lambda r: r.backend.share or 0.0)
+        rotation = top.router.rotation
+        values.update(routing_router=top.router.words(), routing_share=top.backend.share,
+                      routing_fair=1.0 / len(rotation) if rotation else None, routing_skew=top.router.skew,
+                      routing_busiest=top.busiest, routing_idle=top.idle)
     for kind, p99, attainment, bound in (("ttft", "ttft_p99", "ttft_attainment", "ttft_bound"),
                                          ("tbt", "tbt_p99", "tbt_attainment", "tbt_bound")):
         tail = tails.get(kind)
@@ -198,7 +206,7 @@ def samples(decision: Decision, key: TargetKey) -> list[Sample]:
 
 STAGE = Stage(
     name="bottleneck", compute=decide, samples=samples, state=Verdicts,
-    after=("throughput", "kv", "roofline", "quantiles", "transfer"),
+    after=("routing", "throughput", "kv", "roofline", "quantiles", "transfer"),
     emits=("llm_bottleneck", "llm_bottleneck_score"),
     gpu=(UTIL, TENSOR, LINK_GEN, LINK_WIDTH, PCIE_TX, PCIE_RX, NVLINK_TX, NVLINK_RX, SM_CLOCK, SM_CLOCK_MAX,
          TEMPERATURE, CLOCK_EVENT, POWER_LIMIT, POWER_DEFAULT),

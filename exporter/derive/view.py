@@ -122,9 +122,19 @@ class EngineView(NamedTuple):
     prefix_hit_ratio: float | None = None  # mean over ranks of llm_prefix_cache_hit_ratio
     unaccounted: tuple[str, ...] = ()  # native families the engine table neither maps nor ignores
     role: str = ""  # prefill, decode or both (llm_engine_info's role); "" when the source does not say
+    origin: str = ""  # host:port of the target's URL: how a router's backend is joined to it (routing.py)
 
     def get(self, name: str) -> float | None:
         return self.sums.get(name)
+
+
+class RouterView(NamedTuple):
+    """One router target's normalized samples (a few per backend: routing.py reads them as they are)."""
+
+    target: str
+    router: str
+    policy: str
+    samples: tuple[Sample, ...]
 
 
 class GpuView(NamedTuple):
@@ -218,6 +228,7 @@ class SnapshotView:
     lost_gpus: tuple[GpuView, ...] = ()
     # The steady clock every window and rate is keyed by (Snapshot.now): never steps with the wall.
     now: float = 0.0
+    routers: tuple[RouterView, ...] = ()  # router targets that answered this cycle, by target
 
     def wall(self, steady: float) -> float:
         """The wall-clock time of `steady` (a time on the `now` clock), as of this cycle."""
@@ -445,7 +456,14 @@ def _engine_view(source: str, attrs: Mapping[str, str], layout: _EngineLayout, v
         prefix_hit_ratio=sum(hits) / len(hits) if hits else None,
         unaccounted=tuple(attrs.get("unaccounted_families", "").split()),
         role=attrs.get("role", ""),
+        origin=_origin(attrs.get("url", "")),
     )
+
+
+def _origin(url: str) -> str:
+    from exporter.sources.routers.normalize import backend_name
+
+    return backend_name(url) if url else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -629,6 +647,7 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
     host_source = ""
     links: tuple[LinkView, ...] = ()
     probes: dict[str, ProbeView] = {}
+    routers: list[RouterView] = []
     for name, result in snapshot.results.items():
         kind = result.kind
         if kind is SourceKind.ENGINE:
@@ -649,6 +668,9 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
             host_source = "ok" if result.ok else (result.error_reason or "failed")
             if result.ok:
                 host, links = _host(result.samples, cache.needs)
+        elif kind is SourceKind.ROUTER and result.ok:
+            routers.append(RouterView(result.attrs.get("target", name), result.attrs.get("router", ""),
+                                      result.attrs.get("policy", ""), result.samples))
         elif kind is SourceKind.PROBE and result.ok:
             target = result.attrs.get("target", name)
             if (probe := _probe_view(target, result.samples)) is not None:
@@ -657,4 +679,5 @@ def build_view(snapshot: Snapshot, cache: ViewCache) -> SnapshotView:
     engines.sort(key=lambda e: e.target)
     down.sort(key=lambda d: d.target)
     return SnapshotView(snapshot.taken_at, tuple(engines), tuple(down), gpus, gpu_source,
-                        MappingProxyType(host), host_source, MappingProxyType(probes), links, lost_gpus, snapshot.now)
+                        MappingProxyType(host), host_source, MappingProxyType(probes), links, lost_gpus, snapshot.now,
+                        tuple(sorted(routers, key=lambda r: r.target)))

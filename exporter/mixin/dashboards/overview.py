@@ -70,6 +70,7 @@ BURN_COLORS = ("yellow", "orange", "red", "dark-red")  # the pairs' factors, low
 RESOURCE_COLORS = {
     "idle": "text", "headroom": "green", "compute": "blue", "memory_bandwidth": "purple", "kv_capacity": "red",
     "scheduler": "light-red", "host_cpu": "orange", "interconnect": "yellow", "power_thermal": "dark-red",
+    "routing": "dark-orange",
 }
 
 

@@ -44,8 +44,9 @@ SPEC = RouterSpec(
                                                             role="decode"),
     }),
     ignored=MappingProxyType({
-        "vllm_router_request_duration_seconds": "per-route latency that 0.1.17 does not record for the OpenAI "
-                                                "routes (generate_duration does); mapping both would count a request twice",
+        "vllm_router_request_duration_seconds": (
+            "per-route latency that 0.1.17 does not record for the OpenAI routes (generate_duration does); "
+            "mapping both would count a request twice"),
         "vllm_router_policy_decisions_total": "the policy's choices per backend: read for the policy name; "
                                               "processed_requests_total counts what was sent",
         "vllm_router_cb_state_transitions_total": "breaker transitions: the state gauge says which backends are out",
