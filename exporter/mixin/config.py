@@ -203,6 +203,19 @@ CONFIG: dict = {
     "probe_gap_seconds": slo.PROBE_GAP.gap_seconds,
     "probe_gap_factor": slo.PROBE_GAP.factor,
     "probe_gap_for": "10m",
+    # Routers (--router; exporter/derive/routing.py). LLMRouterDown: the router's /metrics not read for
+    # router_down_for. LLMRouterBackendOut: the router took a backend out of rotation (breaker open or
+    # health check failing) for router_backend_out_for: short, as the router's own detection already
+    # waited for its failure threshold. LLMRoutingSkew: the verdict names routing (one replica takes most
+    # of the traffic and misses its SLO or queues while another idles) for routing_skew_for.
+    # LLMRouterErrors: more than router_error_ratio of the router's requests failed (client errors
+    # aside) over router_error_window, for router_errors_for.
+    "router_down_for": "2m",
+    "router_backend_out_for": "30s",
+    "routing_skew_for": "10m",
+    "router_error_window": "5m",
+    "router_error_ratio": 0.05,
+    "router_errors_for": "5m",
     # Alertmanager: replace the placeholder URLs (or edit the generated file's copy you deploy).
     "alertmanager": {
         "pager_url": "http://alert-pager.example.invalid/llm-exporter",
