@@ -151,6 +151,7 @@ generate: venv
 docs: venv
 	$(BIN)/python -m exporter.catalog
 	$(BIN)/python -m exporter.sources.engines.coverage > docs/engines.md
+	$(BIN)/python -m exporter.sources.routers.coverage > docs/routers.md
 	$(BIN)/python deploy/configuration_docs.py
 
 # Grafana dashboards: dashboards/*.py -> dashboards/*.json (docs/dashboards.md). The check fails on

@@ -29,8 +29,18 @@ from collections.abc import Callable
 
 import yaml
 
-from exporter.mixin.alerts import (fleet, hardware, latency, network, pipeline, probe, recording, routing, saturation,
-                                   slo)
+from exporter.mixin.alerts import (
+    fleet,
+    hardware,
+    latency,
+    network,
+    pipeline,
+    probe,
+    recording,
+    routing,
+    saturation,
+    slo,
+)
 from exporter.mixin.alerts.alertmanager import alertmanager
 from exporter.mixin.alerts.lib import Scaled
 from exporter.mixin.config import CONFIG
