@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 APT_PKGS := prometheus prometheus-alertmanager prometheus-node-exporter chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test test-fast test-live planner-validation test-fleet test-deploy image container-debs fleet fleet-down fleet-debs venv debs demo run bench mutation lint fmt golden generate docs dashboards dashboards-check alerts-test stack stack-down clean
+.PHONY: routers test test-fast test-live planner-validation test-fleet test-deploy image container-debs fleet fleet-down fleet-debs venv debs demo run bench mutation lint fmt golden generate docs dashboards dashboards-check alerts-test stack stack-down clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
@@ -42,9 +42,14 @@ debs:
 	  fi; \
 	fi
 
-test: venv debs
+test: venv debs routers
 	$(BIN)/ruff check exporter tests bench dashboards alerts
 	$(BIN)/python -m pytest
+# vllm-router and sglang-router (Rust binaries in wheels, about 30 s) into the engine cache, keyed by version
+# (tests/routers.py): tests/test_routers_live.py runs them in front of twins.
+routers: venv
+	$(BIN)/python -m tests.routers install
+
 test-fast: venv
 	$(BIN)/python -m pytest -m "not slow"
 
@@ -54,6 +59,7 @@ test-fast: venv
 # once. tests/live/README.md says what runs.
 test-live: venv
 	$(BIN)/python -m tests.live.engines install
+	$(BIN)/python -m tests.routers install
 	LLM_EXPORTER_LIVE=1 $(BIN)/python -m pytest tests/live -p no:cacheprovider -v
 
 # The planner's full validation on real engines, outside CI (15.8 min on 2 loaded cores): every configuration

@@ -41,8 +41,9 @@ def _names(sources) -> list[str]:
 # --- the declaration -------------------------------------------------------------------------------
 
 def test_the_registry_and_the_declarations_name_the_same_collectors_each_with_its_switch():
-    assert [c.name for c in collectors.REGISTRY] == [c.name for c in COLLECTORS] == ["engine", "probe", "host", "gpu"]
-    assert dict(collectors.BY_KIND) == {SourceKind.ENGINE: "engine", SourceKind.PROBE: "probe",
+    assert [c.name for c in collectors.REGISTRY] == [c.name for c in COLLECTORS] == [
+        "engine", "router", "probe", "host", "gpu"]
+    assert dict(collectors.BY_KIND) == {SourceKind.ENGINE: "engine", SourceKind.ROUTER: "router", SourceKind.PROBE: "probe",
                                         SourceKind.HOST: "host", SourceKind.GPU: "gpu"}
     for collector in COLLECTORS:
         switch = BY_NAME[f"collector_{collector.name}"]
@@ -55,13 +56,14 @@ def test_the_registry_and_the_declarations_name_the_same_collectors_each_with_it
 
 def test_every_collector_is_on_by_default_and_builds_its_sources():
     config = load_config({"engines": ["http://127.0.0.1:8000,name=a"], "probes": ["http://127.0.0.1:8000"],
+                          "routers": ["http://127.0.0.1:29000,name=r"],
                           "gpu_backend": "sim", "sim_url": "http://127.0.0.1:9", **HOST_ROOTS}, {})
     assert all(getattr(config, f"collector_{c.name}") for c in COLLECTORS)
     built = collectors.build(config)
     assert {name: [s.kind for s in sources] for name, sources in built.items()} == {
-        "engine": [SourceKind.ENGINE], "probe": [SourceKind.PROBE], "host": [SourceKind.HOST],
-        "gpu": [SourceKind.GPU]}
-    assert _names(build_sources(config)) == ["engine:a", "probe:a", "host", "gpu"]
+        "engine": [SourceKind.ENGINE], "router": [SourceKind.ROUTER], "probe": [SourceKind.PROBE],
+        "host": [SourceKind.HOST], "gpu": [SourceKind.GPU]}
+    assert _names(build_sources(config)) == ["engine:a", "router:r", "probe:a", "host", "gpu"]
 
 
 # --- the switches: flags, YAML, environment ----------------------------------------------------------

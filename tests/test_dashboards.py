@@ -790,7 +790,7 @@ def test_overview_links_to_the_fleet_board_and_back():
 
 def test_fleet_board_rows():
     rows = [p["title"] for p in FLEET_BOARD["panels"] if p["type"] == "row"]
-    assert rows == ["Per model", "Instances", "Outliers", "Verdict mix", "Workload shape", "Capacity"]
+    assert rows == ["Per model", "Instances", "Outliers", "Verdict mix", "Workload shape", "Capacity", "Routing"]
     summary = board_panel(FLEET_BOARD, "Models: fleet latency, traffic and errors (5m)")
     reads = set().union(*(metric_names(t["expr"]) for t in summary["targets"]))
     assert {"model:llm_time_to_first_token_seconds:p99_5m", "model:llm_inter_token_latency_seconds:p99_5m",

@@ -209,7 +209,9 @@ SERVES: Mapping[str, Serves] = MappingProxyType({
                 "llm-serving-overview:Bottleneck verdict over time"),
         except_panels=("llm-serving-fleet:Prompt and output length per model, p50 and p99 (5m)",
                        "llm-serving-fleet:Prompt length distribution ($engine)",
-                       "llm-serving-fleet:Output length distribution ($engine)"),
+                       "llm-serving-fleet:Output length distribution ($engine)",
+                       "llm-serving-fleet:Router latency and time before the engine",
+                       "llm-serving-fleet:Retries and errors per router"),
     ),
     # Every rule and every panel but the detail panels of full-only families: at most 30 series a GPU.
     "default": Serves(

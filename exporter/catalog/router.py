@@ -73,17 +73,17 @@ FAMILIES = (
            "(`role` prefill or decode).", ("target", "router", "backend", "role"), "router"),
     # --- derived (exporter/derive/routing.py)
     family("llm_router_backend_share_ratio", "gauge", "ratio",
-           "Each backend's share of the requests the router sent over the rate window.", B, "derived"),
+           "Each backend's share of the requests the router sent over the rate window.", B, "router"),
     family("llm_router_load_skew", "gauge", "times",
            "Load skew across the backends in rotation (up and breaker not open): the busiest backend's "
            "request rate over the mean, over the rate window; 1 is even, N is all traffic on one of N.",
-           R, "derived"),
+           R, "router"),
     family("llm_router_backends_out", "gauge", "count",
            "Backends the router has taken out of rotation: health check failing or circuit breaker open.",
-           R, "derived"),
+           R, "router"),
     family("llm_router_pre_engine_seconds", "gauge", "seconds",
            "Median time a request spends before the engine: the router's median TTFT (or median latency "
            "where the router has no TTFT) minus the median of the same over its backends' engines that this "
            "exporter reads, over the rate window. Omitted when no backend engine is read here.",
-           R, "derived"),
+           R, "router"),
 )

@@ -221,5 +221,8 @@ def _no_samples(_routed: Any, _key: TargetKey) -> list[Sample]:
     return []
 
 
+# Per engine target it only feeds the verdict and the diagnosis: the router-level families (share, skew,
+# backends out, time before the engine) are router_samples', which the Deriver calls once a cycle after
+# the engine targets (their catalogue source is `router`).
 STAGE = Stage(name="routing", compute=_compute, samples=_no_samples, emits=(), numbers=_numbers,
               state=RoutingState)

@@ -295,8 +295,12 @@ against the capacity above: more waiting with the same replicas is a fleet that 
     )
 
 
+ROUTER_SCOPE = ("$target and $model do not apply: a router's `target` is the router target (--router), and its "
+                "series name no model.")
+
+
 def routing_row() -> Row:
-    router = "{{target}} {{router}}"
+    router = "{{target}} {{router}} ({{instance}})"
     breaker_open = 'state="open"'
     latency = [target(E.quantile(q, hist, by=("instance", "target", "router")), f"{name} p{round(q * 100)} {router}")
                for hist, name in (("llm_router_time_to_first_token_seconds", "router TTFT"),
@@ -308,39 +312,39 @@ Each backend's share of the requests its router sent over the exporter's rate wi
 extension's picker). Even load is 1/N each; one backend far above the others is a policy following a hot
 prefix or session (cache-aware, consistent hashing), and the routing verdict names it when that replica
 then misses its SLO while another idles.
-""", [target(E.sel("llm_router_backend_share_ratio"), "{{backend}} via {{target}}")],
+""" + ROUTER_SCOPE, [target(E.sel("llm_router_backend_share_ratio"), "{{backend}} via {{target}} ({{instance}})")],
             unit="percentunit", w=8, minimum=0, maximum=1),
         timeseries("Load skew per router", """
 The busiest backend's request rate over the mean of the backends in rotation (llm_router_load_skew): 1 is
 even, N is all traffic on one of N. From 1.5 the routing verdict may name the skew (docs/diagnosis.md).
-""", [target(E.sel("llm_router_load_skew"), router)],
+""" + ROUTER_SCOPE, [target(E.sel("llm_router_load_skew"), router)],
             unit="short", w=8, minimum=1, decimals=2, steps=thresholds((None, "green"), (1.5, "orange")),
             threshold_style="dashed"),
         timeseries("Backends taken out", """
 Backends each router does not send to (llm_router_backends_out: health check failing or circuit breaker
 open), against those it has registered (llm_router_backends). A backend out is LLMRouterBackendOut.
-""", [target(E.sel("llm_router_backends_out"), "out {{target}}"),
-      target(E.sel("llm_router_backends"), "registered {{target}}")],
+""" + ROUTER_SCOPE, [target(E.sel("llm_router_backends_out"), "out {{target}} ({{instance}})"),
+      target(E.sel("llm_router_backends"), "registered {{target}} ({{instance}})")],
             unit="short", w=8, minimum=0, decimals=0, overrides=[color_override("^out.*", "red")]),
         timeseries("Router latency and time before the engine", """
 The router's own TTFT (where it has one: the SGLang gateway's gRPC router, Dynamo, the picker) and request
 latency quantiles, with the median time a request spends before the engine
 (llm_router_pre_engine_seconds: the router's median minus its backends' engines' median, where this exporter
 reads both). A large gap is the router's queue, retries or the network, which the engines never see.
-""", [*latency, target(E.sel("llm_router_pre_engine_seconds"), f"before the engine {router}")],
+""" + ROUTER_SCOPE, [*latency, target(E.sel("llm_router_pre_engine_seconds"), f"before the engine {router}")],
             unit="s", w=12, minimum=0, overrides=[color_override("^before the engine.*", "orange", dashed=True)]),
         timeseries("Breakers open and backends unhealthy", """
 Per backend: 1 while its circuit breaker is open (llm_router_backend_breaker_state{state="open"}) or its
 health check fails (1 - llm_router_backend_up). Empty while every backend is in rotation.
-""", [target(f"max by (target, backend) ({E.sel('llm_router_backend_breaker_state', breaker_open)}) == 1",
-             "breaker open {{backend}} via {{target}}"),
-      target(f"1 - {E.sel('llm_router_backend_up')} == 1", "unhealthy {{backend}} via {{target}}")],
+""" + ROUTER_SCOPE, [target(f"max by (instance, target, backend) ({E.sel('llm_router_backend_breaker_state', breaker_open)}) == 1",
+             "breaker open {{backend}} via {{target}} ({{instance}})"),
+      target(f"1 - {E.sel('llm_router_backend_up')} == 1", "unhealthy {{backend}} via {{target}} ({{instance}})")],
             unit="short", w=6, minimum=0, maximum=1, decimals=0),
         timeseries("Retries and errors per router", """
 Retries per second and errors per second by cause (llm_router_errors_total: no_backend, backend, timeout,
 rejected, client, other). Errors over 5% of requests (client errors aside) is LLMRouterErrors.
-""", [target(f"sum by (target) ({E.rate('llm_router_retries_total')})", "retries {{target}}"),
-      target(f"sum by (target, cause) ({E.rate('llm_router_errors_total')})", "errors {{cause}} {{target}}")],
+""" + ROUTER_SCOPE, [target(f"sum by (instance, target) ({E.rate('llm_router_retries_total')})", "retries {{target}} ({{instance}})"),
+      target(f"sum by (instance, target, cause) ({E.rate('llm_router_errors_total')})", "errors {{cause}} {{target}} ({{instance}})")],
             unit="reqps", w=6, minimum=0),
     )
 

@@ -14,10 +14,9 @@ SPEC = RouterSpec(
     versions=("1.6.1",),
     source="lib/llm/src/http/service/metrics.rs of ai-dynamo/dynamo 1.6 (not run here: its workers need GPUs)",
     labels=MappingProxyType({"error_type": "cause", "worker_id": "backend"}),
-    causes=MappingProxyType({"no_instances": "no_backend", "no_workers": "no_backend", "timeout": "timeout",
-                             "internal": "backend", "backend": "backend", "validation": "client",
-                             "bad_request": "client", "not_found": "client", "overload": "rejected",
-                             "rejected": "rejected", "cancelled": "other"}),
+    causes=MappingProxyType({"unavailable": "no_backend", "response_timeout": "timeout", "overload": "rejected",
+                             "validation": "client", "not_found": "client", "not_implemented": "client",
+                             "internal": "other", "cancelled": "other"}),
     aliases=MappingProxyType({
         "dynamo_frontend_requests_total": (
             RouterAlias("llm_router_requests_total", "counter", note="every status"),
@@ -52,6 +51,16 @@ SPEC = RouterSpec(
                                     "(no per-worker request counter exists to derive a share from)",
         "dynamo_frontend_kv_hit_rate": "the KV router's predicted hit rate (a routing input)",
         "dynamo_frontend_lora_*": "LoRA placement",
+        "dynamo_frontend_failures_total": "terminal request failures (1.6.1): requests_total{status=\"error\"} "
+                                          "counts them with their error type",
+        "dynamo_frontend_router_queue_pending_*_tokens": "the KV router queue's prompt and cached tokens "
+                                                         "(its request count is read)",
+        "dynamo_frontend_stage_*": "requests and time per pipeline stage (preprocess, route, dispatch)",
+        "dynamo_frontend_tokenize_seconds": "the preprocessor's tokenization time (CPU of the frontend)",
+        "dynamo_frontend_template_seconds": "the preprocessor's chat-template time (CPU of the frontend)",
+        "dynamo_frontend_tokenizer_cache_*": "the frontend's tokenizer cache",
+        "dynamo_frontend_detokenize_*": "the frontend's detokenizer time and tokens",
+        "dynamo_frontend_event_loop_*": "the frontend's async runtime health (event loop delay and stalls)",
     }),
     notes=("No per-worker request counter: the share and skew across workers are not derived for Dynamo; the "
            "engines' own request rates on the fleet board show them.",),

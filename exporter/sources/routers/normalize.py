@@ -26,6 +26,7 @@ MAX_BACKENDS = 1_024
 MAX_BACKEND_CHARS = 128
 MAX_POLICY_CHARS = 64
 _PARTS = ("_bucket", "_sum", "_count")
+HISTOGRAMS = frozenset(f.name for f in FAMILIES.values() if f.source == "router" and f.type == "histogram")
 
 
 class UnknownRouterError(ValueError):
@@ -101,6 +102,10 @@ def normalize(text: str, *, target: str, kind: str | None, max_series: int) -> R
         for alias in routes.get(name, ()):
             if alias.where is not None and labels.get(alias.where[0]) != alias.where[1]:
                 continue
+            if alias.where_not is not None and labels.get(alias.where_not[0], "") == alias.where_not[1]:
+                continue
+            if alias.removed is not None and value == alias.removed:
+                continue  # the router's marker for a backend it removed: no series, and no error
             part = next((p for p in _PARTS if alias.type == "histogram" and name.endswith(p)), "")
             fam = FAMILIES[alias.family]
             out: dict[str, str] = {"target": target, "router": kind}
@@ -150,5 +155,16 @@ def normalize(text: str, *, target: str, kind: str | None, max_series: int) -> R
                 value = 1.0 if value > 0 else 0.0
             key = (alias.family + part, tuple(sorted(out.items())))
             totals[key] = totals.get(key, 0.0) + value
-    samples = tuple(Sample(name, labels, value) for (name, labels), value in totals.items())
-    return RouterScrape(kind, samples, families, policy, dropped)
+    # A histogram without its +Inf bucket (a summary's _sum and _count under a histogram's name: the Rust
+    # routers' exporter writes some `histogram!`s as summaries) is not a histogram: left out whole.
+    complete = {(name[: -len("_bucket")], tuple(kv for kv in labels if kv[0] != "le"))
+                for (name, labels) in totals if name.endswith("_bucket") and ("le", "+Inf") in labels}
+    samples = []
+    for (name, labels), value in totals.items():
+        part = next((p for p in _PARTS if name.endswith(p) and name[: -len(p)] in HISTOGRAMS), "")
+        if part and (name[: -len(part)], tuple(kv for kv in labels if kv[0] != "le")) not in complete:
+            if part == "_count":
+                drop("not_a_histogram")
+            continue
+        samples.append(Sample(name, labels, value))
+    return RouterScrape(kind, tuple(samples), families, policy, dropped)

@@ -13,9 +13,13 @@ SPEC = RouterSpec(
     markers=("smg_router_", "smg_worker_", "smg_http_"),
     versions=("0.3.2",),
     source="sgl-model-gateway/src/observability/metrics.rs of the 0.3.2 release, and a live capture of its wheel",
-    labels=MappingProxyType({"worker": "backend", "error_type": "cause"}),
+    labels=MappingProxyType({"worker": "backend", "error_code": "cause"}),
     causes=MappingProxyType({"no_workers": "no_backend", "no_available_workers": "no_backend", "timeout": "timeout",
-                             "backend_error": "backend", "validation_error": "client", "internal_error": "other"}),
+                             "request_timeout": "timeout", "upstream_timeout": "timeout",
+                             "call_upstream_request_error": "backend", "backend_error": "backend",
+                             "rate_limited": "rejected", "too_many_requests": "rejected", "queue_full": "rejected",
+                             "validation_error": "client", "invalid_request": "client", "bad_request": "client",
+                             "model_not_found": "client", "internal_error": "other"}),
     policy_from=("smg_worker_selection_total", "policy"),
     aliases=MappingProxyType({
         "smg_router_requests_total": RouterAlias("llm_router_requests_total", "counter",
@@ -27,15 +31,11 @@ SPEC = RouterSpec(
             RouterAlias("llm_router_backend_errors_total", "counter", where=("outcome", "failure"))),
         "smg_worker_requests_active": RouterAlias("llm_router_backend_requests_active", "gauge"),
         "smg_router_request_duration_seconds": RouterAlias("llm_router_request_duration_seconds", "histogram"),
-        "smg_router_ttft_seconds": RouterAlias("llm_router_time_to_first_token_seconds", "histogram",
-                                               note="the gRPC router only"),
-        "smg_router_tpot_seconds": RouterAlias("llm_router_time_per_output_token_seconds", "histogram",
-                                               note="the gRPC router only"),
         "smg_worker_retries_total": RouterAlias("llm_router_retries_total", "counter"),
         "smg_worker_retries_exhausted_total": RouterAlias("llm_router_retries_exhausted_total", "counter"),
-        "smg_router_request_errors_total": RouterAlias("llm_router_errors_total", "counter"),
-        "smg_http_rate_limit_total": RouterAlias("llm_router_errors_total", "counter", where=("result", "rejected"),
-                                                 cause="rejected"),
+        "smg_http_responses_total": RouterAlias(
+            "llm_router_errors_total", "counter", where_not=("error_code", ""),
+            note="the HTTP layer's responses with an error code: every error once, in HTTP and gRPC mode"),
         "smg_worker_health": RouterAlias("llm_router_backend_up", "gauge", removed=-1.0),
         "smg_worker_cb_state": RouterAlias("llm_router_backend_breaker_state", "gauge", states=BREAKER, removed=-1.0),
         "smg_worker_pool_size": RouterAlias("llm_router_backends", "gauge", note="summed over worker types"),
@@ -45,7 +45,13 @@ SPEC = RouterSpec(
                                    "requests are smg_router_requests_total",
         "smg_http_request_duration_seconds": "every HTTP request's duration: the routed requests' is read",
         "smg_http_inflight_request_age_count": "in-flight requests by age bucket (HTTP layer)",
-        "smg_http_responses_total": "responses by status: the request errors give the cause",
+        "smg_router_request_errors_total": "the gRPC router's errors (the HTTP router never counts here); the HTTP "
+                                           "layer's error responses count both once",
+        "smg_http_rate_limit_total": "the rate limiter's decisions: a rejected request is an error response too",
+        "smg_router_ttft_seconds": "router TTFT, but a summary in 0.3.2 (quantiles over the process's life, no "
+                                   "buckets: not aggregatable over replicas or windows), and from the gRPC "
+                                   "router only",
+        "smg_router_tpot_seconds": "router TPOT: a summary in 0.3.2, from the gRPC router only (as ttft)",
         "smg_http_connections_active": "client connections (not requests)",
         "smg_router_stage_duration_seconds": "the gRPC pipeline's stages (tokenize, select, dispatch)",
         "smg_router_upstream_responses_total": "backend HTTP statuses: the breaker's outcomes per backend are read",
@@ -69,6 +75,8 @@ SPEC = RouterSpec(
         "router_mesh_*": "state sync between gateway replicas (HA mesh)",
     }),
     notes=("No per-backend request counter: the breaker's outcomes stand in (0 with --disable-circuit-breaker).",
-           "Router TTFT and TPOT only with the gRPC router; with HTTP workers the time before the engine is read "
-           "from the request latency."),
+           "Router TTFT and TPOT are summaries from the gRPC router only: the time before the engine is read from "
+           "the request latency, which for a streamed request ends at the response headers (the first chunk).",
+           "Errors come from the HTTP layer's responses by error code (smg_router_request_errors_total is the "
+           "gRPC router's)."),
 )

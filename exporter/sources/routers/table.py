@@ -30,6 +30,8 @@ class RouterAlias:
     family: str
     type: str
     where: Where | None = None
+    where_not: Where | None = None
+    """The alias skips samples carrying exactly this label value (an error code "" on a success)."""
     scale: float = 1.0
     cause: str | None = None
     role: str | None = None
