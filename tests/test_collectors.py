@@ -43,8 +43,8 @@ def _names(sources) -> list[str]:
 def test_the_registry_and_the_declarations_name_the_same_collectors_each_with_its_switch():
     assert [c.name for c in collectors.REGISTRY] == [c.name for c in COLLECTORS] == [
         "engine", "router", "probe", "host", "gpu"]
-    assert dict(collectors.BY_KIND) == {SourceKind.ENGINE: "engine", SourceKind.ROUTER: "router", SourceKind.PROBE: "probe",
-                                        SourceKind.HOST: "host", SourceKind.GPU: "gpu"}
+    assert dict(collectors.BY_KIND) == {SourceKind.ENGINE: "engine", SourceKind.ROUTER: "router",
+                                        SourceKind.PROBE: "probe", SourceKind.HOST: "host", SourceKind.GPU: "gpu"}
     for collector in COLLECTORS:
         switch = BY_NAME[f"collector_{collector.name}"]
         assert switch.flags == (f"--collector.{collector.name}", f"--no-collector.{collector.name}")

@@ -121,7 +121,8 @@ def test_source_written_pages_of_routers_that_do_not_run_here():
         lines = []
         for row in _inventory(kind):
             name, type_ = row["family"], row["type"].split()[0].rstrip("?").split("/")[0]
-            labels = {"model": "m", "status": "success" if kind == "epp" else "error", "error_type": "timeout", "error_code": "ModelServerError",
+            labels = {"model": "m", "status": "success" if kind == "epp" else "error", "error_type": "timeout",
+                      "error_code": "ModelServerError",
                       "pod_name": "pod-1", "namespace": "ns", "worker_id": "w1", "model_name": "m",
                       "target_model_name": "m", "name": "pool"}
             text = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"

@@ -336,15 +336,18 @@ reads both). A large gap is the router's queue, retries or the network, which th
         timeseries("Breakers open and backends unhealthy", """
 Per backend: 1 while its circuit breaker is open (llm_router_backend_breaker_state{state="open"}) or its
 health check fails (1 - llm_router_backend_up). Empty while every backend is in rotation.
-""" + ROUTER_SCOPE, [target(f"max by (instance, target, backend) ({E.sel('llm_router_backend_breaker_state', breaker_open)}) == 1",
+""" + ROUTER_SCOPE, [target(f"max by (instance, target, backend) "
+                            f"({E.sel('llm_router_backend_breaker_state', breaker_open)}) == 1",
              "breaker open {{backend}} via {{target}} ({{instance}})"),
       target(f"1 - {E.sel('llm_router_backend_up')} == 1", "unhealthy {{backend}} via {{target}} ({{instance}})")],
             unit="short", w=6, minimum=0, maximum=1, decimals=0),
         timeseries("Retries and errors per router", """
 Retries per second and errors per second by cause (llm_router_errors_total: no_backend, backend, timeout,
 rejected, client, other). Errors over 5% of requests (client errors aside) is LLMRouterErrors.
-""" + ROUTER_SCOPE, [target(f"sum by (instance, target) ({E.rate('llm_router_retries_total')})", "retries {{target}} ({{instance}})"),
-      target(f"sum by (instance, target, cause) ({E.rate('llm_router_errors_total')})", "errors {{cause}} {{target}} ({{instance}})")],
+""" + ROUTER_SCOPE, [target(f"sum by (instance, target) ({E.rate('llm_router_retries_total')})",
+                            "retries {{target}} ({{instance}})"),
+      target(f"sum by (instance, target, cause) ({E.rate('llm_router_errors_total')})",
+             "errors {{cause}} {{target}} ({{instance}})")],
             unit="reqps", w=6, minimum=0),
     )
 

@@ -160,11 +160,11 @@ def normalize(text: str, *, target: str, kind: str | None, max_series: int) -> R
     complete = {(name[: -len("_bucket")], tuple(kv for kv in labels if kv[0] != "le"))
                 for (name, labels) in totals if name.endswith("_bucket") and ("le", "+Inf") in labels}
     samples = []
-    for (name, labels), value in totals.items():
+    for (name, series), value in totals.items():
         part = next((p for p in _PARTS if name.endswith(p) and name[: -len(p)] in HISTOGRAMS), "")
-        if part and (name[: -len(part)], tuple(kv for kv in labels if kv[0] != "le")) not in complete:
+        if part and (name[: -len(part)], tuple(kv for kv in series if kv[0] != "le")) not in complete:
             if part == "_count":
                 drop("not_a_histogram")
             continue
-        samples.append(Sample(name, labels, value))
+        samples.append(Sample(name, series, value))
     return RouterScrape(kind, tuple(samples), families, policy, dropped)
