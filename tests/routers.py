@@ -163,3 +163,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+ROUTING_ROW: dict[str, str] = {
+    "Share of each router's requests per backend": "A", "Load skew per router": "A", "Backends taken out": "AB",
+    "Router latency and time before the engine": "ABCDE", "Breakers open and backends unhealthy": "AB",
+    "Retries and errors per router": "AB",
+}
+"""The fleet board's routing row (panel title -> refIds): empty where no router is read (the demo, the
+fleet tier); tests/test_routers_live.py runs every query on real routers."""
+NO_ROUTER = ("no router in front of the demo's engines: tests/test_routers_live.py runs this row's queries on "
+             "real vllm-router and sglang-router pages")

@@ -56,6 +56,7 @@ import pytest
 
 from exporter.catalog.derived import RESOURCES
 from exporter.mixin.dashboards import generate
+from tests import routers
 from tests.conftest import ROOT
 from tests.support import free_port, free_ports, wait_until
 
@@ -97,6 +98,8 @@ NO_DATA: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("LLM Serving / Host", "Collection errors by reason", "A"):
         ("llm_exporter_collect_errors_total appears only after a failed collection; the demo's sources "
          "do not fail", False),
+    **{("LLM Serving / Fleet", title, ref): (routers.NO_ROUTER, True)
+       for title, refs in routers.ROUTING_ROW.items() for ref in refs},
 }
 
 @dataclass

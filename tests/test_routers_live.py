@@ -333,7 +333,8 @@ def _router_says_out(kind: str, page: str, backend: str) -> bool:
     for line in page.splitlines():
         if backend not in line:
             continue
-        if line.startswith(f"{prefix}worker_health{{") and float(line.rsplit(" ", 1)[1]) == 0:
+        health = "vllm_router_worker_health{" if kind == "vllm-router" else "smg_worker_health{"
+        if line.startswith(health) and float(line.rsplit(" ", 1)[1]) == 0:
             return True
         if line.startswith(f"{prefix}cb_state{{") and float(line.rsplit(" ", 1)[1]) == 1:
             return True

@@ -35,6 +35,7 @@ from deploy import fleet as fleet_launcher
 from exporter.catalog import profiles
 from exporter.mixin.dashboards import generate as boards
 from exporter.slo import duration_seconds
+from tests import routers
 from tests.fullstack import WebhookReceiver, logs
 from tests.support import free_ports, wait_until
 
@@ -72,6 +73,8 @@ NO_DATA: dict[tuple[str, str, str], tuple[str, bool]] = {
     (OVERVIEW, "Probe errors by reason", "A"):
         ("the panel draws reasons with errors only (> 0); the probed replicas' probes succeed unless the machine "
          "is so loaded that one times out", False),
+    **{(FLEET_BOARD, title, ref): (routers.NO_ROUTER, True)
+       for title, refs in routers.ROUTING_ROW.items() for ref in refs},
 }
 
 
