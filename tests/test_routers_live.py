@@ -267,6 +267,8 @@ def test_real_router_in_front_of_two_twins(kind, tmp_path):
                 assert f"idle meanwhile: {cold_url}" in evidence, evidence
                 assert "SLO attainment" in evidence or "waiting" in evidence, evidence
                 assert (_skew(base, "hashed") or 0) >= 1.5
+                numbers = diagnosis["targets"][hot_target]["numbers"]["routing"]["hashed"]
+                assert numbers["busiest"] and numbers["idle_backends"] == [cold_url], numbers
 
             # The fleet board's routing row, on this Prometheus.
             instance = base.removeprefix("http://")

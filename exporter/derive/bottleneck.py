@@ -266,6 +266,7 @@ class Signals(NamedTuple):
     routing_skew: float | None = None  # busiest in-rotation backend's rate over their mean
     routing_busiest: bool = False
     routing_idle: tuple[str, ...] = ()  # in-rotation backends under half their fair share
+    routing_queues: str = ""  # the engines' waiting queues across the router's backends, where read here
 
     def queued(self, waiting: float | None) -> float | None:
         """`waiting` without the requests waiting for their KV to arrive: those wait on the network,
@@ -565,6 +566,8 @@ def _routing(s: Signals, ev: list[str] | None) -> float:
                   f"{skew:.2f}x (busiest over mean)")
         ev.append(f"idle meanwhile: {', '.join(s.routing_idle[:4])}" + (" and more" if len(s.routing_idle) > 4 else ""))
         ev.append("here: " + ", ".join(misses))
+        if s.routing_queues:
+            ev.append(s.routing_queues)
     return 0.6 + 0.4 * ramp(skew, SKEW_MIN, SKEW_HIGH)
 
 

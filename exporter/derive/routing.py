@@ -80,6 +80,13 @@ class Routed(NamedTuple):
     backend: Backend
     busiest: bool  # its rate is the highest in rotation
     idle: tuple[str, ...]  # in-rotation backends under IDLE_SHARE of the fair share
+    waiting: tuple[tuple[str, float], ...] = ()  # (backend, its engine's waiting requests) where read here
+
+    def queues(self) -> str:
+        """The engines' queues across the router's backends, as evidence ("" when fewer than two are read)."""
+        if len(self.waiting) < 2:
+            return ""
+        return "engines' waiting queues: " + ", ".join(f"{b} {w:.0f}" for b, w in self.waiting)
 
 
 def _per_backend(view: RouterView) -> tuple[dict[str, float], dict[str, str]]:
@@ -193,7 +200,11 @@ def router_samples(state: RoutingState, now: float, engine_p50: Mapping[tuple[st
     return out
 
 
+WAITING = "llm_requests_waiting"
+
+
 def _compute(ctx: Ctx, state: RoutingState) -> tuple[Routed, ...] | None:
+    engines = {e.target: e for e in ctx.view.engines}
     routed = []
     for facts in state.facts.values():
         mine = next((b for b in facts.backends if b.engine == ctx.engine.target), None)
@@ -205,16 +216,18 @@ def _compute(ctx: Ctx, state: RoutingState) -> tuple[Routed, ...] | None:
         idle = tuple(b.name for b in rotation if b is not mine and fair is not None and b.share is not None
                      and b.share < IDLE_SHARE * fair)
         busiest = bool(rates) and mine.in_rotation and mine.rate is not None and mine.rate >= max(rates)
-        routed.append(Routed(facts, mine, busiest, idle))
+        waiting = tuple((b.name, w) for b in facts.backends
+                        if b.engine in engines and (w := engines[b.engine].get(WAITING)) is not None)
+        routed.append(Routed(facts, mine, busiest, idle, waiting))
     return tuple(routed) or None
 
 
 def _numbers(routed: Sequence[Routed]) -> Mapping[str, Any]:
-    return {r.router.target: {"router": r.router.router, "policy": r.router.policy, "backend": r.backend.name,
-                              "share": rounded(r.backend.share), "skew": rounded(r.router.skew),
-                              "in_rotation": r.backend.in_rotation, "why_out": r.backend.why_out or None,
-                              "busiest": r.busiest, "idle_backends": list(r.idle),
-                              "backends_out": [b.name for b in r.router.out]} for r in routed}
+    return {"routing": {r.router.target: {
+        "router": r.router.router, "policy": r.router.policy, "backend": r.backend.name,
+        "share": rounded(r.backend.share), "skew": rounded(r.router.skew), "in_rotation": r.backend.in_rotation,
+        "why_out": r.backend.why_out or None, "busiest": r.busiest, "idle_backends": list(r.idle),
+        "backends_out": [b.name for b in r.router.out], "engines_waiting": dict(r.waiting)} for r in routed}}
 
 
 def _no_samples(_routed: Any, _key: TargetKey) -> list[Sample]:
@@ -225,4 +238,4 @@ def _no_samples(_routed: Any, _key: TargetKey) -> list[Sample]:
 # backends out, time before the engine) are router_samples', which the Deriver calls once a cycle after
 # the engine targets (their catalogue source is `router`).
 STAGE = Stage(name="routing", compute=_compute, samples=_no_samples, emits=(), numbers=_numbers,
-              state=RoutingState)
+              state=RoutingState, engine=(WAITING,))

@@ -151,7 +151,7 @@ def gather(ctx: Ctx) -> Signals:
         rotation = top.router.rotation
         values.update(routing_router=top.router.words(), routing_share=top.backend.share,
                       routing_fair=1.0 / len(rotation) if rotation else None, routing_skew=top.router.skew,
-                      routing_busiest=top.busiest, routing_idle=top.idle)
+                      routing_busiest=top.busiest, routing_idle=top.idle, routing_queues=top.queues())
     for kind, p99, attainment, bound in (("ttft", "ttft_p99", "ttft_attainment", "ttft_bound"),
                                          ("tbt", "tbt_p99", "tbt_attainment", "tbt_bound")):
         tail = tails.get(kind)

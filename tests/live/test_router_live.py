@@ -70,9 +70,8 @@ def test_vllm_router_in_front_of_llamacpp_and_a_twin(tmp_path):
             assert wait_until(lambda: bool(values(base, "llm_router_backend_share_ratio", backend=llama_backend)),
                               timeout=30, interval=0.5)
             diagnosis = json.loads(urllib.request.urlopen(f"{base}/api/v1/diagnosis", timeout=10).read())
-            routing = diagnosis["targets"]["llama"]["numbers"].get("routing") if "numbers" in \
-                diagnosis["targets"]["llama"] else None
-            assert routing is None or routing["gw"]["backend"] == llama_backend, routing
+            routing = diagnosis["targets"]["llama"]["numbers"]["routing"]["gw"]
+            assert routing["backend"] == llama_backend and routing["in_rotation"], routing
             assert "routing" not in verdicts(base).values()
 
             # The twin killed: the router takes it out, the exporter says so, the alert's test fires.
