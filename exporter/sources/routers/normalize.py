@@ -87,6 +87,9 @@ def normalize(text: str, *, target: str, kind: str | None, max_series: int) -> R
     families = account(spec.accounting, page.types, names)
     totals: dict[tuple[str, Labels], float] = {}
     backends: set[str] = set()
+    # Each raw backend value is reduced once a page; once MAX_BACKENDS are named, a raw value not seen yet
+    # is dropped without being parsed (a page of made-up backends costs a dict lookup a line).
+    named: dict[str, str | None] = {}
     # The parser keeps at most max_series samples (a cardinality bomb); the rest it counts with those
     # of names the table does not read.
     dropped = {"cardinality": 1} if len(page.samples) >= max_series else {}
@@ -109,11 +112,25 @@ def normalize(text: str, *, target: str, kind: str | None, max_series: int) -> R
             part = next((p for p in _PARTS if alias.type == "histogram" and name.endswith(p)), "")
             fam = FAMILIES[alias.family]
             out: dict[str, str] = {"target": target, "router": kind}
+            over = False
             for label, role in spec.labels.items():
                 if label in labels and role in fam.labels:
                     raw = labels[label]
-                    out[role] = backend_name(raw) if role == "backend" else (
-                        spec.causes.get(raw.lower(), "other") if role == "cause" else raw[:MAX_POLICY_CHARS])
+                    if role == "backend":
+                        if raw not in named:
+                            named[raw] = None if len(backends) >= MAX_BACKENDS else backend_name(raw)
+                            if named[raw] is not None:
+                                backends.add(named[raw])  # type: ignore[arg-type]
+                        found = named[raw]
+                        if found is None or (found not in backends and len(backends) >= MAX_BACKENDS):
+                            over = True
+                            break
+                        out[role] = found
+                    else:
+                        out[role] = spec.causes.get(raw.lower(), "other") if role == "cause" else raw[:MAX_POLICY_CHARS]
+            if over:
+                drop("cardinality")
+                continue
             if alias.cause is not None:
                 out["cause"] = alias.cause
             if alias.role is not None:
@@ -123,12 +140,6 @@ def normalize(text: str, *, target: str, kind: str | None, max_series: int) -> R
             if any(lbl not in out for lbl in fam.labels if lbl != "state"):
                 drop("missing_label")
                 continue
-            backend = out.get("backend")
-            if backend is not None and backend not in backends:
-                if len(backends) >= MAX_BACKENDS:
-                    drop("cardinality")
-                    continue
-                backends.add(backend)
             if not math.isfinite(value) or value < 0:
                 drop("out_of_range")
                 continue
