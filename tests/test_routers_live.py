@@ -308,6 +308,8 @@ def test_real_router_in_front_of_two_twins(kind, tmp_path):
             assert router_out is not None and exporter_out is not None, (series, even.log_tail())
             # The exporter reads the router every 200 ms: it says so within a few of its cycles of the router.
             assert exporter_out - router_out < 5.0, (exporter_out - router_out)
+            print(f"{kind}: backend out on the router's page {router_out - started:.1f} s after the kill, on the "
+                  f"exporter's {exporter_out - started:.1f} s")
             out_now = values(base, "llm_router_backends_out", target="even")
             assert list(out_now.values()) == [1.0], out_now
             series["labels"] = (f'job="llm-exporter",instance="{instance}",target="even",router="{kind}",'
