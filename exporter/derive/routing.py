@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from exporter.derive.quantiles import histogram_quantile
 from exporter.derive.settings import DeriveSettings
 from exporter.derive.stage import Ctx, Stage, StageState, TargetKey, rounded
 from exporter.derive.view import RouterView, SnapshotView
@@ -175,8 +176,6 @@ class RoutingState(StageState):
                        if b.engine and (b.engine, _ENGINE_TAILS[name]) in engine_p50]
             if delta is None or not engines:
                 return None
-            from exporter.derive.quantiles import histogram_quantile
-
             router_p50 = histogram_quantile(0.5, hist[0], delta)
             return None if router_p50 is None else max(0.0, router_p50 - sum(engines) / len(engines))
         return None

@@ -41,11 +41,12 @@ routing port:
   this exporter reads (`llm_time_to_first_token_seconds`, else `llm_e2e_request_latency_seconds`):
   the router's queue, its retries and the network, which no engine sees.
 - **The routing verdict.** A backend is joined to an engine target when the router names it by the
-  host and port of the target's URL (localhost is 127.0.0.1). For such a target the verdict is
-  `routing` when the router sends it the highest rate among the backends in rotation, the skew is at
-  least {SKEW_MIN} (the score ramps to 1.0 at {SKEW_HIGH}), another backend in rotation gets under
-  {IDLE_SHARE:g} of its fair share, and the target misses its TTFT or TBT SLO or queues requests
-  (docs/diagnosis.md). Even load, or a skew that hurts no SLO, is not named.
+  host and port of the target's URL (localhost is 127.0.0.1). An engine whose metrics are on another
+  port than its API (Triton's 8002) is not joined: its router's share and skew are still exported.
+  For a joined target the verdict is `routing` when the router sends it the highest rate among the
+  backends in rotation, the skew is at least {SKEW_MIN} (the score ramps to 1.0 at {SKEW_HIGH}),
+  another backend in rotation gets under {IDLE_SHARE:g} of its fair share, and the target misses its
+  TTFT or TBT SLO or queues requests (docs/diagnosis.md). Even load, or a skew that hurts no SLO, is not named.
 - **Errors by cause** (`llm_router_errors_total{{cause}}`): {", ".join(ERROR_CAUSES)}; each table maps
   its router's error types onto these.
 
