@@ -18,7 +18,19 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from exporter.config import Config
-from exporter.derive import energy, health, kv, modelcheck, probe, quantiles, roofline, signals, throughput, transfer
+from exporter.derive import (
+    energy,
+    health,
+    kv,
+    modelcheck,
+    probe,
+    quantiles,
+    roofline,
+    scaling,
+    signals,
+    throughput,
+    transfer,
+)
 from exporter.derive.assign import assign_gpus
 from exporter.derive.diagnosis import Cycle, TargetResult, build_diagnosis, not_ready
 from exporter.derive.settings import DeriveSettings, derive_settings
@@ -33,7 +45,7 @@ log = logging.getLogger("llm_exporter.derive")
 # In the order they run: a stage reads only the results of stages before it (check_order). The
 # diagnosis lists their numbers in this order too.
 STAGES: tuple[Stage, ...] = (health.STAGE, throughput.STAGE, kv.STAGE, roofline.STAGE, energy.STAGE,
-                             modelcheck.STAGE,
+                             modelcheck.STAGE, scaling.STAGE,
                              quantiles.STAGE, transfer.STAGE, signals.STAGE, probe.STAGE)
 check_order(STAGES)
 MAX_CACHED_SHAPES = 32

@@ -1,0 +1,228 @@
+"""The SLO-aware scaling signal: per replica, the request rate at which it would break its SLOs, and
+the observed rate as a share of it (docs/scaling.md).
+
+The same cost model as the live check (modelcheck.py): the twin's roofline step cost
+(exporter/physics/costs.py) at the planner's prior fractions of peak, on the target's GPUs, for the
+window's own mean prompt and output lengths and prefix-cache share. No fixed point is needed: a steady
+decode batch of B sequences, each producing one token a step for `output` steps, finishes
+B / (output x step) requests a second, and those requests bring B x prompt / output prompt tokens per
+step that ride along with the decodes (chunked prefill). So for each batch B the step time t(B) and
+the rate it serves, rate(B) = B / (output x t(B)), both follow, and both grow with B. The largest B
+that holds every limit gives the highest rate:
+
+- TPOT: t(B) at most the TBT SLO (each running sequence gains a token per step);
+- the running-sequence limit (the engine's llm_requests_running_max, vLLM's default 256 without one)
+  and the KV cache (capacity / tokens each running request holds on average, prompt + output / 2);
+- TTFT: the request's wait for a free slot among those c slots, each held output x t(B) seconds (an
+  M/M/c queue: its 99th percentile wait from Erlang C), plus the step that computes its prompt and the
+  half step it waits for that step to start, at most the TTFT SLO at its p99.
+
+Per data-parallel rank, times the ranks. Omitted without the model's shape, a GPU the spec table
+knows, or requests finished in the window: never a made-up number. Where it misleads (the prior
+efficiencies, a workload mix that changes) is docs/scaling.md's last section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from statistics import NormalDist
+from typing import Any, NamedTuple
+
+from exporter.derive.stage import Ctx, Stage, TargetKey, rounded
+from exporter.snapshot import Sample
+
+# vLLM's default --max-num-seqs: the cap where the engine reports none (llm_requests_running_max).
+DEFAULT_MAX_SEQS = 256
+# The API server's time per request before it reaches the scheduler (the planner's PRIOR_HOST_S).
+HOST_S = 0.5e-3
+TTFT_QUANTILE = 0.99
+TPOT_QUANTILE = 0.99
+# Output lengths spread around their mean (the planner reads the spread from the length histograms;
+# the chat, RAG and long-context scenarios of the twin have 0.4-0.6).
+OUTPUT_SIGMA = 0.5
+OUTPUT_POINTS = 16
+MAX_PROMPTS_IN_TAIL = 10_000  # past this many prompts in one request's steps, the tail is 0 to double precision
+SEARCH_STEPS = 40  # bisection on the batch: 2^-40 of the cap, far below one sequence
+LIMITS = ("tpot", "ttft", "max_seqs", "kv_cache")
+
+
+class Scaling(NamedTuple):
+    max_rate: float  # requests/s the replica serves within its SLOs
+    observed_rate: float  # requests/s finished in the window
+    batch: float  # running sequences per rank at that rate
+    step_s: float  # step time at that batch (the TPOT it predicts)
+    slots: float  # running sequences a rank holds at most (max_seqs or KV, the smaller)
+    limit: str  # what stops the rate growing: one of LIMITS
+
+    @property
+    def load_ratio(self) -> float:
+        return self.observed_rate / self.max_rate
+
+
+def erlang_c(servers: float, load: float) -> float:
+    """Probability that an arrival waits in an M/M/c queue of `servers` slots at offered `load`
+    (Erlangs, < servers). The Erlang B recursion over whole servers, stable for thousands of them."""
+    c = max(1, int(servers))
+    if load <= 0:
+        return 0.0
+    if load >= c:
+        return 1.0
+    b = 1.0
+    for k in range(1, c + 1):
+        b = load * b / (k + load * b)
+    return c * b / (c - load * (1.0 - b))
+
+
+def wait_quantile(servers: float, load: float, service_s: float, q: float = TTFT_QUANTILE) -> float:
+    """The q-quantile of the wait for a slot: P(W > x) = C exp(-(c - a) x / S)."""
+    c = max(1, int(servers))
+    if load >= c:
+        return math.inf
+    p_wait = erlang_c(c, load)
+    if p_wait <= 1.0 - q:
+        return 0.0
+    return math.log(p_wait / (1.0 - q)) * service_s / (c - load)
+
+
+def _lognormal_points(mean: float, sigma: float, n: int) -> list[float]:
+    """`n` equally likely values of a lognormal of this mean (the midpoints of n equal-probability bins)."""
+    mu = math.log(mean) - sigma * sigma / 2.0
+    return [math.exp(mu + sigma * NormalDist().inv_cdf((i + 0.5) / n)) for i in range(n)]
+
+
+def poisson_tail(mean: float, k: int) -> float:
+    """P(K > k) for K ~ Poisson(mean)."""
+    if k < 0:
+        return 1.0
+    term = cdf = math.exp(-mean)
+    for i in range(1, k + 1):
+        term *= mean / i
+        cdf += term
+    return max(0.0, 1.0 - cdf)
+
+
+def tpot_violations(t_dec: float, t_prompt: float, prompts_per_step: float, output: float, slo: float,
+                    backlog: float = 0.0) -> float:
+    """The share of requests whose TPOT is over `slo`. A request decoding n steps sees the prompts that
+    arrive meanwhile and the `backlog` queued when it started, K ~ Poisson(backlog + n x prompts per
+    step), each adding `t_prompt` to one of its steps:
+    its TPOT is t_dec + K x t_prompt / n, so it is over the SLO when K > (slo - t_dec) x n / t_prompt.
+    Prefill comes in lumps (a long prompt's step is many decode steps long), so short answers see the
+    tail; outputs are taken lognormal around the mean (OUTPUT_SIGMA)."""
+    if t_dec > slo:
+        return 1.0
+    if t_prompt <= 0:
+        return 0.0
+    over = 0.0
+    points = _lognormal_points(output, OUTPUT_SIGMA, OUTPUT_POINTS)
+    for length in points:
+        n = max(1, round(length) - 1)  # the first token's step is TTFT's
+        allowed = math.floor((slo - t_dec) * n / t_prompt)
+        over += poisson_tail(backlog + n * prompts_per_step, allowed) if allowed < MAX_PROMPTS_IN_TAIL else 0.0
+    return over / len(points)
+
+
+def compute(ctx: Ctx) -> Scaling | None:
+    from exporter.physics.costs import PRIOR_EFFICIENCY, PRIOR_OVERHEAD_S, Hardware, decode_batch, step_cost
+
+    thr, kv = ctx.get("throughput"), ctx.get("kv")
+    if ctx.shape is None or not ctx.gpus or thr is None:
+        return None
+    rate, prompt, total = thr.requests_per_s, thr.mean_prompt_tokens, thr.mean_request_tokens
+    if not rate or rate <= 0 or prompt is None or total is None:
+        return None  # no traffic finished in the window: nothing to cost
+    output = total - prompt
+    if output < 1:
+        return None
+    specs = [ctx.spec_for(g.name) for g in ctx.gpus]
+    gpu = specs[0]
+    if gpu is None or any(s is None for s in specs):
+        return None
+    shape = ctx.shape
+    ranks = max(1, ctx.dp)
+    hit = thr.prefix_hit_share or 0.0
+    computed_prompt = prompt * (1.0 - min(1.0, max(0.0, hit)))
+    # Tokens a running sequence holds: its prompt and half its output, over the sequences running at
+    # a moment, where a long answer stays longer (length-biased: E[O^2] / 2E[O] for lognormal outputs).
+    context = prompt + output * math.exp(OUTPUT_SIGMA ** 2) / 2.0
+    hw = Hardware(gpu=gpu, tp=max(1, ctx.tp), bw_efficiency=PRIOR_EFFICIENCY["bw"],
+                  compute_efficiency=PRIOR_EFFICIENCY["compute"], step_overhead_s=PRIOR_OVERHEAD_S["gpu"])
+
+    def decode_s(batch: float, prefill: float = 0.0) -> float:
+        """One step of `batch` decodes at the mean context, with `prefill` prompt tokens beside them."""
+        step = decode_batch(max(1, round(batch)), int(context))
+        if prefill >= 1:
+            # The prompt's uncached part, attending to the cached prefix it reads (the engine's chunk).
+            chunk, cached = int(prefill), max(0, int(prompt - prefill))
+            step = dataclasses.replace(step, prefill_tokens=chunk, prefill_context=chunk * (cached + chunk / 2.0),
+                                       prefill_cached_read=cached)
+        return step_cost(hw, shape, step).time_s
+
+    def costs(batch: float) -> tuple[float, float, float]:
+        """(pure decode step, what one prompt adds to a step, mean step): B / output prompts arrive
+        per step on average (each request decodes `output` steps), each adding its prefill."""
+        t_dec = decode_s(batch)
+        t_prompt = max(0.0, decode_s(batch, computed_prompt) - t_dec)
+        return t_dec, t_prompt, t_dec + batch / output * t_prompt
+
+    cap = float(thr.running_cap) if thr.running_cap and thr.running_cap >= 1 else float(DEFAULT_MAX_SEQS)
+    capacity = kv.capacity_tokens if kv is not None and kv.capacity_tokens else None
+    slots, slot_limit = cap, "max_seqs"
+    if capacity is not None and capacity / ranks / context < cap:
+        slots, slot_limit = capacity / ranks / context, "kv_cache"
+    slots = max(1.0, math.floor(slots))
+    ttft_slo, tpot_slo = ctx.settings.slo_ttft_s, ctx.settings.slo_tbt_s
+
+    def failing(batch: float) -> str | None:
+        """What breaks at a steady batch of `batch` sequences (None: nothing)."""
+        t_dec, t_prompt, t = costs(batch)
+        rate = batch / (output * t)
+        busy = rate * t_prompt  # the share of GPU time prompts take
+        if busy >= 1.0:
+            return "tpot"
+        # A request starts decoding as its own prefill ends, behind the prompts that arrived while it
+        # waited for and went through its prefill (an M/D/1 sojourn): those ride on its first steps.
+        backlog = rate * t_prompt * (1.0 + busy / (2.0 * (1.0 - busy)))
+        if tpot_violations(t_dec, t_prompt, batch / output, output, tpot_slo, backlog) > 1.0 - TPOT_QUANTILE:
+            return "tpot"
+        if batch >= slots:
+            return slot_limit
+        # The wait for a slot, the half step before the next step starts, and the step that computes
+        # the prompt beside the decodes.
+        ttft = HOST_S + wait_quantile(slots, batch, output * t) + 0.5 * t + t + t_prompt
+        return "ttft" if ttft > ttft_slo else None
+
+    if failing(1.0) is not None:
+        return None  # one sequence alone breaks an SLO: no rate is within them (the verdict says why)
+    lo, hi = 1.0, slots
+    limit = failing(hi) or slot_limit
+    for _ in range(SEARCH_STEPS):
+        mid = (lo + hi) / 2.0
+        why = failing(mid)
+        if why is None:
+            lo = mid
+        else:
+            hi, limit = mid, why
+    t = costs(lo)[2]
+    per_rank = lo / (output * t)
+    return Scaling(per_rank * ranks, rate, lo, t, slots, limit)
+
+
+def samples(s: Scaling, key: TargetKey) -> list[Sample]:
+    labels = key.labels
+    return [Sample("llm_slo_max_request_rate", labels, s.max_rate),
+            Sample("llm_slo_load_ratio", labels, s.load_ratio)]
+
+
+def numbers(s: Scaling) -> dict[str, Any]:
+    return {"slo_max_request_rate": rounded(s.max_rate, 3), "slo_load_ratio": rounded(s.load_ratio),
+            "slo_max_rate_batch": rounded(s.batch, 1), "slo_max_rate_step_s": rounded(s.step_s, 6),
+            "slo_max_rate_limit": s.limit}
+
+
+STAGE = Stage(
+    name="scaling", compute=lambda ctx, state: compute(ctx), samples=samples, numbers=numbers,
+    after=("throughput", "kv"),
+    emits=("llm_slo_max_request_rate", "llm_slo_load_ratio"),
+)
