@@ -39,22 +39,31 @@ class Case:
 
 
 # Gated (tests/test_scaling.py): chat traffic on three GPUs and two models, where the rate is bounded
-# by TTFT at the running-sequence limit (the queue for a slot).
+# by TTFT at the running-sequence limit (the queue for a slot), and long prompts with short answers,
+# where TPOT p99 is (prefill steps riding on the decodes).
 GATED = (
     Case("decode-heavy", "h100-sxm", "llama-3.1-8b"),
     Case("decode-heavy", "h100-sxm", "qwen2.5-7b"),
     Case("decode-heavy", "a100-sxm4-80gb", "qwen2.5-7b"),
     Case("decode-heavy", "h200", "llama-3.1-8b"),
-)
-# Reported, not gated (docs/scaling.md says why each misses): long prompts with short answers (TPOT
-# p99 set by prefill lumps in a few steps), a model whose KV cache bounds the slots, an MoE model.
-REPORTED = (
     Case("prefill-heavy", "h100-sxm", "llama-3.1-8b"),
+)
+# Reported, not gated (docs/scaling.md says why each misses): at the slot limit, where the replay's
+# step at a full batch is longer than the closed form's (a model whose KV cache bounds the slots, a
+# slower GPU, an MoE model).
+REPORTED = (
     Case("decode-heavy", "h100-sxm", "llama-2-7b"),
     Case("decode-heavy", "l40s", "qwen2.5-7b"),
     Case("decode-heavy", "h200", "mixtral-8x7b"),
 )
-CASES = GATED + REPORTED
+# Printed with the others, not gated (they agree: the test keeps to the five above for its time): long
+# prompts on two more GPUs and another model.
+MORE = (
+    Case("prefill-heavy", "h200", "llama-3.1-8b"),
+    Case("prefill-heavy", "a100-sxm4-80gb", "llama-3.1-8b"),
+    Case("prefill-heavy", "h100-sxm", "qwen2.5-7b"),
+)
+CASES = GATED + MORE + REPORTED
 
 
 @dataclass(frozen=True, slots=True)

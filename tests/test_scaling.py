@@ -70,6 +70,15 @@ def test_short_answers_catch_the_prefill_lumps():
     many = scaling.tpot_violations(0.01, 0.15, 0.05, 400.0, 0.1)
     assert few > 0.01 > many
     assert scaling.tpot_violations(0.2, 0.0, 0.0, 100.0, 0.1) == 1.0  # the decode step alone is over
+    assert scaling.busy_tail(2.0, 0.0, 3) == scaling.poisson_tail(2.0, 3)
+    # Busy periods: the same arrivals with each prompt's step bringing more have a longer tail, and
+    # P(K = 0) is still the chance that none arrives.
+    assert scaling.busy_tail(2.0, 0.5, 6) > scaling.poisson_tail(2.0, 6)
+    assert 1 - scaling.busy_tail(2.0, 0.5, 0) == pytest.approx(math.exp(-2))
+    # One cluster (j = 1) of Borel(0.5): P(K = 1) = e^-2 x 2 x e^-0.5.
+    assert scaling.busy_tail(2.0, 0.5, 0) - scaling.busy_tail(2.0, 0.5, 1) == pytest.approx(
+        math.exp(-2) * 2 * math.exp(-0.5))
+    assert scaling.busy_tail(0.5, 0.5, 10_000) == 0.0  # far past the mean
     assert scaling.poisson_tail(2.0, -1) == 1.0
     assert scaling.poisson_tail(2.0, 2) == pytest.approx(1 - math.exp(-2) * (1 + 2 + 2))
 

@@ -10,9 +10,12 @@ step that ride along with the decodes (chunked prefill). So for each batch B the
 the rate it serves, rate(B) = B / (output x t(B)), both follow, and both grow with B. The largest B
 that holds every limit gives the highest rate:
 
-- TPOT: t(B) at most the TBT SLO (each running sequence gains a token per step);
+- TPOT: at most 1% of requests over the TBT SLO (tpot_violations): each running sequence gains a
+  token a step, and a step that carries a prompt is many decode steps long, so the tail is the short
+  answers that catch such steps, more of them when prompts queue behind each other (busy periods);
 - the running-sequence limit (the engine's llm_requests_running_max, vLLM's default 256 without one)
-  and the KV cache (capacity / tokens each running request holds on average, prompt + output / 2);
+  and the KV cache (capacity / tokens each running request holds on average: its prompt and half its
+  output, long answers weighing more since they stay longer);
 - TTFT: the request's wait for a free slot among those c slots, each held output x t(B) seconds (an
   M/M/c queue: its 99th percentile wait from Erlang C), plus the step that computes its prompt and the
   half step it waits for that step to start, at most the TTFT SLO at its p99.
@@ -42,8 +45,9 @@ TPOT_QUANTILE = 0.99
 # the chat, RAG and long-context scenarios of the twin have 0.4-0.6).
 OUTPUT_SIGMA = 0.5
 OUTPUT_POINTS = 16
-MAX_PROMPTS_IN_TAIL = 10_000  # past this many prompts in one request's steps, the tail is 0 to double precision
+MAX_TAIL_TERMS = 200  # past this many prompts in one request's steps, busy_tail's normal approximation
 SEARCH_STEPS = 40  # bisection on the batch: 2^-40 of the cap, far below one sequence
+MIN_BATCH = 0.01  # running sequences on average at the lowest rate searched
 LIMITS = ("tpot", "ttft", "max_seqs", "kv_cache")
 
 
@@ -102,14 +106,46 @@ def poisson_tail(mean: float, k: int) -> float:
     return max(0.0, 1.0 - cdf)
 
 
-def tpot_violations(t_dec: float, t_prompt: float, prompts_per_step: float, output: float, slo: float,
-                    backlog: float = 0.0) -> float:
-    """The share of requests whose TPOT is over `slo`. A request decoding n steps sees the prompts that
-    arrive meanwhile and the `backlog` queued when it started, K ~ Poisson(backlog + n x prompts per
-    step), each adding `t_prompt` to one of its steps:
-    its TPOT is t_dec + K x t_prompt / n, so it is over the SLO when K > (slo - t_dec) x n / t_prompt.
-    Prefill comes in lumps (a long prompt's step is many decode steps long), so short answers see the
-    tail; outputs are taken lognormal around the mean (OUTPUT_SIGMA)."""
+def busy_tail(mean: float, busy: float, k: int) -> float:
+    """P(K > k) where K counts the prompts a request's steps carry: Poisson(`mean`) of them arrive on
+    their own, and each one's step is long enough for Poisson(`busy`) more to arrive and ride on the
+    next steps, and so on (a busy period: the prefill work's utilization `busy` < 1). K is then a
+    Poisson number of Borel(busy) clusters; P(K = n | j clusters) is Borel-Tanner:
+    j / n x exp(-busy n) (busy n)^(n - j) / (n - j)!. Far past its mean (12 standard deviations) the
+    tail is 0 to double precision; past MAX_TAIL_TERMS, a normal tail of the same mean and variance."""
+    if k < 0:
+        return 1.0
+    if busy <= 0:
+        return poisson_tail(mean, k)
+    centre = mean / (1.0 - busy)
+    spread = math.sqrt(mean / (1.0 - busy) ** 3)
+    if k > centre + 12.0 * spread:
+        return 0.0
+    if k > MAX_TAIL_TERMS:
+        return 1.0 - NormalDist(centre, spread).cdf(k + 0.5)
+    log_busy = math.log(busy)
+    cdf = math.exp(-mean)  # no cluster: K = 0
+    for j in range(1, k + 1):
+        clusters = math.exp(-mean + j * math.log(mean) - math.lgamma(j + 1)) if mean > 0 else 0.0
+        if clusters < 1e-300:
+            continue
+        within = 0.0
+        for n in range(j, k + 1):
+            within += math.exp(math.log(j / n) - busy * n + (n - j) * (log_busy + math.log(n))
+                               - math.lgamma(n - j + 1))
+        cdf += clusters * within
+    return min(1.0, max(0.0, 1.0 - cdf))
+
+
+def tpot_violations(t_dec: float, t_prompt: float, arrivals_per_decode_step: float, output: float, slo: float,
+                    busy: float = 0.0) -> float:
+    """The share of requests whose TPOT is over `slo`. A request decoding n steps carries the prompts
+    that arrive meanwhile, each adding `t_prompt` to one of its steps: its TPOT is
+    t_dec + K x t_prompt / n, over the SLO when K > (slo - t_dec) x n / t_prompt. Prompts arriving
+    over its n pure decode steps (Poisson, `arrivals_per_decode_step` each) each start a busy period:
+    the prompt's step is long enough for more to arrive, `busy` on average (busy_tail). Prefill comes
+    in lumps (a long prompt's step is many decode steps long), so short answers see the tail; outputs
+    are taken lognormal around the mean (OUTPUT_SIGMA)."""
     if t_dec > slo:
         return 1.0
     if t_prompt <= 0:
@@ -119,7 +155,7 @@ def tpot_violations(t_dec: float, t_prompt: float, prompts_per_step: float, outp
     for length in points:
         n = max(1, round(length) - 1)  # the first token's step is TTFT's
         allowed = math.floor((slo - t_dec) * n / t_prompt)
-        over += poisson_tail(backlog + n * prompts_per_step, allowed) if allowed < MAX_PROMPTS_IN_TAIL else 0.0
+        over += busy_tail(n * arrivals_per_decode_step, busy, allowed)
     return over / len(points)
 
 
@@ -181,10 +217,9 @@ def compute(ctx: Ctx) -> Scaling | None:
         busy = rate * t_prompt  # the share of GPU time prompts take
         if busy >= 1.0:
             return "tpot"
-        # A request starts decoding as its own prefill ends, behind the prompts that arrived while it
-        # waited for and went through its prefill (an M/D/1 sojourn): those ride on its first steps.
-        backlog = rate * t_prompt * (1.0 + busy / (2.0 * (1.0 - busy)))
-        if tpot_violations(t_dec, t_prompt, batch / output, output, tpot_slo, backlog) > 1.0 - TPOT_QUANTILE:
+        # Prompts arriving over the request's decode steps each start a busy period of prefill steps
+        # (tpot_violations counts the prompts those bring).
+        if tpot_violations(t_dec, t_prompt, rate * t_dec, output, tpot_slo, busy) > 1.0 - TPOT_QUANTILE:
             return "tpot"
         if batch >= slots:
             return slot_limit
@@ -193,9 +228,10 @@ def compute(ctx: Ctx) -> Scaling | None:
         ttft = HOST_S + wait_quantile(slots, batch, output * t) + 0.5 * t + t + t_prompt
         return "ttft" if ttft > ttft_slo else None
 
-    if failing(1.0) is not None:
-        return None  # one sequence alone breaks an SLO: no rate is within them (the verdict says why)
-    lo, hi = 1.0, slots
+    # The batch is a mean over time: under long prompts with short answers it is below one sequence.
+    if failing(MIN_BATCH) is not None:
+        return None  # a trickle of traffic already breaks an SLO: no rate is within them (the verdict says why)
+    lo, hi = MIN_BATCH, slots
     limit = failing(hi) or slot_limit
     for _ in range(SEARCH_STEPS):
         mid = (lo + hi) / 2.0
