@@ -46,7 +46,7 @@ def groups(cfg: dict) -> list[dict]:
     requests = f"sum {fleet} (rate({sel(FINISHED, cfg=cfg)}[{w}]))"
     needed = (f"ceil(\n  {request_rate_rule(w)}\n  /\n  {when_positive(max_rate_rule())}\n"
               f"  / {fmt_num(round(1 - headroom, 6))}\n)")
-    return [{"name": "llm-scaling", "rules": [
+    return [{"name": "llm-exporter.scaling.rules", "rules": [
         rec(max_rate_rule(), max_rate),
         rec(request_rate_rule(w), requests),
         rec(REPLICAS_NEEDED, needed),
