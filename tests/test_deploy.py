@@ -343,8 +343,10 @@ def standalone_objects() -> list[tuple[str, dict]]:
     out = []
     for path in sorted(K8S.rglob("*.yaml")):
         patch = path.parent.parent.name == "overlays" or path.name.endswith("-patch.yaml")
-        # Not objects: the components' one container declaration, the charts' values files.
-        if path.name in ("kustomization.yaml", "container.yaml", "values.yaml") or patch:
+        # Not objects: the components' one container declaration, the charts' values files, the
+        # scaling example's prometheus-adapter config (tests/test_scaling.py validates it).
+        if path.name in ("kustomization.yaml", "container.yaml", "values.yaml",
+                         "prometheus-adapter-config.yaml") or patch:
             continue
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
