@@ -113,8 +113,8 @@ FAMILIES = (
            "cost model's step time (llm_model_predicted_tpot_seconds' roofline at the planner's prior "
            "fractions of peak) at the largest batch that keeps TPOT within its SLO, the running-sequence "
            "limit and the KV cache, and TTFT p99 (an M/M/c wait for a slot plus the prefill step) within "
-           "its SLO. Absent without the model shape, a GPU in the spec table, or requests finished in "
-           "the window (docs/scaling.md).", TM, "derived"),
+           "its SLO. Searched again at most every 10 s. Absent without the model shape, a GPU in the spec "
+           "table, or requests finished in the window (docs/scaling.md).", TM, "derived"),
     family("llm_slo_load_ratio", "gauge", "ratio",
            "Requests finished per second in the window / llm_slo_max_request_rate: the share of this "
            "replica's SLO-bounded capacity in use (1: at the rate where it breaks its SLOs); what a "

@@ -32,8 +32,13 @@ import math
 from statistics import NormalDist
 from typing import Any, NamedTuple
 
-from exporter.derive.stage import Ctx, Stage, TargetKey, rounded
+from exporter.derive.settings import DeriveSettings
+from exporter.derive.stage import Ctx, Stage, StageState, TargetKey, rounded
+from exporter.derive.view import SnapshotView
+from exporter.derive.window import Scopes
 from exporter.snapshot import Sample
+from exporter.specs.gpus import GpuSpec
+from exporter.specs.models import ModelShape
 
 # vLLM's default --max-num-seqs: the cap where the engine reports none (llm_requests_running_max).
 DEFAULT_MAX_SEQS = 256
@@ -44,11 +49,13 @@ TPOT_QUANTILE = 0.99
 # Output lengths spread around their mean (the planner reads the spread from the length histograms;
 # the chat, RAG and long-context scenarios of the twin have 0.4-0.6).
 OUTPUT_SIGMA = 0.5
-OUTPUT_POINTS = 16
-MAX_TAIL_TERMS = 200  # past this many prompts in one request's steps, busy_tail's normal approximation
-SEARCH_STEPS = 40  # bisection on the batch: 2^-40 of the cap, far below one sequence
+OUTPUT_POINTS = 8
+MAX_TAIL_TERMS = 40  # past this many prompts in one request's steps, busy_tail's normal approximation
+SEARCH_STEPS = 24  # bisection on the batch: 2^-24 of the cap, far below one sequence
 MIN_BATCH = 0.01  # running sequences on average at the lowest rate searched
 LIMITS = ("tpot", "ttft", "max_seqs", "kv_cache")
+QUANTUM = math.log(1.01)  # the inputs' grid: 1% steps (quantized)
+RESEARCH_S = 10.0  # a target's search is redone at most this often (Memo)
 
 
 class Scaling(NamedTuple):
@@ -110,9 +117,11 @@ def busy_tail(mean: float, busy: float, k: int) -> float:
     """P(K > k) where K counts the prompts a request's steps carry: Poisson(`mean`) of them arrive on
     their own, and each one's step is long enough for Poisson(`busy`) more to arrive and ride on the
     next steps, and so on (a busy period: the prefill work's utilization `busy` < 1). K is then a
-    Poisson number of Borel(busy) clusters; P(K = n | j clusters) is Borel-Tanner:
-    j / n x exp(-busy n) (busy n)^(n - j) / (n - j)!. Far past its mean (12 standard deviations) the
-    tail is 0 to double precision; past MAX_TAIL_TERMS, a normal tail of the same mean and variance."""
+    Poisson number of Borel(busy) clusters, whose distribution the Panjer recursion gives:
+    P(0) = exp(-mean), P(k) = mean / k x sum_n n b(n) P(k - n), b(n) = exp(-busy n) (busy n)^(n-1) / n!.
+    Far past its mean (12 standard deviations) the tail is 0 to double precision; past MAX_TAIL_TERMS,
+    a normal tail of the same mean and variance (K is then a sum of many clusters), so the cost is
+    bounded whatever lengths an engine reports."""
     if k < 0:
         return 1.0
     if busy <= 0:
@@ -124,17 +133,13 @@ def busy_tail(mean: float, busy: float, k: int) -> float:
     if k > MAX_TAIL_TERMS:
         return 1.0 - NormalDist(centre, spread).cdf(k + 0.5)
     log_busy = math.log(busy)
-    cdf = math.exp(-mean)  # no cluster: K = 0
-    for j in range(1, k + 1):
-        clusters = math.exp(-mean + j * math.log(mean) - math.lgamma(j + 1)) if mean > 0 else 0.0
-        if clusters < 1e-300:
-            continue
-        within = 0.0
-        for n in range(j, k + 1):
-            within += math.exp(math.log(j / n) - busy * n + (n - j) * (log_busy + math.log(n))
-                               - math.lgamma(n - j + 1))
-        cdf += clusters * within
-    return min(1.0, max(0.0, 1.0 - cdf))
+    # n x b(n), the cluster sizes weighted as the recursion reads them.
+    weight = [0.0] + [math.exp(-busy * n + (n - 1) * (log_busy + math.log(n)) - math.lgamma(n))
+                      for n in range(1, k + 1)]
+    pmf = [math.exp(-mean)]
+    for total in range(1, k + 1):
+        pmf.append(mean / total * sum(weight[n] * pmf[total - n] for n in range(1, total + 1)))
+    return min(1.0, max(0.0, 1.0 - sum(pmf)))
 
 
 def tpot_violations(t_dec: float, t_prompt: float, arrivals_per_decode_step: float, output: float, slo: float,
@@ -159,14 +164,49 @@ def tpot_violations(t_dec: float, t_prompt: float, arrivals_per_decode_step: flo
     return over / len(points)
 
 
-def compute(ctx: Ctx) -> Scaling | None:
-    from exporter.physics.costs import PRIOR_EFFICIENCY, PRIOR_OVERHEAD_S, Hardware, decode_batch, step_cost
+def quantized(value: float) -> float:
+    """`value` on a grid of 1% steps: the search runs on these, so a window whose lengths moved by
+    less than 1% gives the same inputs, and the last cycle's answer (Memo) serves again."""
+    return math.exp(round(math.log(value) / QUANTUM) * QUANTUM) if value > 0 else 0.0
 
+
+class Found(NamedTuple):
+    max_rate: float
+    batch: float
+    step_s: float
+    slots: float
+    limit: str
+
+
+class Memo:
+    """A target's last inputs and answer. A search costs 1-5 ms (tpot_violations' tails), and its
+    inputs are means over the rate window, which move by a percent or two a cycle as requests finish:
+    a target is searched again when its inputs changed and RESEARCH_S passed since its last search,
+    so the answer is at most that old (the window it reads spans 15 s or more)."""
+
+    __slots__ = ("key", "found", "searched", "last_seen")
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.found: Found | None = None
+        self.searched = 0.0  # view.now of the last search
+        self.last_seen = 0.0
+
+
+class Memos(StageState):
+    def __init__(self, settings: DeriveSettings) -> None:
+        self.targets = Scopes(Memo, settings.forget_after_s)
+
+    def end(self, view: SnapshotView) -> None:
+        self.targets.sweep(view.now)
+
+
+def compute(ctx: Ctx, memos: Memos | None = None) -> Scaling | None:
     thr, kv = ctx.get("throughput"), ctx.get("kv")
     if ctx.shape is None or not ctx.gpus or thr is None:
         return None
     rate, prompt, total = thr.requests_per_s, thr.mean_prompt_tokens, thr.mean_request_tokens
-    if not rate or rate <= 0 or prompt is None or total is None:
+    if not rate or rate <= 0 or prompt is None or total is None or prompt <= 0:
         return None  # no traffic finished in the window: nothing to cost
     output = total - prompt
     if output < 1:
@@ -175,14 +215,36 @@ def compute(ctx: Ctx) -> Scaling | None:
     gpu = specs[0]
     if gpu is None or any(s is None for s in specs):
         return None
-    shape = ctx.shape
-    ranks = max(1, ctx.dp)
-    hit = thr.prefix_hit_share or 0.0
-    computed_prompt = prompt * (1.0 - min(1.0, max(0.0, hit)))
+    hit = min(1.0, max(0.0, thr.prefix_hit_share or 0.0))
+    cap = float(thr.running_cap) if thr.running_cap and thr.running_cap >= 1 else float(DEFAULT_MAX_SEQS)
+    capacity = kv.capacity_tokens if kv is not None and kv.capacity_tokens else None
+    key = (gpu, ctx.shape, max(1, ctx.tp), max(1, ctx.dp), quantized(prompt), quantized(output),
+           quantized(1.0 - hit), cap, quantized(capacity) if capacity else None,
+           ctx.settings.slo_ttft_s, ctx.settings.slo_tbt_s)
+    memo = memos.targets.get(ctx.engine.target) if memos is not None else None
+    if memo is not None and (memo.key == key or (memo.key is not None and ctx.now - memo.searched < RESEARCH_S)):
+        found = memo.found
+    else:
+        found = search(*key)
+        if memo is not None:
+            memo.key, memo.found, memo.searched = key, found, ctx.now
+    if memo is not None:
+        memo.last_seen = ctx.now
+    if found is None:
+        return None
+    return Scaling(found.max_rate, rate, found.batch, found.step_s, found.slots, found.limit)
+
+
+def search(gpu: GpuSpec, shape: ModelShape, tp: int, ranks: int, prompt: float, output: float, uncached: float,
+           cap: float, capacity: float | None, ttft_slo: float, tpot_slo: float) -> Found | None:
+    """The highest rate within the SLOs for these inputs (the module's docstring says how)."""
+    from exporter.physics.costs import PRIOR_EFFICIENCY, PRIOR_OVERHEAD_S, Hardware, decode_batch, step_cost
+
+    computed_prompt = prompt * uncached
     # Tokens a running sequence holds: its prompt and half its output, over the sequences running at
     # a moment, where a long answer stays longer (length-biased: E[O^2] / 2E[O] for lognormal outputs).
     context = prompt + output * math.exp(OUTPUT_SIGMA ** 2) / 2.0
-    hw = Hardware(gpu=gpu, tp=max(1, ctx.tp), bw_efficiency=PRIOR_EFFICIENCY["bw"],
+    hw = Hardware(gpu=gpu, tp=tp, bw_efficiency=PRIOR_EFFICIENCY["bw"],
                   compute_efficiency=PRIOR_EFFICIENCY["compute"], step_overhead_s=PRIOR_OVERHEAD_S["gpu"])
 
     def decode_s(batch: float, prefill: float = 0.0) -> float:
@@ -202,13 +264,10 @@ def compute(ctx: Ctx) -> Scaling | None:
         t_prompt = max(0.0, decode_s(batch, computed_prompt) - t_dec)
         return t_dec, t_prompt, t_dec + batch / output * t_prompt
 
-    cap = float(thr.running_cap) if thr.running_cap and thr.running_cap >= 1 else float(DEFAULT_MAX_SEQS)
-    capacity = kv.capacity_tokens if kv is not None and kv.capacity_tokens else None
     slots, slot_limit = cap, "max_seqs"
     if capacity is not None and capacity / ranks / context < cap:
         slots, slot_limit = capacity / ranks / context, "kv_cache"
     slots = max(1.0, math.floor(slots))
-    ttft_slo, tpot_slo = ctx.settings.slo_ttft_s, ctx.settings.slo_tbt_s
 
     def failing(batch: float) -> str | None:
         """What breaks at a steady batch of `batch` sequences (None: nothing)."""
@@ -241,8 +300,7 @@ def compute(ctx: Ctx) -> Scaling | None:
         else:
             hi, limit = mid, why
     t = costs(lo)[2]
-    per_rank = lo / (output * t)
-    return Scaling(per_rank * ranks, rate, lo, t, slots, limit)
+    return Found(lo / (output * t) * ranks, lo, t, slots, limit)
 
 
 def samples(s: Scaling, key: TargetKey) -> list[Sample]:
@@ -258,7 +316,7 @@ def numbers(s: Scaling) -> dict[str, Any]:
 
 
 STAGE = Stage(
-    name="scaling", compute=lambda ctx, state: compute(ctx), samples=samples, numbers=numbers,
-    after=("throughput", "kv"),
+    name="scaling", compute=compute, samples=samples, numbers=numbers, after=("throughput", "kv"),
+    state=Memos,
     emits=("llm_slo_max_request_rate", "llm_slo_load_ratio"),
 )
