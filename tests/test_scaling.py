@@ -100,6 +100,24 @@ def test_no_traffic_or_no_shape_gives_no_sample():
     assert diag["numbers"]["slo_max_rate_limit"] in scaling.LIMITS
 
 
+def test_lengths_an_engine_reports_bound_the_search_not_break_it():
+    """The lengths, the running cap and the KV capacity come from the engine's page: absurd ones give
+    an answer or none, never an exception or a search without end (the terms are bounded)."""
+    from exporter.specs.gpus import lookup_gpu
+    from exporter.specs.models import load_model
+
+    gpu, shape = lookup_gpu("h100-sxm"), load_model("llama-3.1-8b")
+    assert gpu is not None
+    for prompt, output, uncached, cap, capacity in (
+            (1e9, 1.0, 1.0, 256.0, None), (1.0, 1e9, 1.0, 256.0, None), (1.0, 1.0, 1e-9, 1e6, 1.0),
+            (600.0, 300.0, 0.8, 1.0, 1e12), (5e5, 2.0, 1.0, 65536.0, 1e7)):
+        found = scaling.search(gpu, shape, 1, 1, prompt, output, uncached, cap, capacity, 2.5, 0.1)
+        assert found is None or (math.isfinite(found.max_rate) and found.max_rate > 0 and found.limit in scaling.LIMITS)
+    # Past MAX_TAIL_TERMS the normal tail: at its mean a half, far past it none.
+    assert scaling.busy_tail(1e6, 0.999, 10**9) == pytest.approx(0.5, abs=1e-6)
+    assert scaling.busy_tail(1e6, 0.999, 10**12) == 0.0 and 0.0 <= scaling.busy_tail(30.0, 0.9, 39) <= 1.0
+
+
 # --- the real process -----------------------------------------------------------------------------
 
 def test_the_demo_serves_the_signal_on_metrics():
