@@ -217,3 +217,19 @@ def test_a_planted_mistake_in_the_adapter_or_hpa_fails(which, mutate):
     mutate(doc)
     with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
         validate_adapter(doc) if which == "adapter" else kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+# --- the rule's headroom ----------------------------------------------------------------------------
+
+def test_the_headroom_is_declared_once_and_checked():
+    from exporter.mixin.alerts import scaling as rules
+    from exporter.mixin.config import CONFIG
+
+    def needed(cfg: dict) -> str:
+        return next(r["expr"] for r in rules.groups(cfg)[0]["rules"] if r["record"] == rules.REPLICAS_NEEDED)
+
+    assert CONFIG["scaling_headroom"] == 0.2 and "/ 0.8\n" in needed(CONFIG)
+    assert "/ 0.5\n" in needed({**CONFIG, "scaling_headroom": 0.5})
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match="scaling_headroom"):
+            rules.groups({**CONFIG, "scaling_headroom": bad})
