@@ -84,6 +84,8 @@ def test_each_area_module_builds_only_its_own_groups():
         names = [g["name"] for g in groups]
         if area == "recording":
             assert names and all(n.endswith(".rules") for n in names), names
+        elif area == "scaling":  # recording rules only: what a scaler reads (docs/scaling.md)
+            assert names == ["llm-exporter.scaling.rules"], names
         elif area == "fleet":  # its per-model rules, then the alerts on them
             assert names == ["llm-exporter.fleet.rules", "llm-exporter.fleet.alerts"], names
         else:
@@ -333,11 +335,14 @@ def test_every_metric_in_a_rule_is_in_the_catalogue_and_docs_or_a_recording_rule
 
 
 # Recording-rule metrics that are no family but say what they count: the fleet's replicas and GPUs
-# up, and the finished requests' error, abort and availability (exporter/mixin/alerts/fleet.py).
+# up, and the finished requests' error, abort and availability (exporter/mixin/alerts/fleet.py); the
+# finished requests and the replicas they need at the SLO's max rate (exporter/mixin/alerts/scaling.py).
 FLEET_METRICS = {"llm_replicas_up": "llm_engine_up", "llm_gpus_up": "llm_gpu_up", "llm_gpus": "llm_gpu_up",
                  "llm_requests_error": "llm_requests_finished_total",
                  "llm_requests_abort": "llm_requests_finished_total",
-                 "llm_requests_availability": "llm_requests_finished_total"}
+                 "llm_requests_availability": "llm_requests_finished_total",
+                 "llm_requests": "llm_requests_finished_total",
+                 "llm_replicas_needed": "llm_slo_max_request_rate"}
 
 
 def test_recording_rule_names_follow_level_metric_operations():

@@ -57,6 +57,7 @@ SCHEMAS = ROOT / "tests" / "fixtures" / "k8s-schemas"
 PUBLISHED_CRDS = {
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): SCHEMAS / "lws-v0.10.0-leaderworkersets.yaml.gz",
     ("serving.kserve.io/v1beta1", "InferenceService"): SCHEMAS / "kserve-v0.20.0-inferenceservices.yaml.gz",
+    ("keda.sh/v1alpha1", "ScaledObject"): SCHEMAS / "keda-v2.20.2-scaledobjects.yaml.gz",
 }
 CHART_VALUES = {  # example values file -> the chart's values.schema.json
     K8S / "examples" / "production-stack" / "values.yaml": SCHEMAS / "production-stack-0.1.12-values.schema.json",
@@ -342,8 +343,10 @@ def standalone_objects() -> list[tuple[str, dict]]:
     out = []
     for path in sorted(K8S.rglob("*.yaml")):
         patch = path.parent.parent.name == "overlays" or path.name.endswith("-patch.yaml")
-        # Not objects: the components' one container declaration, the charts' values files.
-        if path.name in ("kustomization.yaml", "container.yaml", "values.yaml") or patch:
+        # Not objects: the components' one container declaration, the charts' values files, the
+        # scaling example's prometheus-adapter config (tests/test_scaling.py validates it).
+        if path.name in ("kustomization.yaml", "container.yaml", "values.yaml",
+                         "prometheus-adapter-config.yaml") or patch:
             continue
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:

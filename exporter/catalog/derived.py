@@ -107,6 +107,18 @@ FAMILIES = (
     family("llm_model_decode_throughput_error_ratio", "gauge", "ratio",
            "The cost model's throughput error: llm_model_predicted_decode_tokens_per_second / "
            "llm_decode_tokens_per_second - 1.", TM, "derived"),
+    family("llm_slo_max_request_rate", "gauge", "requests/s",
+           "The request rate at which this replica would break its SLOs (TTFT p99 <= --slo-ttft, TPOT <= "
+           "--slo-tbt), for the window's mean prompt and output lengths and prefix-cache share: the live "
+           "cost model's step time (llm_model_predicted_tpot_seconds' roofline at the planner's prior "
+           "fractions of peak) at the largest batch that keeps TPOT within its SLO, the running-sequence "
+           "limit and the KV cache, and TTFT p99 (an M/M/c wait for a slot plus the prefill step) within "
+           "its SLO. Searched again at most every 10 s. Absent without the model shape, a GPU in the spec "
+           "table, or requests finished in the window (docs/scaling.md).", TM, "derived"),
+    family("llm_slo_load_ratio", "gauge", "ratio",
+           "Requests finished per second in the window / llm_slo_max_request_rate: the share of this "
+           "replica's SLO-bounded capacity in use (1: at the rate where it breaks its SLOs); what a "
+           "per-replica autoscaler targets (docs/scaling.md).", TM, "derived"),
     family("llm_ttft_window_seconds", "gauge", "seconds",
            "Time-to-first-token quantiles (0.5, 0.95, 0.99) over the sliding window (--quantile-window, "
            "default 5m): current cumulative buckets minus a checkpoint one window old, interpolated "

@@ -27,6 +27,7 @@ from exporter.derive import (
     quantiles,
     roofline,
     routing,
+    scaling,
     signals,
     throughput,
     transfer,
@@ -45,7 +46,7 @@ log = logging.getLogger("llm_exporter.derive")
 # In the order they run: a stage reads only the results of stages before it (check_order). The
 # diagnosis lists their numbers in this order too.
 STAGES: tuple[Stage, ...] = (health.STAGE, routing.STAGE, throughput.STAGE, kv.STAGE, roofline.STAGE, energy.STAGE,
-                             modelcheck.STAGE,
+                             modelcheck.STAGE, scaling.STAGE,
                              quantiles.STAGE, transfer.STAGE, signals.STAGE, probe.STAGE)
 check_order(STAGES)
 MAX_CACHED_SHAPES = 32

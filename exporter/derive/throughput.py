@@ -63,6 +63,7 @@ class Throughput(NamedTuple):
     running_cap: float | None = None  # the engine's configured maximum, where it reports one
     mean_request_tokens: float | None = None  # prompt + output of requests finished in the window
     mean_prompt_tokens: float | None = None  # prompt length of requests finished in the window
+    requests_per_s: float | None = None  # requests finished per second in the window
     # Prompt tokens/s the GPU computes: prefill_tps less prefix-cache hits (== prefill_tps when the
     # engine reports no prefix cache), and the share of prompt tokens the cache served.
     prefill_computed_tps: float | None = None
@@ -165,6 +166,7 @@ def compute(engine: EngineView, window: RateWindow, probe: ProbeView | None = No
     write = window.rate("llm_engine_estimated_write_bytes_total")
     prompt = _mean_per_request(window, "llm_request_prompt_tokens_sum", "llm_request_prompt_tokens_count")
     output = _mean_per_request(window, "llm_request_generation_tokens_sum", "llm_request_generation_tokens_count")
+    finished = window.rate("llm_request_generation_tokens_count")
     return Throughput(
         prefill_tps=prefill_tps,
         decode_tps=decode_tps,
@@ -180,6 +182,7 @@ def compute(engine: EngineView, window: RateWindow, probe: ProbeView | None = No
         running_cap=engine.get("llm_requests_running_max"),
         mean_request_tokens=(prompt + output) if prompt is not None and output is not None else None,
         mean_prompt_tokens=prompt,
+        requests_per_s=finished if finished is not None else window.rate("llm_request_prompt_tokens_count"),
         prefill_computed_tps=computed,
         prefix_hit_share=hit_share,
         spec_acceptance=acceptance,

@@ -89,6 +89,10 @@ CONFIG: dict = {
     "ttft_p99_seconds": 5.0,
     "tbt_p99_seconds": 0.2,
     "tail_for": "15m",
+    # Scaling (alerts/scaling.py, docs/scaling.md): model:llm_replicas_needed:ratio sizes each model for
+    # its observed request rate at this share below the rate where its replicas break their SLOs
+    # (llm_slo_max_request_rate), for the cost model's error, bursts, and the minutes a new replica takes.
+    "scaling_headroom": 0.2,
     # Saturation.
     # LLMKVCacheNearlyFull: usage at or above kv_cache_usage_ratio for kv_cache_share of kv_cache_window,
     # or reaching it in that window while the engine preempts. A real gauge at the limit is not flat:

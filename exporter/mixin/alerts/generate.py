@@ -39,6 +39,7 @@ from exporter.mixin.alerts import (
     recording,
     routing,
     saturation,
+    scaling,
     slo,
 )
 from exporter.mixin.alerts.alertmanager import alertmanager
@@ -59,6 +60,7 @@ BUILDERS: dict[str, Callable[[dict], list[dict]]] = {
     "recording": recording.groups, "fleet": fleet.groups, "slo": slo.groups, "latency": latency.groups,
     "saturation": saturation.groups, "hardware": hardware.groups, "pipeline": pipeline.groups,
     "probe": probe.groups, "network": network.groups, "routing": routing.groups,
+    "scaling": scaling.groups,
 }
 AREAS = tuple(BUILDERS)
 
