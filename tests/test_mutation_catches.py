@@ -585,7 +585,7 @@ def test_throughput_of_a_vllm_window_field_by_field():
         preemptions_per_s=0.5, running=10.0, waiting=4.0, mean_waiting=3.0, peak_running=10.0, running_cap=16.0,
         mean_request_tokens=750.0, mean_prompt_tokens=250.0, prefill_computed_tps=60.0, prefix_hit_share=0.4,
         spec_acceptance=0.6, engine_flops_per_gpu=1e12, engine_bytes_per_gpu=1.1e10, probe_tps=0.0,
-        probe_running=0.0, probe_mean_running=0.0))
+        probe_running=0.0, probe_mean_running=0.0, requests_per_s=0.4))
     # The real observe(): without a probe its in-flight gauge is 0, not 1.
     from exporter.derive.throughput import observe
 
