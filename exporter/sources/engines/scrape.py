@@ -12,7 +12,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from exporter.catalog import family_of
 from exporter.httpclient import HttpClient
@@ -20,6 +20,7 @@ from exporter.logstate import StateLog, quote_names
 from exporter.redact import CredentialError, redact_url
 from exporter.snapshot import Labels, Sample, labels_of, make_labels
 from exporter.sources.base import SourceData, SourceError, SourceKind
+from exporter.sources.engines.accounting import FamilyAccount
 from exporter.sources.engines.auth import TargetAuth, ssl_context
 from exporter.sources.engines.drops import CARDINALITY
 from exporter.sources.engines.exposition import ExpositionError
@@ -40,6 +41,16 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _Scrape = TypeVar("_Scrape", NormalizedScrape, NormalizedScrape | None)  # what a normalize pass returns
 
 log = logging.getLogger("llm_exporter.engine")
+
+
+class Accounted(Protocol):
+    """A normalized page as the unaccounted-families log line reads it (an engine's or a router's)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def families(self) -> FamilyAccount: ...
 
 # The `reason` of llm_exporter_log_lines_suppressed_total: which state-change line was held back.
 LOG_UNACCOUNTED = "unaccounted_families"
@@ -75,6 +86,8 @@ class ModelLabels:
 
 class EngineSource:
     kind = SourceKind.ENGINE
+    layer = "engine"  # what its log lines call the target's families, and where they are documented
+    docs = "docs/engines.md"
 
     def __init__(
         self,
@@ -215,7 +228,7 @@ class EngineSource:
         self._log.update("role", conflict, LOG_ROLE, write)
         return scrape.role
 
-    def _note_families(self, scrape: NormalizedScrape) -> None:
+    def _note_families(self, scrape: Accounted) -> None:
         """A log line when the set of families the engine table does not account for changes (an
         engine upgrade, a feature switched on), not on every cycle; a page whose made-up names change
         every cycle writes one a minute, naming a few hundred characters of them."""
@@ -223,11 +236,11 @@ class EngineSource:
 
         def write(suffix: str) -> None:
             if families.names:
-                log.warning("target %s: %d engine families neither mapped nor ignored by the %s table (a new "
-                            "engine release?): %s; see docs/engines.md%s", self.target.name, families.unaccounted,
-                            scrape.kind, quote_names(families.names, families.unaccounted), suffix)
+                log.warning("target %s: %d %s families neither mapped nor ignored by the %s table (a new "
+                            "release?): %s; see %s%s", self.target.name, families.unaccounted, self.layer,
+                            scrape.kind, quote_names(families.names, families.unaccounted), self.docs, suffix)
             else:
-                log.info("target %s: every engine family is accounted for again%s", self.target.name, suffix)
+                log.info("target %s: every %s family is accounted for again%s", self.target.name, self.layer, suffix)
 
         self._log.update("unaccounted", families.names, LOG_UNACCOUNTED, write, initial=())
 

@@ -6,31 +6,27 @@ a router target takes the same options as an engine target (exporter/targets.py)
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from exporter.logstate import StateLog, quote_names
 from exporter.redact import redact_url
 from exporter.snapshot import Sample, labels_of
 from exporter.sources.base import SourceData, SourceError, SourceKind
 from exporter.sources.engines.exposition import ExpositionError, TooManyNames
-from exporter.sources.engines.scrape import EngineSource
-from exporter.sources.routers.normalize import RouterScrape, UnknownRouterError, normalize
+from exporter.sources.engines.scrape import LOG_UNACCOUNTED, EngineSource
+from exporter.sources.routers.normalize import UnknownRouterError, normalize
 from exporter.targets import EngineTarget
-
-log = logging.getLogger("llm_exporter.router")
-LOG_UNACCOUNTED = "router_unaccounted_families"
 
 
 class RouterSource(EngineSource):
     kind = SourceKind.ROUTER
+    layer = "router"
+    docs = "docs/routers.md"
 
     def __init__(self, target: EngineTarget, *, max_payload_bytes: int, max_series: int) -> None:
         super().__init__(target, max_payload_bytes=max_payload_bytes, max_series=max_series)
         self.name = f"router:{target.name}"
         self._last_router = target.kind or "unknown"
-        self._router_log = StateLog(reasons=(LOG_UNACCOUNTED,))
         self._dropped: dict[str, int] = {}
 
     @property
@@ -52,7 +48,7 @@ class RouterSource(EngineSource):
             raise SourceError("too_many_families", str(error)) from None
         del text
         self._last_router = scrape.kind
-        self._note(scrape)
+        self._note_families(scrape)
         for reason, count in scrape.dropped.items():
             self._dropped[reason] = self._dropped.get(reason, 0) + count
         extra = [
@@ -63,20 +59,9 @@ class RouterSource(EngineSource):
               for state, count in scrape.families.counts().items()),
             *(Sample("llm_exporter_series_dropped_total", labels_of(source=self.name, reason=reason), float(count))
               for reason, count in self._dropped.items()),
+            Sample("llm_exporter_log_lines_suppressed_total",
+                   labels_of(source=self.name, reason=LOG_UNACCOUNTED), float(self._log.suppressed[LOG_UNACCOUNTED])),
         ]
         attrs = {"router": scrape.kind, "policy": scrape.policy, "url": redact_url(self.target.url),
                  "unaccounted_families": " ".join(scrape.families.names)}
         return SourceData(scrape.samples + tuple(extra), attrs)
-
-    def _note(self, scrape: RouterScrape) -> None:
-        families = scrape.families
-
-        def write(suffix: str) -> None:
-            if families.names:
-                log.warning("router %s: %d families neither mapped nor ignored by the %s table (a new router "
-                            "release?): %s; see docs/routers.md%s", self.target.name, families.unaccounted,
-                            scrape.kind, quote_names(families.names, families.unaccounted), suffix)
-            else:
-                log.info("router %s: every family is accounted for again%s", self.target.name, suffix)
-
-        self._router_log.update("unaccounted", families.names, LOG_UNACCOUNTED, write, initial=())

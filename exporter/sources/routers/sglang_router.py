@@ -3,9 +3,7 @@ of the 0.3.2 release and a live capture of the 0.3.2 wheel (tests/fixtures/route
 
 from types import MappingProxyType
 
-from exporter.sources.routers.table import RouterAlias, RouterSpec
-
-BREAKER = MappingProxyType({0.0: "closed", 1.0: "open", 2.0: "half_open"})
+from exporter.sources.routers.table import BREAKER_CODES, RouterAlias, RouterSpec
 
 SPEC = RouterSpec(
     kind="sglang-router",
@@ -37,7 +35,8 @@ SPEC = RouterSpec(
             "llm_router_errors_total", "counter", where_not=("error_code", ""),
             note="the HTTP layer's responses with an error code: every error once, in HTTP and gRPC mode"),
         "smg_worker_health": RouterAlias("llm_router_backend_up", "gauge", removed=-1.0),
-        "smg_worker_cb_state": RouterAlias("llm_router_backend_breaker_state", "gauge", states=BREAKER, removed=-1.0),
+        "smg_worker_cb_state": RouterAlias("llm_router_backend_breaker_state", "gauge", states=BREAKER_CODES,
+                                           removed=-1.0),
         "smg_worker_pool_size": RouterAlias("llm_router_backends", "gauge", note="summed over worker types"),
     }),
     ignored=MappingProxyType({

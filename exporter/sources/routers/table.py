@@ -14,6 +14,9 @@ from exporter.sources.engines.table import Alias, EngineSpec
 
 Where = tuple[str, str]
 
+BREAKER_CODES: Mapping[float, str] = MappingProxyType({0.0: "closed", 1.0: "open", 2.0: "half_open"})
+"""How vllm-router and the SGLang gateway (the same Rust breaker) encode its state as a gauge."""
+
 LABEL_ROLES = ("backend", "cause", "policy", "role")
 """What a router label may become: the backend (engine replica) a series is about, the error's cause
 (ERROR_CAUSES, through RouterSpec.causes), the policy (only on llm_router_info) or the PD role."""

@@ -3,9 +3,7 @@
 
 from types import MappingProxyType
 
-from exporter.sources.routers.table import RouterAlias, RouterSpec
-
-BREAKER = MappingProxyType({0.0: "closed", 1.0: "open", 2.0: "half_open"})
+from exporter.sources.routers.table import BREAKER_CODES, RouterAlias, RouterSpec
 
 SPEC = RouterSpec(
     kind="vllm-router",
@@ -36,7 +34,7 @@ SPEC = RouterSpec(
         "vllm_router_cb_outcomes_total": RouterAlias("llm_router_backend_errors_total", "counter",
                                                      where=("outcome", "failure")),
         "vllm_router_worker_health": RouterAlias("llm_router_backend_up", "gauge"),
-        "vllm_router_cb_state": RouterAlias("llm_router_backend_breaker_state", "gauge", states=BREAKER),
+        "vllm_router_cb_state": RouterAlias("llm_router_backend_breaker_state", "gauge", states=BREAKER_CODES),
         "vllm_router_active_workers": RouterAlias("llm_router_backends", "gauge"),
         "vllm_router_pd_prefill_requests_total": RouterAlias("llm_router_pd_requests_total", "counter",
                                                              role="prefill"),
